@@ -1,0 +1,582 @@
+"""The engine: owns the model, tokenizer, prompt cache and the one thread that does all MLX work.
+
+Everything that touches MLX (load, tokenize, prefill, decode, free) runs on a single
+engine thread, so the asyncio event loop that serves gRPC never blocks. Work reaches the
+thread through one inbox queue: plain calls (load, free, tokenize) carry a
+``concurrent.futures.Future``; generation requests arrive as ``Job`` objects. Concurrent
+jobs are decoded together by mlx-lm's ``BatchGenerator`` (continuous batching): newcomers
+join a running batch between steps, finished or cancelled sequences leave it, and each
+sequence keeps its own sampler, logits processors, stop tokens and prompt-cache entry.
+
+Results travel back as ``Event`` values on a per-job asyncio queue
+(``loop.call_soon_threadsafe``); errors travel as values too, never as exceptions across
+threads. The pattern follows mlx-lm's ``server.py`` (one generation thread, a request
+queue, per-request response queues, a stop flag checked every step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+import model_loader
+import prompt as prompt_mod
+import sampling
+from errors import (
+    BackendError,
+    Cancelled,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from output import Delta, OutputPipeline
+from params import GenerationParams, LoadParams
+from prompt_cache import PromptCache
+
+logger = logging.getLogger("localai.mlx.engine")
+
+DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
+DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
+DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of a request's result, as the servicer sees it.
+
+    ``delta`` is the new output since the previous event (possibly empty). Counters are
+    running totals: ``tokens`` generated so far, ``prompt_tokens`` the whole prompt
+    (cached or not). Timings are milliseconds: ``prompt_ms`` from admission to the first
+    generated token (TTFT minus queueing), ``generation_ms`` since the first token.
+    The last event has ``finish_reason`` ("stop", "length", "cancelled") or ``error``.
+    """
+
+    delta: Delta
+    prompt_tokens: int
+    tokens: int
+    prompt_ms: float
+    generation_ms: float
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    error: BackendError | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class Job:
+    """One generation request: created on the event loop, run on the engine thread.
+
+    Iterate ``events()`` on the event loop; call ``cancel()`` from anywhere (idempotent):
+    the engine drops the sequence at its next step and keeps its KV in the prompt cache.
+    """
+
+    def __init__(
+        self,
+        request: Any,
+        params: GenerationParams,
+        loop: asyncio.AbstractEventLoop,
+        engine: "Engine",
+    ) -> None:
+        self.request = request
+        self.params = params
+        self._loop = loop
+        self._engine = engine
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+        # Engine-thread state.
+        self.uid: int | None = None
+        self.pipeline: OutputPipeline | None = None
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.tokens = 0
+        self.t_admit = 0.0
+        self.t_first: float | None = None
+        self.done = False
+
+    # -- event-loop side ---------------------------------------------------------------
+    def cancel(self) -> None:
+        if not self._cancelled.is_set():
+            self._cancelled.set()
+            self._engine._wake()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Yield events until the final one (which carries finish_reason or error)."""
+        while True:
+            event = await self._queue.get()
+            yield event
+            if event.final:
+                return
+
+    # -- engine-thread side ------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def timings(self, now: float) -> tuple[float, float]:
+        if self.t_first is None:
+            return (now - self.t_admit) * 1000.0 if self.t_admit else 0.0, 0.0
+        return (self.t_first - self.t_admit) * 1000.0, (now - self.t_first) * 1000.0
+
+    def event(self, delta: Delta, **kw: Any) -> Event:
+        prompt_ms, gen_ms = self.timings(time.perf_counter())
+        return Event(
+            delta=delta,
+            prompt_tokens=self.prompt_tokens,
+            tokens=self.tokens,
+            prompt_ms=prompt_ms,
+            generation_ms=gen_ms,
+            cached_tokens=self.cached_tokens,
+            **kw,
+        )
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """What Status reports: state name, request counts, memory in bytes."""
+
+    state: str  # UNINITIALIZED | BUSY | READY | ERROR
+    running: int
+    waiting: int
+    memory: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Metrics of the last finished (or current) request, for GetMetrics."""
+
+    tokens_per_second: float = 0.0
+    tokens_generated: int = 0
+    prompt_tokens_processed: int = 0
+
+
+class Engine:
+    """Owns the loaded model and the single MLX thread.
+
+    Public methods are called from the asyncio event loop; none of them blocks it.
+    Errors raised: ``FailedPrecondition`` (no model), ``ResourceExhausted`` (queue full),
+    ``NotFound`` (model identity mismatch); model-load failures raise
+    ``model_loader.ModelLoadError`` or ``ValueError`` from ``load``.
+    """
+
+    def __init__(self) -> None:
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
+        self._model = None
+        self._tokenizer = None
+        self._cache: PromptCache | None = None
+        self._gen: BatchGenerator | None = None
+        self._eos_stops: StopSequences | None = None
+        self._context_len: int | None = None
+        self._model_key = ""
+        self.load_params: LoadParams | None = None
+        self.model_name = ""
+        self.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        self.max_queue = DEFAULT_MAX_QUEUE
+        self._prefill_step = DEFAULT_PREFILL_STEP
+        self._max_kv_size: int | None = None
+        self._active: dict[int, Job] = {}
+        self._waiting: deque[Job] = deque()
+        self._queued = 0  # submitted but not yet seen by the engine thread
+        self._count_lock = threading.Lock()
+        self._weights_bytes = 0
+        self._kv_bytes = 0
+        self._stopped = False
+        self.last_metrics = RequestMetrics()
+
+    # ------------------------------------------------------------------ event-loop API
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the engine thread and await its result (or exception)."""
+        if not self.alive:
+            raise FailedPrecondition("the engine is stopped; restart the backend")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", fn, args, fut))
+        return await asyncio.wrap_future(fut)
+
+    async def load(self, params: LoadParams) -> None:
+        """Load (or replace) the model; raises ModelLoadError / ValueError on failure."""
+        await self.call(self._load, params)
+
+    async def free(self) -> None:
+        """Drop model, tokenizer, prompt cache and batch; release MLX memory."""
+        await self.call(self._free)
+
+    async def tokenize(self, text: str) -> list[int]:
+        return await self.call(self._tokenize, text)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self.call(self._detokenize, ids)
+
+    def submit(self, request: Any, params: GenerationParams) -> Job:
+        """Queue a generation request; returns its Job at once (never blocks).
+
+        Raises FailedPrecondition before LoadModel, NotFound on a model identity
+        mismatch, ResourceExhausted when ``max_batch_size + max_queue`` requests are
+        already in flight.
+        """
+        if not self.alive:
+            raise FailedPrecondition("the server is shutting down; retry on another backend")
+        if self._model is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        if params.model_identity and self.model_name and params.model_identity != self.model_name:
+            raise NotFound(
+                f"model identity mismatch: request is for '{params.model_identity}' but this "
+                f"backend serves '{self.model_name}'"
+            )
+        with self._count_lock:
+            in_flight = len(self._active) + len(self._waiting) + self._queued
+            if in_flight >= self.max_batch_size + self.max_queue:
+                raise ResourceExhausted(
+                    f"server busy: {in_flight} requests in flight (max_batch_size="
+                    f"{self.max_batch_size}, max_queue={self.max_queue}); retry later"
+                )
+            self._queued += 1
+        job = Job(request, params, asyncio.get_running_loop(), self)
+        self._inbox.put(("job", job))
+        return job
+
+    def status(self) -> StatusSnapshot:
+        """A snapshot safe to take from any thread, without waiting for the engine."""
+        with self._count_lock:
+            running, waiting = len(self._active), len(self._waiting) + self._queued
+        if self._model is None:
+            state = "UNINITIALIZED"
+        elif not self.alive:
+            state = "ERROR"
+        else:
+            state = "BUSY" if running or waiting else "READY"
+        memory = {
+            "weights": self._weights_bytes,
+            "kv_active": self._kv_bytes,
+            "prompt_cache": self._cache.nbytes if self._cache is not None else 0,
+            "mlx_active": mx.get_active_memory(),
+            "mlx_peak": mx.get_peak_memory(),
+            "mlx_cache": mx.get_cache_memory(),
+        }
+        return StatusSnapshot(state, running, waiting, memory)
+
+    def cache_stats(self):
+        return self._cache.stats() if self._cache is not None else None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel all work, free the model and end the engine thread."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join(timeout)
+        self._stopped = True
+
+    def _wake(self) -> None:
+        self._inbox.put(("wake",))
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while True:
+            busy = bool(self._active or self._waiting)
+            try:
+                item = self._inbox.get(block=not busy)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item[0] == "stop":
+                    self._shutdown()
+                    return
+                self._handle(item)
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            try:
+                self._reap_cancelled()
+                self._admit()
+                if self._active:
+                    self._step()
+            except Exception as exc:  # keep serving: fail the batch, not the process
+                logger.exception("engine step failed")
+                self._fail_all(BackendError(f"generation failed: {exc}"))
+                self._reset_batch()
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "call":
+            _, fn, args, fut = item
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # handed to the awaiting coroutine
+                fut.set_exception(exc)
+        elif kind == "job":
+            job = item[1]
+            with self._count_lock:
+                self._queued -= 1
+                self._waiting.append(job)
+
+    # -- model lifecycle
+    def _load(self, params: LoadParams) -> None:
+        self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
+        self._unload()
+        model, tokenizer = model_loader.load_model(
+            params.model,
+            params.model_file,
+            params.model_path,
+            trust_remote_code=params.trust_remote_code,
+            tokenizer_config=params.tokenizer_config,
+        )
+        opts = params.options
+        self.max_batch_size = _positive_int(opts, "max_batch_size", DEFAULT_MAX_BATCH_SIZE)
+        self.max_queue = _positive_int(opts, "max_queue", DEFAULT_MAX_QUEUE, allow_zero=True)
+        self._prefill_step = _positive_int(opts, "prefill_step_size", DEFAULT_PREFILL_STEP)
+        self._model, self._tokenizer = model, tokenizer
+        self._cache = PromptCache(params.max_cache_entries, params.max_cache_bytes)
+        self._eos_stops = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
+        self._max_kv_size = params.max_kv_size
+        self._reset_batch()
+        self._weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        self._context_len = params.context_size or _model_context(model)
+        self.load_params = params
+        self.model_name = params.model or params.model_file
+        self._model_key = f"{self.model_name}:{id(model)}"
+        logger.info(
+            "loaded %s: %.1f MB weights, context %s tokens, max_batch_size %d",
+            self.model_name,
+            self._weights_bytes / 1e6,
+            self._context_len,
+            self.max_batch_size,
+        )
+
+    def _reset_batch(self) -> None:
+        if self._gen is not None:
+            self._gen.close()
+        self._gen = None
+        if self._model is not None:
+            self._gen = BatchGenerator(
+                self._model,
+                stop_tokens=[[t] for t in sorted(self._tokenizer.eos_token_ids)],
+                completion_batch_size=self.max_batch_size,
+                prefill_batch_size=self.max_batch_size,
+                prefill_step_size=self._prefill_step,
+                max_kv_size=self._max_kv_size,
+            )
+        self._kv_bytes = 0
+
+    def _unload(self) -> None:
+        if self._gen is not None:
+            self._gen.close()
+        self._gen = None
+        self._model = self._tokenizer = None
+        if self._cache is not None:
+            self._cache.clear()
+        self._cache = None
+        self._weights_bytes = self._kv_bytes = 0
+        self.model_name = ""
+        self.load_params = None
+        gc.collect()
+        mx.clear_cache()
+
+    def _free(self) -> None:
+        self._fail_all(FailedPrecondition("the model was freed"))
+        self._unload()
+
+    def _shutdown(self) -> None:
+        self._fail_all(Cancelled("the server is shutting down"))
+        self._unload()
+        self._stopped = True
+
+    def _require_tokenizer(self):
+        if self._tokenizer is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        return self._tokenizer
+
+    def _tokenize(self, text: str) -> list[int]:
+        return prompt_mod.encode(self._require_tokenizer(), text)
+
+    def _detokenize(self, ids: list[int]) -> str:
+        tokenizer = self._require_tokenizer()
+        vocab = len(tokenizer)
+        bad = [i for i in ids if i < 0 or i >= vocab]
+        if bad:
+            raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return tokenizer.decode(ids)
+
+    # -- scheduling
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.max_batch_size:
+            with self._count_lock:
+                job = self._waiting.popleft()
+            if job.cancelled:
+                self._end(job, error=Cancelled("cancelled before it started"))
+                continue
+            try:
+                self._insert(job)
+            except BackendError as exc:
+                self._end(job, error=exc)
+            except ValueError as exc:
+                self._end(job, error=InvalidArgument(str(exc)))
+
+    def _insert(self, job: Job) -> None:
+        if self._model is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        job.t_admit = time.perf_counter()
+        tokenizer, params = self._tokenizer, job.params
+        prepared = prompt_mod.prepare_prompt(job.request, tokenizer)
+        ids = list(prepared.token_ids)
+        if not ids:
+            raise InvalidArgument("the prompt is empty: set Prompt, or Messages with UseTokenizerTemplate")
+        max_tokens = params.max_tokens
+        if self._context_len:
+            if len(ids) >= self._context_len:
+                raise InvalidArgument(
+                    f"the prompt is {len(ids)} tokens but the context holds {self._context_len}: "
+                    "shorten the prompt or raise ContextSize"
+                )
+            max_tokens = min(max_tokens, self._context_len - len(ids))
+        lookup = self._cache.fetch(self._model_key, ids)
+        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
+        job.pipeline = OutputPipeline(
+            tokenizer,
+            stop=params.stop,
+            top_logprobs=params.top_logprobs if params.logprobs else None,
+            temperature=params.temperature,
+            initial_state="reasoning" if prepared.starts_in_reasoning else "normal",
+        )
+        (uid,) = self._gen.insert(
+            [lookup.rest],
+            max_tokens=[max_tokens],
+            caches=[lookup.kv] if lookup.kv is not None else None,
+            all_tokens=[ids[: lookup.cached_tokens]],
+            samplers=[sampling.make_sampler(params, tokenizer)],
+            logits_processors=[sampling.make_logits_processors(params, tokenizer)],
+            stop_sequences=[StopSequences(None) if params.ignore_eos else self._eos_stops],
+        )
+        job.uid = uid
+        self._active[uid] = job
+
+    def _reap_cancelled(self) -> None:
+        for job in [j for j in self._waiting if j.cancelled]:
+            with self._count_lock:
+                self._waiting.remove(job)
+            self._end(job, error=Cancelled("cancelled before it started"))
+        for job in [j for j in self._active.values() if j.cancelled]:
+            self._retire(job, "cancelled")
+
+    def _step(self) -> None:
+        _, responses = self._gen.next()
+        for r in responses:
+            job = self._active.get(r.uid)
+            if job is None:
+                continue
+            if job.t_first is None:
+                job.t_first = time.perf_counter()
+            job.tokens += 1
+            want_lp = job.params.logprobs
+            delta = job.pipeline.feed(r.token, r.logprobs if want_lp else None)
+            if r.finish_reason is not None:
+                self._retire(job, r.finish_reason, delta, (r.prompt_cache, r.all_tokens))
+            elif job.pipeline.stopped:
+                self._retire(job, "stop", delta)
+            elif delta:
+                job.emit(job.event(delta))
+        self._kv_bytes = self._gen.prompt_cache_nbytes if self._active else 0
+
+    def _retire(self, job: Job, reason: str, delta: Delta | None = None, kv=None) -> None:
+        """End an active job: keep its KV in the prompt cache, flush its output."""
+        if kv is None:
+            kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
+        if kv is not None and kv[0] and kv[1]:
+            self._cache.insert(self._model_key, list(kv[1]), kv[0])
+        final = job.pipeline.finish(reason)
+        if delta:
+            job.emit(job.event(delta))
+        self._end(job, final=final, reason=reason)
+
+    def _end(
+        self,
+        job: Job,
+        *,
+        final: Delta | None = None,
+        reason: str | None = None,
+        error: BackendError | None = None,
+    ) -> None:
+        if job.done:
+            return
+        job.done = True
+        if job.uid is not None:
+            self._active.pop(job.uid, None)
+        job.emit(job.event(final or Delta(), finish_reason=reason, error=error))
+        self._log(job, reason or (error.status if error else "?"))
+
+    def _log(self, job: Job, outcome: str) -> None:
+        now = time.perf_counter()
+        prompt_ms, gen_ms = job.timings(now)
+        tps = (job.tokens - 1) / (gen_ms / 1000.0) if gen_ms > 0 and job.tokens > 1 else 0.0
+        ttft = ((job.t_first or now) - job.submitted) * 1000.0
+        if job.tokens:
+            self.last_metrics = RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens)
+        logger.info(
+            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s",
+            job.params.correlation_id or "-",
+            job.prompt_tokens,
+            job.cached_tokens,
+            job.tokens,
+            ttft,
+            tps,
+            outcome,
+        )
+
+    def _fail_all(self, error: BackendError) -> None:
+        for job in list(self._active.values()):
+            if self._gen is not None and job.uid is not None:
+                self._gen.remove([job.uid])
+            self._end(job, error=error)
+        while self._waiting:
+            with self._count_lock:
+                job = self._waiting.popleft()
+            self._end(job, error=error)
+
+
+def _positive_int(opts: dict, key: str, default: int, allow_zero: bool = False) -> int:
+    value = opts.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        raise ValueError(f"option {key} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
+    return value
+
+
+def _model_context(model) -> int | None:
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "context_length", "max_seq_len"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,43 @@
+"""Domain errors that cross from the engine to the gRPC edge.
+
+Each class names the gRPC status code the servicer answers with (by name, so this module
+and the engine never import grpc). Messages say what to change.
+"""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    """Base class; ``status`` is the name of a ``grpc.StatusCode`` member."""
+
+    status = "INTERNAL"
+
+
+class InvalidArgument(BackendError):
+    """The request itself is wrong (bad field value, prompt too long, bad JSON)."""
+
+    status = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(BackendError):
+    """The server is not in a state to answer (no model loaded, shutting down)."""
+
+    status = "FAILED_PRECONDITION"
+
+
+class NotFound(BackendError):
+    """The request names something this backend does not have (model identity mismatch)."""
+
+    status = "NOT_FOUND"
+
+
+class ResourceExhausted(BackendError):
+    """Too many requests in flight or waiting; retry later."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+class Cancelled(BackendError):
+    """The request was cancelled (client gone, deadline passed, server stopping)."""
+
+    status = "CANCELLED"
