@@ -345,6 +345,8 @@ class Engine:
 
     # -- model lifecycle
     def _load(self, params: LoadParams) -> None:
+        # Resolve first: a load that names a missing model leaves the current one serving.
+        model_loader.resolve_model(params.model, params.model_file, params.model_path)
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self._unload()
         model, tokenizer = model_loader.load_model(
@@ -515,7 +517,10 @@ class Engine:
         if kv is None:
             kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
         if kv is not None and kv[0] and kv[1]:
-            self._cache.insert(self._model_key, list(kv[1]), kv[0])
+            try:
+                self._cache.insert(self._model_key, list(kv[1]), kv[0])
+            except ValueError:  # a KV/token mismatch must not leave the client hanging
+                logger.exception("prompt cache refused the KV of request %s", job.uid)
         final = job.pipeline.finish(reason)
         if delta:
             job.emit(job.event(delta))

@@ -1,0 +1,333 @@
+"""Thread-safe LRU prefix cache of mlx-lm KV caches, keyed by (model key, token ids).
+
+Owns: storing the per-layer KV cache objects (``mlx_lm.models.cache``) of finished or
+cancelled sequences, finding the stored entry that saves the most prefill for a new
+prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private deep
+copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
+hits, misses, reused tokens and evictions. Never imports grpc or runs a model.
+
+Modelled on mlx-lm's ``LRUPromptCache`` / ``PromptTrie`` (mlx_lm/models/cache.py), which
+we do not reuse because: an exact hit returns the whole KV with nothing left to feed;
+fetch hits do not refresh recency (and eviction is tiered by message role); the trie
+ignores a one-token shorter prefix and only tries the single shortest longer entry;
+partial trims (``trim_prompt_cache`` reports layer 0 only) go unnoticed; an entry
+larger than the byte bound first evicts everything else; and it has no lock or stats.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.models.cache import can_trim_prompt_cache
+
+__all__ = ["CacheLookup", "CacheStats", "PromptCache"]
+
+logger = logging.getLogger(__name__)
+
+_Key = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of a :class:`PromptCache`'s counters and bounds.
+
+    ``hits``/``misses`` count :meth:`PromptCache.fetch` calls; ``tokens_reused`` is
+    the sum of ``cached_tokens`` over hits (tokens); ``entries`` and ``nbytes``
+    (bytes) describe what is stored now; ``evictions`` counts entries dropped to
+    honour the bounds (not replacements, redundant prefixes or
+    :meth:`PromptCache.clear`).
+    """
+
+    hits: int
+    misses: int
+    tokens_reused: int
+    entries: int
+    nbytes: int
+    max_entries: int
+    max_bytes: int | None
+    evictions: int
+
+
+@dataclass
+class CacheLookup:
+    """The result of :meth:`PromptCache.fetch`.
+
+    ``kv`` is a private deep copy of a stored per-layer KV cache, already trimmed to
+    ``cached_tokens`` tokens and safe to mutate (hand it to ``BatchGenerator.insert``),
+    or ``None`` on a miss. ``cached_tokens`` is how many leading prompt tokens ``kv``
+    holds (0 on a miss). ``rest`` is ``tokens[cached_tokens:]``, the tokens still to
+    prefill; never empty, so the model always has a token to produce logits from.
+    """
+
+    kv: list | None
+    cached_tokens: int
+    rest: list[int]
+
+
+@dataclass
+class _Entry:
+    kv: list
+    nbytes: int
+    trimmable: bool
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length (tokens) of the longest common prefix of ``a`` and ``b``."""
+    m = min(len(a), len(b))
+    if m == 0 or a[0] != b[0]:
+        return 0
+    if a[:m] == b[:m]:
+        return m
+    # Binary search on slice equality: O(m log m) in C instead of a Python loop.
+    lo, hi = 1, m  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _trim_exactly(kv: list, num_tokens: int) -> bool:
+    """Trim every layer of ``kv`` in place by ``num_tokens`` tokens.
+
+    Returns False if any layer trimmed fewer (the copy must then be discarded). Checks
+    each layer because ``trim_prompt_cache`` reports layer 0's count only, and e.g.
+    ``ChunkedKVCache`` can trim fewer tokens than asked.
+    """
+    if not can_trim_prompt_cache(kv):
+        return False
+    return all(layer.trim(num_tokens) == num_tokens for layer in kv)
+
+
+class PromptCache:
+    """Thread-safe LRU cache of prompt KV caches, bounded by entries and bytes.
+
+    Entries are keyed by ``(model_key, token ids)``; different model keys never match.
+    One ``threading.RLock`` guards all state, and deep copies are made under it.
+
+    Matching (see :meth:`fetch`) picks the stored entry of the same model that lets the
+    most prompt tokens be reused, capped at ``len(tokens) - 1`` so at least one token is
+    always fed:
+
+    * a *shorter prefix* entry (its tokens are a strict prefix of the prompt) is copied
+      as is;
+    * any other entry sharing a common prefix (an exact match, or a *longer* entry, or
+      one that diverges) is copied and trimmed to that prefix (an exact hit loses its
+      last token). This needs every layer to trim completely; entries whose caches are
+      not trimmable (e.g. a ``RotatingKVCache`` past its window) only serve as shorter
+      prefixes, and a partially trimmed copy is discarded, never returned.
+
+    Ties prefer an untrimmed copy, then the most recently used entry. A fetch scans
+    every stored entry (C-speed slice comparisons), meant for tens of entries.
+
+    On :meth:`insert` of a trimmable cache, stored entries of the same model whose
+    tokens are a strict prefix of the new tokens are dropped (as mlx-lm does): the new
+    entry serves every prompt they could, at least as well, by trimming.
+
+    Args:
+        max_entries: most entries kept (>= 1).
+        max_bytes: most bytes kept, summing ``nbytes`` of every layer of every entry;
+            ``None`` for no byte bound; ``0`` disables caching (insert stores nothing).
+
+    Raises:
+        ValueError: if ``max_entries < 1`` or ``max_bytes < 0``.
+    """
+
+    def __init__(self, max_entries: int = 10, max_bytes: int | None = None) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._lock = threading.RLock()
+        # Least recently used first; move_to_end marks use.
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
+        self._nbytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._tokens_reused = 0
+        self._evictions = 0
+
+    def fetch(self, model_key: str, tokens: Sequence[int]) -> CacheLookup:
+        """Find the cached KV that saves the most prefill for ``tokens``.
+
+        Args:
+            model_key: identifies the model (and anything else that changes the KV).
+            tokens: the whole prompt's token ids.
+
+        Returns:
+            A :class:`CacheLookup`: on a hit, a trimmed private deep copy holding
+            ``cached_tokens`` (1 .. ``len(tokens) - 1``) tokens and ``rest`` the tokens
+            after them; on a miss, ``kv=None``, ``cached_tokens=0``, ``rest=tokens``.
+            A hit marks the entry most recently used.
+
+        Raises:
+            ValueError: if ``tokens`` is empty (there would be nothing to feed).
+        """
+        toks = tuple(map(int, tokens))
+        n = len(toks)
+        if n == 0:
+            raise ValueError("fetch needs at least one token")
+        with self._lock:
+            # (cached tokens, untrimmed, recency rank, tokens to trim, key)
+            candidates: list[tuple[int, bool, int, int, _Key]] = []
+            for rank, (key, entry) in enumerate(self._entries.items()):
+                if key[0] != model_key:
+                    continue
+                etoks = key[1]
+                if len(etoks) < n and toks[: len(etoks)] == etoks:
+                    cached, trim = len(etoks), 0
+                elif entry.trimmable:
+                    cached = min(_common_prefix(etoks, toks), n - 1)
+                    trim = len(etoks) - cached
+                else:
+                    continue
+                if cached > 0:
+                    candidates.append((cached, trim == 0, rank, trim, key))
+            candidates.sort(reverse=True)
+            for cached, _, _, trim, key in candidates:
+                kv = copy.deepcopy(self._entries[key].kv)
+                if trim and not _trim_exactly(kv, trim):
+                    logger.debug("prompt cache: entry failed to trim %d tokens", trim)
+                    continue
+                self._entries.move_to_end(key)
+                self._hits += 1
+                self._tokens_reused += cached
+                return CacheLookup(
+                    kv=kv, cached_tokens=cached, rest=list(toks[cached:])
+                )
+            self._misses += 1
+            return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
+
+    def insert(self, model_key: str, tokens: Sequence[int], kv: list) -> None:
+        """Store ``kv`` as the KV cache of ``tokens`` under ``model_key``.
+
+        ``kv`` must hold exactly ``tokens`` (BatchGenerator's ``Response.all_tokens``
+        and ``prompt_cache``); ownership passes to the cache, so the caller must not
+        mutate it afterwards. The entry becomes the most recently used; an entry under
+        the same key is replaced; redundant shorter prefixes are dropped (see the class
+        doc); then least recently used entries are evicted until both bounds hold. Not
+        stored: an empty ``tokens``, anything while ``max_bytes == 0``, and an entry
+        whose own size (bytes) exceeds ``max_bytes`` (existing entries are then left
+        untouched).
+
+        Args:
+            model_key: identifies the model, as passed to :meth:`fetch`.
+            tokens: the token ids whose KV ``kv`` holds.
+            kv: per-layer cache objects from ``mlx_lm.models.cache``.
+
+        Raises:
+            ValueError: if ``kv`` has no layers, or a layer's integer ``offset`` (tokens
+                it holds) differs from ``len(tokens)``.
+        """
+        toks = tuple(map(int, tokens))
+        if not kv:
+            raise ValueError("kv must have at least one layer")
+        for i, layer in enumerate(kv):
+            offset = getattr(layer, "offset", None)
+            if isinstance(offset, int) and offset != len(toks):
+                raise ValueError(
+                    f"kv layer {i} holds {offset} tokens "
+                    f"but {len(toks)} tokens were given"
+                )
+        if not toks or self._max_bytes == 0:
+            return
+        nbytes = sum(int(layer.nbytes) for layer in kv)
+        if self._max_bytes is not None and nbytes > self._max_bytes:
+            logger.debug(
+                "prompt cache: entry of %d bytes exceeds max_bytes=%d; not stored",
+                nbytes,
+                self._max_bytes,
+            )
+            return
+        entry = _Entry(kv=kv, nbytes=nbytes, trimmable=can_trim_prompt_cache(kv))
+        key = (model_key, toks)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._nbytes -= old.nbytes
+            if entry.trimmable:
+                redundant = [
+                    k
+                    for k in self._entries
+                    if k[0] == model_key
+                    and len(k[1]) < len(toks)
+                    and toks[: len(k[1])] == k[1]
+                ]
+                for k in redundant:
+                    self._nbytes -= self._entries.pop(k).nbytes
+            self._entries[key] = entry
+            self._nbytes += nbytes
+            self._evict_locked(self._max_entries, self._max_bytes)
+
+    def trim_to(
+        self, *, max_entries: int | None = None, max_bytes: int | None = None
+    ) -> int:
+        """Evict least recently used entries until at most ``max_entries`` entries and
+        ``max_bytes`` bytes remain (``None``: that bound is not tightened), e.g. to make
+        room for active sequences as mlx-lm's server does. Returns the number evicted.
+        The configured bounds are unchanged.
+        """
+        with self._lock:
+            return self._evict_locked(
+                self._max_entries if max_entries is None else max(0, max_entries),
+                max_bytes if max_bytes is not None else self._max_bytes,
+            )
+
+    def _evict_locked(self, max_entries: int, max_bytes: int | None) -> int:
+        evicted = 0
+        while self._entries and (
+            len(self._entries) > max_entries
+            or (max_bytes is not None and self._nbytes > max_bytes)
+        ):
+            _, entry = self._entries.popitem(last=False)
+            self._nbytes -= entry.nbytes
+            evicted += 1
+        self._evictions += evicted
+        return evicted
+
+    def clear(self) -> None:
+        """Drop every entry; counters (hits, misses, tokens reused, evictions) stay."""
+        with self._lock:
+            self._entries.clear()
+            self._nbytes = 0
+
+    def stats(self) -> CacheStats:
+        """Return a consistent snapshot of the counters, sizes (bytes) and bounds."""
+        with self._lock:
+            return CacheStats(
+                hits=self._hits,
+                misses=self._misses,
+                tokens_reused=self._tokens_reused,
+                entries=len(self._entries),
+                nbytes=self._nbytes,
+                max_entries=self._max_entries,
+                max_bytes=self._max_bytes,
+                evictions=self._evictions,
+            )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all stored entries (sum of their layers' ``nbytes``)."""
+        with self._lock:
+            return self._nbytes
+
+    def __len__(self) -> int:
+        """Number of stored entries."""
+        with self._lock:
+            return len(self._entries)
+
+    def _snapshot(self) -> list[tuple[str, tuple[int, ...], Any]]:
+        """For tests: (model key, tokens, stored kv) per entry, least recently used
+        first. The kv objects are the stored ones; do not mutate them."""
+        with self._lock:
+            return [(k[0], k[1], e.kv) for k, e in self._entries.items()]
