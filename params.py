@@ -1,0 +1,442 @@
+"""Request and load-time parameters: the only reader of `PredictOptions`, `ModelOptions`
+and `ModelOptions.Options`.
+
+Turns protobuf messages into frozen dataclasses (`GenerationParams`, `LoadParams`) and
+validates them; every bad value raises `ValueError` whose message names the field or
+option and the allowed range. Holds no state, seeds no RNG, never calls MLX.
+
+proto3 cannot tell "unset" from zero, so zero means "not set" for every numeric
+request field below; the load-time option default then applies, else the built-in one.
+A request's non-zero value always wins over the option default.
+
+Field (number)        | zero means (else built-in)      | built-in          | valid
+----------------------|---------------------------------|-------------------|-----------------
+Tokens (4)            | option max_tokens               | 512 tokens        | >= 0; > 32768 capped
+Temperature (9)       | option temperature / temp       | 0.0 = greedy      | finite, >= 0
+TopP (32)             | option top_p                    | 1.0 (off)         | [0, 1]
+TopK (5)              | option top_k                    | 0 (off)           | >= 0
+MinP (53)             | option min_p                    | 0.0 (off)         | [0, 1]
+Penalty (10)          | option repetition_penalty       | 0.0 (off)         | >= 0; 1.0 = off
+Repeat (6)            | option repetition_context_size  | 20 tokens         | >= 0
+PresencePenalty (18)  | option presence_penalty         | 0.0 (off)         | finite
+FrequencyPenalty (17) | option frequency_penalty        | 0.0 (off)         | finite
+Seed (2)              | option seed when > 0            | None = random     | < 0 = random
+StopPrompts (13)      | no stop strings                 | ()                | "" dropped
+Logprobs (50)         | no logprobs                     | False             | >= 0; a 0/1 flag
+TopLogprobs (51)      | no alternatives                 | 0                 | [0, 20]; > 0 sets it
+IgnoreEOS (14)        | stop at EOS                     | False             |
+LogitBias (23)        | no bias                         | None              | {"id": [-100, 100]}
+Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null"
+CorrelationId (47)    | none                            | ""                |
+ModelIdentity (54)    | no identity check               | ""                |
+(no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
+
+The same window (Repeat) bounds the repetition, presence and frequency penalties, as
+llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
+
+ModelOptions field    | zero means                       | valid
+----------------------|----------------------------------|-----------------
+Model (1)             | (strings; the model loader resolves Model, ModelFile (21), ModelPath (59))
+ContextSize (2)       | the model's own context length   | >= 0
+TrustRemoteCode (51)  | off; option trust_remote_code may turn it on
+Options (62)          | none; "key:value", see `parse_options`
+
+Options keys read here (others stay in `LoadParams.options` for other modules):
+max_cache_entries (int >= 1, default 10), max_cache_bytes (int > 0 or "8GiB"-style
+size, default None = unbounded), max_kv_size (int > 0, default None = unbounded),
+trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_token /
+cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
+max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
+min_p, top_k, xtc_threshold ([0, 0.5]), xtc_probability ([0, 1]), repetition_penalty,
+repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random).
+
+Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
+(here: greedy); the repetition penalty was read from a field that does not exist
+(here: Penalty, with Repeat as its window); options overrode the request (here: the
+request wins); seeds went into MLX's global RNG (here: `sampling.py` keeps one key per
+request); "10" parsed as float 10.0 (here: int first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
+MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
+DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
+DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
+DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
+
+TOKENIZER_OPTION_KEYS = (
+    "eos_token",
+    "pad_token",
+    "bos_token",
+    "unk_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Resolved sampling and stopping settings of one request (see the module table).
+
+    `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
+    `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
+    mean "disabled". `max_tokens` is in tokens, already capped to MAX_TOKENS_CAP but not
+    yet to the context. `seed` None means a fresh random seed.
+    """
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    repetition_context_size: int
+    presence_penalty: float
+    frequency_penalty: float
+    xtc_threshold: float
+    xtc_probability: float
+    seed: int | None
+    stop: tuple[str, ...]
+    logprobs: bool
+    top_logprobs: int
+    ignore_eos: bool
+    logit_bias: dict[int, float] | None
+    correlation_id: str
+    model_identity: str
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """What LoadModel needs, plus the option defaults later requests fall back to.
+
+    `context_size` 0 means the model's own. `max_cache_bytes` / `max_kv_size` None
+    mean unbounded. `tokenizer_config` goes to mlx-lm's `load(tokenizer_config=...)`
+    and is empty unless options set tokens or trust_remote_code is on. `defaults` holds
+    validated sampling defaults under canonical keys (`temperature`, not `temp`).
+    `options` is every parsed option; treat both dicts as read-only.
+    """
+
+    model: str
+    model_file: str
+    model_path: str
+    context_size: int
+    trust_remote_code: bool
+    max_cache_entries: int
+    max_cache_bytes: int | None
+    max_kv_size: int | None
+    tokenizer_config: dict[str, Any]
+    defaults: dict[str, Any]
+    options: dict[str, Any]
+
+
+def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
+    for entry in entries:
+        if ":" not in entry:
+            continue
+        key, value = entry.split(":", 1)
+        key = key.strip()
+        if key:
+            yield key, value.strip()
+
+
+def _typed(value: str) -> bool | int | float | str:
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_options(entries: Iterable[str]) -> dict[str, Any]:
+    """Parse `ModelOptions.Options` ("key:value" strings) into a dict.
+
+    Split at the first colon ("a:b:c" -> {"a": "b:c"}); key and value are stripped.
+    Values become bool for true/false (any case), else int, else float, else stay
+    strings. Entries without a colon or with an empty key are skipped; a repeated key
+    keeps its last value. Never raises.
+    """
+    return {key: _typed(value) for key, value in _split_options(entries)}
+
+
+# --- validation helpers -----------------------------------------------------------
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _f32(value: float) -> float:
+    # Proto floats are float32: 0.9 arrives as 0.8999999761...; 7 digits give it back.
+    return float(f"{value:.7g}")
+
+
+def _check_float(
+    name: str, value: float, lo: float | None = None, hi: float | None = None
+) -> float:
+    if (
+        not math.isfinite(value)
+        or (lo is not None and value < lo)
+        or (hi is not None and value > hi)
+    ):
+        lo_s = "-inf" if lo is None else f"{lo:g}"
+        hi_s = "inf" if hi is None else f"{hi:g}"
+        raise ValueError(f"{name} must be a finite number in [{lo_s}, {hi_s}], got {value!r}")
+    return value
+
+
+def _check_int(name: str, value: int, lo: int, hi: int | None = None) -> int:
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
+    return value
+
+
+def _option_float(
+    options: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None
+) -> float | None:
+    if key not in options:
+        return None
+    value = options[key]
+    if not _is_number(value):
+        raise ValueError(f"option {key} must be a number, got {value!r}")
+    return _check_float(f"option {key}", float(value), lo, hi)
+
+
+def _option_int(options: dict[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
+    if key not in options:
+        return None
+    value = options[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # "8e9" parses as float
+    if not _is_number(value) or not isinstance(value, int):
+        raise ValueError(f"option {key} must be an integer, got {value!r}")
+    return _check_int(f"option {key}", value, lo, hi)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def _option_size(options: dict[str, Any], key: str) -> int | None:
+    """A positive byte count: an int, or a string like "512MB" / "8GiB" (KB=1000, KiB=1024)."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if not match:
+            raise ValueError(
+                f"option {key} must be a positive byte count like 1073741824 or "
+                f'"8GiB", got {value!r}'
+            )
+        number, unit, binary = match.groups()
+        base = 1024 if binary else 1000
+        value = float(number) * base ** " kmgt".index(unit.lower() or " ")
+        return _check_int(f"option {key}", int(value), 1)
+    return _option_int(options, key, 1)
+
+
+def _option_bool(options: dict[str, Any], key: str) -> bool:
+    value = options.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"option {key} must be true or false, got {value!r}")
+
+
+def _sampling_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    """Validated sampling defaults from options, under canonical keys; absent keys omitted."""
+    temperature = _option_float(options, "temperature", 0.0)
+    if temperature is None:
+        temperature = _option_float(options, "temp", 0.0)
+    found: dict[str, Any] = {
+        "max_tokens": _option_int(options, "max_tokens", 1),
+        "temperature": temperature,
+        "top_p": _option_float(options, "top_p", 0.0, 1.0),
+        "min_p": _option_float(options, "min_p", 0.0, 1.0),
+        "top_k": _option_int(options, "top_k", 0),
+        "xtc_threshold": _option_float(options, "xtc_threshold", 0.0, 0.5),
+        "xtc_probability": _option_float(options, "xtc_probability", 0.0, 1.0),
+        "repetition_penalty": _option_float(options, "repetition_penalty", 0.0),
+        "repetition_context_size": _option_int(options, "repetition_context_size", 1),
+        "presence_penalty": _option_float(options, "presence_penalty"),
+        "frequency_penalty": _option_float(options, "frequency_penalty"),
+        "seed": _option_int(options, "seed", -(2**63)),
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def load_params(req: Any) -> LoadParams:
+    """Read a `backend_pb2.ModelOptions` into `LoadParams`.
+
+    Raises ValueError naming the field or option: negative ContextSize,
+    max_cache_entries < 1, non-positive max_cache_bytes / max_kv_size, non-bool
+    trust_remote_code, and any out-of-range sampling default (see the module table).
+    """
+    options = parse_options(req.Options)
+    raw = dict(_split_options(req.Options))
+    context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
+    trust_remote_code = bool(req.TrustRemoteCode) or _option_bool(options, "trust_remote_code")
+    max_cache_entries = _option_int(options, "max_cache_entries", 1)
+
+    tokenizer_config: dict[str, Any] = {k: raw[k] for k in TOKENIZER_OPTION_KEYS if k in raw}
+    if trust_remote_code:
+        tokenizer_config["trust_remote_code"] = True
+
+    return LoadParams(
+        model=req.Model,
+        model_file=req.ModelFile,
+        model_path=req.ModelPath,
+        context_size=context_size,
+        trust_remote_code=trust_remote_code,
+        max_cache_entries=(
+            DEFAULT_MAX_CACHE_ENTRIES if max_cache_entries is None else max_cache_entries
+        ),
+        max_cache_bytes=_option_size(options, "max_cache_bytes"),
+        max_kv_size=_option_int(options, "max_kv_size", 1),
+        tokenizer_config=tokenizer_config,
+        defaults=_sampling_defaults(options),
+        options=options,
+    )
+
+
+# --- per-request parameters ---------------------------------------------------------
+
+
+def parse_tools(raw: str) -> list[dict[str, Any]] | None:
+    """Decode `PredictOptions.Tools`: a JSON array of OpenAI tool definitions.
+
+    Empty, whitespace, "null" or "[]" -> None (no tools). Raises ValueError naming
+    Tools for invalid JSON, a non-array, or an element that is not an object.
+    """
+    if not raw.strip():
+        return None
+    try:
+        tools = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"PredictOptions.Tools must be a JSON array: {err}") from None
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError(
+            f"PredictOptions.Tools must be a JSON array of objects, got {type(tools).__name__}"
+        )
+    return tools or None
+
+
+def parse_logit_bias(raw: str) -> dict[int, float] | None:
+    """Decode `PredictOptions.LogitBias`: a JSON object {"token id": bias}.
+
+    Empty, "null" or "{}" -> None. Raises ValueError naming LogitBias for invalid JSON,
+    a non-object, a key that is not a non-negative integer, or a bias that is not a
+    number in [-100, 100]. Ids are checked against the vocabulary in `sampling.py`.
+    """
+    if not raw.strip():
+        return None
+    try:
+        decoded = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"PredictOptions.LogitBias must be a JSON object: {err}") from None
+    if decoded is None:
+        return None
+    if not isinstance(decoded, dict):
+        raise ValueError(
+            f"PredictOptions.LogitBias must be a JSON object, got {type(decoded).__name__}"
+        )
+    bias: dict[int, float] = {}
+    for key, value in decoded.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0:
+            raise ValueError(
+                f"PredictOptions.LogitBias keys must be token ids (integers >= 0), got {key!r}"
+            )
+        if not _is_number(value):
+            raise ValueError(f"PredictOptions.LogitBias[{key}] must be a number, got {value!r}")
+        bias[token] = _check_float(
+            f"PredictOptions.LogitBias[{key}]",
+            float(value),
+            -LOGIT_BIAS_LIMIT,
+            LOGIT_BIAS_LIMIT,
+        )
+    return bias or None
+
+
+def _stop_strings(stops: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(s for s in stops if s))
+
+
+def generation_params(req: Any, load: LoadParams | None = None) -> GenerationParams:
+    """Resolve a `backend_pb2.PredictOptions` into `GenerationParams`.
+
+    `load` supplies the option defaults (LoadParams.defaults); without it only built-in
+    defaults apply. Raises ValueError naming the PredictOptions field and the allowed
+    range for: Tokens < 0, Temperature < 0 or not finite, TopP / MinP outside [0, 1],
+    TopK < 0, Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
+    non-finite float, non-JSON Tools (see `parse_tools`) or LogitBias.
+    """
+    defaults = load.defaults if load is not None else {}
+
+    def pick(value: float, key: str, builtin: float) -> float:
+        return value if value != 0 else defaults.get(key, builtin)
+
+    tokens = _check_int("PredictOptions.Tokens", req.Tokens, 0)
+    max_tokens = pick(tokens, "max_tokens", DEFAULT_MAX_TOKENS)
+    temperature = _check_float("PredictOptions.Temperature", _f32(req.Temperature), 0.0)
+    top_p = _check_float("PredictOptions.TopP", _f32(req.TopP), 0.0, 1.0)
+    min_p = _check_float("PredictOptions.MinP", _f32(req.MinP), 0.0, 1.0)
+    top_k = _check_int("PredictOptions.TopK", req.TopK, 0)
+    penalty = _check_float("PredictOptions.Penalty", _f32(req.Penalty), 0.0)
+    repeat = _check_int("PredictOptions.Repeat", req.Repeat, 0)
+    presence = _check_float("PredictOptions.PresencePenalty", _f32(req.PresencePenalty))
+    frequency = _check_float("PredictOptions.FrequencyPenalty", _f32(req.FrequencyPenalty))
+    logprobs = _check_int("PredictOptions.Logprobs", req.Logprobs, 0)
+    top_logprobs = _check_int("PredictOptions.TopLogprobs", req.TopLogprobs, 0, MAX_TOP_LOGPROBS)
+    parse_tools(req.Tools)  # validated here so a bad request fails before any work
+
+    if req.Seed > 0:
+        seed: int | None = req.Seed
+    elif req.Seed == 0 and defaults.get("seed", 0) > 0:
+        seed = defaults["seed"]
+    else:
+        seed = None
+
+    return GenerationParams(
+        max_tokens=min(int(max_tokens), MAX_TOKENS_CAP),
+        temperature=float(pick(temperature, "temperature", 0.0)),
+        top_p=float(pick(top_p, "top_p", 1.0)),
+        top_k=int(pick(top_k, "top_k", 0)),
+        min_p=float(pick(min_p, "min_p", 0.0)),
+        repetition_penalty=float(pick(penalty, "repetition_penalty", 0.0)),
+        repetition_context_size=int(
+            pick(repeat, "repetition_context_size", DEFAULT_REPETITION_CONTEXT_SIZE)
+        ),
+        presence_penalty=float(pick(presence, "presence_penalty", 0.0)),
+        frequency_penalty=float(pick(frequency, "frequency_penalty", 0.0)),
+        xtc_threshold=float(defaults.get("xtc_threshold", DEFAULT_XTC_THRESHOLD)),
+        xtc_probability=float(defaults.get("xtc_probability", 0.0)),
+        seed=seed,
+        stop=_stop_strings(req.StopPrompts),
+        logprobs=logprobs > 0 or top_logprobs > 0,
+        top_logprobs=top_logprobs,
+        ignore_eos=bool(req.IgnoreEOS),
+        logit_bias=parse_logit_bias(req.LogitBias),
+        correlation_id=req.CorrelationId,
+        model_identity=req.ModelIdentity,
+    )

@@ -1,0 +1,212 @@
+"""Per-request samplers and logits processors for mlx-lm's `BatchGenerator`.
+
+Owns turning a `GenerationParams` into the `sampler` and `logits_processors` that
+`BatchGenerator.insert` takes per sequence. The filters come from mlx-lm's
+`sample_utils` (top-p, min-p, top-k, penalties); what mlx-lm lacks is per-request
+random state: its samplers draw from MLX's global RNG, so one request's seed would be
+disturbed by every other request sampling in between, and seeding would change the
+draws of all of them. Here every non-greedy sampler owns an `mx.random.key` that it
+splits on each call and passes as `key=`; the global RNG is never read or seeded.
+
+Everything here creates MLX arrays: call it on the engine's MLX thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    greedy_sampler,
+    make_frequency_penalty,
+    make_presence_penalty,
+    make_repetition_penalty,
+)
+
+from params import GenerationParams
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+# mlx-lm's own argmax sampler (also BatchGenerator's fallback). Every greedy request
+# gets this very object, so BatchGenerator samples a batch of greedy rows in one call.
+GREEDY: Sampler = greedy_sampler
+
+
+def _xtc_special_tokens(tokenizer: object) -> list[int]:
+    """EOS ids and the newline token(s): XTC must never cut these (as the original)."""
+    ids: set[int] = set(getattr(tokenizer, "eos_token_ids", None) or ())
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    # A tokenizer that cannot encode "\n" just gets no newline protection.
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        ids.update(tokenizer.encode("\n", add_special_tokens=False))  # type: ignore[attr-defined]
+    return sorted(ids)
+
+
+def _apply_xtc(
+    logprobs: mx.array,
+    key: mx.array,
+    probability: float,
+    threshold: float,
+    special_tokens: mx.array | None,
+) -> mx.array:
+    """Exclude Top Choices (XTC): with `probability`, per row, drop every token whose
+    probability exceeds `threshold` except the least likely of them.
+
+    Reimplemented from mlx-lm's `apply_xtc` (after the XTC sampler of
+    oobabooga/text-generation-webui PR 6335) because that one draws its coin with the
+    global `mx.random.uniform()`, which would break per-request seeding. Shapes:
+    logprobs (B, V) -> (B, V); one coin per row.
+    """
+    probs = mx.softmax(logprobs, axis=-1)  # renormalized after earlier filters
+    above = mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    mask = probs > above  # above-threshold tokens except the least likely of them
+    if special_tokens is not None:
+        mask[..., special_tokens] = False
+    coin = mx.random.uniform(shape=(logprobs.shape[0], 1), key=key)
+    return mx.where((coin < probability) & mask, -mx.inf, logprobs)
+
+
+class SeededSampler:
+    """A temperature sampler with its own RNG key; callable as (B, V) logprobs -> (B,) ids.
+
+    Filters run in mlx-lm's order: top-p, min-p, XTC, top-k, then a categorical draw
+    at `temperature`. Each call splits the key, so a given seed yields the same token
+    sequence regardless of what other samplers or the global RNG do in between.
+    Not thread-safe (one request, one engine thread).
+    """
+
+    def __init__(
+        self,
+        temperature: float,
+        seed: int,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        top_k: int = 0,
+        xtc_probability: float = 0.0,
+        xtc_threshold: float = 0.1,
+        xtc_special_tokens: Sequence[int] = (),
+    ) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        self.min_p = min_p
+        self.top_k = top_k
+        self.xtc_probability = xtc_probability
+        self.xtc_threshold = xtc_threshold
+        self._xtc_special = mx.array(list(xtc_special_tokens)) if xtc_special_tokens else None
+        self._key = mx.random.key(seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self._key, xtc_key, draw_key = mx.random.split(self._key, 3)
+        if 0.0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p > 0.0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if self.xtc_probability > 0.0:
+            logprobs = _apply_xtc(
+                logprobs,
+                xtc_key,
+                self.xtc_probability,
+                self.xtc_threshold,
+                self._xtc_special,
+            )
+        if 0 < self.top_k < logprobs.shape[-1]:  # apply_top_k rejects k >= vocab
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=draw_key)
+
+
+def make_sampler(params: GenerationParams, tokenizer: object) -> Sampler:
+    """Build the sampler for one request: (B, V) float logprobs -> (B,) token ids.
+
+    Temperature 0 or top_k 1 -> `GREEDY` (the shared argmax function). Otherwise a
+    `SeededSampler` keyed by `params.seed`, or by a fresh `secrets` seed when it is
+    None. The tokenizer is read only when XTC is on (its EOS and newline ids are
+    exempt from XTC).
+    """
+    if params.temperature == 0.0 or params.top_k == 1:
+        return GREEDY
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    special = _xtc_special_tokens(tokenizer) if params.xtc_probability > 0.0 else ()
+    return SeededSampler(
+        temperature=params.temperature,
+        seed=seed,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        top_k=params.top_k,
+        xtc_probability=params.xtc_probability,
+        xtc_threshold=params.xtc_threshold,
+        xtc_special_tokens=special,
+    )
+
+
+def _flat_tokens(processor: LogitsProcessor) -> LogitsProcessor:
+    # mlx-lm's penalties slice tokens[-n:], which on a (1, T) array would slice the
+    # batch axis; BatchGenerator passes (T,), other callers may pass (1, T).
+    def wrapped(tokens: mx.array, logits: mx.array) -> mx.array:
+        return processor(tokens.reshape(-1), logits)
+
+    return wrapped
+
+
+def _vocab_size(tokenizer: object) -> int | None:
+    try:
+        return len(tokenizer)  # type: ignore[arg-type]
+    except TypeError:
+        size = getattr(tokenizer, "vocab_size", None)
+        return int(size) if size is not None else None
+
+
+def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
+    ids = mx.array(list(bias.keys()))
+    values = mx.array(list(bias.values()))
+
+    def logit_bias(_tokens: mx.array, logits: mx.array) -> mx.array:
+        return logits.at[:, ids].add(values.astype(logits.dtype))
+
+    return logit_bias
+
+
+def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[LogitsProcessor]:
+    """Build the logits processors for one request, in application order.
+
+    Each takes (tokens (T,) or (1, T) int, logits (1, V)) and returns logits (1, V),
+    as `GenerationBatch._step` calls them with the sequence's prompt + generated
+    tokens. Order: logit bias, EOS ban (ignore_eos), repetition penalty (skipped at
+    0 or 1.0), presence penalty, frequency penalty; the penalties look at the last
+    `repetition_context_size` tokens (mlx-lm's `make_*_penalty`).
+
+    The tokenizer gives the vocabulary size (to check LogitBias ids) and the EOS ids
+    (for ignore_eos). Raises ValueError naming LogitBias for an id >= vocabulary size.
+    """
+    processors: list[LogitsProcessor] = []
+    if params.logit_bias:
+        vocab = _vocab_size(tokenizer)
+        bad = [i for i in params.logit_bias if vocab is not None and i >= vocab]
+        if bad:
+            raise ValueError(
+                f"PredictOptions.LogitBias token ids must be in [0, {vocab}), got {bad[:5]}"
+            )
+        processors.append(_bias_processor(params.logit_bias))
+    if params.ignore_eos:
+        # As llama.cpp does: EOS can never be sampled, so generation runs to max_tokens.
+        eos = set(getattr(tokenizer, "eos_token_ids", None) or ())
+        eos_id = getattr(tokenizer, "eos_token_id", None)
+        if eos_id is not None:
+            eos.add(int(eos_id))
+        if eos:
+            processors.append(_bias_processor(dict.fromkeys(sorted(eos), -mx.inf)))
+    window = params.repetition_context_size
+    if params.repetition_penalty not in (0.0, 1.0):
+        processors.append(_flat_tokens(make_repetition_penalty(params.repetition_penalty, window)))
+    if params.presence_penalty != 0.0:
+        processors.append(_flat_tokens(make_presence_penalty(params.presence_penalty, window)))
+    if params.frequency_penalty != 0.0:
+        processors.append(_flat_tokens(make_frequency_penalty(params.frequency_penalty, window)))
+    return processors
