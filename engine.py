@@ -42,8 +42,8 @@ from errors import (
     NotFound,
     ResourceExhausted,
 )
-from output import Delta, OutputPipeline
-from params import GenerationParams, LoadParams
+from output import Delta, OutputPipeline, initial_state_for
+from params import GenerationParams, LoadParams, parse_tools
 from prompt_cache import PromptCache
 
 logger = logging.getLogger("localai.mlx.engine")
@@ -471,7 +471,8 @@ class Engine:
             stop=params.stop,
             top_logprobs=params.top_logprobs if params.logprobs else None,
             temperature=params.temperature,
-            initial_state="reasoning" if prepared.starts_in_reasoning else "normal",
+            initial_state=initial_state_for(tokenizer, ids),
+            tools=parse_tools(job.request.Tools),
         )
         (uid,) = self._gen.insert(
             [lookup.rest],
@@ -524,7 +525,8 @@ class Engine:
         final = job.pipeline.finish(reason)
         if delta:
             job.emit(job.event(delta))
-        self._end(job, final=final, reason=reason)
+        # Flushing held text can complete a stop sequence: the pipeline has the last word.
+        self._end(job, final=final, reason=job.pipeline.finish_reason or reason)
 
     def _end(
         self,

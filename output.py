@@ -1,0 +1,421 @@
+"""Output pipeline: generated token ids -> `Delta`s (content, reasoning, tool calls, logprobs).
+
+Owns, per request: incremental UTF-8-safe detokenizing (mlx-lm's streaming detokenizer), the
+split of text into content / reasoning / tool calls at the model's markers, stop-sequence
+matching with hold-back, tool-call parsing (`tool_calls.py`) and OpenAI-style logprobs.
+Knows nothing about gRPC or the engine; it is fed one token at a time from the engine thread.
+
+Text rules (what a client sees):
+- Markers (`<think>`, `</think>`, `<tool_call>`, ...) are matched on decoded text, as mlx-lm's
+  `TextStateMachine` (mlx_lm/generate.py) does, so a marker split across tokens is still found.
+  Text that could still be the start of a marker or stop string is held back, and released as
+  soon as it cannot (vLLM's rule: at most max(len(pattern)) - 1 characters, only while they are
+  a prefix of some pattern).
+- Stop strings apply to content only: reasoning is the model's scratch text (a stop like "\\n\\n"
+  would end an answer before it starts) and tool-call bodies are JSON that may contain them.
+  mlx-lm applies them in every state. The first match is the one that *ends* first (ties: the
+  longer one), since generation must end as soon as any stop string is complete. Nothing of a
+  matched stop string is emitted; text after it (even within the same token) is dropped.
+- Reasoning text goes to `reasoning` only; tool-call text never streams as content: each call
+  is emitted whole when its closing marker arrives; a malformed one comes back as content
+  (markers included) with a logged warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    NaiveStreamingDetokenizer,
+    SPMStreamingDetokenizer,
+)
+from tokenizers import decoders as hf_decoders
+
+from tool_calls import ToolCall, parse_tool_block
+
+__all__ = ["Delta", "OutputPipeline", "ToolCall", "initial_state_for"]
+
+logger = logging.getLogger(__name__)
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
+NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
+_SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one `feed()`/`finish()` call adds to the response; empty fields mean nothing new.
+
+    content / reasoning: text to append; tool_calls: calls completed by this step;
+    logprobs: one OpenAI chat logprobs entry per generated (non-EOS) token of this step.
+    """
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[dict, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Text of one state; `marker` is the string that ended it (None: still open)."""
+
+    state: str
+    text: str
+    marker: str | None = None
+    next_state: str | None = None  # with a marker: the state entered; None means a stop matched
+
+
+class _TextRouter:
+    """Splits decoded text into per-state segments at marker and stop strings.
+
+    `edges` maps state -> [(pattern, next state or None for stop)], the shape mlx-lm's
+    `make_text_state_machine` builds. Differs from `TextStateMachine`: it holds back only the
+    longest suffix that is a prefix of a pattern (TextStateMachine holds until its automaton
+    returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
+    """
+
+    def __init__(self, edges: Mapping[str, Sequence[tuple[str, str | None]]], state: str):
+        self._edges = {s: tuple((p, d) for p, d in e if p) for s, e in edges.items()}
+        self.state: str | None = state
+        self._held = ""
+
+    def push(self, text: str) -> list[_Segment]:
+        buf, pos, segments = self._held + text, 0, []
+        while self.state is not None:
+            hit = self._first_match(buf, pos)
+            if hit is None:
+                break
+            start, pattern, dst = hit
+            segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
+            pos, self.state = start + len(pattern), dst
+        if self.state is None:  # stopped: text after the stop string is dropped
+            self._held = ""
+            return segments
+        cut = len(buf) - self._partial_suffix(buf, pos)
+        segments.append(_Segment(self.state, buf[pos:cut]))
+        self._held = buf[cut:]
+        return segments
+
+    def flush(self) -> str:
+        """Release the held text (at the end it can no longer complete a match)."""
+        held, self._held = self._held, ""
+        return held
+
+    def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
+        best = None
+        for pattern, dst in self._edges.get(self.state, ()):
+            start = buf.find(pattern, pos)
+            if start >= 0:
+                key = (start + len(pattern), start)  # ends first, then longest
+                if best is None or key < best[0]:
+                    best = (key, pattern, dst)
+        return None if best is None else (best[0][1], best[1], best[2])
+
+    def _partial_suffix(self, buf: str, pos: int) -> int:
+        patterns = [p for p, _ in self._edges.get(self.state, ())]
+        longest = min(max((len(p) for p in patterns), default=1) - 1, len(buf) - pos)
+        for k in range(longest, 0, -1):
+            tail = buf[-k:]
+            if any(p.startswith(tail) for p in patterns):
+                return k
+        return 0
+
+
+class _Utf8NaiveDetokenizer(NaiveStreamingDetokenizer):
+    """mlx-lm's naive detokenizer, except that a newline never commits a character that is
+    still incomplete: upstream drops its bytes ("\\n\\xc3" then "\\xa9" gives "\\n\\ufffd")."""
+
+    @property
+    def text(self) -> str:
+        if self._current_tokens:
+            current = self._tokenizer.decode(self._current_tokens)
+            incomplete = current.endswith("\ufffd")
+            if incomplete:
+                current = current.rstrip("\ufffd")
+            elif self._clean_spaces and current.endswith(" "):
+                current = current[:-1]
+            self._current_text = current
+            if current.endswith("\n") and not incomplete:
+                self._text += current
+                self._current_tokens.clear()
+                self._current_text = ""
+        return self._text + self._current_text
+
+
+class _ExactBPEDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's BPE detokenizer without its SPM-style trim of the first leading space: our
+    text must equal ``tokenizer.decode(ids)`` (a completion of "The capital is" is " Paris")."""
+
+    def _maybe_trim_space(self, current_text: str) -> str:
+        return current_text
+
+
+def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
+    """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
+
+    Same rule as mlx-lm's server (`_tokenize`): the last think-start token sequence after the
+    last think-end one; a chat template's response format (`response_initial_state`) wins.
+    """
+    state = NORMAL
+    if tokenizer.has_thinking:
+        tokens = list(prompt_tokens)
+        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
+            state = REASONING
+    return tokenizer.response_initial_state or state
+
+
+def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
+    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline."""
+    edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
+    thinking = getattr(tokenizer, "has_thinking", False)  # getattr: engine tests use fakes
+    responses = getattr(tokenizer, "response_transitions", None) or {}
+    if thinking:
+        edges[NORMAL].append((tokenizer.think_start, REASONING))
+        edges[REASONING].append((tokenizer.think_end, NORMAL))
+        # Ours: a repeated open or stray close marker is stripped too, never shown as text.
+        edges[REASONING].append((tokenizer.think_start, REASONING))
+        edges[NORMAL].append((tokenizer.think_end, NORMAL))
+    if tools_on:
+        if TOOL not in {d for e in responses.values() for _, d in e}:
+            edges[NORMAL].append((tokenizer.tool_call_start, TOOL))
+        if thinking:
+            edges[REASONING].append((tokenizer.tool_call_start, TOOL))
+        if tokenizer.tool_call_end:  # Mistral has none: the call runs to the end
+            edges[TOOL].append((tokenizer.tool_call_end, NORMAL))
+    for marker in getattr(tokenizer, "structural_markers", None) or ():
+        edges[NORMAL].append((marker, NORMAL))
+    for state, extra in responses.items():
+        edges.setdefault(state, []).extend(extra)
+    edges[NORMAL].extend((s, None) for s in dict.fromkeys(stop) if s)  # ours: content only
+    return edges
+
+
+class OutputPipeline:
+    """Turns one request's generated tokens into `Delta`s; one instance per request.
+
+    tokenizer: mlx-lm `TokenizerWrapper`. stop: stop strings (empty ones ignored).
+    top_logprobs: None = no logprobs; 0 = the chosen token only; n = n alternatives (capped
+    at 20). temperature: the sampling temperature, used to report log-probabilities of the
+    distribution actually sampled from (log_softmax(row / T)); at 0 (greedy) the row itself.
+    Top-k/top-p/min-p truncation is not reflected. initial_state: "normal", or "reasoning"
+    when the prompt already opened a think block (see `initial_state_for`). parse_tool_calls:
+    False streams tool-call markup as content. tools: the request's tool definitions, handed
+    to the tool parser (some parsers type arguments from them).
+
+    Not thread-safe: call it from one thread (the engine's).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        stop: Sequence[str] = (),
+        top_logprobs: int | None = None,
+        temperature: float = 0.0,
+        initial_state: str = NORMAL,
+        parse_tool_calls: bool = True,
+        tools: Sequence[dict] | None = None,
+    ) -> None:
+        if top_logprobs is not None and top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be None or >= 0, got {top_logprobs}")
+        self._tok = tokenizer
+        self._detok = tokenizer.detokenizer  # a fresh copy per call
+        if type(self._detok) is NaiveStreamingDetokenizer:
+            self._detok.__class__ = _Utf8NaiveDetokenizer  # our copy; the subclass adds no state
+        elif type(self._detok) is BPEStreamingDetokenizer:
+            self._detok.__class__ = _ExactBPEDetokenizer  # likewise: no added state
+        self._eos = frozenset(tokenizer.eos_token_ids)
+        self._top_n = None if top_logprobs is None else min(top_logprobs, MAX_TOP_LOGPROBS)
+        self._temperature = float(temperature)
+        self._tools_on = bool(
+            parse_tool_calls
+            and getattr(tokenizer, "has_tool_calling", False)
+            and tokenizer.tool_parser
+        )
+        self._tools = tools
+        edges = _edges(tokenizer, [stop] if isinstance(stop, str) else stop, self._tools_on)
+        if initial_state not in edges:
+            raise ValueError(f"unknown initial_state {initial_state!r}; use one of {list(edges)}")
+        if initial_state == REASONING and not edges[REASONING]:
+            # No end marker could ever leave reasoning: the whole answer would be lost there.
+            logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
+            initial_state = NORMAL
+        self._router = _TextRouter(edges, initial_state)
+        self._tool_open = ""  # the marker that opened the current tool block
+        self._tool_text = ""
+        self._token_info: dict[int, tuple[str, list[int]]] = {}
+        self._token_kind: str | None = None
+        self._added: dict[int, str] = {}
+        self.content = ""
+        self.reasoning = ""
+        self.tool_calls: list[ToolCall] = []
+        self.finish_reason: str | None = None
+        self.generated_tokens = 0  # every token fed, EOS included (usage.completion_tokens)
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string matched; the engine should then end the sequence."""
+        return self._router.state is None
+
+    def feed(self, token: int, logprobs: mx.array | None = None) -> Delta:
+        """Consume one generated token; `logprobs` is its (V,) log-softmax row from mlx-lm.
+
+        EOS ids add no text and no logprobs entry. After a stop match or `finish()` tokens
+        are ignored (empty Delta).
+        """
+        if self.finish_reason is not None or self.stopped:
+            return Delta()
+        self.generated_tokens += 1
+        if token in self._eos:
+            return Delta()
+        entries = ()
+        if self._top_n is not None and logprobs is not None:
+            entries = (self._logprob_entry(token, logprobs),)
+        self._detok.add_token(token)
+        text = self._detok.last_segment
+        return self._emit(self._router.push(text) if text else [], entries)
+
+    def finish(self, reason: str) -> Delta:
+        """End the request ("stop" | "length" | "cancelled") and flush what is held back.
+
+        Held text that can no longer complete a marker or stop is released in its state; if
+        the final flush completes a stop string, that stop applies. Unterminated reasoning is
+        flushed as reasoning; an unterminated tool call is parsed when the format has no end
+        marker (Mistral), otherwise returned as content with a warning. `finish_reason`
+        becomes "stop" when a stop string matched, else `reason`. Idempotent.
+        """
+        if self.finish_reason is not None:
+            return Delta()
+        segments: list[_Segment] = []
+        if not self.stopped:
+            self._detok.finalize()
+            text = self._detok.last_segment
+            segments = self._router.push(text) if text else []
+            state = self._router.state
+            if state is not None:
+                segments.append(_Segment(state, self._router.flush()))
+                if state == TOOL:
+                    segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
+        self.finish_reason = "stop" if self.stopped else reason
+        return self._emit(segments, ())
+
+    def _emit(self, segments: list[_Segment], entries: tuple[dict, ...]) -> Delta:
+        content, reasoning, calls = [], [], []
+        for seg in segments:
+            if seg.state == NORMAL:
+                content.append(seg.text)
+            elif seg.state == REASONING:
+                reasoning.append(seg.text)
+            elif seg.state == TOOL:
+                self._tool_text += seg.text
+            # Text of other states (a response format's header) is dropped, as mlx-lm does.
+            if seg.marker is None or seg.next_state is None:
+                continue
+            if seg.state != TOOL and seg.next_state == TOOL:
+                self._tool_open, self._tool_text = seg.marker, ""
+            elif seg.state == TOOL and seg.next_state != TOOL:
+                parsed, raw = self._tool_call(seg.marker, len(self.tool_calls) + len(calls))
+                calls.extend(parsed)
+                content.append(raw)
+        delta = Delta("".join(content), "".join(reasoning), tuple(calls), entries)
+        self.content += delta.content
+        self.reasoning += delta.reasoning
+        self.tool_calls.extend(delta.tool_calls)
+        return delta
+
+    def _tool_call(self, close: str, index: int) -> tuple[list[ToolCall], str]:
+        """Parse the finished block; ([], "") or the calls, else ([], raw markup) if malformed."""
+        raw = self._tool_open + self._tool_text + close
+        if not self._tools_on:
+            return [], raw
+        if not close and self._tok.tool_call_end:
+            logger.warning("unterminated tool call returned as content: %r", raw[:200])
+            return [], raw
+        try:
+            calls = parse_tool_block(self._tok.tool_parser, self._tool_text, self._tools, index)
+        except ValueError as exc:
+            logger.warning("malformed tool call returned as content (%s): %r", exc, raw[:200])
+            return [], raw
+        return calls, ""
+
+    def _logprob_entry(self, token: int, row: mx.array) -> dict:
+        """OpenAI chat logprobs entry; natural log of the sampled distribution."""
+        lp = row.astype(mx.float32)
+        if self._temperature > 0 and self._temperature != 1.0:  # the row is already T = 1
+            lp = lp / self._temperature
+            lp = lp - mx.logsumexp(lp, keepdims=True)
+        top = []
+        n = min(self._top_n or 0, lp.shape[-1])
+        if n > 0:
+            idx = mx.argpartition(-lp, kth=n - 1)[:n]
+            pairs = sorted(
+                zip(lp[idx].tolist(), idx.tolist(), strict=True), key=lambda p: (-p[0], p[1])
+            )
+            top = [self._alternative(i, v) for v, i in pairs]
+        entry = self._alternative(token, lp[token].item())
+        entry["top_logprobs"] = top
+        return entry
+
+    def _alternative(self, token: int, logprob: float) -> dict:
+        text, raw = self._token_text(token)
+        return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(raw)}
+
+    def _token_text(self, token: int) -> tuple[str, list[int]]:
+        """A single token's text and raw bytes (partial UTF-8 shows in bytes, U+FFFD in text)."""
+        if token in self._token_info:
+            return self._token_info[token]
+        if self._token_kind is None:
+            self._token_kind = _token_kind(self._tok, self._detok)
+            added = getattr(self._tok, "added_tokens_decoder", None) or {}
+            self._added = {i: t.content for i, t in added.items()}
+        raw = None
+        if token in self._added:
+            raw = self._added[token].encode("utf-8")
+        elif self._token_kind == "spm" and token < len(self._detok.tokenmap):
+            raw = self._detok.tokenmap[token].replace(_SPM_SPACE, b" ")
+        elif self._token_kind == "byte_level":
+            piece = self._tok.convert_ids_to_tokens(token)
+            if piece is not None:
+                table = _byte_decoder()
+                raw = b"".join(
+                    bytes([table[c]]) if c in table else c.encode("utf-8") for c in piece
+                )
+        if raw is None:  # unknown tokenizer family, or an id beyond the vocab (padded)
+            raw = self._tok.decode([token]).encode("utf-8") if token < len(self._tok) else b""
+        info = (raw.decode("utf-8", errors="replace"), list(raw))
+        self._token_info[token] = info
+        return info
+
+
+def _token_kind(tokenizer: Any, detok: Any) -> str:
+    """How to get a token's raw bytes: "byte_level" (GPT-2 byte map), "spm" or "decode"."""
+    if isinstance(detok, SPMStreamingDetokenizer):
+        return "spm"
+    if isinstance(detok, BPEStreamingDetokenizer):
+        return "byte_level"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and isinstance(backend.decoder, hf_decoders.ByteLevel):
+        return "byte_level"
+    return "decode"
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, char -> byte (github.com/openai/gpt-2 src/encoder.py)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
