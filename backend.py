@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -101,7 +101,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             async for event in job.events():
                 if event.error is not None:
-                    await context.abort(getattr(grpc.StatusCode, event.error.status), str(event.error))
+                    await context.abort(
+                        getattr(grpc.StatusCode, event.error.status), str(event.error)
+                    )
                 yield event
         finally:
             job.cancel()  # no-op when finished; frees the batch slot when the client is gone
@@ -217,7 +219,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode("utf-8")
+        self._expected = f"Bearer {token}".encode()
 
     async def intercept_service(self, continuation, details):
         if details.method.startswith("/grpc.health.v1.Health/"):

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, StopSequences
 
+import cpu_fast_path
 import model_loader
 import prompt as prompt_mod
 import sampling
@@ -90,7 +93,7 @@ class Job:
         request: Any,
         params: GenerationParams,
         loop: asyncio.AbstractEventLoop,
-        engine: "Engine",
+        engine: Engine,
     ) -> None:
         self.request = request
         self.params = params
@@ -129,10 +132,9 @@ class Job:
 
     # -- engine-thread side ------------------------------------------------------------
     def emit(self, event: Event) -> None:
-        try:
+        # A closed event loop (RuntimeError) means nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
 
     def timings(self, now: float) -> tuple[float, float]:
         if self.t_first is None:
@@ -204,6 +206,7 @@ class Engine:
         self._kv_bytes = 0
         self._stopped = False
         self.last_metrics = RequestMetrics()
+        self.cpu_mode = ""
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -357,6 +360,10 @@ class Engine:
             tokenizer_config=params.tokenizer_config,
         )
         opts = params.options
+        # On CPU: float32 parameters, and dense weights on the fast BLAS when they fit.
+        self.cpu_mode = cpu_fast_path.prepare_for_cpu(
+            model, opts.get("cpu_dequantize"), opts.get("cpu_dequantize_budget")
+        )
         self.max_batch_size = _positive_int(opts, "max_batch_size", DEFAULT_MAX_BATCH_SIZE)
         self.max_queue = _positive_int(opts, "max_queue", DEFAULT_MAX_QUEUE, allow_zero=True)
         self._prefill_step = _positive_int(opts, "prefill_step_size", DEFAULT_PREFILL_STEP)
@@ -455,7 +462,9 @@ class Engine:
         prepared = prompt_mod.prepare_prompt(job.request, tokenizer)
         ids = list(prepared.token_ids)
         if not ids:
-            raise InvalidArgument("the prompt is empty: set Prompt, or Messages with UseTokenizerTemplate")
+            raise InvalidArgument(
+                "the prompt is empty: set Prompt, or Messages with UseTokenizerTemplate"
+            )
         max_tokens = params.max_tokens
         if self._context_len:
             if len(ids) >= self._context_len:
@@ -541,16 +550,19 @@ class Engine:
         job.done = True
         if job.uid is not None:
             self._active.pop(job.uid, None)
-        job.emit(job.event(final or Delta(), finish_reason=reason, error=error))
+        # Metrics first: a client may ask GetMetrics as soon as it has the final event.
         self._log(job, reason or (error.status if error else "?"))
+        job.emit(job.event(final or Delta(), finish_reason=reason, error=error))
 
     def _log(self, job: Job, outcome: str) -> None:
         now = time.perf_counter()
-        prompt_ms, gen_ms = job.timings(now)
+        _, gen_ms = job.timings(now)
         tps = (job.tokens - 1) / (gen_ms / 1000.0) if gen_ms > 0 and job.tokens > 1 else 0.0
         ttft = ((job.t_first or now) - job.submitted) * 1000.0
         if job.tokens:
-            self.last_metrics = RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens)
+            self.last_metrics = RequestMetrics(
+                tps, job.tokens, job.prompt_tokens - job.cached_tokens
+            )
         logger.info(
             "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s",
             job.params.correlation_id or "-",
@@ -576,7 +588,8 @@ class Engine:
 def _positive_int(opts: dict, key: str, default: int, allow_zero: bool = False) -> int:
     value = opts.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-        raise ValueError(f"option {key} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"option {key} must be a {kind} integer, got {value!r}")
     return value
 
 

@@ -202,9 +202,7 @@ class PromptCache:
                 self._entries.move_to_end(key)
                 self._hits += 1
                 self._tokens_reused += cached
-                return CacheLookup(
-                    kv=kv, cached_tokens=cached, rest=list(toks[cached:])
-                )
+                return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]))
             self._misses += 1
             return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
 
@@ -236,8 +234,7 @@ class PromptCache:
             offset = getattr(layer, "offset", None)
             if isinstance(offset, int) and offset != len(toks):
                 raise ValueError(
-                    f"kv layer {i} holds {offset} tokens "
-                    f"but {len(toks)} tokens were given"
+                    f"kv layer {i} holds {offset} tokens but {len(toks)} tokens were given"
                 )
         if not toks or self._max_bytes == 0:
             return
@@ -259,9 +256,7 @@ class PromptCache:
                 redundant = [
                     k
                     for k in self._entries
-                    if k[0] == model_key
-                    and len(k[1]) < len(toks)
-                    and toks[: len(k[1])] == k[1]
+                    if k[0] == model_key and len(k[1]) < len(toks) and toks[: len(k[1])] == k[1]
                 ]
                 for k in redundant:
                     self._nbytes -= self._entries.pop(k).nbytes
@@ -269,9 +264,7 @@ class PromptCache:
             self._nbytes += nbytes
             self._evict_locked(self._max_entries, self._max_bytes)
 
-    def trim_to(
-        self, *, max_entries: int | None = None, max_bytes: int | None = None
-    ) -> int:
+    def trim_to(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> int:
         """Evict least recently used entries until at most ``max_entries`` entries and
         ``max_bytes`` bytes remain (``None``: that bound is not tightened), e.g. to make
         room for active sequences as mlx-lm's server does. Returns the number evicted.
@@ -286,8 +279,7 @@ class PromptCache:
     def _evict_locked(self, max_entries: int, max_bytes: int | None) -> int:
         evicted = 0
         while self._entries and (
-            len(self._entries) > max_entries
-            or (max_bytes is not None and self._nbytes > max_bytes)
+            len(self._entries) > max_entries or (max_bytes is not None and self._nbytes > max_bytes)
         ):
             _, entry = self._entries.popitem(last=False)
             self._nbytes -= entry.nbytes

@@ -23,9 +23,7 @@ def token_kv(tokens, n_layers=2, cls=KVCache, **kwargs):
         c = cls(**kwargs)
         if tokens:
             col = mx.array([t * 10 + layer for t in tokens], dtype=mx.float32)
-            k = mx.broadcast_to(
-                col[None, None, :, None], (1, HEADS, len(tokens), HEAD_DIM)
-            )
+            k = mx.broadcast_to(col[None, None, :, None], (1, HEADS, len(tokens), HEAD_DIM))
             c.update_and_fetch(k, k + 0.5)
         kv.append(c)
     return kv
@@ -112,9 +110,7 @@ def test_rotated_cache_is_never_trimmed():
     hit = pc.fetch("m", [*toks, 7])
     assert (hit.cached_tokens, hit.rest, offsets(hit.kv)) == (6, [7], [6, 6])
     # Redundant-prefix dropping only happens for trimmable caches.
-    pc.insert(
-        "m", [*toks, 7, 8], token_kv([*toks, 7, 8], cls=RotatingKVCache, max_size=4)
-    )
+    pc.insert("m", [*toks, 7, 8], token_kv([*toks, 7, 8], cls=RotatingKVCache, max_size=4))
     assert len(pc) == 2
 
 
