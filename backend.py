@@ -125,15 +125,37 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     async def Status(self, request, context):
         snap = self.engine.status()
         state = getattr(backend_pb2.StatusResponse, snap.state)
+        # Request counts ride in the breakdown map (the proto has no other place for them).
+        breakdown = {
+            **snap.memory,
+            "requests_running": snap.running,
+            "requests_waiting": snap.waiting,
+        }
         memory = backend_pb2.MemoryUsageData(
-            total=snap.memory.get("mlx_active", 0), breakdown=snap.memory
+            total=snap.memory.get("mlx_active", 0), breakdown=breakdown
         )
         return backend_pb2.StatusResponse(state=state, memory=memory)
+
+    async def ModelMetadata(self, request, context):
+        m = await self._engine_call(context, self.engine.metadata)
+        return backend_pb2.ModelMetadataResponse(
+            supports_thinking=m.supports_thinking,
+            rendered_template=m.rendered_template,
+            tool_format=backend_pb2.ToolFormatMarkers(
+                format_type=m.tool_format,
+                section_start=m.tool_call_start,
+                section_end=m.tool_call_end,
+                reasoning_start=m.think_start,
+                reasoning_end=m.think_end,
+            ),
+        )
 
     async def GetMetrics(self, request, context):
         m = self.engine.last_metrics
         return backend_pb2.MetricsResponse(
             slot_id=0,
+            # No llama.cpp slot prompt here: the field carries engine facts as JSON instead.
+            prompt_json_for_slot=json.dumps(self.engine.info()),
             tokens_per_second=m.tokens_per_second,
             tokens_generated=m.tokens_generated,
             prompt_tokens_processed=m.prompt_tokens_processed,

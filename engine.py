@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import logging
 import queue
@@ -165,6 +166,19 @@ class StatusSnapshot:
 
 
 @dataclass(frozen=True)
+class ModelMetadata:
+    """What the tokenizer says about thinking and tool calls (mlx-lm's TokenizerWrapper)."""
+
+    supports_thinking: bool
+    rendered_template: str  # a one-user-turn probe rendered with thinking enabled
+    tool_format: str  # mlx-lm tool parser name, e.g. "json_tools"; "" when none
+    tool_call_start: str
+    tool_call_end: str
+    think_start: str
+    think_end: str
+
+
+@dataclass(frozen=True)
 class RequestMetrics:
     """Metrics of the last finished (or current) request, for GetMetrics."""
 
@@ -207,6 +221,7 @@ class Engine:
         self._stopped = False
         self.last_metrics = RequestMetrics()
         self.cpu_mode = ""
+        self.blas: dict | None = None  # on CPU: which BLAS MLX's float32 matmuls run on
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -235,6 +250,10 @@ class Engine:
     async def free(self) -> None:
         """Drop model, tokenizer, prompt cache and batch; release MLX memory."""
         await self.call(self._free)
+
+    async def metadata(self) -> ModelMetadata:
+        """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
+        return await self.call(self._metadata)
 
     async def tokenize(self, text: str) -> list[int]:
         return await self.call(self._tokenize, text)
@@ -293,6 +312,22 @@ class Engine:
     def cache_stats(self):
         return self._cache.stats() if self._cache is not None else None
 
+    def info(self) -> dict:
+        """Engine facts for operators (GetMetrics): model, CPU weight mode, BLAS, batch, cache."""
+        snap = self.status()
+        stats = self.cache_stats()
+        return {
+            "model": self.model_name,
+            "state": snap.state,
+            "requests_running": snap.running,
+            "requests_waiting": snap.waiting,
+            "max_batch_size": self.max_batch_size,
+            "max_queue": self.max_queue,
+            "cpu_mode": self.cpu_mode,
+            "blas": self.blas,
+            "prompt_cache": dataclasses.asdict(stats) if stats is not None else None,
+        }
+
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel all work, free the model and end the engine thread."""
         if self._thread.is_alive():
@@ -348,8 +383,10 @@ class Engine:
 
     # -- model lifecycle
     def _load(self, params: LoadParams) -> None:
-        # Resolve first: a load that names a missing model leaves the current one serving.
+        # Resolve and validate first: a load that names a missing model or a bad option
+        # leaves the current model serving.
         model_loader.resolve_model(params.model, params.model_file, params.model_path)
+        limits = _engine_limits(params.options)
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self._unload()
         model, tokenizer = model_loader.load_model(
@@ -364,9 +401,18 @@ class Engine:
         self.cpu_mode = cpu_fast_path.prepare_for_cpu(
             model, opts.get("cpu_dequantize"), opts.get("cpu_dequantize_budget")
         )
-        self.max_batch_size = _positive_int(opts, "max_batch_size", DEFAULT_MAX_BATCH_SIZE)
-        self.max_queue = _positive_int(opts, "max_queue", DEFAULT_MAX_QUEUE, allow_zero=True)
-        self._prefill_step = _positive_int(opts, "prefill_step_size", DEFAULT_PREFILL_STEP)
+        if mx.default_device().type == mx.DeviceType.cpu:
+            report = cpu_fast_path.blas_report()
+            self.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
+        self._install(model, tokenizer, params, limits)
+
+    async def install(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
+        """Serve an already-built model and tokenizer (tests, embedding applications)."""
+        await self.call(self._install, model, tokenizer, params, _engine_limits(params.options))
+
+    def _install(self, model: Any, tokenizer: Any, params: LoadParams, limits: tuple) -> None:
+        self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
+        self.max_batch_size, self.max_queue, self._prefill_step = limits
         self._model, self._tokenizer = model, tokenizer
         self._cache = PromptCache(params.max_cache_entries, params.max_cache_bytes)
         self._eos_stops = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
@@ -430,6 +476,30 @@ class Engine:
 
     def _tokenize(self, text: str) -> list[int]:
         return prompt_mod.encode(self._require_tokenizer(), text)
+
+    def _metadata(self) -> ModelMetadata:
+        tok = self._require_tokenizer()
+        rendered = ""
+        if getattr(tok, "has_chat_template", False):
+            try:
+                rendered = tok.apply_chat_template(
+                    [{"role": "user", "content": "Hello"}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    enable_thinking=True,
+                )
+            except Exception as exc:  # a template that needs other inputs: report none
+                logger.warning("chat template did not render a probe conversation: %s", exc)
+        parser = getattr(tok, "tool_parser", None)
+        return ModelMetadata(
+            supports_thinking=bool(getattr(tok, "has_thinking", False)),
+            rendered_template=rendered,
+            tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
+            tool_call_start=getattr(tok, "tool_call_start", None) or "",
+            tool_call_end=getattr(tok, "tool_call_end", None) or "",
+            think_start=getattr(tok, "think_start", None) or "",
+            think_end=getattr(tok, "think_end", None) or "",
+        )
 
     def _detokenize(self, ids: list[int]) -> str:
         tokenizer = self._require_tokenizer()
@@ -583,6 +653,15 @@ class Engine:
             with self._count_lock:
                 job = self._waiting.popleft()
             self._end(job, error=error)
+
+
+def _engine_limits(opts: dict) -> tuple[int, int, int]:
+    """(max_batch_size, max_queue, prefill_step_size) from load options; ValueError names one."""
+    return (
+        _positive_int(opts, "max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+        _positive_int(opts, "max_queue", DEFAULT_MAX_QUEUE, allow_zero=True),
+        _positive_int(opts, "prefill_step_size", DEFAULT_PREFILL_STEP),
+    )
 
 
 def _positive_int(opts: dict, key: str, default: int, allow_zero: bool = False) -> int:

@@ -252,3 +252,39 @@ def test_free_then_load_again_and_cold_output_equals_cached(stub, server):
         stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_tokens_processed == cold.prompt_tokens
     )
     assert cold.message == hit.message
+
+
+def test_logprobs_every_token_in_openai_format(stub):
+    import math
+
+    req = greedy(STORY, tokens=8, Logprobs=1, TopLogprobs=3)
+    reply = stub.Predict(req)
+    entries = json.loads(reply.logprobs)["content"]
+    assert len(entries) == reply.tokens == 8
+    assert "".join(e["token"] for e in entries) == reply.message.decode("utf-8")
+    for e in entries:
+        assert e["logprob"] <= 0
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
+        top = e["top_logprobs"]
+        assert len(top) == 3
+        assert top[0]["token"] == e["token"] and top[0]["logprob"] == e["logprob"]  # greedy
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-6
+    # Streamed: each chunk carries its own tokens' entries; the last one the whole list.
+    replies = list(stub.PredictStream(req))
+    per_chunk = [json.loads(r.logprobs)["content"] for r in replies[:-1] if r.logprobs]
+    assert sum(len(c) for c in per_chunk) == 8
+    assert json.loads(replies[-1].logprobs)["content"] == entries
+
+
+def test_metrics_report_engine_and_fast_blas(stub):
+    stub.Predict(greedy("Hello", tokens=4))
+    m = stub.GetMetrics(backend_pb2.MetricsRequest())
+    assert m.tokens_generated == 4
+    assert m.tokens_per_second > 0
+    info = json.loads(m.prompt_json_for_slot)
+    # Started through run.sh: MKL preloaded, so the quantized GGUF is served dense on CPU.
+    assert info["cpu_mode"] == "dense"
+    assert info["blas"]["fast"] and "mkl" in info["blas"]["library"]
+    assert info["max_batch_size"] == 8
+    assert info["prompt_cache"]["hits"] >= 1

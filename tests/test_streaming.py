@@ -1,0 +1,166 @@
+"""Exact streamed deltas through the real engine and servicer, over gRPC.
+
+A scripted model (tests/scripted.py) replays fixed token ids through a real tokenizer with
+Qwen/Hermes-style think and tool-call markers (tests/test_output.py builds it), and through
+the real SmolLM2 tokenizer for UTF-8. Asserts the exact sequence of streamed deltas, that
+nothing is sent twice, and that the joined stream equals Predict's structured reply.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from mlx_lm import tokenizer_utils
+from scripted import InProcessServer, ScriptedModel
+from test_output import PIECES, WEATHER, build_hf, ids
+
+import backend_pb2
+import prompt as prompt_mod
+
+GET_TIME = '{"name": "get_time", "arguments": {}}'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    with tempfile.TemporaryDirectory() as tmp:
+        build_hf(PIECES).save_pretrained(tmp)
+        return tokenizer_utils.load(Path(tmp))
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    model = ScriptedModel(len(tok), tok.eos_token_id)
+    srv = InProcessServer(model, tok)
+    yield srv, model
+    srv.stop()
+
+
+def chat(**fields) -> backend_pb2.PredictOptions:
+    req = backend_pb2.PredictOptions(UseTokenizerTemplate=True, Tokens=60, **fields)
+    req.Messages.add(role="user", content="Hi")
+    return req
+
+
+def script(served, tok, req, *parts: str) -> None:
+    _, model = served
+    model.set_script(len(prompt_mod.prepare_prompt(req, tok).token_ids), ids(tok, *parts))
+
+
+def view(replies) -> list[tuple]:
+    """Per streamed reply: (content, reasoning, ((index, name, arguments), ...))."""
+    out = []
+    for r in replies:
+        for d in r.chat_deltas:
+            calls = tuple((c.index, c.name, c.arguments) for c in d.tool_calls)
+            out.append((d.content, d.reasoning_content, calls))
+    return out
+
+
+def test_reasoning_content_and_tool_calls_stream_as_structured_deltas(served, tok):
+    srv, _ = served
+    req = chat()
+    assert prompt_mod.prepare_prompt(req, tok).text.endswith("<think>\n")  # opened by template
+    script(
+        served, tok, req,
+        "Let", " me", " think", "</think>", "\n\n", "Sure", "!",
+        "<tool_call>", "\n", WEATHER, "\n", "</tool_call>", "<tool_call>", GET_TIME, "</tool_call>",
+    )  # fmt: skip
+    replies = list(srv.stub.PredictStream(req))
+    assert view(replies) == [
+        ("", "Let", ()),
+        ("", " me", ()),
+        ("", " think", ()),
+        ("\n\n", "", ()),
+        ("Sure", "", ()),
+        ("!", "", ()),
+        ("", "", ((0, "get_weather", '{"city": "Paris"}'),)),
+        ("", "", ((1, "get_time", "{}"),)),
+    ]
+    ids_seen = [c.id for r in replies for d in r.chat_deltas for c in d.tool_calls]
+    assert len(set(ids_seen)) == 2 and all(i.startswith("call_") for i in ids_seen)
+    for r in replies:  # message bytes are the content only: no markup, nothing repeated
+        assert r.message.decode() == "".join(d.content for d in r.chat_deltas)
+        assert b"<" not in r.message
+    # Usage rides on every chunk; the last one has the totals (EOS included).
+    assert [r.tokens for r in replies] == sorted(r.tokens for r in replies)
+    assert replies[-1].tokens == 16 and replies[-1].prompt_tokens > 0
+
+    whole = srv.stub.Predict(req)
+    (d,) = whole.chat_deltas
+    assert whole.message.decode() == d.content == "\n\nSure!"
+    assert d.reasoning_content == "Let me think"
+    calls = [(c.index, c.name, json.loads(c.arguments)) for c in d.tool_calls]
+    assert calls == [(0, "get_weather", {"city": "Paris"}), (1, "get_time", {})]
+    streamed = view(replies)
+    assert "".join(v[0] for v in streamed) == d.content
+    assert "".join(v[1] for v in streamed) == d.reasoning_content
+
+
+def test_thinking_disabled_and_malformed_tool_call(served, tok):
+    srv, _ = served
+    req = chat()
+    req.Metadata["enable_thinking"] = "false"
+    assert prompt_mod.prepare_prompt(req, tok).text.endswith("</think>\n\n")
+    script(served, tok, req, "Sure", "<tool_call>", "{not json", "</tool_call>", "!")
+    d = srv.stub.Predict(req).chat_deltas[0]
+    assert d.reasoning_content == ""
+    assert list(d.tool_calls) == []
+    # A malformed call is returned as content (markers included), never dropped.
+    assert d.content == "Sure<tool_call>{not json</tool_call>!"
+    streamed = view(srv.stub.PredictStream(req))
+    assert "".join(v[0] for v in streamed) == d.content
+
+
+def test_stop_sequence_inside_scripted_content(served, tok):
+    srv, _ = served
+    req = chat(StopPrompts=["D!x"])
+    script(served, tok, req, "</think>", "The", " EN", "D!", "xENDy", " more")
+    streamed = view(srv.stub.PredictStream(req))
+    assert "".join(v[0] for v in streamed) == "The EN"
+    assert srv.stub.Predict(req).message.decode() == "The EN"
+
+
+@pytest.fixture(scope="module")
+def smollm_tok():
+    import gguf_convert
+    import model_loader
+
+    return tokenizer_utils.load(gguf_convert.cached_conversion(model_loader.embedded_model_path()))
+
+
+def test_multibyte_characters_split_over_tokens_stream_whole(smollm_tok):
+    text = "Zoë says 🙂 and 日本語 — Straße."
+    token_ids = smollm_tok.encode(text, add_special_tokens=False)
+    # The tokenizer really splits some characters over several byte-level tokens.
+    pieces = [smollm_tok.decode([t]) for t in token_ids]
+    assert any("\ufffd" in p for p in pieces)
+    model = ScriptedModel(len(smollm_tok), 2)
+    srv = InProcessServer(model, smollm_tok)
+    try:
+        req = backend_pb2.PredictOptions(Prompt="Say:", Tokens=len(token_ids) + 5)
+        prompt_len = len(prompt_mod.prepare_prompt(req, smollm_tok).token_ids)
+        model.set_script(prompt_len, token_ids)
+        replies = list(srv.stub.PredictStream(req))
+        chunks = [r.message.decode("utf-8") for r in replies]
+        assert all("\ufffd" not in c for c in chunks)
+        assert "".join(chunks) == text
+        assert srv.stub.Predict(req).message.decode("utf-8") == text
+    finally:
+        srv.stop()
+
+
+def test_model_metadata_reports_markers(served):
+    srv, _ = served
+    meta = srv.stub.ModelMetadata(backend_pb2.ModelOptions())
+    assert meta.supports_thinking
+    assert meta.rendered_template.endswith("<|im_start|>assistant\n<think>\n")
+    tf = meta.tool_format
+    assert (tf.format_type, tf.section_start, tf.section_end) == (
+        "json_tools",
+        "<tool_call>",
+        "</tool_call>",
+    )
+    assert (tf.reasoning_start, tf.reasoning_end) == ("<think>", "</think>")
