@@ -360,6 +360,7 @@ class Engine:
                 self._admit()
                 if self._active:
                     self._step()
+                self._kv_bytes = self._gen.prompt_cache_nbytes if self._active else 0
             except Exception as exc:  # keep serving: fail the batch, not the process
                 logger.exception("engine step failed")
                 self._fail_all(BackendError(f"generation failed: {exc}"))
@@ -590,7 +591,6 @@ class Engine:
                 self._retire(job, "stop", delta)
             elif delta:
                 job.emit(job.event(delta))
-        self._kv_bytes = self._gen.prompt_cache_nbytes if self._active else 0
 
     def _retire(self, job: Job, reason: str, delta: Delta | None = None, kv=None) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output."""

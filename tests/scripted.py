@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import grpc
 import mlx.core as mx
@@ -29,10 +30,13 @@ class ScriptedModel(nn.Module):
     Logits are (B, L, vocab_size) with one large entry; past the script it emits ``eos``.
     """
 
-    def __init__(self, vocab_size: int, eos: int) -> None:
+    def __init__(self, vocab_size: int, eos: int, step_seconds: float = 0.0) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.eos = eos
+        # A real forward pass takes milliseconds with the GIL released; a free-running fake
+        # would starve the event loop's thread of the GIL instead.
+        self.step_seconds = step_seconds
         self.set_script(0, [])
 
     def set_script(self, prompt_len: int, tokens: list[int]) -> None:
@@ -43,6 +47,8 @@ class ScriptedModel(nn.Module):
         return [KVCache()]
 
     def __call__(self, inputs: mx.array, cache=None, **kwargs) -> mx.array:
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         batch, length = inputs.shape
         layer = cache[0]
         dummy = mx.zeros((batch, 1, length, 1))
