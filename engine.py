@@ -31,8 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import (
+    BatchGenerator,
+    StopSequences,
+    generate_step,
+    speculative_generate_step,
+)
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 import cpu_fast_path
 import model_loader
@@ -111,6 +117,9 @@ class Job:
         self.tokens = 0
         self.t_admit = 0.0
         self.t_first: float | None = None
+        self.max_tokens = params.max_tokens
+        self.solo: SoloRun | None = None  # set when decoded outside the batch
+        self.drafted = 0  # tokens accepted from the draft model
         self.done = False
 
     # -- event-loop side ---------------------------------------------------------------
@@ -155,6 +164,52 @@ class Job:
         )
 
 
+class SoloRun:
+    """A sequence decoded outside the batch: its step generator, KV cache and token ids."""
+
+    def __init__(self, steps, kv: list, tokens: list[int], cache_key: str) -> None:
+        self.steps = steps
+        self.kv = kv
+        self.tokens = tokens  # prompt + generated ids; the KV holds exactly these at the end
+        self.cache_key = cache_key
+
+    def finish(self) -> tuple[list, list[int]] | None:
+        """Close the generator; return (kv, tokens) when the KV holds exactly ``tokens``.
+
+        mlx-lm's step generators have fed every yielded token into the KV; the speculative
+        one rewinds rejected draft tokens when closed. Any surplus is trimmed; a cache
+        that cannot be made to match is not returned (and so never stored).
+        """
+        self.steps.close()
+        n = len(self.tokens)
+        for c in self.kv:
+            offset = getattr(c, "offset", None)
+            if not isinstance(offset, int):
+                return None
+            if offset > n and c.is_trimmable():
+                c.trim(offset - n)
+            if c.offset != n:
+                return None
+        for c in self.kv:
+            _compact(c)
+        return self.kv, self.tokens
+
+
+def _compact(cache: Any) -> None:
+    """Drop the unused tail of a (quantized) KV cache's step-grown buffers before it is kept.
+
+    mlx-lm grows KV buffers 256 tokens at a time; a cache entry should cost what it holds.
+    Rotating caches keep their circular layout and are left alone.
+    """
+    if type(cache) not in (KVCache, QuantizedKVCache) or cache.keys is None:
+        return
+    n = cache.offset
+    cache.keys, cache.values = tree_map(
+        lambda x: mx.contiguous(x[..., :n, :]), (cache.keys, cache.values)
+    )
+    mx.eval(cache.keys, cache.values)
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
     """What Status reports: state name, request counts, memory in bytes."""
@@ -185,6 +240,7 @@ class RequestMetrics:
     tokens_per_second: float = 0.0
     tokens_generated: int = 0
     prompt_tokens_processed: int = 0
+    draft_tokens_accepted: int = 0
 
 
 class Engine:
@@ -212,6 +268,12 @@ class Engine:
         self.max_queue = DEFAULT_MAX_QUEUE
         self._prefill_step = DEFAULT_PREFILL_STEP
         self._max_kv_size: int | None = None
+        self._kv_bits: int | None = None
+        self._kv_group_size = 64
+        self._quantized_kv_start = 0
+        self._draft = None  # speculative-decoding draft model
+        self._num_draft_tokens = 3
+        self._solo_uid = 0  # solo sequences get negative ids, apart from BatchGenerator's
         self._active: dict[int, Job] = {}
         self._waiting: deque[Job] = deque()
         self._queued = 0  # submitted but not yet seen by the engine thread
@@ -324,6 +386,9 @@ class Engine:
             "max_batch_size": self.max_batch_size,
             "max_queue": self.max_queue,
             "cpu_mode": self.cpu_mode,
+            "kv_bits": self._kv_bits,
+            "draft_model": bool(self._draft is not None),
+            "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
             "blas": self.blas,
             "prompt_cache": dataclasses.asdict(stats) if stats is not None else None,
         }
@@ -405,19 +470,49 @@ class Engine:
         if mx.default_device().type == mx.DeviceType.cpu:
             report = cpu_fast_path.blas_report()
             self.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
-        self._install(model, tokenizer, params, limits)
+        draft = self._load_draft(params, tokenizer) if params.draft_model else None
+        self._install(model, tokenizer, params, limits, draft)
 
-    async def install(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
+    def _load_draft(self, params: LoadParams, tokenizer: Any) -> Any:
+        """The speculative-decoding draft model; its vocabulary must be the main model's."""
+        draft, draft_tok = model_loader.load_model(
+            params.draft_model,
+            "",
+            params.model_path,
+            trust_remote_code=params.trust_remote_code,
+            tokenizer_config=params.tokenizer_config,
+        )
+        if draft_tok.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"DraftModel {params.draft_model!r} has a different vocabulary from the main "
+                "model; speculative decoding needs the same tokenizer"
+            )
+        cpu_fast_path.prepare_for_cpu(
+            draft, params.options.get("cpu_dequantize"), params.options.get("cpu_dequantize_budget")
+        )
+        return draft
+
+    async def install(
+        self, model: Any, tokenizer: Any, params: LoadParams, draft: Any = None
+    ) -> None:
         """Serve an already-built model and tokenizer (tests, embedding applications)."""
-        await self.call(self._install, model, tokenizer, params, _engine_limits(params.options))
+        limits = _engine_limits(params.options)
+        await self.call(self._install, model, tokenizer, params, limits, draft)
 
-    def _install(self, model: Any, tokenizer: Any, params: LoadParams, limits: tuple) -> None:
+    def _install(
+        self, model: Any, tokenizer: Any, params: LoadParams, limits: tuple, draft: Any = None
+    ) -> None:
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self.max_batch_size, self.max_queue, self._prefill_step = limits
         self._model, self._tokenizer = model, tokenizer
         self._cache = PromptCache(params.max_cache_entries, params.max_cache_bytes)
         self._eos_stops = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
         self._max_kv_size = params.max_kv_size
+        self._kv_bits = params.kv_bits
+        self._kv_group_size = params.kv_group_size
+        self._quantized_kv_start = params.quantized_kv_start
+        self._num_draft_tokens = params.num_draft_tokens
+        self._draft = draft
         self._reset_batch()
         self._weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         self._context_len = params.context_size or _model_context(model)
@@ -451,7 +546,7 @@ class Engine:
         if self._gen is not None:
             self._gen.close()
         self._gen = None
-        self._model = self._tokenizer = None
+        self._model = self._tokenizer = self._draft = None
         if self._cache is not None:
             self._cache.clear()
         self._cache = None
@@ -537,15 +632,19 @@ class Engine:
                 "the prompt is empty: set Prompt, or Messages with UseTokenizerTemplate"
             )
         max_tokens = params.max_tokens
-        if self._context_len:
+        rotating = self._max_kv_size is not None
+        if self._context_len and not rotating:
             if len(ids) >= self._context_len:
                 raise InvalidArgument(
                     f"the prompt is {len(ids)} tokens but the context holds {self._context_len}: "
                     "shorten the prompt or raise ContextSize"
                 )
             max_tokens = min(max_tokens, self._context_len - len(ids))
-        lookup = self._cache.fetch(self._model_key, ids)
+        solo = self._draft is not None or self._kv_bits is not None or (rotating and params.keep)
+        cache_key = self._model_key + ("+draft" if self._draft is not None else "")
+        lookup = self._cache.fetch(cache_key, ids)
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
+        job.max_tokens = max_tokens
         job.pipeline = OutputPipeline(
             tokenizer,
             stop=params.stop,
@@ -554,17 +653,66 @@ class Engine:
             initial_state=initial_state_for(tokenizer, ids),
             tools=parse_tools(job.request.Tools),
         )
-        (uid,) = self._gen.insert(
-            [lookup.rest],
-            max_tokens=[max_tokens],
-            caches=[lookup.kv] if lookup.kv is not None else None,
-            all_tokens=[ids[: lookup.cached_tokens]],
-            samplers=[sampling.make_sampler(params, tokenizer)],
-            logits_processors=[sampling.make_logits_processors(params, tokenizer)],
-            stop_sequences=[StopSequences(None) if params.ignore_eos else self._eos_stops],
+        sampler = sampling.make_sampler(params, tokenizer)
+        processors = sampling.make_logits_processors(params, tokenizer)
+        if solo:
+            self._solo_uid -= 1
+            job.uid = self._solo_uid
+            job.solo = self._solo_run(job, ids, lookup, sampler, processors, cache_key)
+        else:
+            (job.uid,) = self._gen.insert(
+                [lookup.rest],
+                max_tokens=[max_tokens],
+                caches=[lookup.kv] if lookup.kv is not None else None,
+                all_tokens=[ids[: lookup.cached_tokens]],
+                samplers=[sampler],
+                logits_processors=[processors],
+                stop_sequences=[StopSequences(None) if params.ignore_eos else self._eos_stops],
+            )
+        self._active[job.uid] = job
+
+    def _solo_run(self, job: Job, ids, lookup, sampler, processors, cache_key: str) -> SoloRun:
+        """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
+
+        For what BatchGenerator cannot batch (a draft model, a quantized KV cache, a
+        rotating cache with NKeep). mlx-lm's server runs such requests one at a time; here
+        each is a generator stepped once per engine iteration, interleaved with the batch.
+        """
+        params = job.params
+        kv = lookup.kv
+        if kv is None:
+            if self._max_kv_size is not None:
+                keep = params.keep or 4  # mlx-lm's default
+                kv = [
+                    RotatingKVCache(max_size=self._max_kv_size, keep=keep)
+                    for _ in range(len(self._model.layers))
+                ]
+            else:
+                kv = make_prompt_cache(self._model)
+            if self._draft is not None:
+                kv = kv + make_prompt_cache(self._draft)
+        prompt = mx.array(lookup.rest, dtype=mx.uint32)
+        common = dict(
+            max_tokens=job.max_tokens,
+            sampler=sampler,
+            logits_processors=processors or None,
+            prompt_cache=kv,
+            prefill_step_size=self._prefill_step,
+            kv_bits=self._kv_bits,
+            kv_group_size=self._kv_group_size,
+            quantized_kv_start=self._quantized_kv_start,
         )
-        job.uid = uid
-        self._active[uid] = job
+        if self._draft is not None:
+            steps = speculative_generate_step(
+                prompt,
+                self._model,
+                self._draft,
+                num_draft_tokens=params.num_draft_tokens or self._num_draft_tokens,
+                **common,
+            )
+        else:
+            steps = generate_step(prompt, self._model, **common)
+        return SoloRun(steps, kv, list(ids), cache_key)
 
     def _reap_cancelled(self) -> None:
         for job in [j for j in self._waiting if j.cancelled]:
@@ -575,30 +723,56 @@ class Engine:
             self._retire(job, "cancelled")
 
     def _step(self) -> None:
-        _, responses = self._gen.next()
-        for r in responses:
-            job = self._active.get(r.uid)
-            if job is None:
-                continue
-            if job.t_first is None:
-                job.t_first = time.perf_counter()
-            job.tokens += 1
-            want_lp = job.params.logprobs
-            delta = job.pipeline.feed(r.token, r.logprobs if want_lp else None)
-            if r.finish_reason is not None:
-                self._retire(job, r.finish_reason, delta, (r.prompt_cache, r.all_tokens))
-            elif job.pipeline.stopped:
-                self._retire(job, "stop", delta)
-            elif delta:
-                job.emit(job.event(delta))
+        if any(job.solo is None for job in self._active.values()):
+            _, responses = self._gen.next()
+            for r in responses:
+                job = self._active.get(r.uid)
+                if job is not None:
+                    kv = (r.prompt_cache, r.all_tokens) if r.finish_reason else None
+                    self._on_token(job, r.token, r.logprobs, r.finish_reason, kv)
+        for job in [j for j in self._active.values() if j.solo is not None]:
+            self._solo_step(job)
+
+    def _solo_step(self, job: Job) -> None:
+        try:
+            token, logprobs, *drafted = next(job.solo.steps)
+        except StopIteration:
+            self._retire(job, "length")
+            return
+        token = int(token)
+        job.solo.tokens.append(token)
+        if drafted and drafted[0]:
+            job.drafted += 1
+        finish = None
+        if token in self._tokenizer.eos_token_ids and not job.params.ignore_eos:
+            finish = "stop"
+        elif job.tokens + 1 >= job.max_tokens:
+            finish = "length"
+        self._on_token(job, token, logprobs, finish)
+
+    def _on_token(self, job: Job, token: int, logprobs, finish: str | None, kv=None) -> None:
+        """One generated token of an active job: output deltas, stop handling, retiring."""
+        if job.t_first is None:
+            job.t_first = time.perf_counter()
+        job.tokens += 1
+        delta = job.pipeline.feed(token, logprobs if job.params.logprobs else None)
+        if finish is not None:
+            self._retire(job, finish, delta, kv)
+        elif job.pipeline.stopped:
+            self._retire(job, "stop", delta)
+        elif delta:
+            job.emit(job.event(delta))
 
     def _retire(self, job: Job, reason: str, delta: Delta | None = None, kv=None) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output."""
-        if kv is None:
+        key = self._model_key
+        if job.solo is not None:
+            key, kv = job.solo.cache_key, job.solo.finish()
+        elif kv is None:
             kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
         if kv is not None and kv[0] and kv[1]:
             try:
-                self._cache.insert(self._model_key, list(kv[1]), kv[0])
+                self._cache.insert(key, list(kv[1]), kv[0])
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
         final = job.pipeline.finish(reason)
@@ -631,10 +805,10 @@ class Engine:
         ttft = ((job.t_first or now) - job.submitted) * 1000.0
         if job.tokens:
             self.last_metrics = RequestMetrics(
-                tps, job.tokens, job.prompt_tokens - job.cached_tokens
+                tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted
             )
         logger.info(
-            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s",
+            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s",
             job.params.correlation_id or "-",
             job.prompt_tokens,
             job.cached_tokens,
@@ -642,11 +816,14 @@ class Engine:
             ttft,
             tps,
             outcome,
+            f" drafted={job.drafted}" if job.solo is not None and self._draft is not None else "",
         )
 
     def _fail_all(self, error: BackendError) -> None:
         for job in list(self._active.values()):
-            if self._gen is not None and job.uid is not None:
+            if job.solo is not None:
+                job.solo.steps.close()
+            elif self._gen is not None and job.uid is not None:
                 self._gen.remove([job.uid])
             self._end(job, error=error)
         while self._waiting:

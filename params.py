@@ -29,6 +29,8 @@ LogitBias (23)        | no bias                         | None              | {"
 Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null"
 CorrelationId (47)    | none                            | ""                |
 ModelIdentity (54)    | no identity check               | ""                |
+NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
+NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >= 0
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
@@ -39,6 +41,12 @@ ModelOptions field    | zero means                       | valid
 Model (1)             | (strings; the model loader resolves Model, ModelFile (21), ModelPath (59))
 ContextSize (2)       | the model's own context length   | >= 0
 TrustRemoteCode (51)  | off; option trust_remote_code may turn it on
+LoraAdapter (36)      | no adapter; or the one entry of LoraAdapters (60) | one adapter dir
+LoraScale (42)        | as trained (1.0); or LoraScales (61) | finite, >= 0
+LoraBase (35)         | must be empty: not supported on MLX
+CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_k q5_0 q5_1
+CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
+DraftModel (39)       | no speculative decoding          | a model the loader resolves
 Options (62)          | none; "key:value", see `parse_options`
 
 Options keys read here (others stay in `LoadParams.options` for other modules):
@@ -48,7 +56,9 @@ trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_to
 cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
 max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
 min_p, top_k, xtc_threshold ([0, 0.5]), xtc_probability ([0, 1]), repetition_penalty,
-repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random).
+repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random);
+kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
+quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3).
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -73,6 +83,13 @@ DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
 DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
+
+DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
+# llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
+KV_CACHE_TYPES = {
+    "": None, "f32": None, "f16": None, "bf16": None,
+    "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4,
+}  # fmt: skip
 
 TOKENIZER_OPTION_KEYS = (
     "eos_token",
@@ -114,6 +131,8 @@ class GenerationParams:
     logit_bias: dict[int, float] | None
     correlation_id: str
     model_identity: str
+    num_draft_tokens: int = 0  # NDraft: tokens the draft model proposes per step; 0 = load default
+    keep: int = 0  # NKeep: with a rotating KV cache, prompt tokens always kept; 0 = mlx-lm's 4
 
 
 @dataclass(frozen=True)
@@ -138,6 +157,13 @@ class LoadParams:
     tokenizer_config: dict[str, Any]
     defaults: dict[str, Any]
     options: dict[str, Any]
+    kv_bits: int | None = None  # quantized KV cache bits (CacheTypeKey/Value or kv_bits)
+    kv_group_size: int = 64  # option kv_group_size
+    quantized_kv_start: int = 0  # option quantized_kv_start: tokens kept unquantized
+    draft_model: str = ""  # DraftModel: path/repo of the speculative-decoding draft model
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # option num_draft_tokens
+    lora_adapter: str = ""  # LoraAdapter(s): adapter dir, "" = none (see `_lora_params`)
+    lora_scale: float = 0.0  # LoraScale(s): multiplier of the trained scale, 0 = as trained
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -280,12 +306,48 @@ def _sampling_defaults(options: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in found.items() if value is not None}
 
 
+def _lora_params(req: Any) -> tuple[str, float]:
+    """(adapter, scale) from LoraAdapter / LoraAdapters and LoraScale / LoraScales.
+
+    LocalAI sends both spellings; together they may name one adapter. The scale
+    multiplies the adapter's trained scale, as llama.cpp's does (0 = as trained).
+    """
+    if req.LoraBase:
+        # llama.cpp applies a LoRA onto a separate higher-precision base; mlx-lm keeps
+        # the adapter as full-precision layers beside the loaded (even quantized) weights.
+        raise ValueError(
+            "ModelOptions.LoraBase is not supported on MLX: the adapter is applied to the "
+            "loaded model itself (kept in full precision beside quantized weights); leave "
+            "lora_base empty, or fuse offline with `mlx_lm.fuse --dequantize`"
+        )
+    adapters = list(dict.fromkeys(a for a in (req.LoraAdapter, *req.LoraAdapters) if a))
+    if len(adapters) > 1:
+        raise ValueError(
+            "ModelOptions.LoraAdapter/LoraAdapters: only one LoRA adapter is supported on "
+            f"MLX, got {len(adapters)} ({', '.join(adapters)}); fuse the others into the "
+            "model with `mlx_lm.fuse`"
+        )
+    scale = _check_float("ModelOptions.LoraScale", _f32(req.LoraScale), 0.0)
+    scales = [
+        _check_float(f"ModelOptions.LoraScales[{i}]", _f32(v), 0.0)
+        for i, v in enumerate(req.LoraScales)
+    ]
+    if len(scales) > 1:
+        raise ValueError(f"ModelOptions.LoraScales has {len(scales)} entries for one adapter")
+    if scales and scale and scales[0] != scale:
+        raise ValueError(
+            f"ModelOptions.LoraScale ({scale:g}) and LoraScales[0] ({scales[0]:g}) disagree"
+        )
+    return (adapters[0], scale or (scales[0] if scales else 0.0)) if adapters else ("", 0.0)
+
+
 def load_params(req: Any) -> LoadParams:
     """Read a `backend_pb2.ModelOptions` into `LoadParams`.
 
     Raises ValueError naming the field or option: negative ContextSize,
     max_cache_entries < 1, non-positive max_cache_bytes / max_kv_size, non-bool
-    trust_remote_code, and any out-of-range sampling default (see the module table).
+    trust_remote_code, and any out-of-range sampling default (see the module table);
+    LoraScale(s) negative or not finite, more than one adapter, or a LoraBase.
     """
     options = parse_options(req.Options)
     raw = dict(_split_options(req.Options))
@@ -297,7 +359,17 @@ def load_params(req: Any) -> LoadParams:
     if trust_remote_code:
         tokenizer_config["trust_remote_code"] = True
 
+    lora_adapter, lora_scale = _lora_params(req)
     return LoadParams(
+        lora_adapter=lora_adapter,
+        lora_scale=lora_scale,
+        kv_bits=_kv_bits(req, options),
+        kv_group_size=_option_int(options, "kv_group_size", 1) or 64,
+        quantized_kv_start=_option_int(options, "quantized_kv_start", 0) or 0,
+        draft_model=req.DraftModel,
+        num_draft_tokens=(
+            _option_int(options, "num_draft_tokens", 1, 64) or DEFAULT_NUM_DRAFT_TOKENS
+        ),
         model=req.Model,
         model_file=req.ModelFile,
         model_path=req.ModelPath,
@@ -312,6 +384,32 @@ def load_params(req: Any) -> LoadParams:
         defaults=_sampling_defaults(options),
         options=options,
     )
+
+
+def _kv_bits(req: Any, options: dict[str, Any]) -> int | None:
+    """KV quantization bits from option kv_bits, else CacheTypeKey/CacheTypeValue."""
+    bits = _option_int(options, "kv_bits", 2, 8)
+    if bits is not None:
+        if bits == 7:
+            raise ValueError("option kv_bits must be one of 2, 3, 4, 5, 6, 8, got 7")
+        return bits
+    found = []
+    for name in ("CacheTypeKey", "CacheTypeValue"):
+        value = getattr(req, name).strip().lower()
+        if value not in KV_CACHE_TYPES:
+            accepted = ", ".join(k for k in KV_CACHE_TYPES if k)
+            raise ValueError(
+                f"ModelOptions.{name} {value!r} is not supported; accepted: {accepted}"
+            )
+        found.append(KV_CACHE_TYPES[value])
+    key, value = found
+    if req.CacheTypeKey and req.CacheTypeValue and key != value:
+        raise ValueError(
+            "ModelOptions.CacheTypeKey and CacheTypeValue must give the same precision: "
+            f"MLX quantizes keys and values alike (got {req.CacheTypeKey!r} and "
+            f"{req.CacheTypeValue!r})"
+        )
+    return key if key is not None else value
 
 
 # --- per-request parameters ---------------------------------------------------------
@@ -439,4 +537,6 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         logit_bias=parse_logit_bias(req.LogitBias),
         correlation_id=req.CorrelationId,
         model_identity=req.ModelIdentity,
+        num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
+        keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
     )

@@ -1,0 +1,113 @@
+"""Request and load options beyond plain sampling, on the embedded model over gRPC:
+speculative decoding, KV cache quantization, context size and rotating KV, logit bias,
+IgnoreEOS. A second server process is reloaded with each load-time setting."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from conftest import ServerProcess, chat_request
+
+import backend_pb2
+import model_loader
+
+GGUF = str(model_loader.embedded_model_path())
+STORY = "The old lighthouse keeper climbed the stairs every evening, and one night he saw"
+
+
+def greedy(prompt: str = STORY, tokens: int = 20, **fields) -> backend_pb2.PredictOptions:
+    return backend_pb2.PredictOptions(Prompt=prompt, Tokens=tokens, Temperature=0.0, **fields)
+
+
+@pytest.fixture(scope="module")
+def other():
+    """A second backend, reloaded by each test with the settings it exercises."""
+    srv = ServerProcess(entry="run.sh")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def load(srv, **fields):
+    res = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=GGUF, **fields))
+    assert res.success, res.message
+    return res
+
+
+def info(stub) -> dict:
+    return json.loads(stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+
+
+def test_speculative_decoding_gives_the_same_greedy_text(stub, other):
+    expected = stub.Predict(greedy()).message
+    load(other, DraftModel=GGUF)
+    assert info(other.stub)["draft_model"] is True
+    reply = other.stub.Predict(greedy())
+    assert reply.message == expected
+    # The model is its own draft, so nearly every proposed token is accepted.
+    assert info(other.stub)["last_request_draft_tokens_accepted"] >= 10
+    streamed = b"".join(r.message for r in other.stub.PredictStream(greedy(NDraft=2)))
+    assert streamed == expected
+
+
+def test_quantized_kv_cache_is_smaller_and_coherent(stub, other):
+    load(other)
+    other.stub.Predict(greedy(tokens=12))
+    full = other.stub.Status(backend_pb2.HealthMessage()).memory.breakdown["prompt_cache"]
+    load(other, CacheTypeKey="q8_0", CacheTypeValue="q8_0")
+    assert info(other.stub)["kv_bits"] == 8
+    reply = other.stub.Predict(greedy(tokens=12))
+    quantized = other.stub.Status(backend_pb2.HealthMessage()).memory.breakdown["prompt_cache"]
+    assert 0 < quantized < full / 2  # float32 KV vs 8-bit KV with per-group scales
+    text = reply.message.decode()
+    assert reply.tokens == 12 and len(text.split()) >= 4
+    # q8 KV barely perturbs the model: the first words agree with the float KV.
+    assert text.split()[:3] == stub.Predict(greedy(tokens=12)).message.decode().split()[:3]
+
+
+def test_unknown_cache_type_is_refused_naming_the_accepted_ones(other):
+    res = other.stub.LoadModel(backend_pb2.ModelOptions(Model=GGUF, CacheTypeKey="q3_z"))
+    assert not res.success
+    assert "CacheTypeKey" in res.message and "q8_0" in res.message and "q4_0" in res.message
+
+
+def test_context_size_bounds_the_prompt(other):
+    load(other, ContextSize=32)
+    with pytest.raises(grpc.RpcError) as err:
+        other.stub.Predict(greedy(STORY * 3))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "context holds 32" in err.value.details()
+    # Tokens are capped to what the context has left.
+    short = other.stub.Predict(greedy("Hi", tokens=100))
+    assert short.prompt_tokens + short.tokens <= 32
+
+
+def test_rotating_kv_cache_keeps_nkeep_and_accepts_long_prompts(other):
+    load(other, ContextSize=32, Options=["max_kv_size:48"])
+    reply = other.stub.Predict(greedy(STORY * 5, tokens=8, NKeep=8))
+    assert reply.prompt_tokens > 48 and reply.tokens == 8
+
+
+def test_logit_bias_on_the_greedy_token_changes_output(stub):
+    base = stub.Predict(greedy(tokens=6, Logprobs=1))
+    first = json.loads(base.logprobs)["content"][0]
+    token_id = stub.TokenizeString(backend_pb2.PredictOptions(Prompt=first["token"])).tokens
+    assert len(token_id) == 1
+    biased = stub.Predict(greedy(tokens=6, LogitBias=json.dumps({str(token_id[0]): -100})))
+    assert biased.message != base.message
+    assert not biased.message.startswith(first["token"].encode())
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Predict(greedy(LogitBias="{not json"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "LogitBias" in err.value.details()
+
+
+def test_ignore_eos_generates_to_the_token_limit(stub):
+    req = chat_request("What is the capital of France? One word.", Temperature=0.0, Tokens=40)
+    stopped = stub.Predict(req)
+    assert stopped.tokens < 40  # the model ends its turn with <|im_end|>
+    req.IgnoreEOS = True
+    assert stub.Predict(req).tokens == 40
