@@ -776,7 +776,7 @@ class Engine:
             key, kv = job.solo.cache_key, job.solo.finish()
         elif kv is None:
             kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
-        if kv is not None and kv[0] and kv[1]:
+        if kv is not None and kv[0] and kv[1] and job.params.cache_write:
             try:
                 self._cache.insert(key, list(kv[1]), kv[0])
             except ValueError:  # a KV/token mismatch must not leave the client hanging

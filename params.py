@@ -31,6 +31,7 @@ CorrelationId (47)    | none                            | ""                |
 ModelIdentity (54)    | no identity check               | ""                |
 NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
 NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >= 0
+PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
@@ -133,6 +134,7 @@ class GenerationParams:
     model_identity: str
     num_draft_tokens: int = 0  # NDraft: tokens the draft model proposes per step; 0 = load default
     keep: int = 0  # NKeep: with a rotating KV cache, prompt tokens always kept; 0 = mlx-lm's 4
+    cache_write: bool = True  # False (PromptCacheRO): read the prompt cache, never add to it
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,7 @@ def load_params(req: Any) -> LoadParams:
     trust_remote_code, and any out-of-range sampling default (see the module table);
     LoraScale(s) negative or not finite, more than one adapter, or a LoraBase.
     """
+    _refuse(req, _REFUSED_LOAD, "ModelOptions")
     options = parse_options(req.Options)
     raw = dict(_split_options(req.Options))
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
@@ -410,6 +413,53 @@ def _kv_bits(req: Any, options: dict[str, Any]) -> int | None:
             f"{req.CacheTypeValue!r})"
         )
     return key if key is not None else value
+
+
+# --- fields this backend refuses ---------------------------------------------------
+# Fields with a meaning for text generation that MLX / mlx-lm cannot honour: a request or
+# load that sets them gets INVALID_ARGUMENT / a failed LoadModel naming the field, never
+# silence. "Set" means: differs from proto3's zero (and, for the samplers below, from
+# their own "disabled" value 1.0, which LocalAI sends by default).
+_ROPE = "RoPE is fixed by the model's config; convert the model with the RoPE you want"
+_REFUSED_PREDICT = {
+    "Mirostat": "Mirostat sampling is not available in mlx-lm; use Temperature, TopP or MinP",
+    "TypicalP": "locally typical sampling is not available in mlx-lm; use TopP or MinP",
+    "TailFreeSamplingZ": "tail-free sampling is not available in mlx-lm; use TopP or MinP",
+    "NegativePrompt": "negative prompts (classifier-free guidance) are not supported",
+    "NegativePromptScale": "negative prompts (classifier-free guidance) are not supported",
+    "RopeFreqBase": _ROPE,
+    "RopeFreqScale": _ROPE,
+    "Images": "this backend serves text-only models",
+    "Videos": "this backend serves text-only models",
+    "Audios": "this backend serves text-only models",
+}
+_REFUSED_LOAD = {
+    "RopeFreqBase": _ROPE,
+    "RopeFreqScale": _ROPE,
+    "RopeScaling": "RoPE scaling is fixed by the model's config",
+    "YarnExtFactor": "YaRN parameters are fixed by the model's config",
+    "YarnAttnFactor": "YaRN parameters are fixed by the model's config",
+    "YarnBetaFast": "YaRN parameters are fixed by the model's config",
+    "YarnBetaSlow": "YaRN parameters are fixed by the model's config",
+    "RMSNormEps": "the norm epsilon is fixed by the model's config",
+    "NGQA": "grouped-query attention is fixed by the model's config",
+    "Tokenizer": "the tokenizer is read from the model directory or GGUF file",
+    "MMProj": "this backend serves text-only models (no multimodal projector)",
+    "Quantization": "load a quantized MLX model or GGUF instead (vLLM's quantization option)",
+    "Overrides": "GGUF metadata overrides are not supported",
+    "GrammarTriggers": "lazy grammars are not supported; send the Grammar with the request",
+    "Reranking": "reranking models are not supported by this backend",
+}
+_DISABLED_AT_ONE = {"TypicalP", "TailFreeSamplingZ"}
+
+
+def _refuse(req: Any, refused: dict[str, str], message: str) -> None:
+    for name, reason in refused.items():
+        value = getattr(req, name)
+        if name in _DISABLED_AT_ONE and value == 1.0:
+            continue
+        if value if not hasattr(value, "__len__") else len(value):
+            raise ValueError(f"{message}.{name} is not supported: {reason}")
 
 
 # --- per-request parameters ---------------------------------------------------------
@@ -490,6 +540,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     non-finite float, non-JSON Tools (see `parse_tools`) or LogitBias.
     """
     defaults = load.defaults if load is not None else {}
+    _refuse(req, _REFUSED_PREDICT, "PredictOptions")
 
     def pick(value: float, key: str, builtin: float) -> float:
         return value if value != 0 else defaults.get(key, builtin)
@@ -539,4 +590,5 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         model_identity=req.ModelIdentity,
         num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
+        cache_write=not req.PromptCacheRO,
     )

@@ -153,7 +153,8 @@ def _has_chat_template(tokenizer: Any) -> bool:
 
 def _render(req: Any, tokenizer: Any) -> tuple[str, bool | None]:
     messages = _messages(req)
-    tools = parse_tools(req.Tools)
+    # ToolChoice "none" (OpenAI): the model must not call tools, so none are offered.
+    tools = None if req.ToolChoice.strip().lower() == "none" else parse_tools(req.Tools)
     kwargs = _template_kwargs(req.Metadata)
     thinking = kwargs.get("enable_thinking")
     enable_thinking = thinking if isinstance(thinking, bool) else None

@@ -111,3 +111,13 @@ def test_ignore_eos_generates_to_the_token_limit(stub):
     assert stopped.tokens < 40  # the model ends its turn with <|im_end|>
     req.IgnoreEOS = True
     assert stub.Predict(req).tokens == 40
+
+
+def test_prompt_cache_read_only_request_stores_nothing(stub):
+    prompt = "A read-only request about zebras crossing a wide river at dawn"
+    stub.Predict(greedy(prompt, tokens=4, PromptCacheRO=True))
+    cold = stub.Predict(greedy(prompt, tokens=4))
+    # Nothing was cached by the read-only request: the second one prefilled everything.
+    assert stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_tokens_processed == (
+        cold.prompt_tokens
+    )

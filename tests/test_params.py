@@ -385,3 +385,35 @@ def test_dataclasses_are_frozen() -> None:
     p = gen()
     with pytest.raises(AttributeError):
         p.temperature = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        ({"Mirostat": 2}, "Mirostat"),
+        ({"TypicalP": 0.5}, "TypicalP"),
+        ({"TailFreeSamplingZ": 0.9}, "TailFreeSamplingZ"),
+        ({"NegativePrompt": "ugly"}, "NegativePrompt"),
+        ({"RopeFreqBase": 10000.0}, "RopeFreqBase"),
+        ({"Images": ["aGVsbG8="]}, "Images"),
+    ],
+)
+def test_refused_predict_fields_name_themselves(fields, name):
+    with pytest.raises(ValueError, match=f"PredictOptions.{name} is not supported"):
+        generation_params(pb.PredictOptions(Prompt="x", **fields))
+
+
+def test_disabled_values_of_refused_samplers_are_accepted():
+    # LocalAI sends TypicalP / TailFreeSamplingZ 1.0 (= off) by default.
+    req = pb.PredictOptions(Prompt="x", TypicalP=1.0, TailFreeSamplingZ=1.0)
+    assert generation_params(req).max_tokens == DEFAULT_MAX_TOKENS
+
+
+@pytest.mark.parametrize(
+    "fields, name",
+    [({"RopeScaling": "yarn"}, "RopeScaling"), ({"MMProj": "p.gguf"}, "MMProj"),
+     ({"Overrides": ["a=b"]}, "Overrides"), ({"Reranking": True}, "Reranking")],
+)  # fmt: skip
+def test_refused_load_fields_name_themselves(fields, name):
+    with pytest.raises(ValueError, match=f"ModelOptions.{name} is not supported"):
+        load_params(pb.ModelOptions(Model="m", **fields))

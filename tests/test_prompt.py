@@ -135,6 +135,13 @@ def test_tools_json_appears(tokenizer: TokenizerWrapper) -> None:
     assert "You are terse." in p.text
 
 
+def test_tool_choice_none_offers_no_tools(tokenizer: TokenizerWrapper) -> None:
+    p = prepare_prompt(request(Tools=json.dumps(TOOLS), ToolChoice="none"), tokenizer)
+    assert "# Tools" not in p.text and json.dumps(TOOLS[0]) not in p.text
+    p = prepare_prompt(request(Tools=json.dumps(TOOLS), ToolChoice="auto"), tokenizer)
+    assert json.dumps(TOOLS[0]) in p.text
+
+
 def test_tool_calls_arguments_become_objects(tokenizer: TokenizerWrapper) -> None:
     calls = [
         {
