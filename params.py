@@ -353,6 +353,11 @@ def load_params(req: Any) -> LoadParams:
     """
     _refuse(req, _REFUSED_LOAD, "ModelOptions")
     options = parse_options(req.Options)
+    # Load-level fields that map onto options, when the options do not set them already.
+    if req.Seed > 0:
+        options.setdefault("seed", req.Seed)
+    if req.NBatch > 0:
+        options.setdefault("prefill_step_size", req.NBatch)
     raw = dict(_split_options(req.Options))
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
     trust_remote_code = bool(req.TrustRemoteCode) or _option_bool(options, "trust_remote_code")

@@ -417,3 +417,11 @@ def test_disabled_values_of_refused_samplers_are_accepted():
 def test_refused_load_fields_name_themselves(fields, name):
     with pytest.raises(ValueError, match=f"ModelOptions.{name} is not supported"):
         load_params(pb.ModelOptions(Model="m", **fields))
+
+
+def test_load_seed_and_nbatch_fill_options_unless_set():
+    lp = load_params(pb.ModelOptions(Model="m", Seed=7, NBatch=256))
+    assert lp.defaults["seed"] == 7 and lp.options["prefill_step_size"] == 256
+    lp = load_params(pb.ModelOptions(Model="m", Seed=7, Options=["seed:9"]))
+    assert lp.defaults["seed"] == 9
+    assert generation_params(pb.PredictOptions(Prompt="x"), lp).seed == 9
