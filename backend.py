@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
 
 import grpc
@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 import backend_pb2
 import backend_pb2_grpc
 import model_loader
+import ops
 import params
 from engine import Engine, Event
 from errors import BackendError
@@ -109,9 +110,46 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             job.cancel()  # no-op when finished; frees the batch slot when the client is gone
 
     async def Embedding(self, request, context):
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "Embedding is not implemented by the MLX backend yet; use an embeddings backend",
+        # LocalAI sends the text in Embeddings (Prompt as a fallback), or token ids.
+        e = await self._engine_call(
+            context,
+            self.engine.embed,
+            request.Embeddings or request.Prompt,
+            list(request.EmbeddingTokens),
+            request.ModelIdentity,
+        )
+        layout = (
+            backend_pb2.EMBEDDING_LAYOUT_PER_TOKEN
+            if e.per_token
+            else backend_pb2.EMBEDDING_LAYOUT_FINAL
+        )
+        return backend_pb2.EmbeddingResult(
+            embeddings=e.vector,
+            dim=e.dim,
+            tokens=e.rows,
+            prompt_tokens=e.prompt_tokens,
+            layout=layout,
+        )
+
+    async def Score(self, request, context):
+        results = await self._engine_call(
+            context,
+            self.engine.score,
+            request.prompt,
+            list(request.candidates),
+            request.include_token_logprobs,
+            request.ModelIdentity,
+        )
+        return backend_pb2.ScoreResponse(
+            candidates=[
+                backend_pb2.CandidateScore(
+                    log_prob=r.log_prob,
+                    length_normalized_log_prob=r.length_normalized_log_prob,
+                    num_tokens=r.num_tokens,
+                    tokens=[backend_pb2.TokenLogProb(token=t, log_prob=lp) for t, lp in r.tokens],
+                )
+                for r in results
+            ]
         )
 
     async def TokenizeString(self, request, context):
@@ -233,61 +271,43 @@ def _logprobs_json(entries: list[dict]) -> bytes:
     return json.dumps({"content": entries}).encode("utf-8") if entries else b""
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every call (constant-time compare).
-
-    The standard ``grpc.health.v1.Health`` service stays open so that load balancers and
-    probes that cannot send credentials still see liveness; it reveals nothing else.
-    """
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(self, continuation, details):
-        if details.method.startswith("/grpc.health.v1.Health/"):
-            return await continuation(details)
-        supplied = dict(details.invocation_metadata or ()).get("authorization", "")
-        if isinstance(supplied, str):
-            supplied = supplied.encode("utf-8")
-        if hmac.compare_digest(supplied, self._expected):
-            return await continuation(details)
-        return _deny(await continuation(details))
+HEALTH_REFRESH_SECONDS = 1.0  # how often health re-checks that the engine thread lives
 
 
-def _deny(handler):
-    async def unary(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-    async def stream(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-        yield  # pragma: no cover  (makes this an async generator)
-
-    if handler is None:
-        return None
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(
-            stream, handler.request_deserializer, handler.response_serializer
-        )
-    return grpc.unary_unary_rpc_method_handler(
-        unary, handler.request_deserializer, handler.response_serializer
-    )
-
-
-async def serve(address: str, model: str | None = None, grace: float = 5.0) -> None:
+async def serve(
+    address: str,
+    model: str | None = None,
+    grace: float = 5.0,
+    parent_watch: ops.ParentWatcher | None = None,
+) -> bool:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
 
-    On a signal: stop accepting calls, let in-flight calls finish for ``grace`` seconds,
-    cancel the rest, free MLX memory, return.
+    ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
+    which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
+    calls get ``grace`` seconds to finish, the rest are cancelled (their engine jobs
+    with them), MLX memory is freed, and this returns True; False when a thread (the
+    engine, stuck in a long call) still runs after the stop. Raises SystemExit when
+    ``address`` cannot be bound.
     """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            logger.info("%s received", sig.name)
+        stop.set()
+
+    # Before anything slow, so an early SIGTERM still takes the graceful path.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
     engine = Engine()
+    known = set(threading.enumerate())
     engine.start()
-    interceptors = []
-    token = os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", "")
-    if token:
-        interceptors.append(AuthInterceptor(token))
+    engine_threads = [t for t in threading.enumerate() if t not in known]
     # PYTHON_GRPC_MAX_WORKERS sizes the original's thread pool; grpc.aio needs none.
     server = grpc.aio.server(
-        interceptors=interceptors,
+        interceptors=ops.server_interceptors(),
         options=[
             ("grpc.max_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -306,32 +326,60 @@ async def serve(address: str, model: str | None = None, grace: float = 5.0) -> N
     reflection.enable_server_reflection(names, server)
     port = server.add_insecure_port(address)
     if port == 0:
+        engine.stop()
         raise SystemExit(f"cannot listen on {address}")
     await servicer._set_health()
     await server.start()
     logger.info("serving on %s (pid %d)", address.rsplit(":", 1)[0] + f":{port}", os.getpid())
+    if parent_watch is not None:
+        parent_watch.start()
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    if model:
+    async def preload() -> None:
         result = await servicer.LoadModel(backend_pb2.ModelOptions(Model=model), None)
         if not result.success:
             logger.error("%s", result.message)
         else:
             logger.info("preloaded %s", model)
 
+    async def refresh_health() -> None:
+        # LoadModel and Free set health themselves; this catches a dead engine thread.
+        while True:
+            await asyncio.sleep(HEALTH_REFRESH_SECONDS)
+            await servicer._set_health()
+
+    # A long preload (a GGUF conversion) must not delay a SIGTERM that comes meanwhile.
+    tasks = [asyncio.create_task(refresh_health())]
+    if model:
+        tasks.append(asyncio.create_task(preload()))
+
     await stop.wait()
-    logger.info("stopping: %.1fs grace for in-flight requests", grace)
+    logger.info("stopping: %gs grace for in-flight requests", grace)
+    if parent_watch is not None:
+        parent_watch.stop()
     await health_servicer.enter_graceful_shutdown()
+    # Refuses new calls at once and returns as soon as in-flight calls are done; after
+    # `grace` it cancels the rest: their clients get UNAVAILABLE, and each abandoned
+    # handler's `finally: job.cancel()` runs when its generator is closed.
     await server.stop(grace)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # Ends every job still left (CANCELLED), frees the model and MLX memory, ends the
+    # engine thread.
     await loop.run_in_executor(None, engine.stop)
+    # Let the engine's OS thread finish its native cleanup before Python finalizes.
+    await ops.os_threads_gone([t.native_id for t in engine_threads if not t.is_alive()], 5.0)
+    stuck = [t.name for t in engine_threads if t.is_alive()]
+    if stuck:
+        logger.warning("still running after stop: %s", ", ".join(stuck))
     logger.info("stopped")
+    return not stuck
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, set up logging on stderr, serve until a signal; exits 0 after a
+    graceful stop, 2 on bad arguments."""
+    parent_pid = os.getppid()  # first thing: the parent could die while we start
     parser = argparse.ArgumentParser(description="LocalAI MLX backend (gRPC)")
     parser.add_argument("--addr", default="localhost:50051", help="HOST:PORT to listen on")
     parser.add_argument(
@@ -340,20 +388,45 @@ def main(argv: list[str] | None = None) -> None:
         help="model to preload: a GGUF file, an MLX model directory, a cached HF repo id, "
         "or 'embedded' for the bundled SmolLM2-135M-Instruct",
     )
-    parser.add_argument("--grace", type=float, default=5.0, help="shutdown grace period, seconds")
     parser.add_argument(
-        "--log-level", default=os.environ.get("LOCALAI_LOG_LEVEL", "INFO"), help="logging level"
+        "--grace",
+        type=ops.parse_duration,
+        default=5.0,
+        help='shutdown grace period for in-flight requests: seconds, or "500ms", "1m"',
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help=f"debug, info, warning, error, or LocalAI's trace, warn (default: "
+        f"${ops.LOG_LEVEL_ENV}, else info)",
     )
     args, _unknown = parser.parse_known_args(argv)
+    bad_env_level = ""
+    try:
+        level = ops.log_level(args.log_level or os.environ.get(ops.LOG_LEVEL_ENV) or "info")
+    except ValueError as exc:
+        if args.log_level:
+            parser.error(str(exc))
+        level, bad_env_level = logging.INFO, str(exc)  # an inherited typo must not stop us
     logging.basicConfig(
         stream=sys.stderr,
-        level=args.log_level.upper(),
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("grpc", "asyncio"):  # their DEBUG lines come once per call
+        logging.getLogger(noisy).setLevel(max(level, logging.INFO))
+    if bad_env_level:
+        logger.warning("%s: %s; using info", ops.LOG_LEVEL_ENV, bad_env_level)
+    interval = ops.parent_watch_interval()
+    watcher = None if interval is None else ops.ParentWatcher(interval, initial_ppid=parent_pid)
     model = args.model
     if model == "embedded":
         model = str(model_loader.embedded_model_path())
-    asyncio.run(serve(args.addr, model, args.grace))
+    if not asyncio.run(serve(args.addr, model, args.grace, watcher)):
+        # Finalizing Python under a thread inside native code can abort the process;
+        # everything that matters is already stopped and freed.
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import cpu_fast_path
 import model_loader
 import prompt as prompt_mod
 import sampling
+import scoring
 from errors import (
     BackendError,
     Cancelled,
@@ -317,6 +318,18 @@ class Engine:
         """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
         return await self.call(self._metadata)
 
+    async def score(
+        self, prompt: str, candidates: list[str], include_token_logprobs: bool, identity: str = ""
+    ) -> list:
+        """Joint log-probability of each candidate continuation (scoring.score)."""
+        self._check_identity(identity)
+        return await self.call(self._score, prompt, candidates, include_token_logprobs)
+
+    async def embed(self, text: str, token_ids: list[int], identity: str = ""):
+        """Pooled final hidden states of ``text`` or ``token_ids`` (scoring.embed)."""
+        self._check_identity(identity)
+        return await self.call(self._embed, text, token_ids)
+
     async def tokenize(self, text: str) -> list[int]:
         return await self.call(self._tokenize, text)
 
@@ -334,11 +347,7 @@ class Engine:
             raise FailedPrecondition("the server is shutting down; retry on another backend")
         if self._model is None:
             raise FailedPrecondition("no model loaded: call LoadModel first")
-        if params.model_identity and self.model_name and params.model_identity != self.model_name:
-            raise NotFound(
-                f"model identity mismatch: request is for '{params.model_identity}' but this "
-                f"backend serves '{self.model_name}'"
-            )
+        self._check_identity(params.model_identity)
         with self._count_lock:
             in_flight = len(self._active) + len(self._waiting) + self._queued
             if in_flight >= self.max_batch_size + self.max_queue:
@@ -350,6 +359,13 @@ class Engine:
         job = Job(request, params, asyncio.get_running_loop(), self)
         self._inbox.put(("job", job))
         return job
+
+    def _check_identity(self, identity: str) -> None:
+        if identity and self.model_name and identity != self.model_name:
+            raise NotFound(
+                f"model identity mismatch: request is for '{identity}' but this "
+                f"backend serves '{self.model_name}'"
+            )
 
     def status(self) -> StatusSnapshot:
         """A snapshot safe to take from any thread, without waiting for the engine."""
@@ -455,6 +471,7 @@ class Engine:
         if params.lora_adapter:
             model_loader.resolve_adapter(params.lora_adapter, params.model_path)
         limits = _engine_limits(params.options)
+        scoring.embedding_settings(params.options)  # a bad option keeps the current model
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self._unload()
         model, tokenizer = model_loader.load_model(
@@ -602,6 +619,38 @@ class Engine:
             think_start=getattr(tok, "think_start", None) or "",
             think_end=getattr(tok, "think_end", None) or "",
         )
+
+    # Score and Embedding run inline between batch steps: they pause decoding meanwhile.
+    def _score(self, prompt: str, candidates: list[str], include: bool) -> list:
+        if self._model is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        try:
+            return scoring.score(
+                self._model,
+                self._tokenizer,
+                prompt,
+                candidates,
+                include_token_logprobs=include,
+                cache=self._cache,
+                model_key=self._model_key,
+                context_len=self._context_len,
+                prefill_step=self._prefill_step,
+                max_kv_size=self._max_kv_size,
+            )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    def _embed(self, text: str, token_ids: list[int]):
+        if self._model is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        pooling, normalize = scoring.embedding_settings(self.load_params.options)
+        kw = dict(pooling=pooling, normalize=normalize, context_len=self._context_len)
+        try:
+            if token_ids:
+                return scoring.embed_tokens(self._model, token_ids, step=self._prefill_step, **kw)
+            return scoring.embed(self._model, self._tokenizer, text, step=self._prefill_step, **kw)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def _detokenize(self, ids: list[int]) -> str:
         tokenizer = self._require_tokenizer()

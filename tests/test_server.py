@@ -196,10 +196,36 @@ def test_bad_inputs_are_invalid_argument(stub, fields, name):
     assert stub.Predict(greedy("Hi", tokens=2)).tokens == 2
 
 
-def test_embedding_is_unimplemented(stub):
+def test_embeddings_of_paraphrases_are_closer(stub):
+    def vec(text):
+        r = stub.Embedding(backend_pb2.PredictOptions(Embeddings=text))
+        assert r.dim == 576 and len(r.embeddings) == 576 and r.prompt_tokens > 3
+        assert r.layout == backend_pb2.EMBEDDING_LAYOUT_FINAL
+        return r.embeddings
+
+    a, b = vec("The cat sat on the mat."), vec("A cat was sitting on the mat.")
+    c = vec("The stock market fell sharply today.")
+    dot = lambda x, y: sum(p * q for p, q in zip(x, y, strict=True))  # noqa: E731
+    assert abs(dot(a, a) - 1) < 1e-3  # L2-normalized
+    assert dot(a, b) > dot(a, c)
+
+
+def test_score_ranks_paris_above_berlin(stub):
+    res = stub.Score(
+        backend_pb2.ScoreRequest(
+            prompt="The capital of France is",
+            candidates=[" Paris", " Berlin"],
+            include_token_logprobs=True,
+        )
+    )
+    paris, berlin = res.candidates
+    assert paris.log_prob > berlin.log_prob and paris.log_prob <= 0
+    assert paris.num_tokens == len(paris.tokens) >= 1
+    assert abs(sum(t.log_prob for t in paris.tokens) - paris.log_prob) < 1e-4
+    assert paris.length_normalized_log_prob == pytest.approx(paris.log_prob / paris.num_tokens)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Embedding(backend_pb2.PredictOptions(Prompt="hi"))
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        stub.Score(backend_pb2.ScoreRequest(prompt="x", candidates=[]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_load_failures_name_the_cause(stub):

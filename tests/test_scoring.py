@@ -1,0 +1,198 @@
+"""scoring.py on the real embedded SmolLM2-135M: Score log-probs and Embedding vectors."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import pytest
+
+import model_loader
+import scoring
+from prompt_cache import PromptCache
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return model_loader.load_model(str(model_loader.embedded_model_path()))
+
+
+def full_forward_logprob(model, tokenizer, prompt: str, candidate: str) -> float:
+    """The reference: one plain forward pass over the whole sequence, no KV cache."""
+    p = tokenizer.encode(prompt)
+    f = tokenizer.encode(prompt + candidate)
+    k = 0
+    while k < min(len(p), len(f)) and p[k] == f[k]:
+        k += 1
+    if k == 0:
+        f, k = [tokenizer.bos_token_id, *f], 1
+    logits = model(mx.array(f)[None])[0].astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return math.fsum(lp[i - 1, f[i]].item() for i in range(k, len(f)))
+
+
+def cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+# --------------------------------------------------------------------------- score
+@pytest.fixture(scope="module")
+def france(lm):
+    """Scores of the main prompt's candidates, with per-token log-probs."""
+    model, tok = lm
+    return scoring.score(
+        model, tok, PROMPT, [" Paris", " Berlin", " a big city"], include_token_logprobs=True
+    )
+
+
+def test_ranks_paris_above_berlin_with_consistent_fields(france):
+    paris, berlin, city = france
+    assert paris.log_prob > berlin.log_prob
+    for r in france:
+        assert r.log_prob <= 0
+        assert r.length_normalized_log_prob == pytest.approx(r.log_prob / r.num_tokens)
+    assert (paris.num_tokens, berlin.num_tokens, city.num_tokens) == (1, 1, 3)
+
+
+def test_token_logprobs_sum_to_log_prob_and_spell_the_candidate(lm, france):
+    model, tok = lm
+    city = france[2]
+    assert len(city.tokens) == city.num_tokens
+    assert "".join(text for text, _ in city.tokens) == " a big city"
+    for r in france:
+        assert math.fsum(lp for _, lp in r.tokens) == pytest.approx(r.log_prob, abs=1e-4)
+        assert all(lp <= 0 for _, lp in r.tokens)
+    (bare,) = scoring.score(model, tok, PROMPT, [" Paris"])
+    assert bare.tokens == ()
+
+
+def test_forked_kv_matches_one_full_forward_pass(lm, france):
+    model, tok = lm
+    reference = full_forward_logprob(model, tok, PROMPT, " a big city")
+    assert france[2].log_prob == pytest.approx(reference, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "candidates"),
+    [
+        # "is " + "Paris" merges into " Paris" while "1" does not: contexts differ.
+        (PROMPT + " ", ["Paris", "1"]),
+        # "The" + "re" merges into "There": conditioned on BOS alone.
+        ("The", ["re"]),
+        ("", ["Hi"]),
+    ],
+)
+def test_boundary_cases_match_one_full_forward_pass(lm, prompt, candidates):
+    model, tok = lm
+    # One token per forward call: also exercises the chunked prefill and feeding.
+    results = scoring.score(model, tok, prompt, candidates, prefill_step=1)
+    for cand, r in zip(candidates, results, strict=True):
+        assert r.log_prob == pytest.approx(full_forward_logprob(model, tok, prompt, cand), abs=1e-3)
+
+
+def test_a_merged_boundary_scores_the_text_actually_written(lm, france):
+    model, tok = lm
+    (merged,) = scoring.score(model, tok, PROMPT + " ", ["Paris"])
+    assert merged.num_tokens == 1
+    assert merged.log_prob == pytest.approx(france[0].log_prob, abs=1e-4)
+
+
+def test_prompt_cache_second_call_is_a_hit_with_identical_numbers(lm, france):
+    model, tok = lm
+    cache = PromptCache(max_entries=4)
+    cands = [" Paris", " Berlin"]
+    first = scoring.score(model, tok, PROMPT, cands, cache=cache, model_key="m")
+    s1 = cache.stats()
+    assert (s1.hits, s1.misses, s1.entries) == (0, 1, 1)
+    second = scoring.score(model, tok, PROMPT, cands, cache=cache, model_key="m")
+    s2 = cache.stats()
+    assert (s2.hits, s2.misses, s2.entries) == (1, 1, 1)
+    assert s2.tokens_reused == len(tok.encode(PROMPT)) - 1
+    assert second == first
+    for a, b in zip(france[:2], first, strict=True):
+        assert b.log_prob == pytest.approx(a.log_prob, abs=1e-4)
+
+
+class _NoBos:
+    """The real tokenizer without a BOS token."""
+
+    bos_token = None
+    bos_token_id = None
+
+    def __init__(self, tok) -> None:
+        self.encode = tok.encode
+
+
+def test_score_errors(lm):
+    model, tok = lm
+    with pytest.raises(ValueError, match="candidates is empty"):
+        scoring.score(model, tok, PROMPT, [])
+    with pytest.raises(ValueError, match=r"candidates\[1\]"):
+        scoring.score(model, tok, PROMPT, [" Paris", ""])
+    with pytest.raises(ValueError, match="prompt is empty"):
+        scoring.score(model, _NoBos(tok), "", [" Paris"])
+    with pytest.raises(ValueError, match=r"candidates\[0\] merges"):
+        scoring.score(model, _NoBos(tok), "The", ["re is"])
+    with pytest.raises(ValueError, match="context holds 5"):
+        scoring.score(model, tok, PROMPT, [" Paris"], context_len=5)
+
+
+# --------------------------------------------------------------------------- embeddings
+def test_paraphrases_are_closer_than_unrelated_sentences(lm):
+    model, tok = lm
+    a = scoring.embed(model, tok, "The cat sat on the mat.")
+    b = scoring.embed(model, tok, "A cat was sitting on the mat.")
+    c = scoring.embed(model, tok, "The stock market fell sharply today.")
+    assert cosine(a.vector, b.vector) > cosine(a.vector, c.vector)
+    assert cosine(a.vector, b.vector) > cosine(b.vector, c.vector)
+    for e, text in ((a, "The cat sat on the mat."), (c, "The stock market fell sharply today.")):
+        assert e.dim == len(e.vector) == 576
+        assert e.rows == 1
+        assert math.sqrt(sum(v * v for v in e.vector)) == pytest.approx(1.0, abs=1e-4)
+        assert e.prompt_tokens == len(tok.encode(text))
+
+
+def test_pooling_options_match_the_hidden_states(lm):
+    model, tok = lm
+    text = "Hidden states."
+    ids = tok.encode(text)
+    h = model.model(mx.array(ids)[None])[0].astype(mx.float32)
+    mean = scoring.embed(model, tok, text, normalize=False)
+    assert mean.vector == pytest.approx(h.mean(axis=0).tolist(), abs=1e-3)
+    last = scoring.embed(model, tok, text, pooling="last", normalize=1)
+    assert last.vector == pytest.approx((h[-1] / mx.abs(h[-1]).sum()).tolist(), abs=1e-5)
+    rows = scoring.embed(model, tok, text, pooling="none")
+    assert (rows.rows, rows.dim, rows.prompt_tokens) == (len(ids), 576, len(ids))
+    assert rows.per_token and not mean.per_token
+    assert rows.vector == pytest.approx(h.reshape(-1).tolist(), abs=1e-3)
+    # Chunks with a KV cache give what one pass gives.
+    chunked = scoring.embed_tokens(model, ids, normalize=False, step=2)
+    assert chunked.vector == pytest.approx(mean.vector, abs=1e-3)
+
+
+def test_embedding_errors(lm):
+    model, tok = lm
+    with pytest.raises(ValueError, match="embedding_pooling"):
+        scoring.embed(model, tok, "hi", pooling="cls")
+    with pytest.raises(ValueError, match="embedding_normalize"):
+        scoring.embed(model, tok, "hi", normalize=-2)
+    with pytest.raises(ValueError, match="empty"):
+        scoring.embed(model, tok, "")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        scoring.embed_tokens(model, [1, 10**9])
+    with pytest.raises(ValueError, match="no hidden states"):
+        scoring.embed(lambda ids, cache=None: ids, tok, "hi")
+
+
+def test_embedding_settings_from_load_options():
+    assert scoring.embedding_settings({}) == ("mean", True)
+    got = scoring.embedding_settings({"embedding_pooling": "last", "embd_normalize": -1})
+    assert got == ("last", -1)
+    assert scoring.embedding_settings({"embedding_normalize": False}) == ("mean", False)
+    with pytest.raises(ValueError, match="embedding_pooling"):
+        scoring.embedding_settings({"embedding_pooling": 3})
+    with pytest.raises(ValueError, match="embedding_normalize"):
+        scoring.embedding_settings({"embedding_normalize": "yes"})
