@@ -41,6 +41,7 @@ from mlx_lm.generate import (
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 import cpu_fast_path
+import grammar
 import model_loader
 import prompt as prompt_mod
 import sampling
@@ -285,6 +286,9 @@ class Engine:
         self.last_metrics = RequestMetrics()
         self.cpu_mode = ""
         self.blas: dict | None = None  # on CPU: which BLAS MLX's float32 matmuls run on
+        # Distributed mode only (distributed.Coordinator, set before start() on every rank):
+        # rank 0 shares each step's joins and leaves with the other ranks through it.
+        self.coordinator: Any = None
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -292,6 +296,8 @@ class Engine:
 
     @property
     def alive(self) -> bool:
+        if self.coordinator is not None and self.coordinator.failed:
+            return False  # a lost rank: nothing can run until the group is restarted
         return self._thread.is_alive() and not self._stopped
 
     @property
@@ -300,6 +306,8 @@ class Engine:
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the engine thread and await its result (or exception)."""
+        if self.coordinator is not None:
+            self.coordinator.check()  # Unavailable once a rank is lost
         if not self.alive:
             raise FailedPrecondition("the engine is stopped; restart the backend")
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -341,8 +349,10 @@ class Engine:
 
         Raises FailedPrecondition before LoadModel, NotFound on a model identity
         mismatch, ResourceExhausted when ``max_batch_size + max_queue`` requests are
-        already in flight.
+        already in flight; Unavailable when a distributed rank is lost.
         """
+        if self.coordinator is not None:
+            self.coordinator.check()
         if not self.alive:
             raise FailedPrecondition("the server is shutting down; retry on another backend")
         if self._model is None:
@@ -371,7 +381,9 @@ class Engine:
         """A snapshot safe to take from any thread, without waiting for the engine."""
         with self._count_lock:
             running, waiting = len(self._active), len(self._waiting) + self._queued
-        if self._model is None:
+        if self.coordinator is not None and self.coordinator.failed:
+            state = "ERROR"
+        elif self._model is None:
             state = "UNINITIALIZED"
         elif not self.alive:
             state = "ERROR"
@@ -385,6 +397,8 @@ class Engine:
             "mlx_peak": mx.get_peak_memory(),
             "mlx_cache": mx.get_cache_memory(),
         }
+        if self.coordinator is not None:
+            memory.update(self.coordinator.memory())  # group_size, weights_rank_<i>
         return StatusSnapshot(state, running, waiting, memory)
 
     def cache_stats(self):
@@ -407,6 +421,7 @@ class Engine:
             "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
             "blas": self.blas,
             "prompt_cache": dataclasses.asdict(stats) if stats is not None else None,
+            "distributed": self.coordinator.info() if self.coordinator is not None else None,
         }
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -421,14 +436,19 @@ class Engine:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        coord = self.coordinator  # None in a single process
+        # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
+        idle_wait = coord.heartbeat if coord is not None else None
         while True:
             busy = bool(self._active or self._waiting)
             try:
-                item = self._inbox.get(block=not busy)
+                item = self._inbox.get(block=not busy, timeout=idle_wait)
             except queue.Empty:
                 item = None
             while item is not None:
                 if item[0] == "stop":
+                    if coord is not None:
+                        coord.close()  # the other ranks exit too
                     self._shutdown()
                     return
                 self._handle(item)
@@ -439,10 +459,19 @@ class Engine:
             try:
                 self._reap_cancelled()
                 self._admit()
+                if coord is not None:
+                    # The other ranks apply this iteration's joins and leaves, then step
+                    # with us (distributed.follow); raises once a rank is lost.
+                    coord.sync(step=bool(self._active))
                 if self._active:
                     self._step()
                 self._kv_bytes = self._gen.prompt_cache_nbytes if self._active else 0
             except Exception as exc:  # keep serving: fail the batch, not the process
+                if coord is not None:
+                    # Ranks cannot be resynchronized after a failed step: fail everything
+                    # with UNAVAILABLE and stop this thread (status ERROR).
+                    coord.abort(self, exc)
+                    return
                 logger.exception("engine step failed")
                 self._fail_all(BackendError(f"generation failed: {exc}"))
                 self._reset_batch()
@@ -453,6 +482,10 @@ class Engine:
             _, fn, args, fut = item
             if not fut.set_running_or_notify_cancel():
                 return
+            if self.coordinator is not None:
+                # Distributed (rank 0): load, free, score and embed run on every rank;
+                # other calls that would run the model here alone are refused.
+                fn = self.coordinator.route(self, fn)
             try:
                 fut.set_result(fn(*args))
             except BaseException as exc:  # handed to the awaiting coroutine
@@ -465,13 +498,11 @@ class Engine:
 
     # -- model lifecycle
     def _load(self, params: LoadParams) -> None:
-        # Resolve and validate first: a load that names a missing model or a bad option
-        # leaves the current model serving.
-        model_loader.resolve_model(params.model, params.model_file, params.model_path)
-        if params.lora_adapter:
-            model_loader.resolve_adapter(params.lora_adapter, params.model_path)
-        limits = _engine_limits(params.options)
-        scoring.embedding_settings(params.options)  # a bad option keeps the current model
+        if self.coordinator is not None:
+            # Distributed: every rank loads its own shard of the model (distributed.py).
+            self.coordinator.load(self, params)
+            return
+        limits = self._check_load(params)
         self._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
         self._unload()
         model, tokenizer = model_loader.load_model(
@@ -495,6 +526,22 @@ class Engine:
             self.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
         draft = self._load_draft(params, tokenizer) if params.draft_model else None
         self._install(model, tokenizer, params, limits, draft)
+        # llguidance's view of the vocabulary takes ~2 s to build and needs no MLX: build
+        # it off this thread, so the first constrained request does not stall the batch.
+        threading.Thread(target=_warm_grammar, args=(tokenizer,), daemon=True).start()
+
+    def _check_load(self, params: LoadParams) -> tuple[int, int, int]:
+        """Validate a load before touching the current model; returns the engine limits.
+
+        Resolve and validate first: a load that names a missing model or a bad option
+        leaves the current model serving. Raises ModelLoadError / ValueError.
+        """
+        model_loader.resolve_model(params.model, params.model_file, params.model_path)
+        if params.lora_adapter:
+            model_loader.resolve_adapter(params.lora_adapter, params.model_path)
+        limits = _engine_limits(params.options)
+        scoring.embedding_settings(params.options)  # a bad option keeps the current model
+        return limits
 
     def _load_draft(self, params: LoadParams, tokenizer: Any) -> Any:
         """The speculative-decoding draft model; its vocabulary must be the main model's."""
@@ -695,10 +742,6 @@ class Engine:
                     "shorten the prompt or raise ContextSize"
                 )
             max_tokens = min(max_tokens, self._context_len - len(ids))
-        solo = self._draft is not None or self._kv_bits is not None or (rotating and params.keep)
-        cache_key = self._model_key + ("+draft" if self._draft is not None else "")
-        lookup = self._cache.fetch(cache_key, ids)
-        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         job.max_tokens = max_tokens
         job.pipeline = OutputPipeline(
             tokenizer,
@@ -708,6 +751,23 @@ class Engine:
             initial_state=initial_state_for(tokenizer, ids),
             tools=parse_tools(job.request.Tools),
         )
+        if self.coordinator is not None:
+            # Distributed: every rank samples this sequence, so pick its seed once, here.
+            job.params = self.coordinator.pin_seed(job.params)
+        self._start(job, ids)
+
+    def _start(self, job: Job, ids: list[int]) -> None:
+        """Put an admitted job's prompt ``ids`` into the batch (or a solo run).
+
+        Fetches the prompt cache and builds the sampler from ``job.params``; uses
+        ``job.max_tokens``. In distributed mode every rank runs this for every job.
+        """
+        tokenizer, params = self._tokenizer, job.params
+        rotating = self._max_kv_size is not None
+        solo = self._draft is not None or self._kv_bits is not None or (rotating and params.keep)
+        cache_key = self._model_key + ("+draft" if self._draft is not None else "")
+        lookup = self._cache.fetch(cache_key, ids)
+        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         sampler = sampling.make_sampler(params, tokenizer)
         processors = sampling.make_logits_processors(params, tokenizer)
         if solo:
@@ -717,14 +777,18 @@ class Engine:
         else:
             (job.uid,) = self._gen.insert(
                 [lookup.rest],
-                max_tokens=[max_tokens],
+                max_tokens=[job.max_tokens],
                 caches=[lookup.kv] if lookup.kv is not None else None,
                 all_tokens=[ids[: lookup.cached_tokens]],
                 samplers=[sampler],
                 logits_processors=[processors],
-                stop_sequences=[StopSequences(None) if params.ignore_eos else self._eos_stops],
+                stop_sequences=[
+                    self._eos_stops if self._stops_at_eos(params) else StopSequences(None)
+                ],
             )
         self._active[job.uid] = job
+        if self.coordinator is not None:
+            self.coordinator.joined(job, ids)  # rank 0: the other ranks start it too
 
     def _solo_run(self, job: Job, ids, lookup, sampler, processors, cache_key: str) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
@@ -788,6 +852,12 @@ class Engine:
         for job in [j for j in self._active.values() if j.solo is not None]:
             self._solo_step(job)
 
+    @staticmethod
+    def _stops_at_eos(params: GenerationParams) -> bool:
+        # A finished grammar allows only EOS, so a constrained request stops there even
+        # with IgnoreEOS (else it would emit EOS until max_tokens).
+        return not params.ignore_eos or params.constraint is not None
+
     def _solo_step(self, job: Job) -> None:
         try:
             token, logprobs, *drafted = next(job.solo.steps)
@@ -799,7 +869,7 @@ class Engine:
         if drafted and drafted[0]:
             job.drafted += 1
         finish = None
-        if token in self._tokenizer.eos_token_ids and not job.params.ignore_eos:
+        if token in self._tokenizer.eos_token_ids and self._stops_at_eos(job.params):
             finish = "stop"
         elif job.tokens + 1 >= job.max_tokens:
             finish = "length"
@@ -820,6 +890,8 @@ class Engine:
 
     def _retire(self, job: Job, reason: str, delta: Delta | None = None, kv=None) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output."""
+        if self.coordinator is not None:
+            self.coordinator.left(job)  # rank 0: the other ranks retire it too
         key = self._model_key
         if job.solo is not None:
             key, kv = job.solo.cache_key, job.solo.finish()
@@ -885,6 +957,13 @@ class Engine:
             with self._count_lock:
                 job = self._waiting.popleft()
             self._end(job, error=error)
+
+
+def _warm_grammar(tokenizer: Any) -> None:
+    try:
+        grammar.warm_up(tokenizer)
+    except ValueError as exc:  # a slow tokenizer: constrained requests will say so
+        logger.warning("constrained decoding unavailable for this tokenizer: %s", exc)
 
 
 def _engine_limits(opts: dict) -> tuple[int, int, int]:

@@ -77,6 +77,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import grammar
+
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
@@ -135,6 +137,7 @@ class GenerationParams:
     num_draft_tokens: int = 0  # NDraft: tokens the draft model proposes per step; 0 = load default
     keep: int = 0  # NKeep: with a rotating KV cache, prompt tokens always kept; 0 = mlx-lm's 4
     cache_write: bool = True  # False (PromptCacheRO): read the prompt cache, never add to it
+    constraint: grammar.Constraint | None = None  # Grammar / Metadata json_schema constraint
 
 
 @dataclass(frozen=True)
@@ -596,4 +599,5 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
         cache_write=not req.PromptCacheRO,
+        constraint=grammar.parse_constraint(req.Grammar, req.Metadata),
     )

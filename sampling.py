@@ -28,6 +28,7 @@ from mlx_lm.sample_utils import (
     make_repetition_penalty,
 )
 
+import grammar
 from params import GenerationParams
 
 Sampler = Callable[[mx.array], mx.array]
@@ -209,4 +210,7 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
         processors.append(_flat_tokens(make_presence_penalty(params.presence_penalty, window)))
     if params.frequency_penalty != 0.0:
         processors.append(_flat_tokens(make_frequency_penalty(params.frequency_penalty, window)))
+    if params.constraint is not None:
+        # Last: the grammar masks whatever the other processors left possible.
+        processors.append(grammar.make_constraint_processor(params.constraint, tokenizer))
     return processors
