@@ -44,8 +44,9 @@ run: install
 	@echo "  grpcurl -plaintext -d '{\"Prompt\":\"Hello\",\"Tokens\":20}' $(ADDR) backend.Backend/Predict"
 	./run.sh --addr $(ADDR) --model $(MODEL)
 
+# In-process model tests run dense on the fast BLAS too (run.sh does the same for servers).
 test: install-test
-	$(PY) -m pytest -q tests
+	eval "$$($(PY) cpu_fast_path.py --exports)"; $(PY) -m pytest -q tests
 
 lint: install-test
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
