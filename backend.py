@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,6 +31,9 @@ import ops
 import params
 from engine import Engine, Event
 from errors import BackendError
+
+if TYPE_CHECKING:  # distributed imports MLX; backend.py only names its type
+    from distributed import Coordinator
 
 logger = logging.getLogger("localai.mlx")
 
@@ -279,8 +283,12 @@ async def serve(
     model: str | None = None,
     grace: float = 5.0,
     parent_watch: ops.ParentWatcher | None = None,
+    coordinator: Coordinator | None = None,
 ) -> bool:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
+
+    ``coordinator``: distributed mode, this process being rank 0 of the group (see
+    ``distributed.py``); the model is then loaded and run on every rank.
 
     ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
     which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
@@ -302,6 +310,8 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     engine = Engine()
+    if coordinator is not None:
+        coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
     known = set(threading.enumerate())
     engine.start()
     engine_threads = [t for t in threading.enumerate() if t not in known]
@@ -400,6 +410,27 @@ def main(argv: list[str] | None = None) -> None:
         help=f"debug, info, warning, error, or LocalAI's trace, warn (default: "
         f"${ops.LOG_LEVEL_ENV}, else info)",
     )
+    parser.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        default=None,
+        help="serve one model across the processes of an MLX group started by mlx.launch: "
+        "tensor parallel (the model's shard()) or pipeline (model.pipeline()); rank 0 "
+        "serves gRPC on --addr, the other ranks follow it",
+    )
+    parser.add_argument(
+        "--distributed-timeout",
+        type=ops.parse_duration,
+        default=60.0,
+        help="distributed mode: how long one step may take before rank 0 declares a rank "
+        'hung and fails requests with UNAVAILABLE: seconds, or "500ms", "2m" (default 60)',
+    )
+    parser.add_argument(
+        "--distributed-backend",
+        default="any",
+        help="distributed mode: MLX backend to join (any, ring, mpi, nccl, jaccl; default "
+        "any: the one the launcher set up)",
+    )
     args, _unknown = parser.parse_known_args(argv)
     bad_env_level = ""
     try:
@@ -419,14 +450,40 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("%s: %s; using info", ops.LOG_LEVEL_ENV, bad_env_level)
     interval = ops.parent_watch_interval()
     watcher = None if interval is None else ops.ParentWatcher(interval, initial_ppid=parent_pid)
+    coordinator = _join_group(args) if args.distributed else None
     model = args.model
     if model == "embedded":
         model = str(model_loader.embedded_model_path())
-    if not asyncio.run(serve(args.addr, model, args.grace, watcher)):
+    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator)):
         # Finalizing Python under a thread inside native code can abort the process;
         # everything that matters is already stopped and freed.
         logging.shutdown()
         os._exit(0)
+
+
+def _join_group(args: argparse.Namespace) -> Coordinator | None:
+    """``--distributed``: join the MLX group; ranks other than 0 follow rank 0 and exit
+    here (0 when rank 0 stopped them, 1 when the group broke). Returns rank 0's
+    coordinator, or None for a group of one process."""
+    import distributed  # imports MLX, which backend.py otherwise leaves to the engine
+
+    try:
+        group = distributed.init_group(args.distributed_backend)
+        coordinator = distributed.Coordinator(group, args.distributed, args.distributed_timeout)
+    except (RuntimeError, ValueError) as exc:
+        logger.error("%s", exc)
+        raise SystemExit(2) from None
+    if coordinator.size == 1:
+        logger.warning("--distributed in a group of one process: serving alone")
+        return None
+    fmt = f"%(asctime)s rank{coordinator.rank} %(levelname)s %(name)s: %(message)s"
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    if coordinator.leader:
+        return coordinator
+    code = distributed.follow(coordinator)
+    logging.shutdown()
+    os._exit(code)  # MLX's threads may still sit in native code: skip finalization
 
 
 if __name__ == "__main__":
