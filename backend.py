@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -83,20 +84,24 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     async def Predict(self, request, context):
         acc = Accumulator()
-        async for event in self._generate(request, context):
-            acc.add(event)
+        # aclosing: a caller that leaves cancels the job now, not when the GC runs.
+        async with contextlib.aclosing(self._generate(request, context)) as events:
+            async for event in events:
+                acc.add(event)
         return acc.final_reply()
 
     async def PredictStream(self, request, context):
         acc = Accumulator()
-        async for event in self._generate(request, context):
-            acc.add(event)
-            if event.delta or event.final:
-                yield acc.stream_reply(event)
+        async with contextlib.aclosing(self._generate(request, context)) as events:
+            async for event in events:
+                acc.add(event)
+                if event.delta or event.final:
+                    yield acc.stream_reply(event)
 
     async def _generate(self, request, context) -> AsyncIterator[Event]:
         """Submit one request and yield its events; cancels the job if the caller leaves."""
         try:
+            self.engine.check_identity(request.ModelIdentity)  # first, as LocalAI does
             gen = params.generation_params(request, self.engine.load_params)
             job = self.engine.submit(request, gen)
         except ValueError as exc:
@@ -157,7 +162,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         )
 
     async def TokenizeString(self, request, context):
-        tokens = await self._engine_call(context, self.engine.tokenize, request.Prompt)
+        tokens = await self._engine_call(
+            context, self.engine.tokenize, request.Prompt, request.ModelIdentity
+        )
         return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
 
     async def Detokenize(self, request, context):

@@ -266,6 +266,7 @@ class Engine:
         self._model_key = ""
         self.load_params: LoadParams | None = None
         self.model_name = ""
+        self.model_identity = ""
         self.max_batch_size = DEFAULT_MAX_BATCH_SIZE
         self.max_queue = DEFAULT_MAX_QUEUE
         self._prefill_step = DEFAULT_PREFILL_STEP
@@ -330,15 +331,16 @@ class Engine:
         self, prompt: str, candidates: list[str], include_token_logprobs: bool, identity: str = ""
     ) -> list:
         """Joint log-probability of each candidate continuation (scoring.score)."""
-        self._check_identity(identity)
+        self.check_identity(identity)
         return await self.call(self._score, prompt, candidates, include_token_logprobs)
 
     async def embed(self, text: str, token_ids: list[int], identity: str = ""):
         """Pooled final hidden states of ``text`` or ``token_ids`` (scoring.embed)."""
-        self._check_identity(identity)
+        self.check_identity(identity)
         return await self.call(self._embed, text, token_ids)
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, identity: str = "") -> list[int]:
+        self.check_identity(identity)
         return await self.call(self._tokenize, text)
 
     async def detokenize(self, ids: list[int]) -> str:
@@ -357,7 +359,7 @@ class Engine:
             raise FailedPrecondition("the server is shutting down; retry on another backend")
         if self._model is None:
             raise FailedPrecondition("no model loaded: call LoadModel first")
-        self._check_identity(params.model_identity)
+        self.check_identity(params.model_identity)
         with self._count_lock:
             in_flight = len(self._active) + len(self._waiting) + self._queued
             if in_flight >= self.max_batch_size + self.max_queue:
@@ -370,11 +372,13 @@ class Engine:
         self._inbox.put(("job", job))
         return job
 
-    def _check_identity(self, identity: str) -> None:
-        if identity and self.model_name and identity != self.model_name:
+    def check_identity(self, identity: str) -> None:
+        """NotFound when both the request's and the loaded ModelOptions.Model are non-empty
+        and differ (LocalAI's router matches the text "model identity mismatch")."""
+        if identity and self.model_identity and identity != self.model_identity:
             raise NotFound(
                 f"model identity mismatch: request is for '{identity}' but this "
-                f"backend serves '{self.model_name}'"
+                f"backend serves '{self.model_identity}'"
             )
 
     def status(self) -> StatusSnapshot:
@@ -588,6 +592,7 @@ class Engine:
         self._context_len = params.context_size or _model_context(model)
         self.load_params = params
         self.model_name = params.model or params.model_file
+        self.model_identity = params.model  # LocalAI records ModelOptions.Model alone
         self._model_key = f"{self.model_name}:{id(model)}"
         logger.info(
             "loaded %s: %.1f MB weights, context %s tokens, max_batch_size %d",
@@ -621,7 +626,7 @@ class Engine:
             self._cache.clear()
         self._cache = None
         self._weights_bytes = self._kv_bytes = 0
-        self.model_name = ""
+        self.model_name = self.model_identity = ""
         self.load_params = None
         gc.collect()
         mx.clear_cache()

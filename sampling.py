@@ -14,12 +14,12 @@ Everything here creates MLX arrays: call it on the engine's MLX thread.
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
-    apply_min_p,
     apply_top_k,
     apply_top_p,
     greedy_sampler,
@@ -98,6 +98,10 @@ class SeededSampler:
         self.temperature = temperature
         self.top_p = top_p
         self.min_p = min_p
+        # As arrays: mlx-lm's compiled filters recompile (~1-2 s on the engine thread,
+        # stalling every stream) for each new Python float they are given.
+        self._top_p = mx.array(top_p, dtype=mx.float32)
+        self._log_min_p = mx.array(math.log(min_p) if min_p > 0 else 0.0, dtype=mx.float32)
         self.top_k = top_k
         self.xtc_probability = xtc_probability
         self.xtc_threshold = xtc_threshold
@@ -107,9 +111,12 @@ class SeededSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         self._key, xtc_key, draw_key = mx.random.split(self._key, 3)
         if 0.0 < self.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self.top_p)
+            logprobs = apply_top_p(logprobs, self._top_p)
         if self.min_p > 0.0:
-            logprobs = apply_min_p(logprobs, self.min_p)
+            # mlx-lm's apply_min_p needs a Python float (it validates and takes its log),
+            # so the same rule is written here on an array: keep p >= min_p * max p.
+            floor = logprobs.max(axis=-1, keepdims=True) + self._log_min_p
+            logprobs = mx.where(logprobs < floor, -mx.inf, logprobs)
         if self.xtc_probability > 0.0:
             logprobs = _apply_xtc(
                 logprobs,

@@ -316,10 +316,6 @@ def test_model_identity_guard(server):
         assert "model identity mismatch" in err.value.details()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (servicer): TokenizeString ignores PredictOptions.ModelIdentity; see report",
-)
 def test_model_identity_guard_on_tokenize_string(server):
     bad = backend_pb2.PredictOptions(Prompt="Hi", ModelIdentity="other/model")
     with pytest.raises(grpc.RpcError) as err:
