@@ -771,10 +771,12 @@ class Engine:
         rotating = self._max_kv_size is not None
         solo = self._draft is not None or self._kv_bits is not None or (rotating and params.keep)
         cache_key = self._model_key + ("+draft" if self._draft is not None else "")
-        lookup = self._cache.fetch(cache_key, ids)
-        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
+        # Sampler and processors first: a request they refuse (e.g. a bad grammar) must
+        # not have touched the prompt cache, whose order every rank keeps the same.
         sampler = sampling.make_sampler(params, tokenizer)
         processors = sampling.make_logits_processors(params, tokenizer)
+        lookup = self._cache.fetch(cache_key, ids)
+        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:
             self._solo_uid -= 1
             job.uid = self._solo_uid

@@ -41,3 +41,9 @@ class Cancelled(BackendError):
     """The request was cancelled (client gone, deadline passed, server stopping)."""
 
     status = "CANCELLED"
+
+
+class Unavailable(BackendError):
+    """The backend cannot serve now (a distributed rank was lost); retry elsewhere or later."""
+
+    status = "UNAVAILABLE"

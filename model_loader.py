@@ -225,6 +225,7 @@ def load_model(
     cache_dir: Path | None = None,
     adapter_path: str = "",
     lora_scale: float = 0.0,
+    lazy: bool = False,
 ) -> tuple[Any, Any]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
 
@@ -234,7 +235,8 @@ def load_model(
     ``mlx_lm.utils.load``. ``tokenizer_config`` is passed to the tokenizer
     (``AutoTokenizer.from_pretrained`` keyword arguments) with ``trust_remote_code``
     set from the keyword, which also gates custom model code. Weights are evaluated
-    before returning (``lazy=False``).
+    before returning unless ``lazy`` (then they are read when first evaluated, e.g. only
+    a rank's shard in distributed mode).
 
     ``adapter_path``: an mlx-lm LoRA adapter directory (see ``resolve_adapter``;
     relative names are taken under ``model_path``), applied by ``apply_adapter`` with
@@ -265,7 +267,10 @@ def load_model(
     tok_config["trust_remote_code"] = trust_remote_code
     try:
         loaded_model, tokenizer = load(
-            str(directory), tokenizer_config=tok_config, trust_remote_code=trust_remote_code
+            str(directory),
+            tokenizer_config=tok_config,
+            trust_remote_code=trust_remote_code,
+            lazy=lazy,
         )
     except ModelLoadError:
         raise

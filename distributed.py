@@ -1,0 +1,843 @@
+"""Distributed mode: one model served by several processes or machines with MLX's engine.
+
+Started with MLX's launcher, e.g. three processes on this machine over the ring backend::
+
+    mlx.launch -n 3 --backend ring ./run.sh --addr 127.0.0.1:50051 --distributed tensor
+
+Every process gets a rank. Rank 0 serves gRPC on ``--addr`` and runs the usual ``Engine``
+with a ``Coordinator`` attached; the other ranks serve nothing and run ``follow()``: the
+same ``Engine`` (its model shard, ``BatchGenerator`` and prompt cache) driven by rank 0.
+
+What this module owns:
+
+* the group (``init_group``) and sharded loading (``Coordinator.load``): each rank
+  loads the model lazily, keeps only its part (tensor parallel through the model's
+  ``shard(group)`` plus, for a few architectures, the vocabulary rows (``shard_vocab``);
+  or pipeline through ``model.model.pipeline(group)``), prepares it for the CPU in the
+  weight mode rank 0 chose, and all ranks agree on success before anyone serves; a model
+  that cannot be split fails the load on every rank with the reason;
+* the step plan: once per iteration of rank 0's engine loop, ``Coordinator.sync``
+  sends the operations since the last sync -- which jobs joined (prompt ids, sampling
+  parameters with a concrete seed, max tokens, cached-token count), which left (in rank
+  0's order), whether to step -- and the followers apply them with the same ``Engine``
+  methods (``_start``, ``_retire``) before stepping their ``BatchGenerator``. Every rank
+  thus runs the same batch, and the collectives inside the sharded model line up. Calls
+  that run the model (load, free, score, embed) are sent the same way and run on every
+  rank. A message is an ``all_sum`` of a header (payload length, flags) and then of the
+  pickled payload as uint8, as ``mlx_lm.server`` shares requests;
+* failure: a collective that raises (the ring backend raises when a peer's socket
+  closes) or a step that outlives the watchdog's timeout (a hung rank) marks the group
+  failed. Rank 0 then fails every in-flight and queued request with UNAVAILABLE, Status
+  says ERROR and health NOT_SERVING; followers exit non-zero. A broken group cannot be
+  repaired in-process: restart it. (Followers wait on rank 0, so a follower whose
+  neighbour died may only leave when rank 0 does.)
+
+While rank 0 is idle it still syncs every ``HEARTBEAT`` seconds, and the followers nap in
+between instead of waiting inside a collective, where the ring backend busy-polls.
+
+Collectives are issued on mlx-lm's ``generation_stream``, the stream the model's own
+collectives run on: ``BatchGenerator`` starts the next step asynchronously, and ops on one
+stream run in order, so a plan never overtakes (or interleaves with) a step's collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import os
+import pickle
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.nn.layers import distributed as dist_layers
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.generate import generation_stream
+
+import cpu_fast_path
+import model_loader
+from engine import Engine, Job
+from errors import FailedPrecondition, Unavailable
+from output import Delta
+from params import GenerationParams, LoadParams
+from prompt_cache import CacheLookup, PromptCache
+
+logger = logging.getLogger("localai.mlx.distributed")
+
+MODES = ("tensor", "pipeline")
+DEFAULT_TIMEOUT = 60.0  # seconds one step (or heartbeat) may take before rank 0 gives up
+LOAD_TIMEOUT = 3600.0  # seconds a replicated load (GGUF conversion included) may take
+# While rank 0 is idle it syncs every HEARTBEAT seconds (so a lost rank shows) and the
+# followers nap between syncs: the ring backend busy-polls while a rank waits in a
+# collective, so an idle follower would otherwise burn a core. New work waits for the
+# followers' nap to end: at most HEARTBEAT seconds more time to first token.
+HEARTBEAT = 0.1
+_NAP = 0.8  # followers nap this fraction of HEARTBEAT, to be waiting when rank 0 syncs
+SHUTDOWN_TIMEOUT = 5.0  # seconds rank 0 waits to tell the others to exit
+MODE_OPTION = "distributed_mode"  # LoadModel option overriding --distributed per model
+VOCAB_OPTION = "distributed_vocab"  # LoadModel option: false keeps embeddings whole per rank
+# Architectures whose code only calls embed_tokens(ids), embed_tokens.as_linear(h) and
+# lm_head(h), so their vocabulary can be split too (see shard_vocab).
+VOCAB_SPLIT_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+_STEP = 1  # header flag: the followers step after applying the plan
+_IDLE = 2  # header flag: rank 0 has nothing to do; followers nap before the next sync
+_STATUS_BYTES = 1024  # per-rank record of a load agreement: weights (int64), error text
+
+# Engine calls rank 0 sends to every rank (they run the model, or change it) ...
+REPLICATED_CALLS = frozenset({"_load", "_free", "_score", "_embed"})
+# ... and calls that only read rank 0's tokenizer. Anything else is refused.
+LOCAL_CALLS = frozenset({"_tokenize", "_detokenize", "_metadata"})
+
+
+class GroupLost(Unavailable):
+    """A rank is gone or hung: the group cannot serve until it is restarted."""
+
+
+class Desync(RuntimeError):
+    """A follower's state no longer matches rank 0's (a bug, or diverging files)."""
+
+
+@dataclass
+class Plan:
+    """What rank 0 sends each iteration: ops to apply in order, then a call or a step.
+
+    ``ops``: ``("join", uid, ids, params, max_tokens, cached_tokens)``,
+    ``("leave", uid)``. ``call``: ``(engine method name, args)`` or None. ``idle``: rank
+    0 has nothing to do, so the followers may nap before the next sync.
+    """
+
+    ops: list = field(default_factory=list)
+    step: bool = False
+    call: tuple | None = None
+    idle: bool = False
+
+
+def init_group(backend: str = "any") -> Any:
+    """Join the group MLX's launcher set up (``MLX_RANK``/``MLX_HOSTFILE`` for ring).
+
+    Raises RuntimeError naming ``mlx.launch`` when this process was not launched as
+    part of a group.
+    """
+    try:
+        return mx.distributed.init(strict=True, backend=backend)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"--distributed needs a process group ({exc}); start every rank with MLX's "
+            "launcher, e.g. `mlx.launch -n 3 --backend ring ./run.sh --addr HOST:PORT "
+            "--distributed tensor`, or `mlx.launch --hostfile hosts.json ...` for machines"
+        ) from exc
+
+
+class Coordinator:
+    """One rank's view of the group; attached to the ``Engine`` on every rank.
+
+    On rank 0 (``leader``) the engine calls ``sync`` once per loop iteration,
+    ``joined``/``left`` as jobs start and retire, ``route`` for each call, ``close`` at
+    shutdown, and ``load`` (every rank) from ``Engine._load``. ``timeout`` (seconds) bounds
+    each step and heartbeat; ``heartbeat`` (seconds) is rank 0's idle sync interval.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        mode: str = "tensor",
+        timeout: float = DEFAULT_TIMEOUT,
+        heartbeat: float = HEARTBEAT,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"the distributed timeout must be a positive number, got {timeout}")
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+        self.leader = self.rank == 0
+        self.mode = mode
+        self.timeout = timeout
+        self.heartbeat = min(heartbeat, timeout / 2)
+        self.failed: str | None = None  # why the group broke; None while healthy
+        self.weights: list[int] = [0] * self.size  # bytes of weights per rank (last load)
+        self.model_mode = ""  # how the loaded model is split: "tensor" or "pipeline"
+        self._journal: list[tuple] = []
+        self._deadline: tuple[float, float] | None = None  # (monotonic deadline, allowance)
+        self._engine: Engine | None = None
+
+    # ------------------------------------------------------------------ rank 0 wiring
+    def attach(self, engine: Engine) -> None:
+        """Serve ``engine`` as rank 0: hook it up and start the watchdog thread."""
+        engine.coordinator = self
+        self._engine = engine
+        threading.Thread(target=self._watch, name="mlx-dist-watchdog", daemon=True).start()
+
+    def check(self) -> None:
+        """Raise GroupLost (UNAVAILABLE) once the group has failed."""
+        if self.failed:
+            raise GroupLost(self.failed)
+
+    def pin_seed(self, params: GenerationParams) -> GenerationParams:
+        """``params`` with a concrete seed, so every rank's sampler draws the same tokens."""
+        if params.seed is not None:
+            return params
+        return dataclasses.replace(params, seed=secrets.randbits(63))
+
+    def joined(self, job: Job, ids: list[int]) -> None:
+        """Rank 0 started ``job``: the followers start it at the next sync."""
+        if self.leader:
+            self._journal.append(
+                ("join", job.uid, list(ids), job.params, job.max_tokens, job.cached_tokens)
+            )
+
+    def left(self, job: Job) -> None:
+        """Rank 0 retired ``job`` (any reason): the followers retire it at the next sync."""
+        if self.leader:
+            self._journal.append(("leave", job.uid))
+
+    def sync(self, step: bool) -> None:
+        """Rank 0, once per engine iteration: send the ops since the last sync, and
+        whether a step follows. Raises GroupLost when a rank is lost."""
+        self.check()
+        ops, self._journal = self._journal, []
+        self._arm(self.timeout)
+        idle = not step and not ops and self._engine is not None and not self._engine._waiting
+        self._collective(self._exchange, Plan(ops, step, idle=idle))
+        self._arm(self.timeout)  # the step that follows gets the same allowance
+
+    def route(self, engine: Engine, fn: Any) -> Any:
+        """The function rank 0's engine thread runs for the call ``fn`` (a bound method)."""
+        name = getattr(fn, "__name__", repr(fn))
+        if getattr(fn, "__self__", None) is engine and name in REPLICATED_CALLS:
+            return lambda *args: self._replicate(engine, name, args)
+        if getattr(fn, "__self__", None) is engine and name in LOCAL_CALLS:
+            return fn
+
+        def refused(*_args: Any) -> Any:
+            raise FailedPrecondition(
+                f"{name.lstrip('_')} is not supported in distributed mode (it would run "
+                "the model on rank 0 alone)"
+            )
+
+        return refused
+
+    def _replicate(self, engine: Engine, name: str, args: tuple) -> Any:
+        self.check()
+        ops, self._journal = self._journal, []
+        self._arm(LOAD_TIMEOUT if name == "_load" else self.timeout)
+        try:
+            self._collective(self._exchange, Plan(ops, False, (name, args)))
+            if name == "_free":
+                self.weights = [0] * self.size
+            return getattr(engine, name)(*args)
+        finally:
+            self._arm(self.timeout)
+
+    def close(self) -> None:
+        """Rank 0 at shutdown: tell the other ranks to exit (best effort, bounded)."""
+        if not self.leader or self.failed:
+            return
+        self._arm(SHUTDOWN_TIMEOUT)
+        try:
+            self._exchange(Plan([], False, ("_shutdown", ())))
+        except Exception as exc:  # a rank already gone: nothing left to tell
+            logger.warning("could not tell the other ranks to stop: %s", exc)
+        self._deadline = None
+
+    def abort(self, engine: Engine, exc: BaseException) -> None:
+        """Rank 0's engine thread after a failed step: fail everything, for good."""
+        if isinstance(exc, GroupLost):
+            logger.error("%s", exc)
+        else:
+            logger.exception("distributed step failed; the group must be restarted")
+        self._mark_failed(self.failed or f"a distributed step failed: {exc}")
+        error = GroupLost(self.failed)
+        for job in list(engine._active.values()):
+            if job.solo is not None:
+                job.solo.steps.close()
+            engine._end(job, error=error)
+        while engine._waiting:
+            with engine._count_lock:
+                job = engine._waiting.popleft()
+            engine._end(job, error=error)
+        self._drain_inbox(engine)
+
+    # ------------------------------------------------------------------ status
+    def memory(self) -> dict[str, int]:
+        """Status breakdown entries: group size and each rank's weight bytes."""
+        out = {"group_size": self.size}
+        out.update({f"weights_rank_{r}": b for r, b in enumerate(self.weights)})
+        return out
+
+    def info(self) -> dict:
+        """Facts for GetMetrics: rank, size, split mode, weights per rank, failure."""
+        return {
+            "rank": self.rank,
+            "group_size": self.size,
+            "mode": self.model_mode or self.mode,
+            "weights_per_rank": list(self.weights),
+            "timeout_s": self.timeout,
+            "failed": self.failed,
+        }
+
+    # ------------------------------------------------------------------ followers
+    def receive(self) -> Plan:
+        """A follower: wait for rank 0's next plan. Raises GroupLost when a rank is lost."""
+        return self._collective(self._exchange, None)
+
+    # ------------------------------------------------------------------ loading
+    def load(self, engine: Engine, params: LoadParams) -> None:
+        """Every rank: load this rank's part of the model into ``engine``.
+
+        Two agreements. First every rank validates the request and builds the model
+        lazily (no weights read) to check that it can be split: a refusal anywhere keeps
+        the current model everywhere, as in a single process. Then every rank drops the
+        current model, keeps its part of the new one and prepares it; if any rank failed,
+        all drop it. Raises ``ModelLoadError`` naming the reason (and the ranks, when
+        they differ).
+        """
+        mode = str(params.options.get(MODE_OPTION, self.mode))
+        limits = model = tokenizer = None
+        error = ""
+        try:
+            if mode not in MODES:
+                raise ValueError(
+                    f"option {MODE_OPTION} must be one of {', '.join(MODES)}, got {mode!r}"
+                )
+            if params.draft_model:
+                raise ValueError("DraftModel (speculative decoding) is not supported distributed")
+            if params.lora_adapter:
+                raise ValueError("LoraAdapter is not supported in distributed mode")
+            limits = engine._check_load(params)
+            model, tokenizer = model_loader.load_model(
+                params.model,
+                params.model_file,
+                params.model_path,
+                trust_remote_code=params.trust_remote_code,
+                tokenizer_config=params.tokenizer_config,
+                lazy=True,
+            )
+            check_split(model, mode, self.size)
+        except Exception as exc:
+            error = _describe(exc)
+        self._agree(error, 0)
+        engine._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
+        engine._unload()
+        cpu_mode, weights = "", 0
+        try:
+            if mode == "tensor":
+                model.shard(self.group)
+                if _option_on(params.options.get(VOCAB_OPTION, True)):
+                    shard_vocab(model, self.group)
+            else:
+                model.model.pipeline(self.group)
+            if self.leader:
+                cpu_mode = self._prepare(model, params.options)
+        except Exception as exc:
+            error = _describe(exc)
+        # Rank 0 chose dense or quantized weights; every rank must compute the same way.
+        # (Each rank measuring its own BLAS would disagree on a busy machine.)
+        cpu_mode = self._share_cpu_mode(cpu_mode if not error else "")
+        if not self.leader and not error and cpu_mode:
+            try:
+                self._prepare(model, {"cpu_dequantize": cpu_mode})
+            except Exception as exc:
+                error = _describe(exc)
+        if error or not cpu_mode:
+            model = tokenizer = None  # when rank 0 failed, its error is the one reported
+            gc.collect()
+            mx.clear_cache()
+        else:
+            weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        results = self._agree(error, weights)  # on failure every rank drops its part here
+        self.weights = [w for _, w in results]
+        self.model_mode = mode
+        engine._install(model, tokenizer, params, limits)
+        engine.cpu_mode = cpu_mode
+        if mx.default_device().type == mx.DeviceType.cpu:
+            report = cpu_fast_path.blas_report()
+            engine.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
+        if not self.leader:
+            # Pipeline ranks hold different layers, so their KV sizes differ from rank 0's:
+            # bound followers by entries only and let them match rank 0's reuse exactly.
+            max_bytes = params.max_cache_bytes if mode == "tensor" else None
+            engine._cache = FollowerPromptCache(params.max_cache_entries, max_bytes)
+        logger.info(
+            "rank %d of %d holds its %s shard: %.1f MB of weights (ranks: %s MB)",
+            self.rank,
+            self.size,
+            mode,
+            weights / 1e6,
+            ", ".join(f"{w / 1e6:.1f}" for w in self.weights),
+        )
+
+    @staticmethod
+    def _prepare(model: Any, options: dict) -> str:
+        """Prepare a split model for the CPU as a single process does; evaluate it.
+
+        Returns the CPU weight mode ("dense" or "quantized"; see cpu_fast_path).
+        """
+        cpu_mode = cpu_fast_path.prepare_for_cpu(
+            model, options.get("cpu_dequantize"), options.get("cpu_dequantize_budget")
+        )
+        if cpu_mode == "dense":
+            # mlx-lm's dequantize_model skips the sharded quantized layers: do those here.
+            _dequantize_sharded(model)
+        mx.eval(model.parameters())
+        return cpu_mode
+
+    def _share_cpu_mode(self, cpu_mode: str) -> str:
+        """Rank 0's CPU weight mode on every rank ("" when rank 0 failed)."""
+        codes = ("", "dense", "quantized")
+        mine = codes.index(cpu_mode) if self.leader else 0
+
+        def share() -> int:
+            summed = mx.distributed.all_sum(
+                mx.array([mine], dtype=mx.int32), group=self.group, stream=generation_stream
+            )
+            return int(summed.item())
+
+        return codes[self._collective(share)]
+
+    def _agree(self, error: str, weights: int) -> list[tuple[str, int]]:
+        """All ranks share (error, weight bytes); raises ModelLoadError if any failed."""
+        record = np.zeros(_STATUS_BYTES, dtype=np.uint8)
+        text = error.encode("utf-8")[: _STATUS_BYTES - 16]
+        record[:8] = np.frombuffer(np.int64(weights).tobytes(), dtype=np.uint8)
+        record[8:12] = np.frombuffer(np.uint32(len(text)).tobytes(), dtype=np.uint8)
+        record[16 : 16 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+
+        def gather() -> np.ndarray:
+            out = mx.distributed.all_gather(
+                mx.array(record), group=self.group, stream=generation_stream
+            )
+            return np.array(out).reshape(self.size, _STATUS_BYTES)
+
+        rows = self._collective(gather)
+        results = []
+        for row in rows:
+            length = int(np.frombuffer(row[8:12].tobytes(), dtype=np.uint32)[0])
+            text = row[16 : 16 + length].tobytes().decode("utf-8", errors="replace")
+            results.append((text, int(np.frombuffer(row[:8].tobytes(), dtype=np.int64)[0])))
+        failures = [(r, text) for r, (text, _) in enumerate(results) if text]
+        if failures:
+            texts = {text for _, text in failures}
+            if len(texts) == 1 and len(failures) == self.size:
+                message = texts.pop()  # the usual case: the same reason on every rank
+            else:
+                message = "; ".join(f"rank {r}: {text}" for r, text in failures)
+            raise model_loader.ModelLoadError(message)
+        return results
+
+    # ------------------------------------------------------------------ plumbing
+    def _exchange(self, plan: Plan | None) -> Plan:
+        """Broadcast ``plan`` from rank 0 (followers pass None and get it back)."""
+        if self.leader:
+            payload = b""
+            if plan.ops or plan.call:
+                payload = pickle.dumps((plan.ops, plan.call), protocol=pickle.HIGHEST_PROTOCOL)
+            header = [len(payload), (_STEP if plan.step else 0) | (_IDLE if plan.idle else 0)]
+        else:
+            payload, header = b"", [0, 0]
+        summed = mx.distributed.all_sum(
+            mx.array(header, dtype=mx.int32), group=self.group, stream=generation_stream
+        )
+        size, flags = summed.tolist()
+        if size:
+            data = (
+                mx.array(np.frombuffer(payload, dtype=np.uint8))
+                if self.leader
+                else mx.zeros((size,), dtype=mx.uint8)
+            )
+            data = mx.distributed.all_sum(data, group=self.group, stream=generation_stream)
+            mx.eval(data)  # rank 0 too: a collective only runs when evaluated
+            if not self.leader:
+                payload = np.array(data).tobytes()
+        if self.leader:
+            return plan
+        ops, call = pickle.loads(payload) if size else ([], None)  # from our own ranks
+        return Plan(ops, bool(flags & _STEP), call, bool(flags & _IDLE))
+
+    def _collective(self, fn: Any, *args: Any) -> Any:
+        """Run a collective; a failure (a lost peer) marks the group failed."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}")
+            raise GroupLost(self.failed) from exc
+
+    def _arm(self, allowance: float) -> None:
+        self._deadline = (time.monotonic() + allowance, allowance)
+
+    def _mark_failed(self, reason: str) -> None:
+        if not self.failed:
+            self.failed = reason
+            logger.error("rank %d: %s", self.rank, reason)
+
+    def _watch(self) -> None:
+        """Rank 0's watchdog: a step or collective past its deadline fails the group."""
+        period = max(0.05, min(1.0, self.timeout / 4))
+        while True:
+            time.sleep(period)
+            try:
+                self._check_deadline(self._engine)
+            except Exception:  # the watchdog must outlive anything it meets
+                logger.exception("distributed watchdog")
+
+    def _check_deadline(self, engine: Engine) -> None:
+        if self.failed:
+            self._drain_inbox(engine)  # requests that raced with the failure
+            return
+        deadline = self._deadline
+        if deadline is None or time.monotonic() <= deadline[0]:
+            return
+        self._mark_failed(
+            f"rank 0 waited more than {deadline[1]:g}s for the other ranks (a rank hung "
+            "or the network stalled); restart the group"
+        )
+        # The engine thread is stuck in a collective: end its jobs from here. It mutates
+        # these only between collectives, so copying them now is safe.
+        error = GroupLost(self.failed)
+        for job in [*list(engine._active.values()), *list(engine._waiting)]:
+            if not job.done:
+                job.done = True
+                job.emit(job.event(Delta(), error=error))
+        self._drain_inbox(engine)
+
+    def _drain_inbox(self, engine: Engine) -> None:
+        """Fail queued jobs and calls; keep a stop request for the engine thread."""
+        error = GroupLost(self.failed)
+        keep = []
+        while True:
+            try:
+                item = engine._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "job":
+                job = item[1]
+                with engine._count_lock:
+                    engine._queued -= 1
+                if not job.done:
+                    job.done = True
+                    job.emit(job.event(Delta(), error=error))
+            elif item[0] == "call":
+                fut = item[3]
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(error)
+            elif item[0] == "stop":
+                keep.append(item)
+        for item in keep:
+            engine._inbox.put(item)
+
+
+class FollowerPromptCache(PromptCache):
+    """A follower's prompt cache: reuses exactly as many tokens as rank 0 did.
+
+    Before each ``Engine._start`` the follower sets ``expect`` to rank 0's cached-token
+    count; a longer match is trimmed to it. A shorter one means the caches diverged:
+    ``Desync`` (the follower exits, and rank 0 reports the lost rank).
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int | None) -> None:
+        super().__init__(max_entries, max_bytes)
+        self.expect: int | None = None
+
+    def fetch(self, model_key: str, tokens: Any) -> CacheLookup:
+        want, self.expect = self.expect, None
+        lookup = super().fetch(model_key, tokens)
+        if want is None or lookup.cached_tokens == want:
+            return lookup
+        toks = [int(t) for t in tokens]
+        if want == 0:
+            return CacheLookup(kv=None, cached_tokens=0, rest=toks)
+        extra = lookup.cached_tokens - want
+        trimmable = extra > 0 and all(layer.is_trimmable() for layer in lookup.kv)
+        if trimmable and all(layer.trim(extra) == extra for layer in lookup.kv):
+            return CacheLookup(kv=lookup.kv, cached_tokens=want, rest=toks[want:])
+        raise Desync(
+            f"rank 0 reused {want} cached prompt tokens but this rank has {lookup.cached_tokens}"
+        )
+
+
+class _NullPipeline:
+    """A follower's stand-in for the output pipeline: rank 0 alone decides stops."""
+
+    finish_reason = None
+    stopped = False
+
+    def finish(self, reason: str) -> Delta:
+        return Delta()
+
+
+class _ShadowJob(Job):
+    """A follower's copy of one of rank 0's jobs: same parameters, no listener."""
+
+    def __init__(self, params: GenerationParams, max_tokens: int, engine: Engine) -> None:
+        super().__init__(None, params, None, engine)
+        self.max_tokens = max_tokens
+        self.pipeline = _NullPipeline()
+        self.exhausted = False  # a solo run whose generator has ended
+
+    def emit(self, event: Any) -> None:
+        pass
+
+
+def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
+    """Ranks other than 0: apply rank 0's plans until it stops; returns the exit code.
+
+    0 when rank 0 shut down; 1 when the group broke (a rank was lost) or this rank
+    could not keep up with rank 0 (its state diverged); the launcher then stops the rest.
+    """
+    engine = engine or Engine()
+    engine.coordinator = coordinator
+    finished: dict[int, tuple] = {}  # uid -> (kv, tokens) of sequences the batch ended
+    logger.info(
+        "rank %d of %d (pid %d): following rank 0", coordinator.rank, coordinator.size, os.getpid()
+    )
+    while True:
+        try:
+            plan = coordinator.receive()
+            for op in plan.ops:
+                _apply(engine, op, finished)
+            if plan.call is not None:
+                name, args = plan.call
+                if name == "_shutdown":
+                    engine._shutdown()
+                    logger.info("rank 0 stopped; rank %d exits", coordinator.rank)
+                    return 0
+                if name in ("_load", "_free"):
+                    finished.clear()  # they end every sequence
+                try:
+                    getattr(engine, name)(*args)
+                except GroupLost:
+                    raise
+                except Exception as exc:  # rank 0 meets the same error and reports it
+                    logger.info("%s failed on rank %d too: %s", name, coordinator.rank, exc)
+            if plan.step:
+                _mirror_step(engine, finished)
+            elif plan.idle:
+                time.sleep(coordinator.heartbeat * _NAP)
+        except GroupLost as exc:
+            logger.error("rank %d exits: %s", coordinator.rank, exc)
+            return 1
+        except Exception:
+            logger.exception("rank %d cannot follow rank 0 any more; exiting", coordinator.rank)
+            return 1
+
+
+def _apply(engine: Engine, op: tuple, finished: dict[int, tuple]) -> None:
+    """Apply one of rank 0's ops to a follower's engine."""
+    if op[0] == "join":
+        _, uid, ids, params, max_tokens, cached = op
+        job = _ShadowJob(params, max_tokens, engine)
+        if isinstance(engine._cache, FollowerPromptCache):
+            engine._cache.expect = cached
+        engine._start(job, ids)
+        if job.uid != uid:
+            raise Desync(f"rank 0 started sequence {uid}, this rank {job.uid}")
+    elif op[0] == "leave":
+        job = engine._active.get(op[1])
+        if job is None:
+            raise Desync(f"rank 0 retired sequence {op[1]}, which this rank does not run")
+        engine._retire(job, "stop", kv=finished.pop(op[1], None))
+    else:
+        raise Desync(f"unknown plan op {op[0]!r}")
+
+
+def _mirror_step(engine: Engine, finished: dict[int, tuple]) -> None:
+    """A follower's ``Engine._step``: same decode, no output; rank 0 decides who leaves.
+
+    Sequences the batch ends itself (EOS, max tokens) keep their KV in ``finished``
+    until rank 0's "leave" says when to store it, so the prompt caches change in the
+    same order on every rank.
+    """
+    active = engine._active
+    if any(job.solo is None for job in active.values()):
+        _, responses = engine._gen.next()
+        for r in responses:
+            if r.finish_reason is not None:
+                finished[r.uid] = (r.prompt_cache, r.all_tokens)
+    for job in [j for j in active.values() if j.solo is not None]:
+        if job.exhausted:
+            continue
+        try:
+            token, *_ = next(job.solo.steps)
+            job.solo.tokens.append(int(token))
+        except StopIteration:
+            job.exhausted = True
+
+
+# ---------------------------------------------------------------------- model splitting
+def check_split(model: Any, mode: str, size: int) -> None:
+    """Raise ValueError naming the reason when ``model`` cannot be split over ``size``
+    ranks in ``mode`` ("tensor": the model's ``shard()`` with head counts divisible by
+    ``size``; "pipeline": ``model.model.pipeline()`` with at least ``size`` layers)."""
+    arch = _architecture(model)
+    if mode == "tensor":
+        if not hasattr(model, "shard"):
+            hint = " (it supports --distributed pipeline)" if _can_pipeline(model) else ""
+            raise ValueError(
+                f"the {arch} architecture has no tensor-parallel split in mlx-lm (no shard()){hint}"
+            )
+        heads = _head_counts(model)
+        if any(count % size for _, count in heads):
+            common = math.gcd(*(count for _, count in heads))
+            sizes = [d for d in range(2, common + 1) if common % d == 0]
+            raise ValueError(
+                f"the {arch} model's {' and '.join(f'{v} {k}' for k, v in heads)} cannot "
+                f"be split evenly over {size} ranks; group sizes that work: "
+                f"{', '.join(map(str, sizes)) or 'none'} (or --distributed pipeline, where "
+                "the architecture supports it)"
+            )
+    elif mode == "pipeline":
+        if not _can_pipeline(model):
+            raise ValueError(
+                f"the {arch} architecture has no pipeline split in mlx-lm (no "
+                "model.pipeline()); use --distributed tensor"
+            )
+        layers = len(model.model.layers)
+        if layers < size:
+            raise ValueError(f"the {arch} model has {layers} layers, fewer than {size} ranks")
+    else:
+        raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def _architecture(model: Any) -> str:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+def _can_pipeline(model: Any) -> bool:
+    return hasattr(getattr(model, "model", None), "pipeline")
+
+
+def _head_counts(model: Any) -> list[tuple[str, int]]:
+    """(name, count) of the attention and KV head counts in the model's config."""
+    args = getattr(model, "args", None)
+    names = {
+        "attention heads": ("num_attention_heads", "n_heads"),
+        "KV heads": ("num_key_value_heads", "n_kv_heads"),
+    }
+    out = []
+    for label, keys in names.items():
+        for key in keys:
+            value = getattr(args, key, None)
+            if isinstance(value, int) and value > 0:
+                out.append((label, value))
+                break
+    return out
+
+
+class VocabParallelEmbedding(nn.Module):
+    """One rank's rows of a token embedding (and of a tied or separate output head).
+
+    Each rank holds ``ceil(vocab / size)`` rows (the last padded with zeros).
+    ``__call__`` looks up the ids this rank holds and sums the group's results (every
+    id lives on exactly one rank, so the sum is exact); ``as_linear`` (or calling it as
+    a head) scores this rank's slice of the vocabulary and gathers the slices.
+    """
+
+    def __init__(self, inner: nn.Module, vocab: int, group: Any, head: bool = False) -> None:
+        super().__init__()
+        self.inner = inner  # an Embedding/QuantizedEmbedding or Linear/QuantizedLinear
+        self.vocab = vocab
+        self.rows = -(-vocab // group.size())
+        self.start = group.rank() * self.rows
+        self.group = group
+        self.head = head
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.head:
+            return self.as_linear(x)
+        local = x - self.start
+        inside = (local >= 0) & (local < self.rows)
+        h = self.inner(mx.where(inside, local, 0))
+        h = mx.where(inside[..., None], h, mx.zeros_like(h))
+        return mx.distributed.all_sum(h, group=self.group)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        part = self.inner(x) if self.head else self.inner.as_linear(x)
+        # all_gather stacks along the first axis: bring the vocabulary axis there.
+        full = mx.distributed.all_gather(mx.moveaxis(part, -1, 0), group=self.group)
+        return mx.moveaxis(full, 0, -1)[..., : self.vocab]
+
+
+def shard_vocab(model: Any, group: Any) -> bool:
+    """Split the token embedding (and an untied output head) of ``model`` by vocabulary
+    rows over ``group``, in place; returns False (and leaves the model alone) for
+    architectures not in ``VOCAB_SPLIT_ARCHITECTURES`` or of another shape.
+
+    Tensor parallelism (``shard()``) splits the layers but keeps the embedding whole on
+    every rank; for small models with large vocabularies that is a large share.
+    """
+    body = getattr(model, "model", None)
+    embed = getattr(body, "embed_tokens", None)
+    if _architecture(model) not in VOCAB_SPLIT_ARCHITECTURES or embed is None:
+        return False
+    vocab = int(embed.weight.shape[0])
+    body.embed_tokens = VocabParallelEmbedding(_rows(embed, vocab, group), vocab, group)
+    head = getattr(model, "lm_head", None) if "lm_head" in model else None
+    if head is not None:
+        model.lm_head = VocabParallelEmbedding(_rows(head, vocab, group), vocab, group, head=True)
+    return True
+
+
+def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
+    """``module`` (embedding or linear, maybe quantized) keeping this rank's vocab rows."""
+    rows = -(-vocab // group.size())
+    start = group.rank() * rows
+    stop = min(start + rows, vocab)
+
+    def take(a: mx.array) -> mx.array:
+        part = a[start:stop]
+        if stop - start < rows:  # the last rank: pad to the common row count
+            pad = mx.zeros((rows - (stop - start), *a.shape[1:]), dtype=a.dtype)
+            part = mx.concatenate([part, pad])
+        return mx.contiguous(part)
+
+    for key in ("weight", "scales", "biases", "bias"):
+        if key in module and isinstance(module[key], mx.array):
+            module[key] = take(module[key])
+    if hasattr(module, "num_embeddings"):  # QuantizedEmbedding keeps its row count
+        module.num_embeddings = rows
+    return module
+
+
+def _option_on(value: Any) -> bool:
+    return str(value).strip().lower() not in ("false", "0", "no", "off")
+
+
+def _dequantize_sharded(model: Any) -> int:
+    """Replace sharded quantized linears by dense float32 ones; returns how many."""
+    replaced = []
+    for name, m in model.named_modules():
+        if not isinstance(
+            m, (dist_layers.QuantizedAllToShardedLinear, dist_layers.QuantizedShardedToAllLinear)
+        ):
+            continue
+        weight = mx.dequantize(
+            m.weight, m.scales, m.biases, m.group_size, m.bits, mode=m.mode
+        ).astype(mx.float32)
+        out_dims, in_dims = weight.shape  # this rank's shard
+        n = m.group.size()
+        if isinstance(m, dist_layers.QuantizedAllToShardedLinear):  # outputs are split
+            layer = dist_layers.AllToShardedLinear(in_dims, out_dims * n, "bias" in m, m.group)
+        else:  # inputs are split
+            layer = dist_layers.ShardedToAllLinear(in_dims * n, out_dims, "bias" in m, m.group)
+        layer.weight = weight
+        if "bias" in m:
+            layer.bias = m.bias.astype(mx.float32)
+        replaced.append((name, layer))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text and not isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"

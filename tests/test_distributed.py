@@ -1,0 +1,492 @@
+"""Distributed mode: three ranks of one MLX ring group on loopback serve the embedded model.
+
+Integration tests start the group either with MLX's launcher (``mlx.launch -n 3 --backend
+ring``, as an operator would) or rank by rank with the same environment the launcher sets
+(``MLX_RANK``, ``MLX_HOSTFILE``), so that killing one rank leaves rank 0 up to report it
+(the launcher would stop everyone). Outputs are compared with the single-process server
+of the session (``server`` fixture). Unit tests cover the split checks, call routing and
+the followers' prompt-cache matching without a group.
+
+Generations are kept to a few tokens: on a shared 2-core machine every collective waits
+for the scheduler, and a tensor-parallel step has two per layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import ROOT, ServerProcess, chat_request, stream_text
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mlx_lm.models.cache import KVCache
+
+import backend_pb2
+import distributed
+import gguf_convert
+import model_loader
+import params
+from backend_pb2_grpc import BackendStub
+from engine import Engine
+from errors import FailedPrecondition
+
+RANKS = 3
+TOKENS = 4
+LAUNCHER = Path(sys.executable).parent / "mlx.launch"
+FOLLOWING = re.compile(r"rank (\d+) of \d+ \(pid (\d+)\): following rank 0")
+SERVING_PID = re.compile(r"serving on \S+ \(pid (\d+)\)")
+StatusResponse = backend_pb2.StatusResponse
+
+
+def _free_base_port(n: int) -> int:
+    """A port p with p .. p+n-1 free on loopback (the ring backend listens on each)."""
+    for _ in range(100):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+class Cluster(ServerProcess):
+    """RANKS backends forming one MLX ring group on loopback; rank 0 serves gRPC."""
+
+    def __init__(self, *args: str, launcher: bool = True) -> None:
+        # Kept open for the group's lifetime; closed in stop().
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            "w+", prefix="cluster-", suffix=".log", delete=False
+        )
+        out = open(self.log.name, "ab")  # noqa: SIM115 - every rank appends to one file
+        base = _free_base_port(RANKS)
+        command = [str(ROOT / "run.sh"), "--addr", "127.0.0.1:0", "--distributed", "tensor"]
+        command += args
+        if launcher:
+            launch = [str(LAUNCHER), "-n", str(RANKS), "--backend", "ring", "-p", str(base)]
+            self.procs = [subprocess.Popen([*launch, *command], cwd=ROOT, stdout=out, stderr=out)]
+        else:
+            self.hostfile = Path(self.log.name).with_suffix(".hosts.json")
+            self.hostfile.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(RANKS)]))
+            env = {**os.environ, "MLX_HOSTFILE": str(self.hostfile)}
+            self.procs = [
+                subprocess.Popen(
+                    command, cwd=ROOT, stdout=out, stderr=out, env={**env, "MLX_RANK": str(r)}
+                )
+                for r in range(RANKS)
+            ]
+        out.close()
+        self.proc = self.procs[0]
+        self.address = self._wait_for_address(timeout=120.0)
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = BackendStub(self.channel)
+
+    def pids(self, timeout: float = 60.0) -> dict[int, int]:
+        """rank -> pid of every rank, from their start-up log lines."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.logs()
+            pids = {int(r): int(p) for r, p in FOLLOWING.findall(text)}
+            m = SERVING_PID.search(text)
+            if m:
+                pids[0] = int(m.group(1))
+            if len(pids) == RANKS or time.monotonic() > deadline:
+                return pids
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60.0) -> list[int | None]:
+        """SIGTERM rank 0 (it stops the others); kill whatever is left; exit codes."""
+        pids = self.pids(timeout=0)
+        self.channel.close()
+        if 0 in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[0], signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.procs[0].wait(timeout)  # rank 0, or mlx.launch once every rank is gone
+        for p in self.procs[1:]:  # followers leave when rank 0 does, unless stopped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(15)
+        for pid in pids.values():  # ranks still there (hung or stopped on purpose)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        self.log.close()
+        if hasattr(self, "hostfile"):
+            self.hostfile.unlink(missing_ok=True)
+        return [p.returncode for p in self.procs]
+
+
+def _greedy(prompt: str, tokens: int = TOKENS, **fields) -> backend_pb2.PredictOptions:
+    return backend_pb2.PredictOptions(Prompt=prompt, Tokens=tokens, Temperature=0.0, **fields)
+
+
+def _breakdown(stub) -> dict[str, int]:
+    return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
+
+
+needs_launcher = pytest.mark.skipif(not LAUNCHER.exists(), reason="mlx.launch is not installed")
+
+
+@pytest.fixture(scope="module")
+def cluster(server):
+    """Three ranks started by mlx.launch, loaded like the single-process ``server``."""
+    if not LAUNCHER.exists():
+        pytest.skip("mlx.launch is not installed")
+    metrics = json.loads(server.stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+    group = Cluster(launcher=True)
+    try:
+        result = group.stub.LoadModel(
+            backend_pb2.ModelOptions(
+                Model=str(model_loader.embedded_model_path()),
+                # The same CPU weight mode as the reference, so outputs can be compared.
+                Options=[f"cpu_dequantize:{metrics['cpu_mode']}"],
+            ),
+            timeout=300,
+        )
+        assert result.success, result.message + group.logs()
+        yield group
+    finally:
+        codes = group.stop()
+        print(f"cluster exit codes {codes}")
+    assert codes == [0], group.logs()  # mlx.launch: every rank stopped cleanly
+
+
+# ------------------------------------------------------------------ integration: healthy
+@needs_launcher
+def test_status_reports_group_size_and_each_ranks_weights(cluster, server):
+    status = cluster.stub.Status(backend_pb2.HealthMessage())
+    assert status.state == StatusResponse.READY
+    b = dict(status.memory.breakdown)
+    assert b["group_size"] == RANKS
+    weights = [b[f"weights_rank_{r}"] for r in range(RANKS)]
+    assert len(set(weights)) == 1 and b["weights"] == weights[0]  # rank 0 serves Status
+    single = _breakdown(server.stub)["weights"]
+    # Layers and the (tied) embedding are split three ways; only the norms are whole.
+    assert abs(weights[0] - single / RANKS) < 0.02 * single, (weights, single)
+
+
+@needs_launcher
+def test_requests_decoded_together_match_a_single_process_and_a_cancel_leaves_no_trace(
+    cluster, server
+):
+    """Greedy Predict and PredictStream, a seeded sampled request and a stream cancelled
+    mid-way, all in one batch (few steps: each costs two collectives per layer here)."""
+    chat = chat_request("What is the capital of France?", Tokens=TOKENS, Temperature=0.0)
+    requests = [
+        chat,
+        _greedy("The tallest mountain on Earth is", tokens=TOKENS + 2),
+        # Sampled: every rank must draw the same token, or rank 0's sums mix sequences.
+        backend_pb2.PredictOptions(
+            Prompt="My favourite fruit is", Tokens=TOKENS, Temperature=0.8, Seed=7
+        ),
+    ]
+    want = [server.stub.Predict(r) for r in requests]
+    cancelled = cluster.stub.PredictStream(_greedy("Cats and dogs are", tokens=64))
+    first = next(cancelled)  # decoding together with the requests below
+    with ThreadPoolExecutor(len(requests) + 1) as pool:
+        streamed = pool.submit(stream_text, cluster.stub, chat)
+        got = list(pool.map(lambda r: cluster.stub.Predict(r, timeout=300), requests))
+        text, replies = streamed.result()
+    cancelled.cancel()
+    assert first.tokens >= 1
+    assert [g.message for g in got] == [w.message for w in want]
+    assert [g.tokens for g in got] == [w.tokens for w in want]
+    assert text == want[0].message.decode("utf-8") and replies[-1].tokens == want[0].tokens
+    deadline = time.monotonic() + 60
+    while _breakdown(cluster.stub)["requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _breakdown(cluster.stub)["requests_running"] == 0
+    # The group still agrees after the cancellation (the followers dropped it too), and
+    # every rank's prompt cache serves the repeated prompt.
+    again = cluster.stub.Predict(requests[1], timeout=300)
+    assert again.message == want[1].message
+
+
+@needs_launcher
+def test_a_model_that_cannot_be_split_fails_to_load_and_the_old_one_keeps_serving(cluster):
+    result = cluster.stub.LoadModel(
+        backend_pb2.ModelOptions(
+            Model=str(model_loader.embedded_model_path()),
+            Options=["distributed_mode:pipeline"],
+        ),
+        timeout=300,
+    )
+    assert not result.success
+    assert "no pipeline split" in result.message and "llama" in result.message
+    assert cluster.stub.Status(backend_pb2.HealthMessage()).state == StatusResponse.READY
+    assert cluster.stub.Predict(_greedy("Water boils at", tokens=2), timeout=300).tokens == 2
+
+
+def _tiny_qwen2(path: Path) -> Path:
+    """A 4-layer qwen2 (an architecture with ``pipeline()``) with random float32 weights
+    and SmolLM2's tokenizer, saved as an MLX model directory."""
+    from mlx.utils import tree_flatten, tree_map
+    from mlx_lm.models import qwen2
+
+    config = dict(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    mx.random.seed(0)
+    model = qwen2.Model(qwen2.ModelArgs(**config))
+    model.set_dtype(mx.float32)
+    # Larger weights than the default init, so greedy decoding does not repeat one token.
+    model.update(tree_map(lambda a: a * 4.0 if a.ndim == 2 else a, model.parameters()))
+    mx.eval(model.parameters())
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
+    converted = gguf_convert.cached_conversion(model_loader.embedded_model_path())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(converted / name, path / name)
+    return path
+
+
+@needs_launcher
+def test_pipeline_mode_splits_the_layers_and_matches_one_process(cluster, tmp_path):
+    """Runs last on the shared group: it replaces the model with a tiny qwen2."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    path = _tiny_qwen2(tmp_path)
+    model, tokenizer = load(str(path))
+    ids = tokenizer.encode("Once upon a time")
+    steps = generate_step(
+        mx.array(ids), model, max_tokens=TOKENS, sampler=lambda x: mx.argmax(x, -1)
+    )
+    want = tokenizer.decode([int(t) for t, _ in steps])
+
+    # 4 attention heads do not split over 3 ranks: refused, naming why.
+    tensor = cluster.stub.LoadModel(backend_pb2.ModelOptions(Model=str(path)), timeout=300)
+    assert not tensor.success
+    assert "4 attention heads and 2 KV heads cannot be split evenly over 3" in tensor.message
+    result = cluster.stub.LoadModel(
+        backend_pb2.ModelOptions(Model=str(path), Options=["distributed_mode:pipeline"]),
+        timeout=300,
+    )
+    assert result.success, result.message
+    b = _breakdown(cluster.stub)
+    assert sum(b[f"weights_rank_{r}"] for r in range(RANKS)) > b["weights"]  # each a part
+    got = cluster.stub.Predict(
+        backend_pb2.PredictOptions(
+            Prompt="Once upon a time", Tokens=TOKENS, Temperature=0.0, IgnoreEOS=True
+        ),
+        timeout=300,
+    )
+    assert got.message.decode("utf-8") == want
+
+
+# ------------------------------------------------------------------ integration: failures
+def _stream_until_error(stub, req, on_first) -> tuple[grpc.StatusCode, float, str]:
+    """Stream ``req``; call ``on_first`` after the first reply; return the error's code,
+    the seconds from ``on_first`` to the error, and its details."""
+    stream = stub.PredictStream(req, timeout=300)
+    t0 = None
+    try:
+        for _ in stream:
+            if t0 is None:
+                on_first()
+                t0 = time.monotonic()
+    except grpc.RpcError as exc:
+        return exc.code(), time.monotonic() - (t0 or time.monotonic()), exc.details()
+    raise AssertionError("the stream ended without an error")
+
+
+def _assert_reported(group: Cluster) -> None:
+    """Rank 0 says ERROR, health NOT_SERVING, and new requests get UNAVAILABLE."""
+    health = health_pb2_grpc.HealthStub(group.channel)
+    check = health_pb2.HealthCheckRequest(service="backend.Backend")
+    deadline = time.monotonic() + 10
+    while (
+        health.Check(check).status != health_pb2.HealthCheckResponse.NOT_SERVING
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert health.Check(check).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert group.stub.Status(backend_pb2.HealthMessage()).state == StatusResponse.ERROR
+    with pytest.raises(grpc.RpcError) as info:
+        group.stub.Predict(_greedy("Water boils at"), timeout=30)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_killed_rank_fails_the_stream_with_unavailable_and_rank_0_reports_it():
+    group = Cluster("--model", "embedded", launcher=False)
+    try:
+        group.wait_state(StatusResponse.READY)
+        pids = group.pids()
+        req = _greedy("Once upon a time", tokens=200, IgnoreEOS=True)
+        code, seconds, details = _stream_until_error(
+            group.stub, req, lambda: os.kill(pids[2], signal.SIGKILL)
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert seconds < 30, seconds  # the ring backend raises as soon as the socket closes
+        assert "lost the distributed group" in details
+        _assert_reported(group)
+    finally:
+        codes = group.stop()
+    # Rank 0 stops cleanly; rank 1 waited on rank 0 and leaves when it goes.
+    assert codes == [0, 1, -signal.SIGKILL], group.logs()
+
+
+def test_a_hung_rank_is_caught_by_the_watchdog():
+    group = Cluster("--model", "embedded", "--distributed-timeout", "15", launcher=False)
+    try:
+        group.wait_state(StatusResponse.READY)
+        pids = group.pids()
+        req = _greedy("Once upon a time", tokens=200, IgnoreEOS=True)
+        code, seconds, details = _stream_until_error(
+            group.stub, req, lambda: os.kill(pids[1], signal.SIGSTOP)
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert "waited more than 15s" in details
+        assert seconds < 60, seconds
+        _assert_reported(group)
+        os.kill(pids[1], signal.SIGKILL)  # the hung rank never exits by itself
+    finally:
+        group.stop()
+
+
+# ------------------------------------------------------------------ units (no group)
+class _FakeGroup:
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+class _Args:
+    model_type = "llama"
+    num_attention_heads = 9
+    num_key_value_heads = 3
+
+
+class _Shardable:
+    args = _Args()
+
+    def shard(self, group):  # pragma: no cover - never called by check_split
+        raise AssertionError
+
+
+def test_check_split_names_the_head_counts_and_the_sizes_that_work():
+    distributed.check_split(_Shardable(), "tensor", 3)
+    with pytest.raises(ValueError) as info:
+        distributed.check_split(_Shardable(), "tensor", 2)
+    message = str(info.value)
+    assert "9 attention heads and 3 KV heads" in message
+    assert "over 2 ranks" in message and "group sizes that work: 3" in message
+
+
+def test_check_split_refuses_architectures_without_shard_or_pipeline():
+    class NoSplit:
+        args = _Args()
+        model = object()
+
+    with pytest.raises(ValueError, match="no tensor-parallel split"):
+        distributed.check_split(NoSplit(), "tensor", 3)
+    with pytest.raises(ValueError, match="no pipeline split"):
+        distributed.check_split(_Shardable(), "pipeline", 3)
+
+
+def test_rank_0_replicates_model_calls_keeps_tokenizer_calls_and_refuses_the_rest():
+    coordinator = distributed.Coordinator(_FakeGroup(0, RANKS))
+    engine = Engine()
+    assert coordinator.route(engine, engine._tokenize) == engine._tokenize
+    assert coordinator.route(engine, engine._load) != engine._load  # sent to every rank
+    refused = coordinator.route(engine, engine._install)
+    with pytest.raises(FailedPrecondition, match="install is not supported"):
+        refused()
+    pinned = coordinator.pin_seed(params.generation_params(backend_pb2.PredictOptions(), None))
+    assert pinned.seed is not None  # so every rank's sampler draws the same tokens
+    assert coordinator.memory() == {
+        "group_size": RANKS,
+        **{f"weights_rank_{r}": 0 for r in range(RANKS)},
+    }
+
+
+def _kv(tokens: int) -> list:
+    layer = KVCache()
+    x = mx.zeros((1, 1, tokens, 4))
+    layer.update_and_fetch(x, x)
+    return [layer]
+
+
+def test_follower_prompt_cache_reuses_exactly_what_rank_0_reused():
+    cache = distributed.FollowerPromptCache(max_entries=4, max_bytes=None)
+    cache.insert("m", [1, 2, 3, 4, 5], _kv(5))
+    cache.expect = 3  # rank 0 had only a shorter entry
+    hit = cache.fetch("m", [1, 2, 3, 4, 5, 6])
+    assert hit.cached_tokens == 3 and hit.rest == [4, 5, 6] and hit.kv[0].offset == 3
+    cache.expect = 0  # rank 0 missed
+    miss = cache.fetch("m", [1, 2, 3, 9])
+    assert miss.kv is None and miss.rest == [1, 2, 3, 9]
+    cache.expect = 5
+    with pytest.raises(distributed.Desync):  # this rank lost an entry rank 0 kept
+        cache.fetch("m", [7, 8, 9, 10, 11, 12])
+
+
+def test_vocab_split_pads_the_last_rank_and_looks_up_exactly():
+    full = nn.Embedding(10, 4)
+    part = nn.Embedding(10, 4)
+    part.weight = full.weight
+    distributed._rows(part, 10, _FakeGroup(2, RANKS))  # rows of 4: ids 8, 9 + padding
+    assert part.weight.shape == (4, 4)
+    assert mx.array_equal(part.weight[:2], full.weight[8:]).item()
+    assert not mx.any(part.weight[2:]).item()
+    alone = nn.Embedding(10, 4)
+    alone.weight = full.weight
+    split = distributed.VocabParallelEmbedding(alone, 10, mx.distributed.init())  # 1 rank
+    ids = mx.array([[1, 9, 0]])
+    assert mx.array_equal(split(ids), full(ids)).item()
+    h = mx.ones((1, 2, 4))
+    assert mx.allclose(split.as_linear(h), full.as_linear(h)).item()
+
+
+def test_backend_without_a_launcher_explains_how_to_start_a_group(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMI"))}
+    args = ["--addr", "127.0.0.1:0", "--distributed", "tensor", "--distributed-backend", "ring"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "backend.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "mlx.launch" in proc.stderr
