@@ -199,3 +199,9 @@ def test_prepare_for_cpu_keeps_unquantized_model_over_budget():
     assert model.weight.dtype == mx.float16
     assert cfp.prepare_for_cpu(model, "auto", budget_bytes=GB, device=cpu) == "dense"
     assert model.weight.dtype == mx.float32
+
+
+def test_known_fast_libraries_count_as_fast_whatever_they_timed():
+    assert cfp.known_fast_library("/x/.venv/lib/libmkl_rt.so.3")
+    assert cfp.known_fast_library("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+    assert not cfp.known_fast_library("/x/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0")
