@@ -148,10 +148,14 @@ def _cpu() -> float:
     return t.user + t.system
 
 
-def main() -> None:
+def serve(worker: object) -> None:
+    """Answer JSON-line commands ({"op": method, ...kwargs}) from stdin until "quit" or EOF.
+
+    Shared by this worker and bench/llamacpp_bench.py's (stdlib only, so it also runs
+    in the llama.cpp throwaway venv).
+    """
     out = sys.stdout
     sys.stdout = sys.stderr  # anything a library prints must not corrupt the protocol
-    worker = Worker()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -165,6 +169,10 @@ def main() -> None:
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(answer) + "\n")
         out.flush()
+
+
+def main() -> None:
+    serve(Worker())
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ skipped and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -111,22 +110,9 @@ class LlamaWorker:
 
 
 def worker_main() -> None:
-    out = sys.stdout
-    sys.stdout = sys.stderr
-    worker = LlamaWorker()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        try:
-            if op == "quit":
-                break
-            answer = getattr(worker, op)(**cmd)
-        except Exception as exc:  # answered, so the driver can report and stop
-            answer = {"error": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
+    from inproc_worker import serve  # bench/ is sys.path[0]: this file runs as a script
+
+    serve(LlamaWorker())
 
 
 # --------------------------------------------------------------------------- driver side
