@@ -48,7 +48,6 @@ import logging
 import math
 import os
 import pickle
-import queue
 import secrets
 import threading
 import time
@@ -64,11 +63,14 @@ from mlx_lm.generate import generation_stream
 
 import cpu_fast_path
 import model_loader
-from engine import Engine, Job
-from errors import FailedPrecondition, Unavailable
+from engine import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
+from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
+from jobs import Job
+from loaded_model import LoadedModel, validate
 from output import Delta
-from params import GenerationParams, LoadParams
+from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
 from prompt_cache import CacheLookup, PromptCache
+from scheduler import GroupHooks
 
 logger = logging.getLogger("localai.mlx.distributed")
 
@@ -82,8 +84,6 @@ LOAD_TIMEOUT = 3600.0  # seconds a replicated load (GGUF conversion included) ma
 HEARTBEAT = 0.1
 _NAP = 0.8  # followers nap this fraction of HEARTBEAT, to be waiting when rank 0 syncs
 SHUTDOWN_TIMEOUT = 5.0  # seconds rank 0 waits to tell the others to exit
-MODE_OPTION = "distributed_mode"  # LoadModel option overriding --distributed per model
-VOCAB_OPTION = "distributed_vocab"  # LoadModel option: false keeps embeddings whole per rank
 # Architectures whose code only calls embed_tokens(ids), embed_tokens.as_linear(h) and
 # lm_head(h), so their vocabulary can be split too (see shard_vocab).
 VOCAB_SPLIT_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -92,10 +92,7 @@ _STEP = 1  # header flag: the followers step after applying the plan
 _IDLE = 2  # header flag: rank 0 has nothing to do; followers nap before the next sync
 _STATUS_BYTES = 1024  # per-rank record of a load agreement: weights (int64), error text
 
-# Engine calls rank 0 sends to every rank (they run the model, or change it) ...
-REPLICATED_CALLS = frozenset({"_load", "_free", "_score", "_embed"})
-# ... and calls that only read rank 0's tokenizer. Anything else is refused.
-LOCAL_CALLS = frozenset({"_tokenize", "_detokenize", "_metadata"})
+SHUTDOWN = "shutdown"  # the plan call that stops the followers
 
 
 class GroupLost(Unavailable):
@@ -137,12 +134,13 @@ def init_group(backend: str = "any") -> Any:
         ) from exc
 
 
-class Coordinator:
-    """One rank's view of the group; attached to the ``Engine`` on every rank.
+class Coordinator(GroupHooks):
+    """One rank's view of the group: the ``GroupHooks`` of the ``Engine`` on every rank.
 
     On rank 0 (``leader``) the engine calls ``sync`` once per loop iteration,
-    ``joined``/``left`` as jobs start and retire, ``route`` for each call, ``close`` at
-    shutdown, and ``load`` (every rank) from ``Engine._load``. ``timeout`` (seconds) bounds
+    ``joined``/``left`` as jobs start and retire, ``run`` for each engine operation
+    (replicated ones go to every rank), ``close`` at shutdown; ``load`` runs on every
+    rank. ``timeout`` (seconds) bounds
     each step and heartbeat; ``heartbeat`` (seconds) is rank 0's idle sync interval.
     """
 
@@ -172,8 +170,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ rank 0 wiring
     def attach(self, engine: Engine) -> None:
-        """Serve ``engine`` as rank 0: hook it up and start the watchdog thread."""
-        engine.coordinator = self
+        """Serve ``engine`` (built with this coordinator) as rank 0; start the watchdog."""
         self._engine = engine
         threading.Thread(target=self._watch, name="mlx-dist-watchdog", daemon=True).start()
 
@@ -200,41 +197,39 @@ class Coordinator:
         if self.leader:
             self._journal.append(("leave", job.uid))
 
-    def sync(self, step: bool) -> None:
+    def sync(self, step: bool, idle: bool) -> None:
         """Rank 0, once per engine iteration: send the ops since the last sync, and
-        whether a step follows. Raises GroupLost when a rank is lost."""
+        whether a step follows (``idle``: nothing runs or waits). Raises GroupLost when
+        a rank is lost."""
         self.check()
         ops, self._journal = self._journal, []
         self._arm(self.timeout)
-        idle = not step and not ops and self._engine is not None and not self._engine._waiting
-        self._collective(self._exchange, Plan(ops, step, idle=idle))
+        self._collective(self._exchange, Plan(ops, step, idle=idle and not step and not ops))
         self._arm(self.timeout)  # the step that follows gets the same allowance
 
-    def route(self, engine: Engine, fn: Any) -> Any:
-        """The function rank 0's engine thread runs for the call ``fn`` (a bound method)."""
-        name = getattr(fn, "__name__", repr(fn))
-        if getattr(fn, "__self__", None) is engine and name in REPLICATED_CALLS:
-            return lambda *args: self._replicate(engine, name, args)
-        if getattr(fn, "__self__", None) is engine and name in LOCAL_CALLS:
-            return fn
+    def run(self, op: str, args: tuple, local: Any) -> Any:
+        """Rank 0's engine thread runs operation ``op``: on every rank when it runs or
+        changes the model, here alone when it only reads the tokenizer; refused otherwise."""
+        if op in REPLICATED_OPS:
+            return self._replicate(op, args, local)
+        if op in LOCAL_OPS:
+            return local(*args)
+        raise FailedPrecondition(
+            f"{op} is not supported in distributed mode (it would run the model on rank 0 alone)"
+        )
 
-        def refused(*_args: Any) -> Any:
-            raise FailedPrecondition(
-                f"{name.lstrip('_')} is not supported in distributed mode (it would run "
-                "the model on rank 0 alone)"
-            )
-
-        return refused
-
-    def _replicate(self, engine: Engine, name: str, args: tuple) -> Any:
+    def _replicate(self, op: str, args: tuple, local: Any) -> Any:
         self.check()
         ops, self._journal = self._journal, []
-        self._arm(LOAD_TIMEOUT if name == "_load" else self.timeout)
+        self._arm(LOAD_TIMEOUT if op == LOAD else self.timeout)
         try:
-            self._collective(self._exchange, Plan(ops, False, (name, args)))
-            if name == "_free":
+            self._collective(self._exchange, Plan(ops, False, (op, args)))
+            if op == LOAD:
+                return self.load(self._engine, *args)
+            result = local(*args)
+            if op == "free":
                 self.weights = [0] * self.size
-            return getattr(engine, name)(*args)
+            return result
         finally:
             self._arm(self.timeout)
 
@@ -244,28 +239,20 @@ class Coordinator:
             return
         self._arm(SHUTDOWN_TIMEOUT)
         try:
-            self._exchange(Plan([], False, ("_shutdown", ())))
+            self._exchange(Plan([], False, (SHUTDOWN, ())))
         except Exception as exc:  # a rank already gone: nothing left to tell
             logger.warning("could not tell the other ranks to stop: %s", exc)
         self._deadline = None
 
-    def abort(self, engine: Engine, exc: BaseException) -> None:
-        """Rank 0's engine thread after a failed step: fail everything, for good."""
+    def abort(self, exc: BaseException) -> BackendError:
+        """Rank 0's engine thread after a failed step: the group is failed for good;
+        returns the error that ends every request (the engine thread then stops)."""
         if isinstance(exc, GroupLost):
             logger.error("%s", exc)
         else:
             logger.exception("distributed step failed; the group must be restarted")
         self._mark_failed(self.failed or f"a distributed step failed: {exc}")
-        error = GroupLost(self.failed)
-        for job in list(engine._active.values()):
-            if job.solo is not None:
-                job.solo.steps.close()
-            engine._end(job, error=error)
-        while engine._waiting:
-            with engine._count_lock:
-                job = engine._waiting.popleft()
-            engine._end(job, error=error)
-        self._drain_inbox(engine)
+        return GroupLost(self.failed)
 
     # ------------------------------------------------------------------ status
     def memory(self) -> dict[str, int]:
@@ -301,19 +288,15 @@ class Coordinator:
         all drop it. Raises ``ModelLoadError`` naming the reason (and the ranks, when
         they differ).
         """
-        mode = str(params.options.get(MODE_OPTION, self.mode))
-        limits = model = tokenizer = None
+        mode = params.distributed_mode or self.mode
+        model = tokenizer = None
         error = ""
         try:
-            if mode not in MODES:
-                raise ValueError(
-                    f"option {MODE_OPTION} must be one of {', '.join(MODES)}, got {mode!r}"
-                )
             if params.draft_model:
                 raise ValueError("DraftModel (speculative decoding) is not supported distributed")
             if params.lora_adapter:
                 raise ValueError("LoraAdapter is not supported in distributed mode")
-            limits = engine._check_load(params)
+            validate(params)
             model, tokenizer = model_loader.load_model(
                 params.model,
                 params.model_file,
@@ -326,18 +309,17 @@ class Coordinator:
         except Exception as exc:
             error = _describe(exc)
         self._agree(error, 0)
-        engine._fail_all(FailedPrecondition("the model is being replaced; retry the request"))
-        engine._unload()
+        engine.unload(FailedPrecondition("the model is being replaced; retry the request"))
         cpu_mode, weights = "", 0
         try:
             if mode == "tensor":
                 model.shard(self.group)
-                if _option_on(params.options.get(VOCAB_OPTION, True)):
+                if params.distributed_vocab:
                     shard_vocab(model, self.group)
             else:
                 model.model.pipeline(self.group)
             if self.leader:
-                cpu_mode = self._prepare(model, params.options)
+                cpu_mode = self._prepare(model, params.cpu_dequantize, params.cpu_dequantize_budget)
         except Exception as exc:
             error = _describe(exc)
         # Rank 0 chose dense or quantized weights; every rank must compute the same way.
@@ -345,7 +327,7 @@ class Coordinator:
         cpu_mode = self._share_cpu_mode(cpu_mode if not error else "")
         if not self.leader and not error and cpu_mode:
             try:
-                self._prepare(model, {"cpu_dequantize": cpu_mode})
+                self._prepare(model, cpu_mode == "dense", None)
             except Exception as exc:
                 error = _describe(exc)
         if error or not cpu_mode:
@@ -357,16 +339,13 @@ class Coordinator:
         results = self._agree(error, weights)  # on failure every rank drops its part here
         self.weights = [w for _, w in results]
         self.model_mode = mode
-        engine._install(model, tokenizer, params, limits)
-        engine.cpu_mode = cpu_mode
-        if mx.default_device().type == mx.DeviceType.cpu:
-            report = cpu_fast_path.blas_report()
-            engine.blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
+        cache = None
         if not self.leader:
             # Pipeline ranks hold different layers, so their KV sizes differ from rank 0's:
             # bound followers by entries only and let them match rank 0's reuse exactly.
             max_bytes = params.max_cache_bytes if mode == "tensor" else None
-            engine._cache = FollowerPromptCache(params.max_cache_entries, max_bytes)
+            cache = FollowerPromptCache(params.max_cache_entries, max_bytes)
+        engine.serve_loaded(LoadedModel.build(model, tokenizer, params, cpu_mode=cpu_mode), cache)
         logger.info(
             "rank %d of %d holds its %s shard: %.1f MB of weights (ranks: %s MB)",
             self.rank,
@@ -377,14 +356,12 @@ class Coordinator:
         )
 
     @staticmethod
-    def _prepare(model: Any, options: dict) -> str:
+    def _prepare(model: Any, dequantize: bool | None, budget: int | None) -> str:
         """Prepare a split model for the CPU as a single process does; evaluate it.
 
         Returns the CPU weight mode ("dense" or "quantized"; see cpu_fast_path).
         """
-        cpu_mode = cpu_fast_path.prepare_for_cpu(
-            model, options.get("cpu_dequantize"), options.get("cpu_dequantize_budget")
-        )
+        cpu_mode = cpu_fast_path.prepare_for_cpu(model, dequantize, budget)
         if cpu_mode == "dense":
             # mlx-lm's dequantize_model skips the sharded quantized layers: do those here.
             _dequantize_sharded(model)
@@ -431,7 +408,7 @@ class Coordinator:
                 message = texts.pop()  # the usual case: the same reason on every rank
             else:
                 message = "; ".join(f"rank {r}: {text}" for r, text in failures)
-            raise model_loader.ModelLoadError(message)
+            raise ModelLoadError(message)
         return results
 
     # ------------------------------------------------------------------ plumbing
@@ -491,7 +468,7 @@ class Coordinator:
 
     def _check_deadline(self, engine: Engine) -> None:
         if self.failed:
-            self._drain_inbox(engine)  # requests that raced with the failure
+            engine.drain_inbox(GroupLost(self.failed))  # requests that raced with the failure
             return
         deadline = self._deadline
         if deadline is None or time.monotonic() <= deadline[0]:
@@ -500,45 +477,14 @@ class Coordinator:
             f"rank 0 waited more than {deadline[1]:g}s for the other ranks (a rank hung "
             "or the network stalled); restart the group"
         )
-        # The engine thread is stuck in a collective: end its jobs from here. It mutates
-        # these only between collectives, so copying them now is safe.
-        error = GroupLost(self.failed)
-        for job in [*list(engine._active.values()), *list(engine._waiting)]:
-            if not job.done:
-                job.done = True
-                job.emit(job.event(Delta(), error=error))
-        self._drain_inbox(engine)
-
-    def _drain_inbox(self, engine: Engine) -> None:
-        """Fail queued jobs and calls; keep a stop request for the engine thread."""
-        error = GroupLost(self.failed)
-        keep = []
-        while True:
-            try:
-                item = engine._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item[0] == "job":
-                job = item[1]
-                with engine._count_lock:
-                    engine._queued -= 1
-                if not job.done:
-                    job.done = True
-                    job.emit(job.event(Delta(), error=error))
-            elif item[0] == "call":
-                fut = item[3]
-                if fut.set_running_or_notify_cancel():
-                    fut.set_exception(error)
-            elif item[0] == "stop":
-                keep.append(item)
-        for item in keep:
-            engine._inbox.put(item)
+        # The engine thread is stuck in a collective: end its jobs from here.
+        engine.fail_from_outside(GroupLost(self.failed))
 
 
 class FollowerPromptCache(PromptCache):
     """A follower's prompt cache: reuses exactly as many tokens as rank 0 did.
 
-    Before each ``Engine._start`` the follower sets ``expect`` to rank 0's cached-token
+    Before each ``Scheduler.start`` the follower sets ``expect`` to rank 0's cached-token
     count; a longer match is trimmed to it. A shorter one means the caches diverged:
     ``Desync`` (the follower exits, and rank 0 reports the lost rank).
     """
@@ -574,17 +520,12 @@ class _NullPipeline:
         return Delta()
 
 
-class _ShadowJob(Job):
+def _shadow_job(params: GenerationParams, max_tokens: int) -> Job:
     """A follower's copy of one of rank 0's jobs: same parameters, no listener."""
-
-    def __init__(self, params: GenerationParams, max_tokens: int, engine: Engine) -> None:
-        super().__init__(None, params, None, engine)
-        self.max_tokens = max_tokens
-        self.pipeline = _NullPipeline()
-        self.exhausted = False  # a solo run whose generator has ended
-
-    def emit(self, event: Any) -> None:
-        pass
+    job = Job(GenerationRequest(params, PromptSpec()))
+    job.max_tokens = max_tokens
+    job.pipeline = _NullPipeline()
+    return job
 
 
 def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
@@ -593,8 +534,7 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
     0 when rank 0 shut down; 1 when the group broke (a rank was lost) or this rank
     could not keep up with rank 0 (its state diverged); the launcher then stops the rest.
     """
-    engine = engine or Engine()
-    engine.coordinator = coordinator
+    engine = engine or Engine(coordinator)
     finished: dict[int, tuple] = {}  # uid -> (kv, tokens) of sequences the batch ended
     logger.info(
         "rank %d of %d (pid %d): following rank 0", coordinator.rank, coordinator.size, os.getpid()
@@ -606,20 +546,25 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
                 _apply(engine, op, finished)
             if plan.call is not None:
                 name, args = plan.call
-                if name == "_shutdown":
-                    engine._shutdown()
+                if name == SHUTDOWN:
+                    engine.shutdown()
                     logger.info("rank 0 stopped; rank %d exits", coordinator.rank)
                     return 0
-                if name in ("_load", "_free"):
+                if name in (LOAD, "free"):
                     finished.clear()  # they end every sequence
                 try:
-                    getattr(engine, name)(*args)
-                except GroupLost:
+                    if name == LOAD:
+                        coordinator.load(engine, *args)
+                    elif name in REPLICATED_OPS:
+                        engine.local_op(name)(*args)
+                    else:
+                        raise Desync(f"rank 0 sent operation {name!r}, which is not replicated")
+                except (GroupLost, Desync):
                     raise
                 except Exception as exc:  # rank 0 meets the same error and reports it
                     logger.info("%s failed on rank %d too: %s", name, coordinator.rank, exc)
             if plan.step:
-                _mirror_step(engine, finished)
+                finished.update(engine.scheduler.mirror_step())
             elif plan.idle:
                 time.sleep(coordinator.heartbeat * _NAP)
         except GroupLost as exc:
@@ -632,44 +577,24 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
 
 def _apply(engine: Engine, op: tuple, finished: dict[int, tuple]) -> None:
     """Apply one of rank 0's ops to a follower's engine."""
+    sched = engine.scheduler
+    if sched is None:
+        raise Desync(f"rank 0 sent {op[0]!r} but this rank has no model loaded")
     if op[0] == "join":
         _, uid, ids, params, max_tokens, cached = op
-        job = _ShadowJob(params, max_tokens, engine)
-        if isinstance(engine._cache, FollowerPromptCache):
-            engine._cache.expect = cached
-        engine._start(job, ids)
+        job = _shadow_job(params, max_tokens)
+        if isinstance(sched.cache, FollowerPromptCache):
+            sched.cache.expect = cached
+        sched.start(job, ids)
         if job.uid != uid:
             raise Desync(f"rank 0 started sequence {uid}, this rank {job.uid}")
     elif op[0] == "leave":
-        job = engine._active.get(op[1])
+        job = sched.active.get(op[1])
         if job is None:
             raise Desync(f"rank 0 retired sequence {op[1]}, which this rank does not run")
-        engine._retire(job, "stop", kv=finished.pop(op[1], None))
+        sched.retire(job, "stop", kv=finished.pop(op[1], None))
     else:
         raise Desync(f"unknown plan op {op[0]!r}")
-
-
-def _mirror_step(engine: Engine, finished: dict[int, tuple]) -> None:
-    """A follower's ``Engine._step``: same decode, no output; rank 0 decides who leaves.
-
-    Sequences the batch ends itself (EOS, max tokens) keep their KV in ``finished``
-    until rank 0's "leave" says when to store it, so the prompt caches change in the
-    same order on every rank.
-    """
-    active = engine._active
-    if any(job.solo is None for job in active.values()):
-        _, responses = engine._gen.next()
-        for r in responses:
-            if r.finish_reason is not None:
-                finished[r.uid] = (r.prompt_cache, r.all_tokens)
-    for job in [j for j in active.values() if j.solo is not None]:
-        if job.exhausted:
-            continue
-        try:
-            token, *_ = next(job.solo.steps)
-            job.solo.tokens.append(int(token))
-        except StopIteration:
-            job.exhausted = True
 
 
 # ---------------------------------------------------------------------- model splitting
@@ -806,10 +731,6 @@ def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
     if hasattr(module, "num_embeddings"):  # QuantizedEmbedding keeps its row count
         module.num_embeddings = rows
     return module
-
-
-def _option_on(value: Any) -> bool:
-    return str(value).strip().lower() not in ("false", "0", "no", "off")
 
 
 def _dequantize_sharded(model: Any) -> int:

@@ -47,3 +47,12 @@ class Unavailable(BackendError):
     """The backend cannot serve now (a distributed rank was lost); retry elsewhere or later."""
 
     status = "UNAVAILABLE"
+
+
+class ModelLoadError(BackendError):
+    """A model could not be resolved or loaded; the message says why and what to change.
+
+    LoadModel answers it as ``Result(success=false, message=...)``, as LocalAI expects.
+    """
+
+    status = "FAILED_PRECONDITION"

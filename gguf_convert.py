@@ -41,9 +41,9 @@ from tokenizers import (
     processors,
 )
 
-from model_loader import ModelLoadError
+from errors import ModelLoadError
 
-logger = logging.getLogger("localai.mlx.gguf")
+logger = logging.getLogger("localai.mlx.gguf_convert")
 
 # Bump when the layout of a converted directory changes: old cache entries are ignored.
 CONVERTER_VERSION = 1

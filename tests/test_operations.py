@@ -1,7 +1,7 @@
 """Production operation: auth, model identity, parent watch, health, reflection, shutdown,
 limits, logging.
 
-Unit tests of ``ops.py`` first (no server), then integration tests against real backend
+Unit tests of ``lifecycle.py`` first (no server), then integration tests against real backend
 processes: the shared session ``server`` where a test only reads, and processes of this
 module's own (started through ``run.sh`` where the test is about the process: signals,
 parent watch, auth environment).
@@ -30,8 +30,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 import backend_pb2
+import interceptors
+import lifecycle
 import model_loader
-import ops
 import params
 
 TOKEN = "s3cret-token-0123456789"
@@ -51,44 +52,44 @@ def embedded() -> str:
     [("500ms", 0.5), ("2s", 2.0), ("1m", 60.0), ("1.5", 1.5), (" 3 ", 3.0), ("2S", 2.0)],
 )
 def test_parse_duration(text, seconds):
-    assert ops.parse_duration(text) == pytest.approx(seconds)
+    assert lifecycle.parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "-1s", "2 days", "ms", "1e400", "nan", "1x"])
 def test_parse_duration_rejects(text):
     with pytest.raises(ValueError, match="duration"):
-        ops.parse_duration(text)
+        lifecycle.parse_duration(text)
 
 
 @pytest.mark.parametrize(
     "env, interval",
     [
         ({}, 2.0),
-        ({ops.PARENT_WATCH_INTERVAL_ENV: "500ms"}, 0.5),
-        ({ops.PARENT_WATCH_INTERVAL_ENV: "1m"}, 60.0),
-        ({ops.PARENT_WATCH_INTERVAL_ENV: "garbage"}, 2.0),
-        ({ops.PARENT_WATCH_INTERVAL_ENV: "0"}, 2.0),
-        ({ops.PARENT_WATCH_ENV: "true"}, 2.0),
-        ({ops.PARENT_WATCH_ENV: "OFF"}, None),
-        ({ops.PARENT_WATCH_ENV: "false"}, None),
-        ({ops.PARENT_WATCH_ENV: "0"}, None),
-        ({ops.PARENT_WATCH_ENV: "no", ops.PARENT_WATCH_INTERVAL_ENV: "1s"}, None),
+        ({lifecycle.PARENT_WATCH_INTERVAL_ENV: "500ms"}, 0.5),
+        ({lifecycle.PARENT_WATCH_INTERVAL_ENV: "1m"}, 60.0),
+        ({lifecycle.PARENT_WATCH_INTERVAL_ENV: "garbage"}, 2.0),
+        ({lifecycle.PARENT_WATCH_INTERVAL_ENV: "0"}, 2.0),
+        ({lifecycle.PARENT_WATCH_ENV: "true"}, 2.0),
+        ({lifecycle.PARENT_WATCH_ENV: "OFF"}, None),
+        ({lifecycle.PARENT_WATCH_ENV: "false"}, None),
+        ({lifecycle.PARENT_WATCH_ENV: "0"}, None),
+        ({lifecycle.PARENT_WATCH_ENV: "no", lifecycle.PARENT_WATCH_INTERVAL_ENV: "1s"}, None),
     ],
 )
 def test_parent_watch_interval_from_env(env, interval):
-    assert ops.parent_watch_interval(env) == interval
+    assert lifecycle.parent_watch_interval(env) == interval
 
 
 def test_log_levels_accept_localai_names():
-    assert ops.log_level("trace") == ops.log_level("DEBUG") == 10
-    assert ops.log_level("warn") == ops.log_level("warning") == 30
-    assert ops.log_level("Error") == 40
+    assert lifecycle.log_level("trace") == lifecycle.log_level("DEBUG") == 10
+    assert lifecycle.log_level("warn") == lifecycle.log_level("warning") == 30
+    assert lifecycle.log_level("Error") == 40
     with pytest.raises(ValueError, match="unknown log level"):
-        ops.log_level("loud")
+        lifecycle.log_level("loud")
 
 
 def test_auth_interceptor_header_rules():
-    auth = ops.AuthInterceptor(TOKEN)
+    auth = interceptors.AuthInterceptor(TOKEN)
     assert auth.authorized([("authorization", f"Bearer {TOKEN}")])
     assert auth.authorized([("x-other", "1"), ("authorization", f"bearer {TOKEN}")])
     assert auth.authorized([("authorization", f"Bearer {TOKEN}".encode())])
@@ -103,10 +104,12 @@ def test_auth_interceptor_header_rules():
         [("authorization", "Bearer wrong"), ("authorization", f"Bearer {TOKEN}")],  # first wins
     ):
         assert not auth.authorized(bad), bad
-    kinds = [type(i) for i in ops.server_interceptors({ops.AUTH_TOKEN_ENV: "  \n"})]
-    assert kinds == [ops.DecodeErrorInterceptor]  # blank token: no auth
-    kinds = [type(i) for i in ops.server_interceptors({ops.AUTH_TOKEN_ENV: "t"})]
-    assert kinds == [ops.AuthInterceptor, ops.DecodeErrorInterceptor]
+    kinds = [
+        type(i) for i in interceptors.server_interceptors({interceptors.AUTH_TOKEN_ENV: "  \n"})
+    ]
+    assert kinds == [interceptors.DecodeErrorInterceptor]  # blank token: no auth
+    kinds = [type(i) for i in interceptors.server_interceptors({interceptors.AUTH_TOKEN_ENV: "t"})]
+    assert kinds == [interceptors.AuthInterceptor, interceptors.DecodeErrorInterceptor]
 
 
 def test_parent_watcher_fires_once_on_reparenting():
@@ -118,7 +121,7 @@ def test_parent_watcher_fires_once_on_reparenting():
         calls.append(1)
         fired.set()
 
-    watcher = ops.ParentWatcher(0.01, on_gone, getppid=lambda: ppid[0])
+    watcher = lifecycle.ParentWatcher(0.01, on_gone, getppid=lambda: ppid[0])
     assert watcher.start()
     time.sleep(0.05)
     assert not fired.is_set()
@@ -127,9 +130,9 @@ def test_parent_watcher_fires_once_on_reparenting():
     watcher.stop()  # joins the thread: no second call can still come
     assert calls == [1]
     # Already orphaned at start: nothing to watch.
-    assert not ops.ParentWatcher(0.01, on_gone, initial_ppid=1).start()
+    assert not lifecycle.ParentWatcher(0.01, on_gone, initial_ppid=1).start()
     with pytest.raises(ValueError):
-        ops.ParentWatcher(0, on_gone)
+        lifecycle.ParentWatcher(0, on_gone)
 
 
 def test_absurd_tokens_are_capped():
@@ -213,7 +216,7 @@ def wait_until(predicate, timeout: float, step: float = 0.05) -> bool:
 @pytest.fixture(scope="module")
 def auth_server():
     """run.sh with a token; no model. Env level "error" and --log-level debug: flag wins."""
-    env = {ops.AUTH_TOKEN_ENV: TOKEN, ops.LOG_LEVEL_ENV: "error"}
+    env = {interceptors.AUTH_TOKEN_ENV: TOKEN, lifecycle.LOG_LEVEL_ENV: "error"}
     srv = ServerProcess("--log-level", "debug", entry="run.sh", env=env)
     try:
         yield srv
@@ -255,7 +258,7 @@ def test_auth_required_on_unary_and_streaming_rpcs(auth_server):
     logs = auth_server.logs()
     assert "bearer-token auth on" in logs
     # --log-level debug beat LOCALAI_LOG_LEVEL=error: the denials are logged at DEBUG.
-    assert "DEBUG localai.mlx.ops: denied /backend.Backend/Health" in logs
+    assert "DEBUG localai.mlx.interceptors: denied /backend.Backend/Health" in logs
     assert TOKEN not in logs and "guess-42" not in logs
 
 
@@ -330,7 +333,7 @@ def test_request_log_line_carries_correlation_id(server):
     )
     reply = server.stub.Predict(req)
     pattern = (
-        r"INFO localai\.mlx\.engine: request abc-123: prompt=(\d+) cached=(\d+) "
+        r"INFO localai\.mlx\.scheduler: request abc-123: prompt=(\d+) cached=(\d+) "
         r"generated=(\d+) ttft=[\d.]+ms tok/s=[\d.]+ finish=(\w+)"
     )
     assert wait_until(lambda: re.search(pattern, server.logs()), 5)
@@ -464,7 +467,7 @@ def test_sigterm_lets_an_in_flight_stream_finish():
         assert srv.proc.wait(60) == 0
         logs = srv.logs()
         assert "SIGTERM received" in logs and "finish=length" in logs
-        assert logs.index("finish=length") < logs.index("INFO localai.mlx: stopped")
+        assert logs.index("finish=length") < logs.index("INFO localai.mlx.server: stopped")
         assert "Traceback" not in logs
     finally:
         srv.stop()
@@ -489,7 +492,7 @@ def test_sigterm_cancels_a_stream_that_outlives_the_grace():
         logs = srv.logs()
         # The engine job was cancelled, not left running.
         assert re.search(r"request -: .* finish=cancelled", logs, re.IGNORECASE), logs
-        assert "INFO localai.mlx: stopped" in logs
+        assert "INFO localai.mlx.server: stopped" in logs
     finally:
         srv.stop()
 
@@ -519,11 +522,11 @@ def _spawn_through_parent(log: Path, env: dict) -> tuple[subprocess.Popen, int]:
 
 
 def test_backend_exits_when_its_parent_dies(tmp_path):
-    interval = {ops.PARENT_WATCH_INTERVAL_ENV: "200ms", ops.LOG_LEVEL_ENV: "trace"}
+    interval = {lifecycle.PARENT_WATCH_INTERVAL_ENV: "200ms", lifecycle.LOG_LEVEL_ENV: "trace"}
     watched_log, unwatched_log = tmp_path / "watched.log", tmp_path / "unwatched.log"
     watched_parent, watched = _spawn_through_parent(watched_log, interval)
     unwatched_parent, unwatched = _spawn_through_parent(
-        unwatched_log, {**interval, ops.PARENT_WATCH_ENV: "off"}
+        unwatched_log, {**interval, lifecycle.PARENT_WATCH_ENV: "off"}
     )
     try:
         for log in (watched_log, unwatched_log):
@@ -535,11 +538,11 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
         assert wait_until(lambda: process_gone(watched), 10), watched_log.read_text()
         exited_after = time.monotonic() - t0
         logs = watched_log.read_text()  # stderr only: stdout went to /dev/null
-        assert re.search(r"WARNING localai\.mlx\.ops: parent process \d+ is gone", logs)
+        assert re.search(r"WARNING localai\.mlx\.lifecycle: parent process \d+ is gone", logs)
         # The graceful path of SIGTERM, to the end.
-        assert "SIGTERM received" in logs and "INFO localai.mlx: stopped" in logs
+        assert "SIGTERM received" in logs and "INFO localai.mlx.server: stopped" in logs
         # LOCALAI_LOG_LEVEL=trace (LocalAI's name) means DEBUG here.
-        assert "DEBUG localai.mlx.ops: parent watch: pid" in logs
+        assert "DEBUG localai.mlx.lifecycle: parent watch: pid" in logs
         assert exited_after < 5
         # Watch off: still alive many intervals later, still serving.
         time.sleep(1.0)
@@ -548,7 +551,7 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
         assert wait_until(lambda: process_gone(unwatched), 15)
         logs = unwatched_log.read_text()
         assert "parent watch:" not in logs and "SIGINT received" in logs
-        assert "INFO localai.mlx: stopped" in logs
+        assert "INFO localai.mlx.server: stopped" in logs
     finally:
         for pid in (watched, unwatched):
             if not process_gone(pid):

@@ -21,7 +21,8 @@ from params import (
 
 
 def gen(load: params.LoadParams | None = None, **fields) -> params.GenerationParams:
-    return generation_params(pb.PredictOptions(**fields), load)
+    """Parse a whole request, as the servicer does; its generation parameters."""
+    return params.parse_request(pb.PredictOptions(**fields), load).params
 
 
 def load(*options: str, **fields) -> params.LoadParams:
@@ -277,9 +278,14 @@ def test_boundary_values_are_accepted() -> None:
     assert p.logit_bias == {0: 100.0}
 
 
-@pytest.mark.parametrize("tools", ["", "  ", "null", "[]", '[{"type": "function"}]'])
-def test_valid_tools(tools: str) -> None:
-    gen(Tools=tools)
+@pytest.mark.parametrize(
+    ("tools", "parsed"),
+    [("", None), ("  ", None), ("null", None), ("[]", None),
+     ('[{"type": "function"}]', ({"type": "function"},))],
+)  # fmt: skip
+def test_valid_tools(tools: str, parsed) -> None:
+    spec = params.parse_request(pb.PredictOptions(Tools=tools)).prompt
+    assert spec.tools == parsed
 
 
 @pytest.mark.parametrize("bias", ["", "null", "{}"])

@@ -1,4 +1,5 @@
-"""Unit tests for prompt.py with a real (tiny, in-memory) tokenizer and chat template."""
+"""Unit tests for the prompt spec (params.prompt_spec) and its rendering (prompt.py), with a
+real (tiny, in-memory) tokenizer and chat template."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 import backend_pb2 as pb
-from prompt import encode, prepare_prompt
+from params import PromptSpec, prompt_spec
+from prompt import PreparedPrompt, encode
+from prompt import prepare_prompt as render_spec
 
 # A Qwen3-style ChatML template, cut down: tools, tool calls, tool results, reasoning,
 # names, enable_thinking, and one custom kwarg. `args_is_mapping` shows whether the
@@ -57,6 +60,21 @@ CHATML = """\
 
 {% else %}<think>
 {% endif %}{% endif %}"""
+
+
+class Prepared:
+    """A request's parsed spec and its rendering, read together by the assertions below."""
+
+    def __init__(self, spec: PromptSpec, prepared: PreparedPrompt) -> None:
+        self.spec, self.text, self.token_ids = spec, prepared.text, prepared.token_ids
+        self.starts_in_reasoning = prepared.initial_state == "reasoning"
+        self.enable_thinking = spec.enable_thinking
+
+
+def prepare_prompt(req: pb.PredictOptions, tokenizer) -> Prepared:
+    """Parse at the edge, then render: the two steps a request goes through."""
+    spec = prompt_spec(req)
+    return Prepared(spec, render_spec(spec, tokenizer))
 
 
 def make_tokenizer(chat_template: str | None = CHATML, thinking: bool = True) -> TokenizerWrapper:
@@ -241,7 +259,7 @@ def test_no_double_bos() -> None:
 
 def test_no_chat_template_falls_back_to_join(caplog: pytest.LogCaptureFixture) -> None:
     tok = make_tokenizer(chat_template=None)
-    with caplog.at_level(logging.WARNING, logger="prompt"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompt"):
         p = prepare_prompt(request(), tok)
     assert p.text == "You are terse.\nHi there"
     assert "no chat template" in caplog.text

@@ -18,6 +18,7 @@ from scripted import InProcessServer, ScriptedModel
 from test_output import PIECES, WEATHER, build_hf, ids
 
 import backend_pb2
+import params
 import prompt as prompt_mod
 
 GET_TIME = '{"name": "get_time", "arguments": {}}'
@@ -46,7 +47,9 @@ def chat(**fields) -> backend_pb2.PredictOptions:
 
 def script(served, tok, req, *parts: str) -> None:
     _, model = served
-    model.set_script(len(prompt_mod.prepare_prompt(req, tok).token_ids), ids(tok, *parts))
+    model.set_script(
+        len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids), ids(tok, *parts)
+    )
 
 
 def view(replies) -> list[tuple]:
@@ -62,7 +65,9 @@ def view(replies) -> list[tuple]:
 def test_reasoning_content_and_tool_calls_stream_as_structured_deltas(served, tok):
     srv, _ = served
     req = chat()
-    assert prompt_mod.prepare_prompt(req, tok).text.endswith("<think>\n")  # opened by template
+    assert prompt_mod.prepare_prompt(params.prompt_spec(req), tok).text.endswith(
+        "<think>\n"
+    )  # opened by template
     script(
         served, tok, req,
         "Let", " me", " think", "</think>", "\n\n", "Sure", "!",
@@ -103,7 +108,7 @@ def test_thinking_disabled_and_malformed_tool_call(served, tok):
     srv, _ = served
     req = chat()
     req.Metadata["enable_thinking"] = "false"
-    assert prompt_mod.prepare_prompt(req, tok).text.endswith("</think>\n\n")
+    assert prompt_mod.prepare_prompt(params.prompt_spec(req), tok).text.endswith("</think>\n\n")
     script(served, tok, req, "Sure", "<tool_call>", "{not json", "</tool_call>", "!")
     d = srv.stub.Predict(req).chat_deltas[0]
     assert d.reasoning_content == ""
@@ -141,7 +146,7 @@ def test_multibyte_characters_split_over_tokens_stream_whole(smollm_tok):
     srv = InProcessServer(model, smollm_tok)
     try:
         req = backend_pb2.PredictOptions(Prompt="Say:", Tokens=len(token_ids) + 5)
-        prompt_len = len(prompt_mod.prepare_prompt(req, smollm_tok).token_ids)
+        prompt_len = len(prompt_mod.prepare_prompt(params.prompt_spec(req), smollm_tok).token_ids)
         model.set_script(prompt_len, token_ids)
         replies = list(srv.stub.PredictStream(req))
         chunks = [r.message.decode("utf-8") for r in replies]

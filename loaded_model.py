@@ -1,0 +1,176 @@
+"""The loaded model: one frozen record of everything a load decided, and the loader.
+
+`LoadedModel` holds the model, tokenizer and draft model with the facts the scheduler and
+the servicer need (context length, KV settings, limits, weight bytes, CPU weight mode,
+identity). `load` builds it in a single process; distributed mode builds its sharded
+model its own way and finishes it with the same `LoadedModel.build`, so both modes
+derive the same facts in one place. Runs on the engine thread (it calls MLX).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+import cpu_fast_path
+import grammar
+import model_loader
+from errors import ModelLoadError
+from params import LoadParams
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+_serials = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve. Treat every field as read-only.
+
+    ``context_len`` in tokens (None = unknown); ``weights_bytes`` in bytes;
+    ``max_token_chars``: characters of the longest vocabulary entry (bounds how many
+    characters a prompt of ``context_len`` tokens can have); ``cpu_mode`` "dense",
+    "quantized" or "" off the CPU; ``blas``: which BLAS the CPU matmuls use (None off
+    the CPU); ``serial``: unique per load, so work prepared for one model is never run
+    on the next; ``cache_key``: the prompt cache's model key.
+    """
+
+    model: Any
+    tokenizer: Any
+    params: LoadParams
+    draft: Any
+    context_len: int | None
+    weights_bytes: int
+    max_token_chars: int
+    cpu_mode: str
+    blas: dict | None
+    serial: int
+
+    @property
+    def name(self) -> str:
+        return self.params.model or self.params.model_file
+
+    @property
+    def identity(self) -> str:
+        """What LocalAI records as the model's identity: ModelOptions.Model alone."""
+        return self.params.model
+
+    @property
+    def cache_key(self) -> str:
+        return f"{self.name}:{self.serial}" + ("+draft" if self.draft is not None else "")
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        params: LoadParams,
+        *,
+        draft: Any = None,
+        cpu_mode: str = "",
+    ) -> LoadedModel:
+        """Derive the record's facts from a prepared model (weights, context, BLAS)."""
+        blas = None
+        if mx.default_device().type == mx.DeviceType.cpu:
+            report = cpu_fast_path.blas_report()
+            blas = {"library": report.library, "gflops": report.gflops, "fast": report.fast}
+        return cls(
+            model=model,
+            tokenizer=tokenizer,
+            params=params,
+            draft=draft,
+            context_len=params.context_size or model_context(model),
+            weights_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+            max_token_chars=max_token_chars(tokenizer),
+            cpu_mode=cpu_mode,
+            blas=blas,
+            serial=next(_serials),
+        )
+
+
+def validate(params: LoadParams) -> None:
+    """Check what can be checked before the current model is dropped: the model and the
+    adapter exist. Raises ModelLoadError naming what is missing."""
+    model_loader.resolve_model(params.model, params.model_file, params.model_path)
+    if params.lora_adapter:
+        model_loader.resolve_adapter(params.lora_adapter, params.model_path)
+
+
+def load(params: LoadParams) -> LoadedModel:
+    """Load, prepare (CPU weight mode, LoRA) and describe the model ``params`` names.
+
+    Raises ModelLoadError naming the cause (missing files, unsupported architecture, a
+    draft model with another vocabulary).
+    """
+    model, tokenizer = model_loader.load_model(
+        params.model,
+        params.model_file,
+        params.model_path,
+        trust_remote_code=params.trust_remote_code,
+        tokenizer_config=params.tokenizer_config,
+        adapter_path=params.lora_adapter,
+        lora_scale=params.lora_scale,
+    )
+    # On CPU: float32 parameters, and dense weights on the fast BLAS when they fit.
+    cpu_mode = cpu_fast_path.prepare_for_cpu(
+        model, params.cpu_dequantize, params.cpu_dequantize_budget
+    )
+    # Dense weights: merge a LoRA adapter in (no per-token cost); quantized: keep it apart.
+    model_loader.fuse_adapters(model)
+    draft = _load_draft(params, tokenizer) if params.draft_model else None
+    loaded = LoadedModel.build(model, tokenizer, params, draft=draft, cpu_mode=cpu_mode)
+    # llguidance's view of the vocabulary takes ~2 s to build and needs no MLX: build
+    # it off this thread, so the first constrained request does not stall the batch.
+    threading.Thread(target=_warm_grammar, args=(tokenizer,), daemon=True).start()
+    return loaded
+
+
+def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
+    """The speculative-decoding draft model; its vocabulary must be the main model's."""
+    draft, draft_tok = model_loader.load_model(
+        params.draft_model,
+        "",
+        params.model_path,
+        trust_remote_code=params.trust_remote_code,
+        tokenizer_config=params.tokenizer_config,
+    )
+    if draft_tok.get_vocab() != tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"DraftModel {params.draft_model!r} has a different vocabulary from the main "
+            "model; speculative decoding needs the same tokenizer"
+        )
+    cpu_fast_path.prepare_for_cpu(draft, params.cpu_dequantize, params.cpu_dequantize_budget)
+    return draft
+
+
+def _warm_grammar(tokenizer: Any) -> None:
+    try:
+        grammar.warm_up(tokenizer)
+    except ValueError as exc:  # a slow tokenizer: constrained requests will say so
+        logger.warning("constrained decoding unavailable for this tokenizer: %s", exc)
+
+
+def model_context(model: Any) -> int | None:
+    """The context length the model's config declares, in tokens (None when it has none)."""
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "context_length", "max_seq_len"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """Characters of the longest vocabulary entry (an upper bound on the text one token
+    decodes to, for byte-level BPE and SentencePiece vocabularies); 0 when unknown."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view: no cheap bound
+        return 0
+    return max((len(piece) for piece in vocab), default=0)

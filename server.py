@@ -1,0 +1,252 @@
+"""Process start-up: arguments, the grpc.aio server, interceptors, health and reflection,
+signals and graceful stop, distributed roles.
+
+``main()`` is what ``backend.py`` runs (LocalAI starts ``backend.py --addr HOST:PORT``);
+``serve()`` runs one server until SIGTERM/SIGINT. Holds no request logic: the servicer
+(``backend.py``) and the engine do that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+import backend_pb2
+import backend_pb2_grpc
+import interceptors
+import lifecycle
+import model_loader
+from backend import BackendServicer
+from engine import Engine
+
+if TYPE_CHECKING:  # distributed imports MLX; only its type is named here
+    from distributed import Coordinator
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+MAX_MESSAGE_BYTES = 50 * 1024 * 1024  # as the original backend: 50 MB each way
+
+
+HEALTH_REFRESH_SECONDS = 1.0  # how often health re-checks that the engine thread lives
+
+
+async def serve(
+    address: str,
+    model: str | None = None,
+    grace: float = 5.0,
+    parent_watch: lifecycle.ParentWatcher | None = None,
+    coordinator: Coordinator | None = None,
+) -> bool:
+    """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
+
+    ``coordinator``: distributed mode, this process being rank 0 of the group (see
+    ``distributed.py``); the model is then loaded and run on every rank.
+
+    ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
+    which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
+    calls get ``grace`` seconds to finish, the rest are cancelled (their engine jobs
+    with them), MLX memory is freed, and this returns True; False when a thread (the
+    engine, stuck in a long call) still runs after the stop. Raises SystemExit when
+    ``address`` cannot be bound.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            logger.info("%s received", sig.name)
+        stop.set()
+
+    # Before anything slow, so an early SIGTERM still takes the graceful path.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    engine = Engine(coordinator) if coordinator is not None else Engine()
+    if coordinator is not None:
+        coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
+    known = set(threading.enumerate())
+    engine.start()
+    engine_threads = [t for t in threading.enumerate() if t not in known]
+    # PYTHON_GRPC_MAX_WORKERS sizes the original's thread pool; grpc.aio needs none.
+    server = grpc.aio.server(
+        interceptors=interceptors.server_interceptors(),
+        options=[
+            ("grpc.max_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    health_servicer = health.aio.HealthServicer()
+    servicer = BackendServicer(engine, health_servicer)
+    backend_pb2_grpc.add_BackendServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        backend_pb2.DESCRIPTOR.services_by_name["Backend"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        engine.stop()
+        raise SystemExit(f"cannot listen on {address}")
+    await servicer.refresh_health()
+    await server.start()
+    logger.info("serving on %s (pid %d)", address.rsplit(":", 1)[0] + f":{port}", os.getpid())
+    if parent_watch is not None:
+        parent_watch.start()
+
+    async def preload() -> None:
+        result = await servicer.LoadModel(backend_pb2.ModelOptions(Model=model), None)
+        if not result.success:
+            logger.error("%s", result.message)
+        else:
+            logger.info("preloaded %s", model)
+
+    async def refresh_health() -> None:
+        # LoadModel and Free set health themselves; this catches a dead engine thread.
+        while True:
+            await asyncio.sleep(HEALTH_REFRESH_SECONDS)
+            await servicer.refresh_health()
+
+    # A long preload (a GGUF conversion) must not delay a SIGTERM that comes meanwhile.
+    tasks = [asyncio.create_task(refresh_health())]
+    if model:
+        tasks.append(asyncio.create_task(preload()))
+
+    await stop.wait()
+    logger.info("stopping: %gs grace for in-flight requests", grace)
+    if parent_watch is not None:
+        parent_watch.stop()
+    await health_servicer.enter_graceful_shutdown()
+    # Refuses new calls at once and returns as soon as in-flight calls are done; after
+    # `grace` it cancels the rest: their clients get UNAVAILABLE, and each abandoned
+    # handler's `finally: job.cancel()` runs when its generator is closed.
+    await server.stop(grace)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # Ends every job still left (CANCELLED), frees the model and MLX memory, ends the
+    # engine thread.
+    await loop.run_in_executor(None, engine.stop)
+    # Let the engine's OS thread finish its native cleanup before Python finalizes.
+    await lifecycle.os_threads_gone([t.native_id for t in engine_threads if not t.is_alive()], 5.0)
+    stuck = [t.name for t in engine_threads if t.is_alive()]
+    if stuck:
+        logger.warning("still running after stop: %s", ", ".join(stuck))
+    logger.info("stopped")
+    return not stuck
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, set up logging on stderr, serve until a signal; exits 0 after a
+    graceful stop, 2 on bad arguments."""
+    parent_pid = os.getppid()  # first thing: the parent could die while we start
+    parser = argparse.ArgumentParser(description="LocalAI MLX backend (gRPC)")
+    parser.add_argument("--addr", default="localhost:50051", help="HOST:PORT to listen on")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model to preload: a GGUF file, an MLX model directory, a cached HF repo id, "
+        "or 'embedded' for the bundled SmolLM2-135M-Instruct",
+    )
+    parser.add_argument(
+        "--grace",
+        type=lifecycle.parse_duration,
+        default=5.0,
+        help='shutdown grace period for in-flight requests: seconds, or "500ms", "1m"',
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help=f"debug, info, warning, error, or LocalAI's trace, warn (default: "
+        f"${lifecycle.LOG_LEVEL_ENV}, else info)",
+    )
+    parser.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        default=None,
+        help="serve one model across the processes of an MLX group started by mlx.launch: "
+        "tensor parallel (the model's shard()) or pipeline (model.pipeline()); rank 0 "
+        "serves gRPC on --addr, the other ranks follow it",
+    )
+    parser.add_argument(
+        "--distributed-timeout",
+        type=lifecycle.parse_duration,
+        default=60.0,
+        help="distributed mode: how long one step may take before rank 0 declares a rank "
+        'hung and fails requests with UNAVAILABLE: seconds, or "500ms", "2m" (default 60)',
+    )
+    parser.add_argument(
+        "--distributed-backend",
+        default="any",
+        help="distributed mode: MLX backend to join (any, ring, mpi, nccl, jaccl; default "
+        "any: the one the launcher set up)",
+    )
+    args, _unknown = parser.parse_known_args(argv)
+    bad_env_level = ""
+    try:
+        level = lifecycle.log_level(
+            args.log_level or os.environ.get(lifecycle.LOG_LEVEL_ENV) or "info"
+        )
+    except ValueError as exc:
+        if args.log_level:
+            parser.error(str(exc))
+        level, bad_env_level = logging.INFO, str(exc)  # an inherited typo must not stop us
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("grpc", "asyncio"):  # their DEBUG lines come once per call
+        logging.getLogger(noisy).setLevel(max(level, logging.INFO))
+    if bad_env_level:
+        logger.warning("%s: %s; using info", lifecycle.LOG_LEVEL_ENV, bad_env_level)
+    interval = lifecycle.parent_watch_interval()
+    watcher = (
+        None if interval is None else lifecycle.ParentWatcher(interval, initial_ppid=parent_pid)
+    )
+    coordinator = _join_group(args) if args.distributed else None
+    model = args.model
+    if model == "embedded":
+        model = str(model_loader.embedded_model_path())
+    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator)):
+        # Finalizing Python under a thread inside native code can abort the process;
+        # everything that matters is already stopped and freed.
+        logging.shutdown()
+        os._exit(0)
+
+
+def _join_group(args: argparse.Namespace) -> Coordinator | None:
+    """``--distributed``: join the MLX group; ranks other than 0 follow rank 0 and exit
+    here (0 when rank 0 stopped them, 1 when the group broke). Returns rank 0's
+    coordinator, or None for a group of one process."""
+    import distributed  # imports MLX, which backend.py otherwise leaves to the engine
+
+    try:
+        group = distributed.init_group(args.distributed_backend)
+        coordinator = distributed.Coordinator(group, args.distributed, args.distributed_timeout)
+    except (RuntimeError, ValueError) as exc:
+        logger.error("%s", exc)
+        raise SystemExit(2) from None
+    if coordinator.size == 1:
+        logger.warning("--distributed in a group of one process: serving alone")
+        return None
+    fmt = f"%(asctime)s rank{coordinator.rank} %(levelname)s %(name)s: %(message)s"
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    if coordinator.leader:
+        return coordinator
+    code = distributed.follow(coordinator)
+    logging.shutdown()
+    os._exit(code)  # MLX's threads may still sit in native code: skip finalization
