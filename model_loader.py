@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from errors import ModelLoadError  # noqa: F401  (raised here; importers use this name too)
+from errors import ModelLoadError
 
 logger = logging.getLogger("localai.mlx.model_loader")
 

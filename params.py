@@ -317,16 +317,20 @@ def _option_default(value: int | None, default: int) -> int:
 _AUTO, _ON, _OFF = ("auto", ""), ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
-def _option_auto_bool(options: dict[str, Any], key: str) -> bool | None:
-    """True / False / None (auto) from true|false|yes|no|on|off|1|0|auto."""
+def _option_auto_bool(
+    options: dict[str, Any], key: str, synonyms: tuple[str, str] = ("", "")
+) -> bool | None:
+    """True / False / None (auto) from true|false|yes|no|on|off|1|0|auto; ``synonyms``
+    are one more (true, false) pair of words, e.g. ("dense", "quantized")."""
     value = options.get(key)
     if value is None or isinstance(value, bool):
         return value
     text = str(value).strip().lower()
     if text in _AUTO:
         return None
-    if text in _ON or text in _OFF:
-        return text in _ON
+    on, off = (*_ON, synonyms[0]), (*_OFF, synonyms[1])
+    if text in on or text in off:
+        return text in on
     raise ValueError(f"option {key} must be auto, true or false, got {value!r}")
 
 
@@ -448,7 +452,7 @@ def load_params(req: Any) -> LoadParams:
         max_batch_size=_option_int(options, "max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE,
         max_queue=_option_default(_option_int(options, "max_queue", 0), DEFAULT_MAX_QUEUE),
         prefill_step_size=(_option_int(options, "prefill_step_size", 1) or DEFAULT_PREFILL_STEP),
-        cpu_dequantize=_option_auto_bool(options, "cpu_dequantize"),
+        cpu_dequantize=_option_auto_bool(options, "cpu_dequantize", ("dense", "quantized")),
         cpu_dequantize_budget=_option_size(options, "cpu_dequantize_budget"),
         embedding_pooling=_option_choice(options, "embedding_pooling", EMBEDDING_POOLINGS, "mean"),
         embedding_normalize=_embedding_normalize(options),
