@@ -338,7 +338,7 @@ class BlockStreamer:
         except Exception as exc:  # a parser raising on a probe: stop streaming, parse at the end
             logger.debug("tool call streaming stopped: %s: %s", type(exc).__name__, exc)
             self._state = "off"
-        return out
+        return _coalesce(out)
 
     def close(self, complete: bool) -> tuple[list[ToolCallDelta], list[ToolCall], bool]:
         """End the block. complete=False: it was cut off (no end marker where one is needed).
@@ -548,6 +548,20 @@ class BlockStreamer:
     def _end_xml_call(self, out: list[ToolCallDelta]) -> None:
         self._args(out, "}" if self._params else "{}")
         self.calls[-1].closed = True
+
+
+def _coalesce(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Join adjacent argument fragments of one call (one piece per call per step)."""
+    out: list[ToolCallDelta] = []
+    for p in pieces:
+        last = out[-1] if out else None
+        fragment = not (p.name or p.id or p.dropped)
+        # A call's first piece stays arguments-free, as clients expect.
+        if fragment and last and last.index == p.index and not (last.name or last.dropped):
+            out[-1] = ToolCallDelta(last.index, arguments=last.arguments + p.arguments)
+            continue
+        out.append(p)
+    return out
 
 
 def _dumps(value: Any) -> str:
