@@ -16,9 +16,12 @@ Text rules (what a client sees):
   mlx-lm applies them in every state. The first match is the one that *ends* first (ties: the
   longer one), since generation must end as soon as any stop string is complete. Nothing of a
   matched stop string is emitted; text after it (even within the same token) is dropped.
-- Reasoning text goes to `reasoning` only; tool-call text never streams as content: each call
-  is emitted whole when its closing marker arrives; a malformed one comes back as content
-  (markers included) with a logged warning.
+- Reasoning text goes to `reasoning` only; tool-call text never streams as content. Calls
+  stream as `ToolCallDelta`s (first: index, id, name; then argument fragments) for the formats
+  `tool_calls.py` can stream, else whole at the block's end; a malformed block comes back as
+  content (markers included) with a logged warning, and calls already streamed from it get a
+  `dropped` delta (rules and the format table: `tool_calls.py`'s docstring).
+  `OutputPipeline.tool_calls` holds the whole calls for Predict's final reply.
 """
 
 from __future__ import annotations
@@ -37,9 +40,16 @@ from mlx_lm.tokenizer_utils import (
 )
 from tokenizers import decoders as hf_decoders
 
-from tool_calls import ToolCall, parse_tool_block
+from tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 
-__all__ = ["Delta", "OutputPipeline", "ToolCall", "initial_state_for"]
+__all__ = [
+    "Delta",
+    "OutputPipeline",
+    "ToolCall",
+    "ToolCallDelta",
+    "initial_state_for",
+    "merge_tool_call_deltas",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +63,14 @@ _SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
 class Delta:
     """What one `feed()`/`finish()` call adds to the response; empty fields mean nothing new.
 
-    content / reasoning: text to append; tool_calls: calls completed by this step;
-    logprobs: one OpenAI chat logprobs entry per generated (non-EOS) token of this step.
+    content / reasoning: text to append; tool_calls: tool-call pieces of this step, to be
+    joined by index (`merge_tool_call_deltas`; pieces with `dropped` set are no calls and are
+    not sent); logprobs: one OpenAI chat logprobs entry per generated (non-EOS) token.
     """
 
     content: str = ""
     reasoning: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[dict, ...] = ()
 
     def __bool__(self) -> bool:
@@ -253,7 +264,8 @@ class OutputPipeline:
             initial_state = NORMAL
         self._router = _TextRouter(edges, initial_state)
         self._tool_open = ""  # the marker that opened the current tool block
-        self._tool_text = ""
+        self._streamer: BlockStreamer | None = None  # the current tool block's
+        self._next_index = 0  # the index of the next tool call
         self._token_info: dict[int, tuple[str, list[int]]] = {}
         self._token_kind: str | None = None
         self._added: dict[int, str] = {}
@@ -311,43 +323,49 @@ class OutputPipeline:
         return self._emit(segments, ())
 
     def _emit(self, segments: list[_Segment], entries: tuple[dict, ...]) -> Delta:
-        content, reasoning, calls = [], [], []
+        content, reasoning, pieces = [], [], []
         for seg in segments:
             if seg.state == NORMAL:
                 content.append(seg.text)
             elif seg.state == REASONING:
                 reasoning.append(seg.text)
-            elif seg.state == TOOL:
-                self._tool_text += seg.text
+            elif seg.state == TOOL and self._streamer is not None:
+                pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
                 continue
             if seg.state != TOOL and seg.next_state == TOOL:
-                self._tool_open, self._tool_text = seg.marker, ""
+                self._tool_open = seg.marker
+                parser = self._tok.tool_parser if self._tools_on else None
+                self._streamer = BlockStreamer(parser, self._tools, self._next_index)
             elif seg.state == TOOL and seg.next_state != TOOL:
-                parsed, raw = self._tool_call(seg.marker, len(self.tool_calls) + len(calls))
-                calls.extend(parsed)
+                closed, raw = self._tool_call(seg.marker)
+                pieces += closed
                 content.append(raw)
-        delta = Delta("".join(content), "".join(reasoning), tuple(calls), entries)
+        delta = Delta("".join(content), "".join(reasoning), tuple(pieces), entries)
         self.content += delta.content
         self.reasoning += delta.reasoning
-        self.tool_calls.extend(delta.tool_calls)
         return delta
 
-    def _tool_call(self, close: str, index: int) -> tuple[list[ToolCall], str]:
-        """Parse the finished block; ([], "") or the calls, else ([], raw markup) if malformed."""
-        raw = self._tool_open + self._tool_text + close
+    def _tool_call(self, close: str) -> tuple[list[ToolCallDelta], str]:
+        """End the current block: (its last pieces, "") or (dropped pieces, raw markup)."""
+        streamer, self._streamer = self._streamer, None
+        if streamer is None:  # cannot happen: a TOOL state always starts with a marker
+            return [], close
+        raw = self._tool_open + streamer.text + close
         if not self._tools_on:
             return [], raw
-        if not close and self._tok.tool_call_end:
+        complete = bool(close) or not self._tok.tool_call_end
+        pieces, calls, ok = streamer.close(complete)
+        self._next_index = streamer.next_index
+        if not complete:
             logger.warning("unterminated tool call returned as content: %r", raw[:200])
-            return [], raw
-        try:
-            calls = parse_tool_block(self._tok.tool_parser, self._tool_text, self._tools, index)
-        except ValueError as exc:
-            logger.warning("malformed tool call returned as content (%s): %r", exc, raw[:200])
-            return [], raw
-        return calls, ""
+        elif not ok:
+            logger.warning(
+                "malformed tool call returned as content (%s): %r", streamer.error, raw[:200]
+            )
+        self.tool_calls.extend(calls)
+        return pieces, "" if ok else raw
 
     def _logprob_entry(self, token: int, row: mx.array) -> dict:
         """OpenAI chat logprobs entry; natural log of the sampled distribution."""

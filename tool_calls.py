@@ -1,22 +1,58 @@
-"""Tool calls: the `ToolCall` value and turning one tool-call block of model text into calls.
+"""Tool calls: the `ToolCall` value, parsing one tool-call block, and streaming its arguments.
 
-Owns only the parsing of the text found *between* a model's tool-call markers (the markers
-themselves are found by `output.py`). The format-specific work is done by the tokenizer's
-mlx-lm tool parser (`mlx_lm/tool_parsers/*.py`, chosen by `mlx_lm.tokenizer_utils.load` from
-the chat template, e.g. `json_tools` for Hermes/Qwen `<tool_call>{"name":…,"arguments":{…}}`);
+Owns the text found *between* a model's tool-call markers (the markers themselves are found by
+`output.py`). Whole-block parsing is done by the tokenizer's mlx-lm tool parser
+(`mlx_lm/tool_parsers/*.py`, chosen by `mlx_lm.tokenizer_utils.load` from the chat template);
 this module checks its result and normalises it to OpenAI's shape, like mlx-lm's server
-`ToolCallFormatter` does, except that a malformed call raises instead of being dropped.
+`ToolCallFormatter`, except that a malformed call raises instead of being dropped.
+
+Streaming (`BlockStreamer`): while a block is generated, calls are announced as soon as their
+name is known and their arguments open, then argument text follows in fragments (vLLM's and
+llama.cpp's shape: the first `ToolCallDelta` of a call has index, id and name with arguments
+"", later ones the same index and a fragment; LocalAI's Go side joins them by index).
+
+| mlx-lm parser (vLLM names)      | how arguments stream                                   |
+|---------------------------------|--------------------------------------------------------|
+| json_tools (hermes), internlm   | raw JSON text as generated                             |
+| jamba, granite (JSON lists)     | raw JSON text, call by call                            |
+| mistral `name[ARGS]{...}`       | raw JSON text, call by call                            |
+| kimi_k2                         | raw JSON text, call by call                            |
+| qwen3_coder (qwen3_xml)         | string values char by char, other values per parameter |
+| minimax_m2                      | string values char by char, other values per parameter |
+| glm47, laguna (glm45)           | per parameter; string-typed values (per `tools`) char by char |
+| mistral `[{...}]` list form     | whole, at the block's end                              |
+| pythonic, gemma4, function_gemma| whole, at the block's end                              |
+| longcat, minicpm5, muse_spark   | whole, at the block's end                              |
+| kimi_k3                         | whole, at the block's end                              |
+
+Rules (what the final reply holds):
+- JSON formats stream the raw argument text; the final `arguments` is that raw text (valid JSON
+  object text, checked at the end), not a re-serialisation, so it equals the concatenation.
+- XML-parameter formats stream JSON built the way `json.dumps(arguments, ensure_ascii=False)`
+  writes it, each value converted by mlx-lm's own parser when its parameter closes.
+- At the block's end the whole block is parsed by mlx-lm's parser. A streamed call whose name or
+  arguments disagree with that parse is *dropped* (a `ToolCallDelta(dropped=True)` for its
+  index) and the parsed calls are emitted whole under new indices. If the block does not parse
+  at all, every call streamed from it is dropped and the raw block (markers included) comes
+  back as content. Dropped indices are never reused, so a client merging by index never mixes
+  two calls; `merge_tool_call_deltas` leaves dropped calls out.
+- Formats marked "whole" (and any block whose start does not match the streamable shape, e.g.
+  keys in another order) emit each call as one delta with all four fields at the block's end.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import regex  # mlx-lm's dependency; its partial matching tells "not yet" from "never"
+
 ToolParser = Callable[[str, Any], Any]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,6 +68,50 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One streamed piece of a call (LocalAI's `ToolCallDelta`; OpenAI's streamed tool_calls).
+
+    The first piece of a call has index, id and name (arguments "", or the whole arguments for
+    a call emitted whole); later pieces have the same index and an arguments fragment only.
+    dropped=True (no other fields): the call at `index` was streamed but turned out malformed;
+    it is no call of the final reply (see the module docstring) and is not sent to clients.
+    """
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    dropped: bool = False
+
+
+def merge_tool_call_deltas(deltas: Iterable[ToolCallDelta | ToolCall]) -> list[ToolCall]:
+    """Join streamed pieces into whole calls by index (what LocalAI's Go side does).
+
+    Accepts `ToolCallDelta`s and `ToolCall`s mixed; ids and names are taken from the first
+    piece that has them, arguments are concatenated in order. Calls with a dropped piece are
+    left out. Returns calls sorted by index.
+    """
+    ids: dict[int, str] = {}
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+    dropped: set[int] = set()
+    for d in deltas:
+        if getattr(d, "dropped", False):
+            dropped.add(d.index)
+            continue
+        args.setdefault(d.index, []).append(d.arguments)
+        if d.id and d.index not in ids:
+            ids[d.index] = d.id
+        if d.name and d.index not in names:
+            names[d.index] = d.name
+    return [
+        ToolCall(i, ids.get(i, ""), names.get(i, ""), "".join(args[i]))
+        for i in sorted(args)
+        if i not in dropped
+    ]
 
 
 def new_call_id() -> str:
@@ -87,3 +167,415 @@ def _arguments_json(args: Any) -> str:
     if not isinstance(args, dict):
         raise ValueError(f"tool call arguments are a {type(args).__name__}, not an object")
     return json.dumps(args, ensure_ascii=False)
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_OBJ_HEAD = (
+    r'\s*\{\s*"name"\s*:\s*(?P<name>' + _QUOTED + r")\s*,"
+    r'\s*"(?:arguments|parameters)"\s*:\s*\{'
+)
+_KIMI_HEAD = (
+    r"\s*<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[^\s<:]+?):\d+)\s*"
+    r"<\|tool_call_argument_begin\|>\s*\{"
+)
+_MISTRAL_HEAD = r"\s*(?P<name>[\w-]+)\s*\[ARGS\]\s*\{"
+
+
+@dataclass(frozen=True)
+class _JsonSpec:
+    """Calls whose arguments are one raw JSON object after a head giving the name.
+
+    first / following: the head of the first / each later call, ending at the object's "{"
+    (None: one call per block). quoted: the name group is a JSON string.
+    """
+
+    first: str
+    following: str | None = None
+    quoted: bool = True
+
+
+@dataclass(frozen=True)
+class _XmlSpec:
+    """Calls with one element per parameter; values are converted by the mlx-lm parser.
+
+    call_open (group name) / call_close: around one call (call_close None: the call runs to
+    the block's end). param_first / param_next (group key): a parameter's opening, ending
+    where its value starts; value_close: the literal ending a value. synth_close: appended
+    to a call's text so far to make it parseable. trim: how the parser trims string values
+    ("nl": one leading and one trailing newline; "strip": all surrounding whitespace).
+    """
+
+    call_open: str
+    param_first: str
+    param_next: str
+    value_close: str
+    call_close: str | None
+    synth_close: str
+    trim: str
+
+
+_SPECS: dict[str, _JsonSpec | _XmlSpec] = {
+    "json_tools": _JsonSpec(_OBJ_HEAD),
+    "json_list": _JsonSpec(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD),
+    "mistral": _JsonSpec(
+        _MISTRAL_HEAD, r"\s*(?:\[TOOL_CALLS\]\s*)?(?P<name>[\w-]+)\s*\[ARGS\]\s*\{", False
+    ),
+    "kimi_k2": _JsonSpec(_KIMI_HEAD, r"\s*<\|tool_call_end\|>" + _KIMI_HEAD, False),
+    "qwen3_coder": _XmlSpec(
+        call_open=r"\s*<function=(?P<name>[^\s<>]+)>",
+        param_first=r"\s*<parameter=(?P<key>[^\s<>]+)>",
+        param_next=r"\s*<parameter=(?P<key>[^\s<>]+)>",
+        value_close="</parameter>",
+        call_close=r"\s*</function>",
+        synth_close="</function>",
+        trim="nl",
+    ),
+    "minimax_m2": _XmlSpec(
+        call_open=r"\s*<invoke name=(?P<name>[^>]+)>",
+        param_first=r"\s*<parameter name=(?P<key>[^>]+)>",
+        param_next=r"\s*<parameter name=(?P<key>[^>]+)>",
+        value_close="</parameter>",
+        call_close=r"\s*</invoke>",
+        synth_close="</invoke>",
+        trim="strip",
+    ),
+    "glm47": _XmlSpec(
+        call_open=r"\s*(?P<name>[^<\s][^<]*?)\s*<arg_key>",
+        param_first=r"(?P<key>[^<]*)</arg_key>\s*<arg_value>",
+        param_next=r"\s*<arg_key>(?P<key>[^<]*)</arg_key>\s*<arg_value>",
+        value_close="</arg_value>",
+        call_close=None,
+        synth_close="",
+        trim="strip",
+    ),
+}
+_SPECS["laguna"] = _SPECS["glm47"]
+
+STREAMED_FORMATS = tuple(sorted(_SPECS))  # formats whose arguments stream (others: whole)
+
+
+def stream_format(parser: ToolParser | None) -> str:
+    """The streaming format name of a tool parser: its `tool_stream_format` attribute, else
+    its mlx-lm module's name (e.g. "json_tools"); "" for an unknown parser (emitted whole)."""
+    if parser is None:
+        return ""
+    name = getattr(parser, "tool_stream_format", None)
+    if name is None:
+        name = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
+    return name if name in _SPECS else ""
+
+
+@dataclass
+class _Streamed:
+    """A call as streamed so far: its global index, id, name and the arguments text sent."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str = ""
+    closed: bool = False
+
+
+def _partial_suffix(text: str, literal: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `literal`."""
+    for k in range(min(len(literal) - 1, len(text)), 0, -1):
+        if text.endswith(literal[:k]):
+            return k
+    return 0
+
+
+class BlockStreamer:
+    """Streams the calls of one tool-call block as `ToolCallDelta`s while it is generated.
+
+    parser: `TokenizerWrapper.tool_parser`; tools: the request's tool definitions (some
+    parsers type values from them); first_index: the index of the block's first call.
+    `push(text)` takes the block's next text (markers excluded) and returns the deltas it
+    completes; `close(complete)` ends the block and returns (deltas, whole calls, ok): ok is
+    False when the block is malformed (then its text belongs in content, as the module
+    docstring says). `next_index` is the index after the last one this block used.
+    """
+
+    def __init__(
+        self, parser: ToolParser, tools: Sequence[dict] | None = None, first_index: int = 0
+    ) -> None:
+        self._parser = parser
+        self._tools = list(tools) if tools is not None else None
+        self._spec = _SPECS.get(stream_format(parser))
+        self._buf = ""
+        self._pos = 0
+        self._state = "head" if self._spec is not None else "off"
+        self.calls: list[_Streamed] = []
+        self.next_index = first_index
+        self.error = ""  # why close() found the block malformed
+        # JSON object scanning (depth, inside a string, after a backslash)
+        self._depth, self._in_str, self._esc = 0, False, False
+        # XML parameter state
+        self._call_start = 0
+        self._value_start = 0
+        self._key = ""
+        self._params = 0
+        self._sent_value: str | None = None  # None: the value is not streamed char by char
+        self._value_started = False
+
+    @property
+    def text(self) -> str:
+        """The block's text so far."""
+        return self._buf
+
+    def push(self, text: str) -> list[ToolCallDelta]:
+        """Add the block's next text; returns the deltas now safe to send."""
+        self._buf += text
+        out: list[ToolCallDelta] = []
+        if self._state == "off" or not text:
+            return out
+        try:
+            if isinstance(self._spec, _JsonSpec):
+                self._step_json(out)
+            else:
+                self._step_xml(out)
+        except Exception as exc:  # a parser raising on a probe: stop streaming, parse at the end
+            logger.debug("tool call streaming stopped: %s: %s", type(exc).__name__, exc)
+            self._state = "off"
+        return _coalesce(out)
+
+    def close(self, complete: bool) -> tuple[list[ToolCallDelta], list[ToolCall], bool]:
+        """End the block. complete=False: it was cut off (no end marker where one is needed).
+
+        Returns (deltas to send, the block's whole calls, ok). Streamed calls that the whole
+        parse confirms keep their index, id and streamed arguments; the others are dropped
+        and the parsed calls from the first mismatch on are emitted whole under new indices.
+        """
+        out: list[ToolCallDelta] = []
+        xml = isinstance(self._spec, _XmlSpec)
+        if complete and xml and self._state == "between" and self._spec.call_close is None:
+            self._end_xml_call(out)  # the call ends with the block
+        parsed: list[ToolCall] = []
+        ok = complete
+        if complete:
+            try:
+                parsed = parse_tool_block(self._parser, self._buf, self._tools, 0)
+            except ValueError as exc:
+                self.error = str(exc)
+                ok = False
+        if not ok:
+            out += [ToolCallDelta(c.index, dropped=True) for c in self.calls]
+            return out, [], False
+        calls: list[ToolCall] = []
+        kept = 0
+        for s, p in zip(self.calls, parsed, strict=False):
+            if not (s.closed and s.name == p.name and _same_json(s.arguments, p.arguments)):
+                break
+            calls.append(ToolCall(s.index, s.id, s.name, s.arguments))
+            kept += 1
+        if kept < len(self.calls):
+            logger.warning("streamed tool call disagrees with the whole parse; re-sent whole")
+        out += [ToolCallDelta(s.index, dropped=True) for s in self.calls[kept:]]
+        for p in parsed[kept:]:
+            call = ToolCall(self.next_index, p.id, p.name, p.arguments)
+            self.next_index += 1
+            calls.append(call)
+            out.append(ToolCallDelta(call.index, call.id, call.name, call.arguments))
+        return out, calls, True
+
+    # -- internals --
+
+    def _open(self, out: list[ToolCallDelta], name: str, call_id: str | None) -> None:
+        call = _Streamed(self.next_index, call_id or new_call_id(), name)
+        self.next_index += 1
+        self.calls.append(call)
+        out.append(ToolCallDelta(call.index, call.id, call.name, ""))
+
+    def _args(self, out: list[ToolCallDelta], fragment: str) -> None:
+        if fragment:
+            call = self.calls[-1]
+            call.arguments += fragment
+            out.append(ToolCallDelta(call.index, arguments=fragment))
+
+    def _match(self, pattern: str):
+        """Full match at the position, "partial" (could still match), or None (never)."""
+        m = regex.match(pattern, self._buf, pos=self._pos, partial=True, flags=regex.DOTALL)
+        if m is None:
+            return None
+        return "partial" if m.partial else m
+
+    def _step_json(self, out: list[ToolCallDelta]) -> None:
+        spec = self._spec
+        while True:
+            if self._state == "head":
+                pattern = spec.first if not self.calls else spec.following
+                m = self._match(pattern) if pattern else None
+                if m is None:
+                    self._state = "off"
+                    return
+                if m == "partial":
+                    return
+                name = json.loads(m.group("name")) if spec.quoted else m.group("name")
+                if not isinstance(name, str) or not name:
+                    self._state = "off"
+                    return
+                self._open(out, name, m.groupdict().get("id"))
+                self._pos = m.end() - 1  # at the arguments' "{"
+                self._depth, self._in_str, self._esc = 0, False, False
+                self._state = "args"
+            if self._state != "args":
+                return
+            i, end, done = self._pos, len(self._buf), False
+            while i < end:  # track strings and nesting only: the whole parse validates
+                c = self._buf[i]
+                i += 1
+                if self._in_str:
+                    if self._esc:
+                        self._esc = False
+                    elif c == "\\":
+                        self._esc = True
+                    elif c == '"':
+                        self._in_str = False
+                elif c == '"':
+                    self._in_str = True
+                elif c in "{[":
+                    self._depth += 1
+                elif c in "}]":
+                    self._depth -= 1
+                    if self._depth == 0:
+                        done = True
+                        break
+            self._args(out, self._buf[self._pos : i])
+            self._pos = i
+            if not done:
+                return
+            self.calls[-1].closed = True
+            self._state = "head"
+
+    def _step_xml(self, out: list[ToolCallDelta]) -> None:
+        spec = self._spec
+        while True:
+            if self._state == "head":
+                m = self._match(spec.call_open)
+                if m is None:
+                    self._state = "off"
+                if m is None or m == "partial":
+                    return
+                self._call_start = self._pos
+                self._params = 0
+                self._open(out, _unquote(m.group("name").strip()), None)
+                self._pos = m.end()
+                self._state = "between"
+            elif self._state == "between":
+                pattern = spec.param_first if self._params == 0 else spec.param_next
+                m = self._match(pattern)
+                c = self._match(spec.call_close) if spec.call_close else None
+                if m not in (None, "partial"):
+                    self._pos = self._value_start = m.end()
+                    self._begin_value(m.group("key"))
+                    self._state = "value"
+                elif c not in (None, "partial"):
+                    self._pos = c.end()
+                    self._end_xml_call(out)
+                    self._state = "head"
+                elif m is None and c is None:
+                    self._state = "off"
+                    return
+                else:
+                    return
+            elif self._state == "value":
+                region = self._buf[self._value_start :]
+                j = region.find(spec.value_close)
+                if j < 0:
+                    if self._sent_value is not None:
+                        visible = region[: len(region) - _partial_suffix(region, spec.value_close)]
+                        self._stream_value(out, visible)
+                    return
+                self._pos = self._value_start + j + len(spec.value_close)
+                self._end_value(out)
+                self._params += 1
+                self._state = "between"
+            else:
+                return
+
+    def _parse_call(self, text: str) -> dict:
+        """Arguments of the current call's text with `text` standing for what comes next."""
+        synth = self._buf[self._call_start : self._value_start] + text + self._spec.synth_close
+        parsed = self._parser(synth, self._tools)
+        if isinstance(parsed, list):
+            parsed = parsed[-1]
+        args = parsed.get("arguments")
+        if not isinstance(args, dict) or len(args) != self._params + 1:
+            raise ValueError("parameter not found by the parser")
+        return args
+
+    def _begin_value(self, key: str) -> None:
+        """Decide whether this parameter's value streams char by char: only when the parser
+        returns it as text unchanged (probed with two values that other types would convert)."""
+        self._sent_value, self._value_started, self._key = None, False, ""
+        close = self._spec.value_close
+        try:
+            probes = [list(self._parse_call(v + close).items())[-1] for v in ("1", "ab")]
+        except Exception:
+            return
+        if probes[0] == (probes[0][0], "1") and probes[1] == (probes[0][0], "ab"):
+            self._key, self._sent_value = probes[0][0], ""
+
+    def _stream_value(self, out: list[ToolCallDelta], visible: str) -> None:
+        if self._spec.trim == "nl":
+            visible = visible[1:] if visible.startswith("\n") else visible
+            visible = visible[:-1] if visible.endswith("\n") else visible
+        else:
+            visible = visible.strip()
+        if not self._value_started:
+            if "null".startswith(visible.lower()):  # the parsers turn "null" into None
+                return
+            self._args(out, ("{" if self._params == 0 else ", ") + _dumps(self._key) + ': "')
+            self._value_started = True
+        new = visible[len(self._sent_value) :]
+        if new:
+            self._args(out, _dumps(new)[1:-1])  # JSON escapes are per character
+            self._sent_value = visible
+
+    def _end_value(self, out: list[ToolCallDelta]) -> None:
+        raw = self._buf[self._value_start : self._pos]
+        key, value = list(self._parse_call(raw).items())[-1]
+        if self._value_started:
+            if not (isinstance(value, str) and value.startswith(self._sent_value)):
+                raise ValueError("streamed value differs from the parsed one")
+            self._args(out, _dumps(value[len(self._sent_value) :])[1:-1] + '"')
+        else:
+            sep = "{" if self._params == 0 else ", "
+            self._args(out, sep + _dumps(key) + ": " + _dumps(value))
+        self._sent_value, self._value_started = None, False
+
+    def _end_xml_call(self, out: list[ToolCallDelta]) -> None:
+        self._args(out, "}" if self._params else "{}")
+        self.calls[-1].closed = True
+
+
+def _coalesce(pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Join adjacent argument fragments of one call (one piece per call per step)."""
+    out: list[ToolCallDelta] = []
+    for p in pieces:
+        last = out[-1] if out else None
+        fragment = not (p.name or p.id or p.dropped)
+        # A call's first piece stays arguments-free, as clients expect.
+        if fragment and last and last.index == p.index and not (last.name or last.dropped):
+            out[-1] = ToolCallDelta(last.index, arguments=last.arguments + p.arguments)
+            continue
+        out.append(p)
+    return out
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _unquote(name: str) -> str:
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
+        return name[1:-1]
+    return name
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False

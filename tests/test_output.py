@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from output import Delta, OutputPipeline, ToolCall, _byte_decoder, initial_state_for
-from tool_calls import parse_tool_block
+from tool_calls import merge_tool_call_deltas, parse_tool_block
 
 EOS_TEXT = "<|im_end|>"
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
@@ -149,7 +149,7 @@ def check_joined(pipe: OutputPipeline, deltas) -> None:
     """Predict's join of the stream equals the pipeline's record; no U+FFFD anywhere."""
     assert "".join(d.content for d in deltas) == pipe.content
     assert "".join(d.reasoning for d in deltas) == pipe.reasoning
-    assert [c for d in deltas for c in d.tool_calls] == pipe.tool_calls
+    assert merge_tool_call_deltas(c for d in deltas for c in d.tool_calls) == pipe.tool_calls
     assert all("\ufffd" not in d.content + d.reasoning for d in deltas)
 
 
@@ -227,7 +227,7 @@ def test_unterminated_reasoning_is_flushed_as_reasoning(tok):
 # --- tool calls ----------------------------------------------------------------------------
 
 
-def test_tool_calls_are_emitted_whole_at_their_closing_marker(tok):
+def test_tool_calls_stream_name_first_then_argument_fragments(tok):
     pipe = OutputPipeline(tok)
     toks = ids(
         tok, "Sure", "<tool_call>", "\n", '{"name": "get_weather", ',
@@ -235,24 +235,26 @@ def test_tool_calls_are_emitted_whole_at_their_closing_marker(tok):
         "<tool_call>", '{"name": "get_time", "arguments": {}}', "</tool_call>", EOS_TEXT,
     )  # fmt: skip
     deltas = run(pipe, toks)
-    weather = (0, "get_weather", '{"city": "Paris"}')
+    # A call starts once its name and the arguments' "{" are in; the closing marker adds nothing.
+    weather = ((0, "get_weather", ""), (0, "", '{"city": "Paris"}'))
     assert view(deltas) == [
-        C("Sure"), C(), C(), C(), C(), C(), ("", "", (weather,)), C("\n"),
-        C(), C(), ("", "", ((1, "get_time", "{}"),)), C(), C(),
+        C("Sure"), C(), C(), C(), ("", "", weather), C(), C(), C("\n"),
+        C(), ("", "", ((1, "get_time", ""), (1, "", "{}"))), C(), C(), C(),
     ]  # fmt: skip
     assert pipe.content == "Sure\n"
     assert [json.loads(c.arguments) for c in pipe.tool_calls] == [{"city": "Paris"}, {}]
     call_ids = [c.id for c in pipe.tool_calls]
     assert len(set(call_ids)) == 2 and all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in call_ids)
+    assert [c.id for d in deltas for c in d.tool_calls if c.name] == call_ids
     check_joined(pipe, deltas)
 
 
 def test_tool_call_inside_reasoning_ends_the_reasoning(tok):
     pipe = OutputPipeline(tok)
     deltas = run(pipe, ids(tok, "<think>", "plan", "<tool_call>", WEATHER, "</tool_call>"))
-    assert view(deltas) == [
-        C(), R("plan"), C(), C(), ("", "", ((0, "get_weather", '{"city": "Paris"}'),)), C()
-    ]  # fmt: skip
+    weather = ((0, "get_weather", ""), (0, "", '{"city": "Paris"}'))
+    assert view(deltas) == [C(), R("plan"), C(), ("", "", weather), C(), C()]
+    assert pipe.tool_calls[0].arguments == '{"city": "Paris"}'
 
 
 def test_malformed_tool_call_comes_back_as_content(tok, caplog):
@@ -281,7 +283,11 @@ def test_tool_call_without_end_marker_is_parsed_at_finish():
     )  # fmt: skip
     pipe = OutputPipeline(tok)
     deltas = run(pipe, ids(tok, "Sure", 'b:[TOOL_CALLS]f[ARGS]{"a": 1}', EOS_TEXT))
-    assert view(deltas)[-1] == ("", "", ((0, "f", '{"a": 1}'),)) and pipe.content == "Sure"
+    pieces = [(c.index, c.name, c.arguments) for d in deltas for c in d.tool_calls]
+    assert pieces[0] == (0, "f", "") and "".join(p[2] for p in pieces) == '{"a": 1}'
+    assert [(c.index, c.name, c.arguments) for c in pipe.tool_calls] == [(0, "f", '{"a": 1}')]
+    assert pipe.content == "Sure"
+    check_joined(pipe, deltas)
 
 
 def test_tool_parsing_off_streams_markup_as_content(tok):
