@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 import cpu_fast_path
 import grammar
 import model_loader
+import parsers
 from errors import ModelLoadError
 from params import LoadParams
 
@@ -75,7 +76,10 @@ class LoadedModel:
         draft: Any = None,
         cpu_mode: str = "",
     ) -> LoadedModel:
-        """Derive the record's facts from a prepared model (weights, context, BLAS)."""
+        """Derive the record's facts from a prepared model (weights, context, BLAS); apply
+        LocalAI's parser hints (options tool_parser / reasoning_parser) to the tokenizer."""
+        if params.tool_parser or params.reasoning_parser:
+            parsers.apply_parser_overrides(tokenizer, params.tool_parser, params.reasoning_parser)
         blas = None
         if mx.default_device().type == mx.DeviceType.cpu:
             report = cpu_fast_path.blas_report()

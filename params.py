@@ -79,6 +79,7 @@ from typing import Any
 
 import grammar
 import jsonfield
+import parsers
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
@@ -190,6 +191,8 @@ class LoadParams:
     embedding_normalize: int = 2  # option embedding_normalize: llama.cpp's embd_normalize code
     distributed_mode: str = ""  # option distributed_mode: tensor | pipeline; "" = the group's
     distributed_vocab: bool = True  # option distributed_vocab: false keeps embeddings whole
+    tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
+    reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -349,6 +352,17 @@ def _option_choice(
     return value
 
 
+def _parser_name(options: dict[str, Any], key: str, resolve: Any) -> str:
+    """LocalAI's parser hint (vLLM's names); ValueError naming the option and the known names."""
+    name = str(options.get(key, "")).strip()
+    if name:
+        try:
+            resolve(name)
+        except ValueError as exc:
+            raise ValueError(f"option {key}: {exc}") from None
+    return name
+
+
 def _embedding_normalize(options: dict[str, Any]) -> int:
     """llama.cpp's embd_normalize code: -1 none, 0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm.
 
@@ -458,6 +472,10 @@ def load_params(req: Any) -> LoadParams:
         embedding_normalize=_embedding_normalize(options),
         distributed_mode=_option_choice(options, "distributed_mode", ("", *DISTRIBUTED_MODES), ""),
         distributed_vocab=_option_on(options, "distributed_vocab"),
+        tool_parser=_parser_name(options, "tool_parser", parsers.resolve_tool_parser),
+        reasoning_parser=_parser_name(
+            options, "reasoning_parser", parsers.resolve_reasoning_markers
+        ),
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, options),

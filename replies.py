@@ -10,6 +10,7 @@ import json
 
 import backend_pb2
 from jobs import Event
+from tool_calls import merge_tool_call_deltas
 
 
 class Accumulator:
@@ -56,7 +57,7 @@ class Accumulator:
         content, reasoning = "".join(self.content), "".join(self.reasoning)
         return backend_pb2.Reply(
             message=content.encode("utf-8"),
-            chat_deltas=[_chat_delta(content, reasoning, self.tool_calls)],
+            chat_deltas=[_chat_delta(content, reasoning, merge_tool_call_deltas(self.tool_calls))],
             logprobs=_logprobs_json(self.logprobs),
             **(self._usage(self.last) if self.last else {}),
         )
@@ -69,6 +70,7 @@ def _chat_delta(content: str, reasoning: str, tool_calls) -> backend_pb2.ChatDel
         tool_calls=[
             backend_pb2.ToolCallDelta(index=t.index, id=t.id, name=t.name, arguments=t.arguments)
             for t in tool_calls
+            if not getattr(t, "dropped", False)  # a withdrawn call: the proto cannot say so
         ],
     )
 

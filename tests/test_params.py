@@ -431,3 +431,33 @@ def test_load_seed_and_nbatch_fill_options_unless_set():
     lp = load_params(pb.ModelOptions(Model="m", Seed=7, Options=["seed:9"]))
     assert lp.defaults["seed"] == 9
     assert generation_params(pb.PredictOptions(Prompt="x"), lp).seed == 9
+
+
+def test_parser_hints_are_validated_at_load():
+    # LocalAI's importer writes vLLM's parser names into the model file's options.
+    lp = load("tool_parser:hermes", "reasoning_parser:qwen3")
+    assert (lp.tool_parser, lp.reasoning_parser) == ("hermes", "qwen3")
+    with pytest.raises(ValueError, match=r"option tool_parser: unknown tool_parser 'nope'.*hermes"):
+        load("tool_parser:nope")
+    with pytest.raises(ValueError, match=r"option reasoning_parser: .*deepseek_r1"):
+        load("reasoning_parser:nope")
+
+
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [("max_batch_size:0", "max_batch_size"), ("max_queue:-1", "max_queue"),
+     ("prefill_step_size:0", "prefill_step_size"), ("cpu_dequantize:maybe", "cpu_dequantize"),
+     ("embedding_pooling:max", "embedding_pooling"), ("embedding_normalize:x", "embedding_normalize"),
+     ("distributed_mode:ring", "distributed_mode"), ("cpu_dequantize_budget:lots", "cpu_dequantize_budget")],
+)  # fmt: skip
+def test_every_engine_option_is_parsed_at_load(option: str, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"option {name}\b"):
+        load(option)
+
+
+def test_engine_options_become_load_fields():
+    lp = load("max_batch_size:4", "max_queue:0", "prefill_step_size:128", "cpu_dequantize:dense",
+              "embedding_pooling:last", "embedding_normalize:false", "distributed_vocab:false")  # fmt: skip
+    assert (lp.max_batch_size, lp.max_queue, lp.prefill_step_size) == (4, 0, 128)
+    assert (lp.cpu_dequantize, lp.embedding_pooling, lp.embedding_normalize) == (True, "last", -1)
+    assert lp.distributed_vocab is False and lp.distributed_mode == ""

@@ -81,10 +81,11 @@ def test_reasoning_content_and_tool_calls_stream_as_structured_deltas(served, to
         ("\n\n", "", ()),
         ("Sure", "", ()),
         ("!", "", ()),
-        ("", "", ((0, "get_weather", '{"city": "Paris"}'),)),
-        ("", "", ((1, "get_time", "{}"),)),
+        # Each call streams its name first (empty arguments), then argument fragments.
+        ("", "", ((0, "get_weather", ""), (0, "", '{"city": "Paris"}'))),
+        ("", "", ((1, "get_time", ""), (1, "", "{}"))),
     ]
-    ids_seen = [c.id for r in replies for d in r.chat_deltas for c in d.tool_calls]
+    ids_seen = [c.id for r in replies for d in r.chat_deltas for c in d.tool_calls if c.id]
     assert len(set(ids_seen)) == 2 and all(i.startswith("call_") for i in ids_seen)
     for r in replies:  # message bytes are the content only: no markup, nothing repeated
         assert r.message.decode() == "".join(d.content for d in r.chat_deltas)
