@@ -9,6 +9,11 @@ engine carry the name of their gRPC status code (``errors.py``).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before anything loads MLX: restart with the fast BLAS preloaded
+    import cpu_fast_path
+
+    cpu_fast_path.ensure_preloaded()
+
 import argparse
 import asyncio
 import contextlib
@@ -75,7 +80,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._set_health()
             return backend_pb2.Result(success=False, message=f"failed to load model: {exc!r}")
         await self._set_health()
-        return backend_pb2.Result(success=True, message="Model loaded successfully")
+        return backend_pb2.Result(success=True, message="MLX model loaded successfully")
 
     async def Free(self, request, context):
         await self.engine.free()
