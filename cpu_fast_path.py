@@ -10,7 +10,9 @@ Owns two things the engine and ``run.sh`` need on a CPU-only Linux host:
   ``blas_library_path`` finds it without importing MLX (``run.sh`` calls it at every
   start), ``preload_env`` builds the environment to start the server with, and
   ``check_blas`` says, from inside a running process, which library really serves
-  ``cblas_sgemm`` and how fast.
+  ``cblas_sgemm`` and how fast. ``ensure_preloaded`` (first thing in ``backend.py``'s
+  ``__main__``) re-executes a process started without the preload (``python backend.py``,
+  as LocalAI's ``libbackend.sh`` does), so the fast path holds whoever starts us.
 * **The CPU weight mode.** MLX's CPU quantized matmul is slow (~1.4 GMAC/s); with a fast
   BLAS a model dequantized to float32 prefills ~13x and decodes ~1.3x faster
   (``shared/notes/measurements.md``). ``choose_cpu_mode`` decides ("dense" or
@@ -23,6 +25,7 @@ functions that need it. Functions that touch MLX arrays must run on the engine's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -445,6 +448,79 @@ def _blas_report_for_load() -> BlasReport:
 def blas_report() -> BlasReport:
     """The BLAS MLX uses in this process (measured once, on first call; ~0.1 s)."""
     return _blas_report_for_load()
+
+
+#: Set (to the process id) in the environment of a process ``ensure_preloaded`` re-executed:
+#: ``execve`` keeps the id, so a second call in that process does nothing (no loop when the
+#: loader could not preload the library), while child processes that inherit it still check.
+REEXEC_GUARD_ENV = "LOCALAI_MLX_BLAS_REEXEC"
+
+
+def _mapped_paths() -> set[str] | None:
+    """Resolved paths of the files mapped into this process, or None when unreadable."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return {line.split(None, 5)[-1].strip() for line in maps if "/" in line}
+    except OSError:
+        return None
+
+
+def reexec_plan(env: Mapping[str, str], pid: int, mapped: set[str] | None) -> dict[str, str] | None:
+    """The environment to re-execute this process with so the fast BLAS is preloaded, or None.
+
+    None when nothing is to be done: not Linux, no fast BLAS installed (or
+    ``LOCALAI_MLX_BLAS=none``), every library of the preload already mapped (``mapped``:
+    the resolved paths in ``/proc/self/maps``; None = unknown, counts as not mapped), or
+    ``env[REEXEC_GUARD_ENV] == str(pid)`` (this process was already re-executed once).
+    Reads ``LOCALAI_MLX_BLAS`` from ``os.environ`` (as ``preload_env`` does).
+    """
+    if str(pid) == env.get(REEXEC_GUARD_ENV):
+        return None
+    libraries = _preload_libraries()
+    if not libraries:
+        return None
+    if mapped is not None and all(str(p) in mapped for p in libraries):
+        return None
+    wanted = preload_env(env)
+    wanted[REEXEC_GUARD_ENV] = str(pid)
+    return wanted
+
+
+def ensure_preloaded(argv: Iterable[str] | None = None) -> None:
+    """Make sure MLX in this process runs on the fast BLAS, re-executing it if needed.
+
+    Call it first thing in a program's ``__main__``, before anything imports MLX (or
+    numpy/grpc: a re-exec throws their start-up time away). On Linux, when the fast BLAS
+    (``blas_library_path()``) is installed but not mapped into this process (started as
+    ``python backend.py`` rather than through ``run.sh``), replaces the process with the
+    same interpreter and arguments under ``preload_env``'s environment (``os.execve``: same
+    process id, so LocalAI's process tracking and signals are unaffected). ``argv``: the
+    arguments after the interpreter (default: the original ones, ``sys.orig_argv[1:]``, so
+    interpreter options such as ``-u`` survive). Returns normally when nothing is to be
+    done, with ``LOCALAI_MLX_BLAS=none``, or on any problem (logged as a warning): it
+    never stops the start; at worst MLX runs on its bundled reference BLAS.
+    """
+    try:
+        env = reexec_plan(os.environ, os.getpid(), _mapped_paths())
+        if env is None:
+            return
+        args = list(argv) if argv is not None else list(getattr(sys, "orig_argv", [""])[1:])
+        if not args:
+            args = list(sys.argv)
+        executable = sys.executable
+        if not executable or not os.access(executable, os.X_OK):
+            raise OSError(f"cannot re-execute the interpreter {executable!r}")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.execve(executable, [executable, *args], env)
+    except Exception as exc:  # never fail the start over a speed-up
+        logger.warning(
+            "could not restart with the fast BLAS preloaded (%s); MLX keeps its bundled "
+            "BLAS. Start through run.sh or set LD_PRELOAD (see %s).",
+            exc,
+            BLAS_ENV,
+        )
 
 
 def _main(argv: Iterable[str]) -> int:

@@ -205,3 +205,89 @@ def test_known_fast_libraries_count_as_fast_whatever_they_timed():
     assert cfp.known_fast_library("/x/.venv/lib/libmkl_rt.so.3")
     assert cfp.known_fast_library("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
     assert not cfp.known_fast_library("/x/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0")
+
+
+# --------------------------------------------------------------------------- re-exec
+
+
+@pytest.mark.skipif(not LINUX, reason="the BLAS preload is Linux-only")
+def test_reexec_plan_decides_from_guard_setting_and_maps(monkeypatch):
+    monkeypatch.delenv(cfp.BLAS_ENV, raising=False)
+    libs = {str(p) for p in cfp._preload_libraries()}
+    base = {"PATH": "/bin", "LD_PRELOAD": ""}
+    plan = cfp.reexec_plan(base, 4242, mapped=set())
+    assert plan is not None
+    assert set(plan["LD_PRELOAD"].split()) == libs
+    assert plan[cfp.REEXEC_GUARD_ENV] == "4242" and plan["PATH"] == "/bin"
+    assert cfp.reexec_plan(base, 4242, mapped=None) is not None  # maps unreadable
+    assert cfp.reexec_plan(base, 4242, mapped=libs | {"/x/libc.so.6"}) is None
+    # Already re-executed once (execve keeps the pid): never loops.
+    assert cfp.reexec_plan({**base, cfp.REEXEC_GUARD_ENV: "4242"}, 4242, set()) is None
+    # A child that inherited the guard from its parent still gets the preload.
+    assert cfp.reexec_plan({**base, cfp.REEXEC_GUARD_ENV: "1"}, 4242, set()) is not None
+    monkeypatch.setenv(cfp.BLAS_ENV, "none")
+    assert cfp.reexec_plan(base, 4242, mapped=set()) is None
+
+
+@pytest.mark.skipif(not LINUX, reason="the BLAS preload is Linux-only")
+def test_ensure_preloaded_never_fails_the_start(monkeypatch, caplog):
+    def broken_execve(*args):
+        raise OSError("exec format error")
+
+    monkeypatch.delenv(cfp.REEXEC_GUARD_ENV, raising=False)
+    monkeypatch.delenv(cfp.BLAS_ENV, raising=False)
+    monkeypatch.setattr(cfp, "_mapped_paths", lambda: set())
+    monkeypatch.setattr(cfp.os, "execve", broken_execve)
+    with caplog.at_level("WARNING", logger=cfp.logger.name):
+        cfp.ensure_preloaded(["-c", "pass"])
+    assert "exec format error" in caplog.text and "run.sh" in caplog.text
+
+
+_SHOW_MAPS = (
+    "import os, cpu_fast_path as c; c.ensure_preloaded();"
+    "print(os.getpid(), os.environ.get(c.REEXEC_GUARD_ENV, '-'), open('/proc/self/maps').read())"
+)
+
+
+@pytest.mark.skipif(not LINUX, reason="the BLAS preload is Linux-only")
+@pytest.mark.parametrize("setting", ["auto", "none"])
+def test_ensure_preloaded_restarts_the_interpreter_once(setting):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", cfp.REEXEC_GUARD_ENV)}
+    env[cfp.BLAS_ENV] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", _SHOW_MAPS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    pid, guard, maps = out.split(" ", 2)
+    lib = str(cfp.blas_library_path())
+    if setting == "auto":
+        assert guard == pid  # re-executed in place: same process id
+        assert lib in maps
+    else:
+        assert guard == "-"
+        assert lib not in maps
+
+
+@pytest.mark.skipif(not LINUX, reason="the BLAS preload is Linux-only")
+def test_backend_py_started_directly_serves_on_the_fast_blas():
+    from conftest import ServerProcess
+
+    import backend_pb2
+
+    # As LocalAI's libbackend.sh starts it: `python backend.py --addr ...`, no preload.
+    env = {"LD_PRELOAD": "", cfp.BLAS_ENV: "auto"}
+    srv = ServerProcess("--model", "embedded", entry="backend.py", env=env)
+    try:
+        srv.wait_state(backend_pb2.StatusResponse.READY)
+        info = json.loads(srv.stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+        assert Path(info["blas"]["library"]).resolve() == cfp.blas_library_path(), info
+        assert info["blas"]["fast"], info
+        assert info["cpu_mode"] == "dense", info
+        assert str(cfp.blas_library_path()) in Path(f"/proc/{srv.proc.pid}/maps").read_text()
+    finally:
+        assert srv.stop() == 0

@@ -280,9 +280,14 @@ def test_boundary_values_are_accepted() -> None:
 
 @pytest.mark.parametrize(
     ("tools", "parsed"),
-    [("", None), ("  ", None), ("null", None), ("[]", None),
-     ('[{"type": "function"}]', ({"type": "function"},))],
-)  # fmt: skip
+    [
+        ("", None),
+        ("  ", None),
+        ("null", None),
+        ("[]", None),
+        ('[{"type": "function"}]', ({"type": "function"},)),
+    ],
+)
 def test_valid_tools(tools: str, parsed) -> None:
     spec = params.parse_request(pb.PredictOptions(Tools=tools)).prompt
     assert spec.tools == parsed
@@ -417,9 +422,13 @@ def test_disabled_values_of_refused_samplers_are_accepted():
 
 @pytest.mark.parametrize(
     "fields, name",
-    [({"RopeScaling": "yarn"}, "RopeScaling"), ({"MMProj": "p.gguf"}, "MMProj"),
-     ({"Overrides": ["a=b"]}, "Overrides"), ({"Reranking": True}, "Reranking")],
-)  # fmt: skip
+    [
+        ({"RopeScaling": "yarn"}, "RopeScaling"),
+        ({"MMProj": "p.gguf"}, "MMProj"),
+        ({"Overrides": ["a=b"]}, "Overrides"),
+        ({"Reranking": True}, "Reranking"),
+    ],
+)
 def test_refused_load_fields_name_themselves(fields, name):
     with pytest.raises(ValueError, match=f"ModelOptions.{name} is not supported"):
         load_params(pb.ModelOptions(Model="m", **fields))
@@ -445,19 +454,32 @@ def test_parser_hints_are_validated_at_load():
 
 @pytest.mark.parametrize(
     ("option", "name"),
-    [("max_batch_size:0", "max_batch_size"), ("max_queue:-1", "max_queue"),
-     ("prefill_step_size:0", "prefill_step_size"), ("cpu_dequantize:maybe", "cpu_dequantize"),
-     ("embedding_pooling:max", "embedding_pooling"), ("embedding_normalize:x", "embedding_normalize"),
-     ("distributed_mode:ring", "distributed_mode"), ("cpu_dequantize_budget:lots", "cpu_dequantize_budget")],
-)  # fmt: skip
+    [
+        ("max_batch_size:0", "max_batch_size"),
+        ("max_queue:-1", "max_queue"),
+        ("prefill_step_size:0", "prefill_step_size"),
+        ("cpu_dequantize:maybe", "cpu_dequantize"),
+        ("embedding_pooling:max", "embedding_pooling"),
+        ("embedding_normalize:x", "embedding_normalize"),
+        ("distributed_mode:ring", "distributed_mode"),
+        ("cpu_dequantize_budget:lots", "cpu_dequantize_budget"),
+    ],
+)
 def test_every_engine_option_is_parsed_at_load(option: str, name: str) -> None:
     with pytest.raises(ValueError, match=rf"option {name}\b"):
         load(option)
 
 
 def test_engine_options_become_load_fields():
-    lp = load("max_batch_size:4", "max_queue:0", "prefill_step_size:128", "cpu_dequantize:dense",
-              "embedding_pooling:last", "embedding_normalize:false", "distributed_vocab:false")  # fmt: skip
+    lp = load(
+        "max_batch_size:4",
+        "max_queue:0",
+        "prefill_step_size:128",
+        "cpu_dequantize:dense",
+        "embedding_pooling:last",
+        "embedding_normalize:false",
+        "distributed_vocab:false",
+    )
     assert (lp.max_batch_size, lp.max_queue, lp.prefill_step_size) == (4, 0, 128)
     assert (lp.cpu_dequantize, lp.embedding_pooling, lp.embedding_normalize) == (True, "last", -1)
     assert lp.distributed_vocab is False and lp.distributed_mode == ""

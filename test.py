@@ -1,0 +1,165 @@
+"""LocalAI-style smoke tests (``python -m unittest test.py``, what ``test.sh`` runs).
+
+LocalAI runs each Python backend's ``test.py`` with ``libbackend.sh``'s ``runUnittests``.
+These start ``backend.py`` as LocalAI's launcher does (``python backend.py --addr ...``),
+on a free port, with the embedded SmolLM2-135M model (no download), and check the reply
+texts LocalAI's Go code and its own mlx tests compare: Health's ``OK`` and LoadModel's
+``MLX model loaded successfully``. The full suite is ``make test`` (pytest, ``tests/``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+import grpc
+
+import backend_pb2
+import backend_pb2_grpc
+import model_loader
+
+HERE = Path(__file__).resolve().parent
+SERVING = re.compile(r"serving on (\S+:\d+)")
+LOADED = "MLX model loaded successfully"  # LocalAI's backend/python/mlx/test.py compares it
+
+
+class BackendTest(unittest.TestCase):
+    """One ``backend.py`` process with the embedded model loaded, shared by the tests."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+        cls.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "backend.py"), "--addr", "127.0.0.1:0"],
+            cwd=HERE,
+            stdout=cls.log,
+            stderr=subprocess.STDOUT,
+        )
+        cls.address = cls._wait_for_address(120.0)
+        cls.channel = grpc.insecure_channel(cls.address)
+        cls.stub = backend_pb2_grpc.BackendStub(cls.channel)
+        cls.model_file = str(model_loader.embedded_model_path())
+        cls.load_reply = cls.stub.LoadModel(
+            backend_pb2.ModelOptions(Model="embedded", ModelFile=cls.model_file)
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.channel.close()
+        cls.proc.send_signal(signal.SIGTERM)
+        try:
+            cls.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            cls.proc.kill()
+            cls.proc.wait()
+        cls.log.close()
+        os.unlink(cls.log.name)
+
+    @classmethod
+    def _logs(cls) -> str:
+        return Path(cls.log.name).read_text(errors="replace")
+
+    @classmethod
+    def _wait_for_address(cls, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = SERVING.search(cls._logs())
+            if found:
+                return found.group(1)
+            if cls.proc.poll() is not None:
+                raise RuntimeError(f"backend exited {cls.proc.returncode}:\n{cls._logs()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"backend did not start:\n{cls._logs()}")
+
+    def predict(self, prompt: str, **fields) -> backend_pb2.Reply:
+        return self.stub.Predict(
+            backend_pb2.PredictOptions(Prompt=prompt, Temperature=0, **fields), timeout=300
+        )
+
+    def test_health_says_ok(self):
+        self.assertEqual(self.stub.Health(backend_pb2.HealthMessage()).message, b"OK")
+
+    def test_load_model_reply_text(self):
+        self.assertTrue(self.load_reply.success, self.load_reply.message)
+        self.assertEqual(self.load_reply.message, LOADED)
+
+    def test_text(self):
+        reply = self.predict("The capital of France is", Tokens=16)
+        self.assertGreater(len(reply.message), 0)
+        self.assertGreater(reply.tokens, 0)
+        self.assertLessEqual(reply.tokens, 16)
+
+    def test_sampling_params(self):
+        reply = self.stub.Predict(
+            backend_pb2.PredictOptions(
+                Prompt="The capital of France is",
+                TopP=0.8,
+                Tokens=50,
+                Temperature=0.7,
+                TopK=40,
+                PresencePenalty=0.1,
+                FrequencyPenalty=0.2,
+                MinP=0.05,
+                Seed=42,
+                StopPrompts=["\n"],
+                IgnoreEOS=True,
+            ),
+            timeout=300,
+        )
+        self.assertNotIn(b"\n", reply.message)  # a matched stop string is never returned
+        self.assertGreater(reply.tokens, 0)
+        self.assertLessEqual(reply.tokens, 50)
+
+    def test_concurrent_requests(self):
+        prompts = [f"The capital of {c} is" for c in ("France", "Germany", "Italy", "Spain")]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(lambda p: self.predict(p, Tokens=12), prompts))
+        self.assertEqual(len(replies), len(prompts))
+        for reply in replies:
+            self.assertGreater(len(reply.message), 0)
+
+    def test_cache_reuse_gives_the_same_text(self):
+        prompt = "The quick brown fox jumps over the lazy dog. "
+        first = self.predict(prompt, Tokens=10)
+        second = self.predict(prompt, Tokens=10)
+        self.assertEqual(second.message, first.message)
+        self.assertEqual(second.prompt_tokens, first.prompt_tokens)
+
+    def test_prefix_cache_reuse(self):
+        base = "Once upon a time in a land far away, "
+        first = self.predict(base, Tokens=10)
+        longer = self.predict(base + "there lived a brave knight who ", Tokens=10)
+        self.assertGreater(len(first.message), 0)
+        self.assertGreater(longer.prompt_tokens, first.prompt_tokens)
+
+    def test_tokenize_string(self):
+        reply = self.stub.TokenizeString(backend_pb2.PredictOptions(Prompt="Hello, world"))
+        self.assertGreater(reply.length, 0)
+        self.assertEqual(len(reply.tokens), reply.length)
+
+    def test_embedding(self):
+        reply = self.stub.Embedding(backend_pb2.PredictOptions(Embeddings="A test sentence."))
+        self.assertGreater(len(reply.embeddings), 0)
+        self.assertTrue(all(isinstance(v, float) for v in reply.embeddings))
+
+    def test_zz_free_then_load_again(self):  # runs last (unittest sorts by name)
+        self.assertTrue(self.stub.Free(backend_pb2.HealthMessage()).success)
+        with self.assertRaises(grpc.RpcError):
+            self.predict("Hello", Tokens=4)
+        again = self.stub.LoadModel(
+            backend_pb2.ModelOptions(Model="embedded", ModelFile=self.model_file)
+        )
+        self.assertTrue(again.success, again.message)
+        self.assertEqual(again.message, LOADED)
+
+
+if __name__ == "__main__":
+    unittest.main()

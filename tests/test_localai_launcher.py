@@ -1,0 +1,180 @@
+"""The project inside LocalAI's tree: install.sh / run.sh / test.sh through libbackend.sh.
+
+A temporary tree shaped like LocalAI's source (``backend/backend.proto``,
+``backend/python/common/libbackend.sh``, ``backend/python/mlx/`` = a copy of this project)
+with a stand-in ``libbackend.sh`` (``tests/localai_standin/``) that behaves as LocalAI's:
+build profile from ``BUILD_TYPE``/``CUDA_MAJOR_VERSION``, ``venv/`` next to the backend,
+requirement files in LocalAI's order, protoc with ``-I../../ -I./``, and
+``exec venv/bin/python backend.py "$@"``. Only the package download is replaced: the venv
+reuses this interpreter's packages and install checks they satisfy each file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import backend_pb2
+import backend_pb2_grpc
+import cpu_fast_path as cfp
+import model_loader
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = Path(__file__).resolve().parent / "localai_standin" / "libbackend.sh"
+SERVING = re.compile(r"serving on (\S+:\d+)")
+LINUX = sys.platform.startswith("linux")
+_SKIP = {".git", ".venv", "venv", "tests", "bench", "__pycache__", ".pytest_cache"}
+_SKIP |= {".ruff_cache", ".hypothesis", ".cache", "backend_pb2.py", "backend_pb2_grpc.py"}
+
+pytestmark = pytest.mark.skipif(not LINUX, reason="the stand-in libbackend.sh is for Linux")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = {"LD_PRELOAD", "VIRTUAL_ENV", "BUILD_TYPE", "CUDA_MAJOR_VERSION", "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in drop and k != cfp.REEXEC_GUARD_ENV}
+    env.update(
+        STANDIN_PYTHON=getattr(sys, "_base_executable", sys.executable),
+        STANDIN_SITE_PACKAGES=sysconfig.get_paths()["purelib"],
+        **extra,
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """``backend/python/mlx`` of a LocalAI-shaped tree; install.sh already ran (cpu)."""
+    top = tmp_path_factory.mktemp("localai") / "backend"
+    (top / "python" / "common").mkdir(parents=True)
+    shutil.copy(ROOT / "backend.proto", top / "backend.proto")  # LocalAI's own contract
+    shutil.copy(STANDIN, top / "python" / "common" / "libbackend.sh")
+    mlx = top / "python" / "mlx"
+    shutil.copytree(ROOT, mlx, ignore=lambda _dir, names: [n for n in names if n in _SKIP])
+    out = subprocess.run(
+        ["bash", "install.sh"],
+        cwd=mlx,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return mlx
+
+
+def _files_read(tree: Path, **env: str) -> list[str]:
+    out = subprocess.run(
+        ["bash", "install.sh"],
+        cwd=tree,
+        env=_env(STANDIN_DRY_RUN="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return [Path(m).name for m in re.findall(r"^requirements file: (\S+)$", out, re.M)]
+
+
+@pytest.mark.skipif(Path("/opt/intel").is_dir(), reason="libbackend.sh picks the intel profile")
+@pytest.mark.parametrize(
+    ("build_type", "cuda", "profile_file"),
+    [
+        ("", "", "requirements-cpu.txt"),
+        ("mps", "", "requirements-mps.txt"),
+        ("cublas", "12", "requirements-cublas12.txt"),
+        ("cublas", "13", "requirements-cublas13.txt"),
+        ("l4t", "12", "requirements-l4t12.txt"),
+        ("l4t", "13", "requirements-l4t13.txt"),
+    ],
+)
+def test_each_build_profile_finds_its_mlx_build(tree, build_type, cuda, profile_file):
+    files = _files_read(tree, BUILD_TYPE=build_type, CUDA_MAJOR_VERSION=cuda)
+    assert files[0] == "requirements.txt"
+    assert set(files[1:]) == {profile_file}, files
+    lines = [ln.split("#")[0].strip() for ln in (tree / profile_file).read_text().splitlines()]
+    assert any(ln.startswith("mlx") and "==" in ln for ln in lines), lines
+
+
+def test_install_generates_stubs_from_localais_proto(tree):
+    assert (tree / "backend_pb2.py").is_file() and (tree / "backend_pb2_grpc.py").is_file()
+    # protoc refuses two backend.proto on its -I../../ -I./ path: ours is moved aside.
+    assert not (tree / "backend.proto").exists()
+    assert (tree / "backend.proto.standalone").is_file()
+    assert (tree / "venv" / "bin" / "python").exists()
+
+
+def _wait_for_address(proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = SERVING.search(log.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"backend exited {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"backend did not start:\n{log.read_text()}")
+
+
+def test_run_sh_serves_through_libbackend_on_the_fast_blas(tree, tmp_path):
+    log = tmp_path / "backend.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            ["bash", "run.sh", "--addr", "127.0.0.1:0"],
+            cwd=tree,
+            env=_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        address = _wait_for_address(proc, log)
+        # startBackend exec'd the venv's interpreter on backend.py in place of run.sh.
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[0].decode() == str(tree / "venv" / "bin" / "python"), cmdline
+        assert cmdline[1].decode() == str(tree / "backend.py"), cmdline
+        with grpc.insecure_channel(address) as channel:
+            stub = backend_pb2_grpc.BackendStub(channel)
+            assert stub.Health(backend_pb2.HealthMessage()).message == b"OK"
+            model_file = str(model_loader.embedded_model_path())
+            loaded = stub.LoadModel(backend_pb2.ModelOptions(Model="x", ModelFile=model_file))
+            assert loaded.success, loaded.message
+            assert loaded.message == "MLX model loaded successfully"
+            reply = stub.Predict(
+                backend_pb2.PredictOptions(
+                    Prompt="The capital of France is", Tokens=8, Temperature=0
+                ),
+                timeout=300,
+            )
+            assert reply.tokens > 0 and reply.message.strip(), reply
+            metrics = stub.GetMetrics(backend_pb2.MetricsRequest())
+            info = json.loads(metrics.prompt_json_for_slot)
+        blas = Path(info["blas"]["library"]).resolve()
+        assert blas.name.startswith("libmkl_rt"), info
+        assert info["blas"]["fast"] and info["cpu_mode"] == "dense", info
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0, log.read_text()
+
+
+def test_test_sh_runs_test_py_in_the_venv(tree):
+    out = subprocess.run(
+        ["bash", "test.sh"],
+        cwd=tree,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    assert re.search(r"^Ran (\d+) tests", out.stderr, re.M), out.stderr[-2000:]
+    assert re.search(r"^OK$", out.stderr, re.M), out.stderr[-2000:]
