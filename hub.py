@@ -152,7 +152,7 @@ def download(hub_id: HubId) -> Path:
             f"(cache: {cfg.cache_dir}); unset HF_HUB_OFFLINE to download it, or download it "
             "beforehand (e.g. `hf download owner/name`)."
         )
-    progress = _Progress(str(hub_id))
+    progress = _Progress(str(hub_id), single_file=bool(hub_id.filename))
     logger.info("downloading %s from %s into %s", hub_id, cfg.endpoint, cfg.cache_dir)
     common: dict[str, Any] = {
         "cache_dir": cfg.cache_dir,
@@ -301,8 +301,10 @@ class _Progress:
     logs instead of drawing is the supported hook (``tqdm_class``).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, single_file: bool) -> None:
         self.name = name
+        self.single_file = single_file
+        self.finished = False
         self.start = time.monotonic()
         self.last_log = self.start
         self.lock = threading.Lock()
@@ -339,7 +341,7 @@ class _Progress:
         done = max((int(b.n) for b in byte_bars), default=0)
         totals = [int(b.total) for b in byte_bars if b.total]
         total = max(min(totals), done) if totals else 0
-        if not file_bars and byte_bars:  # a single-file download
+        if self.single_file:  # hf_hub_download: one byte bar, no file bar
             files_total = 1
             files_done = int(bool(total) and done >= total)
         return files_done, files_total, done, total
@@ -357,10 +359,12 @@ class _Progress:
     def maybe_log(self) -> None:
         now = time.monotonic()
         with self.lock:
-            if now - self.last_log < PROGRESS_INTERVAL_S:
+            if self.finished or now - self.last_log < PROGRESS_INTERVAL_S:
                 return
             self.last_log = now
         logger.info("downloading %s", self.line())
 
     def finish(self) -> None:
+        with self.lock:
+            self.finished = True
         logger.info("downloaded %s", self.line())
