@@ -180,11 +180,11 @@ def download(hub_id: HubId) -> Path:
 
 def remote_gguf_files(repo: str, commit: str) -> list[str]:
     """``*.gguf`` paths in ``repo`` at ``commit``, from the file list cached by a download."""
-    from huggingface_hub import get_cached_repo_tree
-
     try:
+        from huggingface_hub import get_cached_repo_tree
+
         files = get_cached_repo_tree(repo, revision=commit, cache_dir=settings().cache_dir)
-    except Exception as exc:  # no cached list: nothing to tell
+    except Exception as exc:  # no cached list (or an older huggingface_hub): nothing to tell
         logger.debug("no cached file list for %s: %s", repo, _first_line(exc))
         return []
     return sorted(f.path for f in files if f.path.lower().endswith(".gguf"))
@@ -206,7 +206,10 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _explain(exc: Exception, hub_id: HubId, cfg: HubSettings) -> ModelLoadError:
     """One clear ``ModelLoadError`` for a failed download (cause first, then the fix)."""
-    import httpx2
+    try:  # the HTTP client huggingface_hub uses: httpx2 (2.x) or httpx (1.x)
+        import httpx2
+    except ImportError:
+        import httpx as httpx2
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
