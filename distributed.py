@@ -278,7 +278,7 @@ class Coordinator(GroupHooks):
         return self._collective(self._exchange, None)
 
     # ------------------------------------------------------------------ loading
-    def load(self, engine: Engine, params: LoadParams) -> None:
+    def load(self, engine: Engine, params: LoadParams, file_bytes: int = 0) -> None:
         """Every rank: load this rank's part of the model into ``engine``.
 
         Two agreements. First every rank validates the request and builds the model

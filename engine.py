@@ -37,6 +37,7 @@ from errors import (
     Cancelled,
     FailedPrecondition,
     InvalidArgument,
+    ModelLoadError,
     NotFound,
     ResourceExhausted,
 )
@@ -137,8 +138,15 @@ class Engine:
         return await asyncio.wrap_future(fut)
 
     async def load(self, params: LoadParams) -> None:
-        """Load (or replace) the model; raises ModelLoadError on failure."""
-        await self.call(LOAD, params)
+        """Load (or replace) the model; raises ModelLoadError on failure.
+
+        Resolving the files (a Hugging Face download, minutes maybe) happens on a worker
+        thread first, so running streams and Health go on meanwhile; a model that cannot
+        be found leaves the current one serving.
+        """
+        loop = asyncio.get_running_loop()
+        file_bytes = await loop.run_in_executor(None, loaded_model.validate, params)
+        await self.call(LOAD, params, file_bytes)
 
     async def install(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         """Serve an already-built model and tokenizer (tests, embedding applications)."""
@@ -395,10 +403,23 @@ class Engine:
         self._memory = _mlx_memory()
 
     # -- model lifecycle (engine thread)
-    def _load(self, params: LoadParams) -> None:
-        loaded_model.validate(params)  # a missing model leaves the current one serving
-        self.unload(FailedPrecondition("the model is being replaced; retry the request"))
-        self.serve_loaded(loaded_model.load(params))
+    def _load(self, params: LoadParams, file_bytes: int = 0) -> None:
+        current = self.loaded
+        keep = current is not None and loaded_model.fits_beside(current, file_bytes)
+        if current is not None and not keep:
+            logger.warning(
+                "releasing %s before loading the next model: both do not fit", current.name
+            )
+            self.unload(FailedPrecondition("the model is being replaced; retry the request"))
+        try:
+            # With room for both, the current model serves until the new one has loaded.
+            new = loaded_model.load(params)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
+            if current is not None and not keep:
+                reason += f" (the previous model, {current.name}, was released to make room)"
+            raise ModelLoadError(reason) from None
+        self.serve_loaded(new)
 
     def _install_built(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         self.unload(FailedPrecondition("the model is being replaced; retry the request"))

@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -98,12 +99,33 @@ class LoadedModel:
         )
 
 
-def validate(params: LoadParams) -> None:
-    """Check what can be checked before the current model is dropped: the model and the
-    adapter exist. Raises ModelLoadError naming what is missing."""
-    model_loader.resolve_model(params.model, params.model_file, params.model_path)
+def validate(params: LoadParams) -> int:
+    """Check what can be checked before the current model is dropped: the model, the
+    draft model and the adapter exist (a Hugging Face id is downloaded here). Returns
+    the bytes of the model's and draft's weight files. Raises ModelLoadError naming
+    what is missing."""
+    resolved = [model_loader.resolve_model(params.model, params.model_file, params.model_path)]
+    if params.draft_model:
+        resolved.append(model_loader.resolve_model(params.draft_model, "", params.model_path))
     if params.lora_adapter:
         model_loader.resolve_adapter(params.lora_adapter, params.model_path)
+    return sum(_weight_file_bytes(r.path) for r in resolved)
+
+
+def _weight_file_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.glob("*.safetensors") if f.is_file())
+
+
+def fits_beside(current: LoadedModel, file_bytes: int) -> bool:
+    """Whether a model of ``file_bytes`` on disk can load while ``current`` stays in memory.
+
+    Worst case on the CPU: quantized 4-bit files become float32 weights (8x) there.
+    The memory budget is `cpu_fast_path.default_memory_budget` (half the RAM).
+    """
+    factor = 8 if mx.default_device().type == mx.DeviceType.cpu else 1
+    return current.weights_bytes + file_bytes * factor <= cpu_fast_path.default_memory_budget()
 
 
 def load(params: LoadParams) -> LoadedModel:
