@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
 
-from prompt_cache import CacheLookup, CacheStats, PromptCache
+from prompt_cache import CacheLookup, CacheStats, PromptCache, kv_nbytes, materialize
 
 HEADS, HEAD_DIM = 1, 4
 
@@ -180,7 +180,10 @@ def test_lru_eviction_by_count_and_fetch_refreshes_recency():
 
 
 def test_byte_bound_evicts_oldest_and_oversize_is_not_stored():
-    one = sum(c.nbytes for c in token_kv([1]))
+    # An entry costs its tokens only: mlx-lm's 256-token growth tail is cut off.
+    one = kv_nbytes(materialize(token_kv([1])))
+    assert one == 2 * 2 * HEADS * 1 * HEAD_DIM * 4  # layers * (keys, values) * float32
+    assert sum(c.nbytes for c in token_kv([1])) == 256 * one
     pc = PromptCache(max_entries=10, max_bytes=2 * one + one // 2)
     for t in (1, 2, 3):
         pc.insert("m", [t], token_kv([t]))
@@ -188,7 +191,7 @@ def test_byte_bound_evicts_oldest_and_oversize_is_not_stored():
     assert pc.nbytes == 2 * one and pc.stats().evictions == 1
 
     big = token_kv([7], n_layers=6)  # 3 * one > max_bytes alone
-    assert sum(c.nbytes for c in big) > pc.stats().max_bytes
+    assert kv_nbytes(materialize(big)) > pc.stats().max_bytes
     pc.insert("m", [7], big)
     assert [t for _, t, _ in pc._snapshot()] == [(2,), (3,)]
     assert pc.nbytes == 2 * one and pc.stats().evictions == 1
@@ -199,7 +202,7 @@ def test_replacing_an_entry_fixes_bytes():
     pc.insert("m", [1, 2], token_kv([1, 2], n_layers=3))
     pc.insert("m", [1, 2], token_kv([1, 2], n_layers=1))
     assert len(pc) == 1
-    assert pc.nbytes == sum(c.nbytes for c in token_kv([1, 2], n_layers=1))
+    assert pc.nbytes == kv_nbytes(materialize(token_kv([1, 2], n_layers=1)))
 
 
 def test_returned_copy_is_private():
@@ -274,6 +277,8 @@ def test_threads_keep_invariants():
     # Built on this thread; inserting one kv under several keys is safe because the
     # cache never mutates what it stores (only offsets matter here, not contents).
     shared = {n: token_kv([7] * n) for n in range(1, 7)}
+    # Evaluated here: MLX evaluates lazy arrays only on the thread whose stream made them.
+    mx.eval([c.state for kv in shared.values() for c in kv])
 
     def check_invariants() -> None:
         with pc._lock:  # re-entrant: an atomic view of the whole cache
