@@ -6,6 +6,11 @@ prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private 
 copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
 hits, misses, reused tokens and evictions. Never imports grpc or runs a model.
 
+Every stored entry is a :func:`materialize` copy: a KV cut from a BatchGenerator batch
+(``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice whose graph keeps the
+whole batch buffer alive (measured: 94 MB held for an entry reporting 0.7 MB), so the
+byte bound only bounds memory once each entry owns buffers holding exactly its tokens.
+
 Modelled on mlx-lm's ``LRUPromptCache`` / ``PromptTrie`` (mlx_lm/models/cache.py), which
 we do not reuse because: an exact hit returns the whole KV with nothing left to feed;
 fetch hits do not refresh recency (and eviction is tiered by message role); the trie
@@ -20,13 +25,23 @@ import copy
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_lm.models.cache import can_trim_prompt_cache
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import (
+    CacheList,
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+)
 
-__all__ = ["CacheLookup", "CacheStats", "PromptCache"]
+__all__ = ["CacheLookup", "CacheStats", "PromptCache", "kv_nbytes", "materialize"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +90,107 @@ class _Entry:
     kv: list
     nbytes: int
     trimmable: bool
+
+
+def _held_tokens(layer: Any) -> int | None:
+    """How many leading positions of ``layer.keys``/``values`` (axis 2) hold tokens, when
+    the buffer may be longer (mlx-lm grows KV buffers 256 tokens at a time); ``None`` to
+    keep the whole buffer (unknown types; a rotating cache once it wrapped around)."""
+    if isinstance(layer, (KVCache, QuantizedKVCache, ConcatenateKVCache)):
+        return layer.offset
+    if isinstance(layer, ChunkedKVCache):
+        return layer.offset - layer.start_position
+    if isinstance(layer, RotatingKVCache):
+        # Below its buffer's length a rotating cache has not wrapped: position i is token i.
+        return layer.offset if layer._idx == layer.offset else None
+    return None
+
+
+def _copy_layer(layer: Any) -> Any:
+    """A shallow copy of ``layer`` whose every ``mx.array`` is replaced by a lazy copy
+    (KV buffers cut to the tokens they hold); nested caches are copied the same way."""
+    if isinstance(layer, CacheList):
+        new = copy.copy(layer)
+        new.caches = tuple(_copy_layer(c) for c in layer.caches)
+        return new
+    if not hasattr(layer, "__dict__"):
+        return layer
+    new = copy.copy(layer)
+    attrs = dict(vars(layer))
+    n = _held_tokens(layer)
+    if n is not None and getattr(layer, "keys", None) is not None:
+        for name in ("keys", "values"):
+            attrs[name] = tree_map(lambda x, n=n: x[..., :n, :], attrs[name])
+    # mx.array(x) copies into a buffer of exactly x's size, unless x is donatable (nothing
+    # else references it), when MLX may hand it x's whole parent buffer instead: the
+    # caller keeps the source layer referenced until materialize's mx.eval, so it cannot.
+    # (mx.contiguous is no substitute: it shares a row-contiguous view's parent buffer
+    # when that is at most 16 KB larger.)
+    vars(new).update(
+        tree_map(
+            lambda x: (
+                mx.array(x)
+                if isinstance(x, mx.array)
+                else _copy_layer(x)
+                if hasattr(x, "state") and hasattr(x, "nbytes")
+                else x
+            ),
+            attrs,
+        )
+    )
+    return new
+
+
+def _arrays(layer: Any) -> Iterator[mx.array]:
+    """Every ``mx.array`` a layer object holds, nested caches included."""
+    if isinstance(layer, CacheList):
+        for c in layer.caches:
+            yield from _arrays(c)
+        return
+    for _, x in tree_flatten(dict(vars(layer)) if hasattr(layer, "__dict__") else {}):
+        if isinstance(x, mx.array):
+            yield x
+        elif hasattr(x, "state") and hasattr(x, "nbytes"):
+            yield from _arrays(x)
+
+
+def materialize(kv: list) -> list:
+    """Evaluated private copies of a per-layer KV cache, each owning exactly its tokens.
+
+    For every layer (``KVCache``, ``QuantizedKVCache``, ``RotatingKVCache``,
+    ``ChunkedKVCache``, ``ArraysCache``/``MambaCache``, ``CacheList`` and any other
+    ``mlx_lm.models.cache`` object) returns a shallow copy whose arrays are all fresh,
+    evaluated, row-contiguous buffers: KV buffers are cut to the tokens held (no
+    256-token growth tail, no batch rows or left padding), and nothing references the
+    source's buffers or lazy graph, so dropping the copy frees exactly its
+    :func:`kv_nbytes`. Non-array attributes (offsets, sizes) are shared with the source.
+    Layers without ``__dict__`` are returned as they are. ``kv`` itself is not changed.
+
+    Costs one copy (memory and time) of what the entry holds; evaluates on the default
+    stream, so call it from the thread that runs the model.
+
+    Args:
+        kv: per-layer cache objects, e.g. a ``BatchGenerator`` response's
+            ``prompt_cache`` or ``BatchGenerator.remove(..., return_prompt_caches=True)``.
+
+    Returns:
+        A new list with one copied layer per layer of ``kv``.
+    """
+    out = [_copy_layer(layer) for layer in kv]
+    mx.eval([x for layer in out for x in _arrays(layer)])  # while ``kv`` is still alive
+    return out
+
+
+def kv_nbytes(kv: list) -> int:
+    """Bytes (int) a per-layer KV cache holds: the sum of ``nbytes`` over every array
+    of every layer (each counted once); a layer without arrays counts its own
+    ``nbytes``. After :func:`materialize` this is what freeing the copy releases, up to
+    the allocator's per-buffer rounding (16 bytes per array measured on CPU)."""
+    total = 0
+    for layer in kv:
+        arrays = {id(x): x for x in _arrays(layer)}
+        total += sum(x.nbytes for x in arrays.values()) if arrays else int(layer.nbytes)
+    return total
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -134,7 +250,8 @@ class PromptCache:
 
     Args:
         max_entries: most entries kept (>= 1).
-        max_bytes: most bytes kept, summing ``nbytes`` of every layer of every entry;
+        max_bytes: most bytes kept, summing :func:`kv_nbytes` of every entry (what
+            MLX holds for them, up to the allocator's per-buffer rounding);
             ``None`` for no byte bound; ``0`` disables caching (insert stores nothing).
 
     Raises:
@@ -210,13 +327,19 @@ class PromptCache:
         """Store ``kv`` as the KV cache of ``tokens`` under ``model_key``.
 
         ``kv`` must hold exactly ``tokens`` (BatchGenerator's ``Response.all_tokens``
-        and ``prompt_cache``); ownership passes to the cache, so the caller must not
-        mutate it afterwards. The entry becomes the most recently used; an entry under
-        the same key is replaced; redundant shorter prefixes are dropped (see the class
-        doc); then least recently used entries are evicted until both bounds hold. Not
-        stored: an empty ``tokens``, anything while ``max_bytes == 0``, and an entry
-        whose own size (bytes) exceeds ``max_bytes`` (existing entries are then left
-        untouched).
+        and ``prompt_cache``). The cache stores a :func:`materialize` copy, so the entry
+        owns buffers holding exactly its tokens (never a view that keeps a batch buffer
+        alive) and its counted size (:func:`kv_nbytes`) is what evicting it frees;
+        ``kv`` is left unchanged and the caller may drop or reuse it. Call this on the
+        thread that made ``kv``'s arrays unless they are evaluated (MLX evaluates lazy
+        arrays on their own thread's stream only).
+
+        The entry becomes the most recently used; an entry under the same key is
+        replaced; redundant shorter prefixes are dropped (see the class doc); then least
+        recently used entries are evicted until both bounds hold. Not stored: an empty
+        ``tokens``, anything while ``max_bytes == 0``, and an entry whose own size
+        (bytes, after materialising) exceeds ``max_bytes`` (existing entries are then
+        left untouched).
 
         Args:
             model_key: identifies the model, as passed to :meth:`fetch`.
@@ -238,7 +361,9 @@ class PromptCache:
                 )
         if not toks or self._max_bytes == 0:
             return
-        nbytes = sum(int(layer.nbytes) for layer in kv)
+        with self._lock:  # one MLX evaluation at a time from this cache's callers
+            kv = materialize(kv)
+        nbytes = kv_nbytes(kv)
         if self._max_bytes is not None and nbytes > self._max_bytes:
             logger.debug(
                 "prompt cache: entry of %d bytes exceeds max_bytes=%d; not stored",
@@ -309,7 +434,7 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all stored entries (sum of their layers' ``nbytes``)."""
+        """Bytes held by all stored entries (sum of their :func:`kv_nbytes`)."""
         with self._lock:
             return self._nbytes
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
 
-from prompt_cache import CacheLookup, CacheStats, PromptCache
+from prompt_cache import CacheLookup, CacheStats, PromptCache, kv_nbytes, materialize
 
 HEADS, HEAD_DIM = 1, 4
 
@@ -180,7 +180,10 @@ def test_lru_eviction_by_count_and_fetch_refreshes_recency():
 
 
 def test_byte_bound_evicts_oldest_and_oversize_is_not_stored():
-    one = sum(c.nbytes for c in token_kv([1]))
+    # An entry costs its tokens only: mlx-lm's 256-token growth tail is cut off.
+    one = kv_nbytes(materialize(token_kv([1])))
+    assert one == 2 * 2 * HEADS * 1 * HEAD_DIM * 4  # layers * (keys, values) * float32
+    assert sum(c.nbytes for c in token_kv([1])) == 256 * one
     pc = PromptCache(max_entries=10, max_bytes=2 * one + one // 2)
     for t in (1, 2, 3):
         pc.insert("m", [t], token_kv([t]))
@@ -188,7 +191,7 @@ def test_byte_bound_evicts_oldest_and_oversize_is_not_stored():
     assert pc.nbytes == 2 * one and pc.stats().evictions == 1
 
     big = token_kv([7], n_layers=6)  # 3 * one > max_bytes alone
-    assert sum(c.nbytes for c in big) > pc.stats().max_bytes
+    assert kv_nbytes(materialize(big)) > pc.stats().max_bytes
     pc.insert("m", [7], big)
     assert [t for _, t, _ in pc._snapshot()] == [(2,), (3,)]
     assert pc.nbytes == 2 * one and pc.stats().evictions == 1
@@ -199,7 +202,7 @@ def test_replacing_an_entry_fixes_bytes():
     pc.insert("m", [1, 2], token_kv([1, 2], n_layers=3))
     pc.insert("m", [1, 2], token_kv([1, 2], n_layers=1))
     assert len(pc) == 1
-    assert pc.nbytes == sum(c.nbytes for c in token_kv([1, 2], n_layers=1))
+    assert pc.nbytes == kv_nbytes(materialize(token_kv([1, 2], n_layers=1)))
 
 
 def test_returned_copy_is_private():
@@ -274,6 +277,8 @@ def test_threads_keep_invariants():
     # Built on this thread; inserting one kv under several keys is safe because the
     # cache never mutates what it stores (only offsets matter here, not contents).
     shared = {n: token_kv([7] * n) for n in range(1, 7)}
+    # Evaluated here: MLX evaluates lazy arrays only on the thread whose stream made them.
+    mx.eval([c.state for kv in shared.values() for c in kv])
 
     def check_invariants() -> None:
         with pc._lock:  # re-entrant: an atomic view of the whole cache
@@ -381,3 +386,137 @@ def test_matching_rule_against_reference(operations):
                 assert hit.kv is None
     # Nothing handed in was ever mutated.
     assert all(c.offset == n for kv, n in inserted for c in kv)
+
+
+# --- materialize: exact, private, evaluated copies of every cache type ----------------
+
+D = 64  # head dim: a multiple of the quantization group size
+
+
+def _fill(layer, n, start=0, one_at_a_time=False):
+    """Feed ``n`` tokens of distinct keys/values (token i -> i + start) into ``layer``."""
+    col = mx.arange(start, start + n, dtype=mx.float32)
+    k = mx.broadcast_to(col[None, None, :, None], (1, 2, n, D))
+    if one_at_a_time:
+        for i in range(n):
+            layer.update_and_fetch(k[:, :, i : i + 1], -k[:, :, i : i + 1])
+    else:
+        layer.update_and_fetch(k, -k)
+    return layer
+
+
+def _arrays_cache(n):
+    from mlx_lm.models.cache import ArraysCache
+
+    c = ArraysCache(2)
+    c[0] = mx.arange(n * 3, dtype=mx.float32).reshape(1, n, 3)
+    c[1] = mx.ones((1, 4, 5))
+    return c
+
+
+def _cache_list(n):
+    from mlx_lm.models.cache import CacheList
+
+    return CacheList(_fill(KVCache(), n), _arrays_cache(n))
+
+
+def _quantized(n):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    return _fill(QuantizedKVCache(group_size=64, bits=8), n)
+
+
+LAYERS = {
+    "kv": lambda: _fill(KVCache(), 5),
+    "quantized": lambda: _quantized(5),
+    "rotating": lambda: _fill(RotatingKVCache(max_size=8, keep=2), 5, one_at_a_time=True),
+    "rotating-wrapped": lambda: _fill(RotatingKVCache(max_size=8, keep=2), 13, one_at_a_time=True),
+    "chunked": lambda: _fill(ChunkedKVCache(chunk_size=16), 5),
+    "arrays": lambda: _arrays_cache(5),
+    "cache-list": lambda: _cache_list(5),
+}
+
+
+def _state_arrays(layer):
+    from mlx.utils import tree_flatten
+
+    return [x for _, x in tree_flatten(layer.state) if isinstance(x, mx.array)]
+
+
+def _after_update(layer):
+    """What the layer returns when two more tokens arrive (KV caches), else its state."""
+    if hasattr(layer, "caches"):  # CacheList
+        return [x for c in layer.caches for x in _after_update(c)]
+    if hasattr(layer, "update_and_fetch"):
+        k = mx.full((1, 2, 1, D), 99.0)
+        for _ in range(2):
+            out = layer.update_and_fetch(k, k)
+        return list(out) if not isinstance(out[0], tuple) else [x for t in out for x in t]
+    return _state_arrays(layer)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_materialize_copies_each_cache_type_exactly(kind):
+    import copy
+
+    source = LAYERS[kind]()
+    mx.eval(_state_arrays(source))
+    before = [mx.array(x) for x in _state_arrays(source)]
+    (copied,) = materialize([source])
+    assert type(copied) is type(source) and copied is not source
+    # Same tokens and bookkeeping; no array object shared with the source.
+    assert getattr(copied, "offset", None) == getattr(source, "offset", None)
+    assert not {id(x) for x in _state_arrays(copied)} & {id(x) for x in _state_arrays(source)}
+    assert kv_nbytes([copied]) == sum(x.nbytes for x in _state_arrays(copied)) > 0
+    # Later updates behave exactly as on the source, and leave the source alone.
+    twin = copy.deepcopy(source)
+    for got, want in zip(_after_update(copied), _after_update(twin), strict=True):
+        assert mx.array_equal(got, want).item()
+    for got, want in zip(_state_arrays(source), before, strict=True):
+        assert mx.array_equal(got, want).item()
+
+
+def test_materialize_cuts_buffers_to_the_tokens_held():
+    kv, quant, rot, chunk = (LAYERS[k]() for k in ("kv", "quantized", "rotating", "chunked"))
+    assert kv.keys.shape[2] == quant.keys[0].shape[2] == 256  # mlx-lm's growth step
+    copies = materialize([kv, quant, rot, chunk])
+    assert [c.keys.shape[2] for c in (copies[0], copies[2], copies[3])] == [5, 5, 5]
+    assert [x.shape[2] for x in copies[1].keys] == [5, 5, 5]
+    assert kv_nbytes(copies[:1]) == 2 * 2 * 5 * D * 4  # (keys, values) * heads * tokens
+    wrapped = LAYERS["rotating-wrapped"]()
+    (copied,) = materialize([wrapped])  # circular layout: the whole window is kept
+    assert copied.keys.shape == wrapped.keys.shape and copied._idx == wrapped._idx
+
+
+def _active() -> int:
+    import gc
+
+    gc.collect()
+    mx.clear_cache()
+    return mx.get_active_memory()
+
+
+def test_entry_cut_from_a_batch_frees_the_batch_buffer():
+    from mlx_lm.models.cache import BatchKVCache
+
+    base = _active()
+    batch = BatchKVCache.merge([_fill(KVCache(), n, start=n) for n in (3, 200, 300)])
+    mx.eval(batch.keys, batch.values)
+    view = batch.extract(0)  # what BatchGenerator hands back: a lazy slice of the batch
+    del batch
+    assert view.nbytes == 2 * 2 * 3 * D * 4
+    assert _active() - base >= 2 * 3 * 2 * 300 * D * 4  # the view keeps the whole batch
+    pc = PromptCache()
+    pc.insert("m", [1, 2, 3], [view])
+    del view
+    held = _active() - base
+    assert pc.nbytes == 2 * 2 * 3 * D * 4
+    assert pc.nbytes <= held <= pc.nbytes + 64  # allocator rounding: 16 bytes per buffer
+    assert held_keys(pc) == [3, 4, 5]
+    pc.clear()
+    assert _active() == base
+
+
+def held_keys(pc):
+    (_, _, kv) = pc._snapshot()[0]
+    return [int(x) for x in kv[0].keys[0, 0, :, 0].tolist()]
