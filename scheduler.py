@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_map
 from mlx_lm.generate import (
     BatchGenerator,
     StopSequences,
     generate_step,
     speculative_generate_step,
 )
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 import sampling
 from errors import BackendError, Cancelled, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -130,24 +129,7 @@ class SoloRun:
                 c.trim(offset - n)
             if c.offset != n:
                 return None
-        for c in self.kv:
-            _compact(c)
-        return self.kv, self.tokens
-
-
-def _compact(cache: Any) -> None:
-    """Drop the unused tail of a (quantized) KV cache's step-grown buffers before it is kept.
-
-    mlx-lm grows KV buffers 256 tokens at a time; a cache entry should cost what it holds.
-    Rotating caches keep their circular layout and are left alone.
-    """
-    if type(cache) not in (KVCache, QuantizedKVCache) or cache.keys is None:
-        return
-    n = cache.offset
-    cache.keys, cache.values = tree_map(
-        lambda x: mx.contiguous(x[..., :n, :]), (cache.keys, cache.values)
-    )
-    mx.eval(cache.keys, cache.values)
+        return self.kv, self.tokens  # PromptCache.insert stores an exact private copy
 
 
 class Scheduler:
