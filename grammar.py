@@ -72,7 +72,8 @@ COMPILED_CACHE_SIZE = 64  # compiled grammars kept per tokenizer (LRU)
 
 # --- bounds, checked before any expensive work ---
 # Largest grammar (UTF-8 bytes). 128 KiB holds LocalAI's function-calling grammar for dozens
-# of tools; ~12,000 short alternatives, which validate and compile in about 1 s here.
+# of tools, or ~12,000 short alternatives spread over rules (llguidance allows at most 2,000
+# per rule), which validate in ~0.5 s and compile for SmolLM2 in ~1 s here.
 MAX_GRAMMAR_BYTES = 128 * 1024
 # Deepest parenthesis nesting in a grammar; llguidance's GBNF converter recurses per level
 # (RecursionError at ~500).
@@ -83,6 +84,8 @@ MAX_JSON_BYTES = 128 * 1024
 # Deepest JSON nesting (arrays and objects) in those texts; llguidance's schema reader stops
 # at 128 and Python's json at ~1000 with a RecursionError.
 MAX_JSON_DEPTH = 64
+# Steps of the validation walk (see `_walk`): bytes fed to the grammar after its first mask.
+VALIDATE_WALK_BYTES = 8
 # Default time bound (seconds) of `validate_constraint`.
 VALIDATE_TIMEOUT_S = 10.0
 # Threads validating constraints off the event loop; more requests wait their turn.
@@ -368,17 +371,40 @@ def _validate(constraint: Constraint) -> None:
         check_json_bounds(constraint.source, constraint.field)
     matcher = llguidance.LLMatcher(_validation_tokenizer(), _to_llguidance(constraint), log_level=0)
     error = _matcher_error(constraint, matcher)
-    if error is None:
-        matcher.compute_bitmask()  # the first step: a grammar matching nothing stops here
-        error = _matcher_error(constraint, matcher)
     if error is not None:
         raise error
+    _walk(constraint, matcher)
     for message in matcher.get_grammar_warnings():
         logger.warning("%s: %s", constraint.field, clean_error(message))
     with _lock:
         _validated[key] = None
         if len(_validated) > VALIDATED_CACHE_SIZE:
             _validated.popitem(last=False)
+
+
+def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
+    """Run the first VALIDATE_WALK_BYTES steps, always taking the lowest allowed byte.
+
+    The first step finds a grammar that matches no string; the next ones find limits that
+    llguidance only meets while parsing, e.g. a rule with more than 2,000 alternatives
+    ("Current row has N items; max is 2000"), which would otherwise fail mid-generation.
+    """
+    for step in range(VALIDATE_WALK_BYTES):
+        allowed = np.unpackbits(
+            np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )[:256]
+        if matcher.is_error():
+            if step > 0 and matcher.get_error().startswith("NoExtensionBias"):
+                return  # a dead branch deeper in: other bytes may still lead somewhere
+            error = _matcher_error(constraint, matcher)
+            if error is not None:
+                raise error
+        nonzero = np.flatnonzero(allowed)
+        if nonzero.size == 0 or matcher.is_stopped():
+            return
+        matcher.consume_token(int(nonzero[0]))
+        if matcher.is_error():
+            raise _matcher_error(constraint, matcher)  # type: ignore[misc]
 
 
 def validate_constraint_sync(constraint: Constraint) -> None:
@@ -567,6 +593,9 @@ def _compiled_matcher(
         1e3 * (time.perf_counter() - start),
     )
     error = _matcher_error(constraint, template)
+    if error is None:
+        template.compute_bitmask()  # the first step: a grammar matching nothing stops here
+        error = _matcher_error(constraint, template)
     if error is not None:
         raise error
     for warning in template.get_grammar_warnings():
