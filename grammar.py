@@ -71,10 +71,12 @@ ANY_JSON_OBJECT = '{"type":"object"}'
 COMPILED_CACHE_SIZE = 64  # compiled grammars kept per tokenizer (LRU)
 
 # --- bounds, checked before any expensive work ---
-# Largest grammar (UTF-8 bytes). 128 KiB holds LocalAI's function-calling grammar for dozens
-# of tools, or ~12,000 short alternatives spread over rules (llguidance allows at most 2,000
-# per rule), which validate in ~0.5 s and compile for SmolLM2 in ~1 s here.
-MAX_GRAMMAR_BYTES = 128 * 1024
+# Largest grammar (UTF-8 bytes). 64 KiB holds LocalAI's function-calling grammar for dozens
+# of tools, or ~6,000 short alternatives spread over rules (llguidance allows at most 2,000
+# per rule). Validation is not all GIL-free (the GBNF converter is Python, and part of
+# llguidance's build holds the GIL): at ~100 KB it paused the event loop up to ~150 ms on
+# this loaded 2-core host, at 25 KB not measurably (baseline 17 ms gaps).
+MAX_GRAMMAR_BYTES = 64 * 1024
 # Deepest parenthesis nesting in a grammar; llguidance's GBNF converter recurses per level
 # (RecursionError at ~500).
 MAX_GRAMMAR_NESTING = 100
@@ -356,7 +358,7 @@ _validated: OrderedDict[tuple[str, bytes], None] = OrderedDict()
 def _validate(constraint: Constraint) -> None:
     """Compile `constraint` for bytes and run its first step; ValueError if it fails.
 
-    Bounded by the size checks done when the constraint was read; takes ~0.5 s for a
+    Bounded by the size checks done when the constraint was read; takes ~0.3 s for a
     grammar at MAX_GRAMMAR_BYTES, well under 1 ms for usual ones. Remembers successes
     (VALIDATED_CACHE_SIZE), so repeated constraints cost one hash.
     """
@@ -410,7 +412,7 @@ def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
 def validate_constraint_sync(constraint: Constraint) -> None:
     """Validate `constraint` fully on the calling thread (see `validate_constraint`).
 
-    Blocking: up to ~1 s for a grammar at the size bounds. Never call it on the event loop;
+    Blocking: up to ~0.5 s for a grammar at the size bounds. Never call it on the event loop;
     `validate_constraint` runs it on the validation pool with a time bound.
     Raises ValueError naming `constraint.field` (one line, no panic text).
     """
@@ -496,7 +498,7 @@ def parse_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | 
     `read_constraint` followed by `validate_constraint_sync`: bounds first (MAX_GRAMMAR_BYTES,
     MAX_GRAMMAR_NESTING, MAX_JSON_BYTES, MAX_JSON_DEPTH), then the full check (syntax,
     undefined rules, unsupported schema keywords, matching no string) without a model
-    tokenizer. Blocking for up to ~1 s at the size bounds: on the event loop prefer
+    tokenizer. Blocking for up to ~0.5 s at the size bounds: on the event loop prefer
     `read_constraint` + `await validate_constraint(...)`. Raises ValueError naming
     PredictOptions.Grammar, Metadata.json_schema or Metadata.response_format, one line.
     Never touches MLX.
