@@ -19,21 +19,35 @@ this 2-core CPU with SmolLM2's 49,152-token vocabulary:
     so the bitmask is unpacked with numpy and applied with one `mx.where` (~0.1 ms).
 
 Everything a processor does runs on the engine's MLX thread; compilation may run on any
-thread (the caches take a lock).
+thread (the caches take a lock only around lookups, never while compiling).
+
+Bounds (measured on this 2-core CPU, llguidance 1.9.1): a 1 MB GBNF grammar of 100,000
+alternatives costs 1.5 s in the pure-Python GBNF-to-Lark converter (holding the GIL), 8.9 s
+to validate and 9.2 s to compile against SmolLM2's tokenizer, and then fails with a Rust
+panic (`grammar.symbols.len() < u16::MAX`) carrying a backtrace. So every constraint is
+first checked by cheap bounds (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING, MAX_JSON_BYTES,
+MAX_JSON_DEPTH), then validated off the event loop (`validate_constraint`, on a small
+dedicated thread pool with a time bound; llguidance's compile drops the GIL: a 30,000
+alternative validation in a thread left the main thread's 1 ms sleeps at most 4 ms apart).
+Error texts are one line without panic or backtrace text (`clean_error`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
+import hashlib
 import json
 import logging
+import re
 import threading
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import llguidance
 import mlx.core as mx
@@ -55,6 +69,35 @@ JSON_OPTIONS: dict[str, Any] = {
 }
 ANY_JSON_OBJECT = '{"type":"object"}'
 COMPILED_CACHE_SIZE = 64  # compiled grammars kept per tokenizer (LRU)
+
+# --- bounds, checked before any expensive work ---
+# Largest grammar (UTF-8 bytes). 64 KiB holds LocalAI's function-calling grammar for dozens
+# of tools, or ~6,000 short alternatives spread over rules (llguidance allows at most 2,000
+# per rule). Validation is not all GIL-free (the GBNF converter is Python, and part of
+# llguidance's build holds the GIL): at ~100 KB it paused the event loop up to ~150 ms on
+# this loaded 2-core host, at 25 KB not measurably (baseline 17 ms gaps).
+MAX_GRAMMAR_BYTES = 64 * 1024
+# Deepest parenthesis nesting in a grammar; llguidance's GBNF converter recurses per level
+# (RecursionError at ~500).
+MAX_GRAMMAR_NESTING = 100
+# Largest JSON text (UTF-8 bytes) of Metadata.json_schema / Metadata.response_format, or of a
+# JSON schema given in PredictOptions.Grammar.
+MAX_JSON_BYTES = 128 * 1024
+# Deepest JSON nesting (arrays and objects) in those texts; llguidance's schema reader stops
+# at 128 and Python's json at ~1000 with a RecursionError.
+MAX_JSON_DEPTH = 64
+# Steps of the validation walk (see `_walk`): bytes fed to the grammar after its first mask.
+VALIDATE_WALK_BYTES = 8
+# Default time bound (seconds) of `validate_constraint`.
+VALIDATE_TIMEOUT_S = 10.0
+# Threads validating constraints off the event loop; more requests wait their turn.
+VALIDATE_THREADS = 2
+# Validations remembered (by kind and source digest), so a repeated grammar costs nothing.
+VALIDATED_CACHE_SIZE = 256
+# Longest error text taken from llguidance (characters); the rest is cut.
+MAX_ERROR_CHARS = 400
+
+_lock = threading.Lock()  # guards the module's caches; never held while compiling
 
 ConstraintKind = Literal["gbnf", "json_schema", "json_object"]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -78,11 +121,56 @@ class Constraint:
 # --- parsing the request ----------------------------------------------------------------
 
 
+# Characters that matter for JSON nesting: brackets, and quotes/backslashes for strings.
+_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+
+
+def check_json_bounds(
+    raw: str, field: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> None:
+    """Refuse a JSON text too large or too deeply nested to parse safely, before parsing it.
+
+    `raw`: the JSON text. `max_bytes`: most UTF-8 bytes; `max_depth`: most nested arrays
+    and objects (brackets inside strings do not count). Linear in len(raw) and cheap (no
+    parsing, no recursion), so any request field holding JSON can be checked with it.
+    Raises ValueError naming `field` and the limit.
+    """
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ValueError(f"{field} is {size} bytes; the limit is {max_bytes} bytes: shorten it")
+    depth = 0
+    in_string = False
+    skip = -1  # index of a character escaped by a backslash
+    for match in _JSON_STRUCTURE.finditer(raw):
+        pos = match.start()
+        if pos == skip:
+            continue
+        char = match.group()
+        if in_string:
+            if char == "\\":
+                skip = pos + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise ValueError(
+                    f"{field} nests arrays/objects deeper than {max_depth} levels: flatten it"
+                )
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+
+
 def _json_object(raw: str, field: str) -> dict[str, Any]:
+    check_json_bounds(raw, field)
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as err:
         raise ValueError(f"{field} must be a JSON object: {err}") from None
+    except RecursionError:  # unreachable after the depth bound; kept as a safety net
+        raise ValueError(f"{field} nests too deeply: flatten it") from None
     if not isinstance(value, dict):
         raise ValueError(f"{field} must be a JSON object, got {type(value).__name__}")
     return value
@@ -119,6 +207,81 @@ def _response_format(raw: str) -> Constraint | None:
     raise ValueError(f'{field} "type" must be "text", "json_object" or "json_schema", got {kind!r}')
 
 
+def _check_grammar_bounds(text: str, field: str) -> None:
+    """Size and parenthesis-nesting bounds of a GBNF/Lark grammar; ValueError naming `field`."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_GRAMMAR_BYTES:
+        raise ValueError(
+            f"{field} is {size} bytes; the limit is {MAX_GRAMMAR_BYTES} bytes: shorten the grammar"
+        )
+    # Parentheses outside "strings", [classes] and # comments; Lark's /regex/ parentheses
+    # count too (they nest in the regex compiler as well).
+    depth = 0
+    pos = 0
+    n = len(text)
+    while pos < n:
+        match = _GRAMMAR_STRUCTURE.search(text, pos)
+        if match is None:
+            break
+        char = match.group()
+        pos = match.end()
+        if char == "(":
+            depth += 1
+            if depth > MAX_GRAMMAR_NESTING:
+                raise ValueError(
+                    f"{field} nests parentheses deeper than {MAX_GRAMMAR_NESTING} levels: "
+                    "split the grammar into named rules"
+                )
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif char == "#":
+            end = text.find("\n", pos)
+            pos = n if end < 0 else end + 1
+        else:  # a quoted string or character class: skip to its unescaped end
+            close = '"' if char == '"' else "]"
+            while pos < n and text[pos] != close:
+                pos += 2 if text[pos] == "\\" else 1
+            pos += 1
+
+
+_GRAMMAR_STRUCTURE = re.compile(r'[()"\[#]')
+
+# Markers after which llguidance error texts carry internals: a backtrace, parser state,
+# the grammar listing.
+_ERROR_TAIL = re.compile(r"<backtrace>|stack backtrace:|<state>|<grammar>|\nnote: run with")
+_LISTING_LINE = re.compile(r"^\s*(\d+\s*\|.*|\^+\s*)$")  # "  3 | start: ..." and "   ^"
+
+
+def clean_error(message: str) -> str:
+    """One line of an llguidance/converter error: no panic, backtrace, state or listing.
+
+    Keeps the message's own lines (joined by spaces), drops everything from a backtrace,
+    `<state>` or `<grammar>` marker on, grammar listing lines ("3 | ...") and caret lines;
+    a Rust panic ("panic: X" or "thread ... panicked at ...: X") becomes "internal error: X".
+    At most MAX_ERROR_CHARS characters; "unknown error" when nothing is left.
+    """
+    text = str(message)
+    tail = _ERROR_TAIL.search(text)
+    if tail is not None:
+        text = text[: tail.start()]
+    lines = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or _LISTING_LINE.match(line):
+            continue
+        if line.startswith("thread ") and " panicked at " in line:
+            continue  # "thread 'x' panicked at src/file.rs:1:2:"; the reason follows
+        lines.append(line)
+    text = " ".join(" ".join(lines).split())
+    panicked = text.startswith("panic:") or "panicked" in str(message)
+    text = re.sub(r"^panic:\s*", "", text)
+    if panicked:
+        text = f"internal error: {text}" if text else "internal error"
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 1].rstrip() + "…"
+    return text or "unknown error"
+
+
 def _to_llguidance(constraint: Constraint) -> str:
     """The llguidance grammar for a constraint; ValueError naming the field if it fails."""
     try:
@@ -127,26 +290,202 @@ def _to_llguidance(constraint: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(
             constraint.source, defaults=JSON_OPTIONS
         )
+    except RecursionError:
+        raise ValueError(
+            f"{constraint.field} nests too deeply: split the {_what(constraint)} into "
+            "smaller named parts"
+        ) from None
     except Exception as err:  # the GBNF converter is pure Python and raises many types
-        raise ValueError(f"{constraint.field} is not a valid {_what(constraint)}: {err}") from None
+        raise ValueError(
+            f"{constraint.field} is not a valid {_what(constraint)}: {clean_error(str(err))}"
+        ) from None
 
 
 def _what(constraint: Constraint) -> str:
     return "GBNF grammar" if constraint.kind == "gbnf" else "JSON schema"
 
 
-def _validate(constraint: Constraint) -> None:
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        _to_llguidance(constraint)
+def _matcher_error(constraint: Constraint, matcher: llguidance.LLMatcher) -> ValueError | None:
+    """The ValueError for a matcher in its error state (None when it is not)."""
+    if not matcher.is_error():
+        return None
+    message = matcher.get_error() or ""
+    if message.startswith("NoExtensionBias") and not matcher.is_accepting():
+        # llguidance stops with "NoExtensionBias" when no byte can start a match.
+        return ValueError(
+            f"{constraint.field}: the {_what(constraint)} matches no string (not even the "
+            "empty one), so no output could satisfy it: check its rules, e.g. a rule "
+            "defined only by itself such as `root ::= root`"
+        )
+    return ValueError(
+        f"{constraint.field} is not a valid {_what(constraint)}: {clean_error(message)}"
     )
-    if is_error:
-        raise ValueError(f"{constraint.field} is not a valid {_what(constraint)}: {messages[0]}")
-    for message in messages:
-        logger.warning("%s: %s", constraint.field, message)
+
+
+class _ByteTokens:
+    """A 257-token vocabulary: the 256 bytes and an end token; what validation compiles to.
+
+    Own code because llguidance needs some tokenizer to run a grammar's first step, and
+    any model tokenizer costs ~2 s to build; with single bytes, a grammar whose first
+    step allows nothing is exactly one that matches no string.
+    """
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens: ClassVar[list[bytes]] = [bytes([i]) for i in range(256)] + [b"<end>"]
+    special_token_ids: ClassVar[list[int]] = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+_byte_tokenizer: llguidance.LLTokenizer | None = None
+
+
+def _validation_tokenizer() -> llguidance.LLTokenizer:
+    global _byte_tokenizer
+    with _lock:
+        if _byte_tokenizer is None:
+            _byte_tokenizer = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_ByteTokens()), slices=[]
+            )
+        return _byte_tokenizer
+
+
+_validated: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+
+
+def _validate(constraint: Constraint) -> None:
+    """Compile `constraint` for bytes and run its first step; ValueError if it fails.
+
+    Bounded by the size checks done when the constraint was read; takes ~0.3 s for a
+    grammar at MAX_GRAMMAR_BYTES, well under 1 ms for usual ones. Remembers successes
+    (VALIDATED_CACHE_SIZE), so repeated constraints cost one hash.
+    """
+    key = (constraint.kind, hashlib.sha256(constraint.source.encode("utf-8", "replace")).digest())
+    with _lock:
+        if key in _validated:
+            _validated.move_to_end(key)
+            return
+    if constraint.kind == "gbnf":
+        _check_grammar_bounds(constraint.source, constraint.field)
+    else:
+        check_json_bounds(constraint.source, constraint.field)
+    matcher = llguidance.LLMatcher(_validation_tokenizer(), _to_llguidance(constraint), log_level=0)
+    error = _matcher_error(constraint, matcher)
+    if error is not None:
+        raise error
+    _walk(constraint, matcher)
+    for message in matcher.get_grammar_warnings():
+        logger.warning("%s: %s", constraint.field, clean_error(message))
+    with _lock:
+        _validated[key] = None
+        if len(_validated) > VALIDATED_CACHE_SIZE:
+            _validated.popitem(last=False)
+
+
+def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
+    """Run the first VALIDATE_WALK_BYTES steps, always taking the lowest allowed byte.
+
+    The first step finds a grammar that matches no string; the next ones find limits that
+    llguidance only meets while parsing, e.g. a rule with more than 2,000 alternatives
+    ("Current row has N items; max is 2000"), which would otherwise fail mid-generation.
+    """
+    for step in range(VALIDATE_WALK_BYTES):
+        allowed = np.unpackbits(
+            np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )[:256]
+        if matcher.is_error():
+            if step > 0 and matcher.get_error().startswith("NoExtensionBias"):
+                return  # a dead branch deeper in: other bytes may still lead somewhere
+            error = _matcher_error(constraint, matcher)
+            if error is not None:
+                raise error
+        nonzero = np.flatnonzero(allowed)
+        if nonzero.size == 0 or matcher.is_stopped():
+            return
+        matcher.consume_token(int(nonzero[0]))
+        if matcher.is_error():
+            raise _matcher_error(constraint, matcher)  # type: ignore[misc]
+
+
+def validate_constraint_sync(constraint: Constraint) -> None:
+    """Validate `constraint` fully on the calling thread (see `validate_constraint`).
+
+    Blocking: up to ~0.5 s for a grammar at the size bounds. Never call it on the event loop;
+    `validate_constraint` runs it on the validation pool with a time bound.
+    Raises ValueError naming `constraint.field` (one line, no panic text).
+    """
+    _validate(constraint)
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _validation_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=VALIDATE_THREADS, thread_name_prefix="grammar-validate"
+            )
+        return _pool
+
+
+async def validate_constraint(
+    constraint: Constraint | None, timeout_s: float = VALIDATE_TIMEOUT_S
+) -> None:
+    """Validate a constraint read by `read_constraint`, off the event loop; await it
+    before queueing the request.
+
+    Runs on a dedicated pool of VALIDATE_THREADS threads (llguidance drops the GIL while
+    compiling, so the loop keeps serving Health and other requests). Checks: the size and
+    nesting bounds, the grammar or schema compiles, and it matches at least one string.
+    `timeout_s`: seconds to wait, including any wait for a free thread; on expiry the
+    request is refused (a compile already running finishes in the background; one not yet
+    started is dropped). None is accepted and does nothing.
+
+    Raises ValueError naming `constraint.field`: invalid, too large, matching no string, or
+    not validated within `timeout_s` (INVALID_ARGUMENT at the edge).
+    """
+    if constraint is None:
+        return
+    future = asyncio.get_running_loop().run_in_executor(_validation_pool(), _validate, constraint)
+    try:
+        await asyncio.wait_for(future, timeout_s)
+    except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on
+        raise ValueError(
+            f"{constraint.field}: the {_what(constraint)} did not compile within "
+            f"{timeout_s:g} s: simplify it"
+        ) from None
+
+
+def read_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | None:
+    """Read a request's output constraint without compiling it; None when it has none.
+
+    Cheap and bounded (size and nesting bounds, JSON parsing), so it may run on the event
+    loop; follow it with `await validate_constraint(...)`. Same sources and errors as
+    `parse_constraint`, except the compile checks that `validate_constraint` does.
+    """
+    constraint: Constraint | None = None
+    if grammar.strip():
+        if grammar.lstrip().startswith("{"):  # no GBNF or Lark grammar starts with "{"
+            constraint = _schema_constraint(_json_object(grammar, GRAMMAR_FIELD), GRAMMAR_FIELD)
+        else:
+            _check_grammar_bounds(grammar, GRAMMAR_FIELD)
+            constraint = Constraint("gbnf", grammar, GRAMMAR_FIELD)
+    elif metadata.get("json_schema", "").strip():
+        schema = _json_object(metadata["json_schema"], JSON_SCHEMA_FIELD)
+        if isinstance(schema.get("schema"), dict):  # OpenAI's {"name", "schema", "strict"}
+            schema = schema["schema"]
+        constraint = _schema_constraint(schema, JSON_SCHEMA_FIELD)
+    elif metadata.get("response_format", "").strip():
+        constraint = _response_format(metadata["response_format"].strip())
+    return constraint
 
 
 def parse_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | None:
-    """Read a request's output constraint; None when it has none.
+    """Read a request's output constraint and validate it on this thread; None when it has none.
 
     Sources, first match wins: `grammar` (PredictOptions.Grammar: GBNF as LocalAI sends
     it for JSON mode and function calling, or a JSON schema when the text is a JSON
@@ -156,24 +495,15 @@ def parse_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | 
     {"type": "text"}, or the bare type name). Empty or whitespace values count as absent;
     fields after the winner are not read.
 
-    The winner is checked fully here (syntax, undefined rules, unsupported schema
-    keywords) without a tokenizer, so bad input fails before it reaches the engine.
-    Raises ValueError naming PredictOptions.Grammar, Metadata.json_schema or
-    Metadata.response_format. Never touches MLX.
+    `read_constraint` followed by `validate_constraint_sync`: bounds first (MAX_GRAMMAR_BYTES,
+    MAX_GRAMMAR_NESTING, MAX_JSON_BYTES, MAX_JSON_DEPTH), then the full check (syntax,
+    undefined rules, unsupported schema keywords, matching no string) without a model
+    tokenizer. Blocking for up to ~0.5 s at the size bounds: on the event loop prefer
+    `read_constraint` + `await validate_constraint(...)`. Raises ValueError naming
+    PredictOptions.Grammar, Metadata.json_schema or Metadata.response_format, one line.
+    Never touches MLX.
     """
-    constraint: Constraint | None = None
-    if grammar.strip():
-        if grammar.lstrip().startswith("{"):  # no GBNF or Lark grammar starts with "{"
-            constraint = _schema_constraint(_json_object(grammar, GRAMMAR_FIELD), GRAMMAR_FIELD)
-        else:
-            constraint = Constraint("gbnf", grammar, GRAMMAR_FIELD)
-    elif metadata.get("json_schema", "").strip():
-        schema = _json_object(metadata["json_schema"], JSON_SCHEMA_FIELD)
-        if isinstance(schema.get("schema"), dict):  # OpenAI's {"name", "schema", "strict"}
-            schema = schema["schema"]
-        constraint = _schema_constraint(schema, JSON_SCHEMA_FIELD)
-    elif metadata.get("response_format", "").strip():
-        constraint = _response_format(metadata["response_format"].strip())
+    constraint = read_constraint(grammar, metadata)
     if constraint is not None:
         _validate(constraint)
     return constraint
@@ -216,7 +546,6 @@ def _eos_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
-_lock = threading.Lock()
 _by_tokenizer: weakref.WeakKeyDictionary[Any, _Compiled] = weakref.WeakKeyDictionary()
 
 
@@ -251,26 +580,34 @@ def _compiled_matcher(
         if template is not None:
             compiled.matchers.move_to_end(key)
             return template.deep_copy(), compiled
-        start = time.perf_counter()
-        template = llguidance.LLMatcher(
-            compiled.llg_tokenizer, _to_llguidance(constraint), log_level=0
-        )
-        logger.debug(
-            "compiled %s from %s in %.1f ms",
-            constraint.kind,
-            constraint.field,
-            1e3 * (time.perf_counter() - start),
-        )
-        if template.is_error():
-            raise ValueError(
-                f"{constraint.field} is not a valid {_what(constraint)}: {template.get_error()}"
-            )
-        for warning in template.get_grammar_warnings():
-            logger.warning("%s: %s", constraint.field, warning)
+    # Compiled without the lock (llguidance drops the GIL), so a long compile on one
+    # thread never stalls another thread's cache hits.
+    if constraint.kind == "gbnf":
+        _check_grammar_bounds(constraint.source, constraint.field)
+    else:
+        check_json_bounds(constraint.source, constraint.field)
+    start = time.perf_counter()
+    template = llguidance.LLMatcher(compiled.llg_tokenizer, _to_llguidance(constraint), log_level=0)
+    logger.debug(
+        "compiled %s from %s in %.1f ms",
+        constraint.kind,
+        constraint.field,
+        1e3 * (time.perf_counter() - start),
+    )
+    error = _matcher_error(constraint, template)
+    if error is None:
+        template.compute_bitmask()  # the first step: a grammar matching nothing stops here
+        error = _matcher_error(constraint, template)
+    if error is not None:
+        raise error
+    for warning in template.get_grammar_warnings():
+        logger.warning("%s: %s", constraint.field, clean_error(warning))
+    with _lock:
         compiled.matchers[key] = template
+        compiled.matchers.move_to_end(key)
         if len(compiled.matchers) > COMPILED_CACHE_SIZE:
             compiled.matchers.popitem(last=False)
-        return template.deep_copy(), compiled
+    return template.deep_copy(), compiled
 
 
 # --- the per-request processor -----------------------------------------------------------

@@ -12,6 +12,14 @@ Owns two pure functions the engine thread calls with the loaded mlx-lm model and
 Never imports grpc or touches the engine's batch; raises ``ValueError`` (naming the field
 or option) for bad input, which the engine turns into INVALID_ARGUMENT.
 
+Bounded and cancellable, because both run on the engine thread and every other request
+waits for them: Score takes at most ``MAX_SCORE_CANDIDATES`` candidates of at most
+``MAX_SCORE_TOKENS`` tokens in all, and both functions take ``should_stop``, a cheap
+callable checked before every forward call (each candidate, each ``step``-token chunk) and
+between candidate tokenizations; when it returns True they raise ``errors.Cancelled``
+within one forward call. Measured before: 600 candidates kept the engine busy ~56 s after
+the client's 5 s deadline.
+
 Tokenization rule for Score: ``P = encode(prompt)`` and ``F = encode(prompt + candidate)``;
 the candidate's tokens are ``F[k:]`` where ``k`` is the length of the longest common prefix
 of ``P`` and ``F``, and the first of them is conditioned on ``F[:k]``. BPE may merge the end
@@ -34,13 +42,17 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 import prompt as prompt_mod
+from errors import Cancelled
 from output import OutputPipeline
 from prompt_cache import PromptCache
 
 __all__ = [
+    "MAX_SCORE_CANDIDATES",
+    "MAX_SCORE_TOKENS",
     "POOLINGS",
     "CandidateResult",
     "EmbeddingOutput",
+    "check_candidates",
     "embed",
     "embed_tokens",
     "embedding_settings",
@@ -49,6 +61,44 @@ __all__ = [
 
 DEFAULT_STEP = 512  # tokens per forward chunk: bounds attention and logits memory
 POOLINGS = ("mean", "last", "none")
+# Most candidates in one Score request: each costs a KV copy and a forward call on the
+# engine thread (600 of them measured ~56 s on this 2-core CPU with SmolLM2-135M).
+MAX_SCORE_CANDIDATES = 256
+# Most candidate tokens in one Score request, summed over candidates (the tokens fed
+# beyond the shared prompt).
+MAX_SCORE_TOKENS = 16384
+
+ShouldStop = Callable[[], bool]
+
+
+def _stopper(should_stop: ShouldStop | None, what: str) -> Callable[[], None]:
+    """A check that raises Cancelled naming `what` once `should_stop()` is True."""
+
+    def check() -> None:
+        if should_stop is not None and should_stop():
+            raise Cancelled(f"{what} cancelled: the client went away or its deadline passed")
+
+    return check
+
+
+def check_candidates(
+    candidates: Sequence[str], *, max_candidates: int = MAX_SCORE_CANDIDATES
+) -> None:
+    """Cheap checks of a Score request's candidates, safe on the event loop.
+
+    No tokenizing: at least one candidate, at most ``max_candidates``, none empty. Raises
+    ValueError naming ``candidates`` (or ``candidates[i]``) and the limit.
+    """
+    if not candidates:
+        raise ValueError("candidates is empty: give at least one continuation to score")
+    if len(candidates) > max_candidates:
+        raise ValueError(
+            f"candidates has {len(candidates)} entries; the limit is {max_candidates} "
+            "(MAX_SCORE_CANDIDATES): split them over several requests"
+        )
+    for i, cand in enumerate(candidates):
+        if not cand:
+            raise ValueError(f"candidates[{i}] is empty: every candidate needs some text")
 
 
 @dataclass(frozen=True)
@@ -98,6 +148,9 @@ def score(
     context_len: int | None = None,
     prefill_step: int = DEFAULT_STEP,
     max_kv_size: int | None = None,
+    should_stop: ShouldStop | None = None,
+    max_candidates: int = MAX_SCORE_CANDIDATES,
+    max_candidate_tokens: int = MAX_SCORE_TOKENS,
 ) -> list[CandidateResult]:
     """Joint log-probability of each candidate continuation of ``prompt``.
 
@@ -119,27 +172,35 @@ def score(
         prefill_step: most tokens per forward call.
         max_kv_size: as the engine's option: a rotating KV cache of that many tokens,
             so prompt-cache entries have the type generation makes; None: unbounded.
+        should_stop: called (cheaply, from this thread) between candidate tokenizations
+            and before every forward call; True cancels the request.
+        max_candidates: most candidates (default MAX_SCORE_CANDIDATES).
+        max_candidate_tokens: most candidate tokens summed over candidates (default
+            MAX_SCORE_TOKENS); checked while tokenizing, before any forward call.
 
     Returns:
         One :class:`CandidateResult` per candidate, in order.
 
     Raises:
-        ValueError: no candidates; an empty candidate (names ``candidates[i]``); a
-            candidate that adds no tokens; an empty prompt (or one whose first token
-            merges into a candidate) with a tokenizer that has no BOS token; a sequence
-            longer than ``context_len``.
+        ValueError: no candidates, or more than ``max_candidates`` (names ``candidates``);
+            an empty candidate (names ``candidates[i]``); a candidate that adds no
+            tokens; more than ``max_candidate_tokens`` candidate tokens; an empty prompt
+            (or one whose first token merges into a candidate) with a tokenizer that has
+            no BOS token; a sequence longer than ``context_len``.
+        errors.Cancelled: ``should_stop()`` returned True; nothing is returned (a prompt
+            prefix already computed may stay in ``cache``).
     """
-    if not candidates:
-        raise ValueError("candidates is empty: give at least one continuation to score")
-    for i, cand in enumerate(candidates):
-        if not cand:
-            raise ValueError(f"candidates[{i}] is empty: every candidate needs some text")
+    check_candidates(candidates, max_candidates=max_candidates)
+    check = _stopper(should_stop, "Score")
     step = _check_step(prefill_step)
+    check()
     prompt_ids = prompt_mod.encode(tokenizer, prompt)
     # Per candidate: its whole sequence and how many leading tokens are context.
     seqs: list[list[int]] = []
     ctx: list[int] = []
+    total_tokens = 0
     for i, cand in enumerate(candidates):
+        check()
         full = prompt_mod.encode(tokenizer, prompt + cand)
         k = _shared_prefix(prompt_ids, full)
         if k == len(full):
@@ -151,6 +212,14 @@ def score(
             raise ValueError(
                 f"prompt + candidates[{i}] is {len(full)} tokens but the context holds "
                 f"{context_len}: shorten the prompt or the candidate"
+            )
+        total_tokens += len(full) - k
+        if total_tokens > max_candidate_tokens:
+            raise ValueError(
+                f"candidates add {total_tokens} tokens to the prompt by candidates[{i}]; "
+                f"the limit is {max_candidate_tokens} candidate tokens per request "
+                "(MAX_SCORE_TOKENS): "
+                "send fewer or shorter candidates"
             )
         seqs.append(full)
         ctx.append(k)
@@ -164,13 +233,14 @@ def score(
     def new_kv() -> list:
         return make_prompt_cache(model, max_kv_size)
 
-    base_kv = _prefix_kv(model, new_kv, seqs[0][: base_len + 1], cache, model_key, step)
+    base_kv = _prefix_kv(model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check)
 
     token_texts = _TokenTexts(tokenizer) if include_token_logprobs else None
     results = []
     for seq, k in zip(seqs, ctx, strict=True):
         kv = copy.deepcopy(base_kv) if base_kv is not None else new_kv()
-        lps = _target_logprobs(model, kv, seq, base_len, k, step)
+        check()
+        lps = _target_logprobs(model, kv, seq, base_len, k, step, check)
         total = math.fsum(lps)
         targets = seq[k:]
         tokens = ()
@@ -209,6 +279,7 @@ def _prefix_kv(
     cache: PromptCache | None,
     model_key: str,
     step: int,
+    check: Callable[[], None],
 ) -> list | None:
     """KV of ``probe[:-1]`` (None when that is empty), via ``cache`` when given.
 
@@ -219,26 +290,33 @@ def _prefix_kv(
         return None
     if cache is None:
         kv = new_kv()
-        _prefill(model, kv, probe[:-1], step)
+        _prefill(model, kv, probe[:-1], step, check)
         return kv
     lookup = cache.fetch(model_key, probe)
     kv = lookup.kv if lookup.kv is not None else new_kv()
     todo = lookup.rest[:-1]
     if todo:
-        _prefill(model, kv, todo, step)
+        _prefill(model, kv, todo, step, check)
         # The cache owns what it stores; the forks copy from our own reference.
         cache.insert(model_key, probe[:-1], copy.deepcopy(kv))
     return kv
 
 
-def _prefill(model: Any, kv: list, tokens: list[int], step: int) -> None:
+def _prefill(model: Any, kv: list, tokens: list[int], step: int, check: Callable[[], None]) -> None:
     for start in range(0, len(tokens), step):
+        check()
         model(mx.array(tokens[start : start + step])[None], cache=kv)
         mx.eval([c.state for c in kv])
 
 
 def _target_logprobs(
-    model: Any, kv: list, seq: list[int], fed: int, ctx: int, step: int
+    model: Any,
+    kv: list,
+    seq: list[int],
+    fed: int,
+    ctx: int,
+    step: int,
+    check: Callable[[], None],
 ) -> list[float]:
     """Log-probs (natural log, float32 softmax) of ``seq[ctx:]``, teacher-forced.
 
@@ -249,6 +327,8 @@ def _target_logprobs(
     first = ctx - 1 - fed  # the first row that predicts a candidate token
     out: list[mx.array] = []
     for start in range(0, len(inputs), step):
+        if start:
+            check()  # the caller checked before the first chunk
         chunk = inputs[start : start + step]
         logits = model(mx.array(chunk)[None], cache=kv)[0]
         lo = max(first - start, 0)
@@ -285,17 +365,25 @@ def embed(
     normalize: bool | int = True,
     context_len: int | None = None,
     step: int = DEFAULT_STEP,
+    should_stop: ShouldStop | None = None,
 ) -> EmbeddingOutput:
     """Embed ``text``: :func:`embed_tokens` of ``prompt.encode(tokenizer, text)``.
 
     The token count matches TokenizeString's. Raises ValueError as :func:`embed_tokens`,
-    and for a text with no tokens.
+    and for a text with no tokens; errors.Cancelled when ``should_stop()`` returns True
+    (checked after tokenizing and before every chunk).
     """
     ids = prompt_mod.encode(tokenizer, text)
     if not ids:
         raise ValueError("the text to embed is empty: give some text (Embeddings)")
     return embed_tokens(
-        model, ids, pooling=pooling, normalize=normalize, context_len=context_len, step=step
+        model,
+        ids,
+        pooling=pooling,
+        normalize=normalize,
+        context_len=context_len,
+        step=step,
+        should_stop=should_stop,
     )
 
 
@@ -307,6 +395,7 @@ def embed_tokens(
     normalize: bool | int = True,
     context_len: int | None = None,
     step: int = DEFAULT_STEP,
+    should_stop: ShouldStop | None = None,
 ) -> EmbeddingOutput:
     """Pooled final hidden states (after the final norm) of ``token_ids``.
 
@@ -324,6 +413,8 @@ def embed_tokens(
             -1 none, 0 max-abs scaled to int16 range, 1 taxicab, 2 L2, p > 2 p-norm.
         context_len: the model's context in tokens; longer inputs are refused.
         step: most tokens per forward call.
+        should_stop: called (cheaply, from this thread) before every chunk; True
+            cancels the request.
 
     Returns:
         An :class:`EmbeddingOutput` of float32 values.
@@ -332,6 +423,7 @@ def embed_tokens(
         ValueError: an unknown pooling (names option ``embedding_pooling``) or
             normalization (names ``embedding_normalize``); an architecture without
             ``model.model``; empty, out-of-vocabulary or too many tokens.
+        errors.Cancelled: ``should_stop()`` returned True.
     """
     if pooling not in POOLINGS:
         raise ValueError(
@@ -361,7 +453,9 @@ def embed_tokens(
     total: mx.array | None = None
     rows: list[mx.array] = []
     last: mx.array | None = None
+    check = _stopper(should_stop, "Embedding")
     for start in range(0, len(ids), step):
+        check()
         h = body(mx.array(ids[start : start + step])[None], cache=kv)
         if not isinstance(h, mx.array) or h.ndim != 3:
             raise ValueError(

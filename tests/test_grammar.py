@@ -9,6 +9,7 @@ non-batched `generate_step`.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import json
@@ -371,3 +372,177 @@ def test_yes_no_through_the_non_batched_generate_step(smol) -> None:
             break
     assert text_of(tok, tokens) in ("yes", "no")
     assert_parses(c, tok, tokens)
+
+
+# --- bounds, validation off the event loop, clean errors ------------------------------------
+
+
+def alternatives(n: int) -> str:
+    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
+
+
+def assert_one_clean_line(message: str) -> None:
+    assert "\n" not in message and "\r" not in message
+    for junk in ("panicked", "backtrace", "stack backtrace", "<state>", "<grammar>", " | "):
+        assert junk not in message.lower(), message
+
+
+def test_a_1mb_grammar_of_100k_alternatives_is_refused_by_the_size_bound() -> None:
+    huge = alternatives(100_000)
+    assert len(huge.encode()) > 1_000_000
+    expected = f"PredictOptions.Grammar is {len(huge.encode())} bytes; the limit is 65536 bytes"
+    assert grammar.MAX_GRAMMAR_BYTES == 65536
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        parse_constraint(huge, {})
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        grammar.read_constraint(huge, {})
+    # Built directly (not read from a request): the compile paths check the bound too.
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        asyncio.run(grammar.validate_constraint(Constraint("gbnf", huge, GRAMMAR)))
+
+
+GRAMMAR = "PredictOptions.Grammar"
+
+
+def test_a_moderately_large_grammar_still_compiles_and_constrains(tok) -> None:
+    text = alternatives(1500)  # ~14 KB, under llguidance's 2,000 alternatives per rule
+    c = parse_constraint(text, {})
+    assert c == Constraint("gbnf", text, GRAMMAR)
+    asyncio.run(grammar.validate_constraint(c))
+    proc = make_constraint_processor(c, tok)
+    first = allowed(proc(mx.array([1]), mx.zeros((1, len(tok)))))
+    assert first and all(re.fullmatch(r"w\d*", tok.decode([t])) for t in first)
+    last = tok.encode("w1499", add_special_tokens=False)
+    context = [1]
+    for t in last:
+        assert t in allowed(proc(mx.array(context), mx.zeros((1, len(tok)))))
+        context.append(t)
+    assert allowed(proc(mx.array(context), mx.zeros((1, len(tok))))) == tok.eos_token_ids
+
+
+def test_a_rule_wider_than_llguidance_parses_is_refused_before_decoding(tok) -> None:
+    with pytest.raises(ValueError, match=r"^PredictOptions\.Grammar is not .*max is 2000") as err:
+        parse_constraint(alternatives(3000), {})
+    assert_one_clean_line(str(err.value))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["root ::= root", "root ::= a\na ::= b\nb ::= a", 'root ::= x "a"\nx ::= x'],
+)
+def test_a_grammar_matching_no_string_is_refused(tok, text) -> None:
+    match = r"PredictOptions\.Grammar: the GBNF grammar matches no string"
+    with pytest.raises(ValueError, match=match):
+        parse_constraint(text, {})
+    c = grammar.read_constraint(text, {})  # reading alone does not compile
+    assert c == Constraint("gbnf", text, GRAMMAR)
+    with pytest.raises(ValueError, match=match):
+        asyncio.run(grammar.validate_constraint(c))
+    with pytest.raises(ValueError, match=match):
+        make_constraint_processor(c, tok)
+
+
+def test_the_empty_string_grammar_is_not_refused() -> None:
+    assert parse_constraint('root ::= ""', {}).kind == "gbnf"
+
+
+def nested_schema(levels: int) -> str:
+    """A JSON schema `levels` objects deep, as text (json.dumps recurses too deeply)."""
+    return '{"type": "object", "properties": {"a": ' * levels + '{"type": "string"}' + "}}" * levels
+
+
+@pytest.mark.parametrize(
+    ("grammar_text", "metadata", "field", "message"),
+    [
+        ("", {"json_schema": nested_schema(500)}, "Metadata.json_schema", "deeper"),
+        ("", {"json_schema": "[" * 5000 + "]" * 5000}, "Metadata.json_schema", "deeper than 64"),
+        ("", {"json_schema": "[" * 100_000 + "]" * 100_000}, "Metadata.json_schema", "limit is"),
+        (
+            "",
+            {"response_format": '{"type": "json_object", "schema": ' + nested_schema(80) + "}"},
+            "Metadata.response_format",
+            "deeper than 64",
+        ),
+        ('{"a":' * 3000 + "1" + "}" * 3000, {}, "PredictOptions.Grammar", "deeper than 64"),
+        ("root ::= " + "(" * 150 + '"a"' + ")" * 150, {}, GRAMMAR, "deeper than 100"),
+        ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, {}, GRAMMAR, "parentheses deeper"),
+    ],
+)
+def test_deep_nesting_is_a_clean_value_error(grammar_text, metadata, field, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        parse_constraint(grammar_text, metadata)
+    assert str(err.value).startswith(field)
+    assert_one_clean_line(str(err.value))
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    schema = {"type": "string", "description": '[{"\\' * 200 + "]"}
+    assert parse_constraint("", {"json_schema": json.dumps(schema)}).kind == "json_schema"
+    grammar.check_json_bounds('{"a": "\\"[[[["}', "x", max_depth=1)
+    with pytest.raises(ValueError, match=r"^x nests arrays/objects deeper than 1 levels"):
+        grammar.check_json_bounds('{"a": ["\\\\"]}', "x", max_depth=1)
+    # Parentheses in GBNF strings, classes and comments do not count either.
+    text = 'root ::= "(((" [(] "a" # ((((\n' * 1 + 'x ::= "\\"((("'
+    grammar._check_grammar_bounds(text.replace("(((", "(" * 300), GRAMMAR)
+
+
+def test_real_llguidance_errors_come_out_as_one_line() -> None:
+    # llguidance's regex error spans lines, with the converted grammar listed under it.
+    with pytest.raises(ValueError, match="invalid hexadecimal digit") as err:
+        parse_constraint("root ::= [\\U0010FFFF-\\U00000000]", {})
+    assert str(err.value).startswith("PredictOptions.Grammar is not a valid GBNF grammar: ")
+    assert_one_clean_line(str(err.value))
+    with pytest.raises(ValueError, match=r"^Metadata\.json_schema") as err:
+        parse_constraint("", {"json_schema": '{"type": "string", "pattern": "(("}'})
+    assert_one_clean_line(str(err.value))
+
+
+# What llguidance 1.9.1 returned compiling the 1 MB grammar above against SmolLM2's
+# tokenizer (after 20 s), cut to its first frames.
+PANIC = (
+    "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n<backtrace>\n"
+    "   0: <unknown>\n   1: <unknown>\n  16: type_call\n"
+    "             at /tmp/Python-3.11.7/Objects/typeobject.c:1091:11\n"
+)
+
+
+def test_clean_error_strips_panics_backtraces_and_listings() -> None:
+    assert grammar.clean_error(PANIC) == (
+        "internal error: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10"
+    )
+    rust = (
+        "thread '<unnamed>' panicked at parser/src/earley/grammar.rs:12:5:\n"
+        "index out of bounds\nnote: run with `RUST_BACKTRACE=1` to display a backtrace\n"
+    )
+    assert grammar.clean_error(rust) == "internal error: index out of bounds"
+    listing = "at 3(8): bad regex\n   1 | %llguidance {}\n   3 | start: /x/\n         ^\n"
+    assert grammar.clean_error(listing) == "at 3(8): bad regex"
+    state = "NoExtensionBias\n<state>\nTokens: x\n</state><grammar>\nstart: start\n</grammar>"
+    assert grammar.clean_error(state) == "NoExtensionBias"
+    assert len(grammar.clean_error("x" * 5000)) == grammar.MAX_ERROR_CHARS
+    assert grammar.clean_error("\n \n") == "unknown error"
+
+
+def test_validate_constraint_runs_off_the_event_loop_with_a_time_bound() -> None:
+    rules = [" | ".join(f"r{k}" for k in range(60))]
+    rules += [" | ".join(f'"{k}x{i}"' for i in range(100)) for k in range(60)]
+    text = "\n".join(f"r{k} ::= {rule}" for k, rule in enumerate(rules, -1)).replace("r-1", "root")
+    big = grammar.read_constraint(text, {})
+    assert len(big.source.encode()) < grammar.MAX_GRAMMAR_BYTES
+
+    async def main() -> int:
+        ticks = 0
+        task = asyncio.ensure_future(grammar.validate_constraint(big))
+        while not task.done():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        await task
+        # A grammar already validated, or none: no error; an expired bound: ValueError.
+        await grammar.validate_constraint(big)
+        await grammar.validate_constraint(None)
+        with pytest.raises(ValueError, match=r"^PredictOptions\.Grammar: .* within 0 s"):
+            await grammar.validate_constraint(grammar.read_constraint(YES_NO + " ", {}), 0)
+        return ticks
+
+    # The loop kept running while ~60 KB of grammar compiled on the pool.
+    assert asyncio.run(main()) >= 5

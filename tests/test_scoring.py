@@ -9,6 +9,7 @@ import pytest
 
 import model_loader
 import scoring
+from errors import Cancelled
 from prompt_cache import PromptCache
 
 PROMPT = "The capital of France is"
@@ -140,6 +141,74 @@ def test_score_errors(lm):
         scoring.score(model, tok, PROMPT, [" Paris"], context_len=5)
 
 
+class Counting:
+    """The real model, counting forward calls (of the model, or of its decoder stack)."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._inner(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_should_stop_cancels_between_candidates(lm, france):
+    model, tok = lm
+    counted = Counting(model)
+    candidates = [f" city number {i}" for i in range(10)]
+    # One forward call for the shared prompt, then one per candidate: stop after 3.
+    with pytest.raises(Cancelled, match="Score cancelled") as err:
+        scoring.score(counted, tok, PROMPT, candidates, should_stop=lambda: counted.calls >= 4)
+    assert err.value.status == "CANCELLED"
+    assert counted.calls == 4
+    # Chunked feeding checks before every chunk too: 1-token chunks, stop after 3 calls.
+    counted.calls = 0
+    with pytest.raises(Cancelled):
+        scoring.score(
+            counted,
+            tok,
+            PROMPT,
+            [" a big city"],
+            prefill_step=1,
+            should_stop=lambda: counted.calls >= 3,
+        )
+    assert counted.calls == 3
+    # A should_stop that never fires changes nothing.
+    results = scoring.score(
+        model,
+        tok,
+        PROMPT,
+        [" Paris", " Berlin", " a big city"],
+        include_token_logprobs=True,
+        should_stop=lambda: False,
+    )
+    assert results == france
+
+
+def test_score_bounds(lm):
+    model, tok = lm
+    assert scoring.MAX_SCORE_CANDIDATES == 256
+    too_many = [" x"] * (scoring.MAX_SCORE_CANDIDATES + 1)
+    with pytest.raises(ValueError, match=r"^candidates has 257 entries; the limit is 256"):
+        scoring.score(model, tok, PROMPT, too_many)
+    with pytest.raises(ValueError, match=r"^candidates has 257 entries"):
+        scoring.check_candidates(too_many)
+    with pytest.raises(ValueError, match=r"candidates\[1\] is empty"):
+        scoring.check_candidates([" a", ""])
+    scoring.check_candidates([" a"] * 256)
+    with pytest.raises(ValueError, match="the limit is 3 "):
+        scoring.score(model, tok, PROMPT, [" a", " b", " c", " d"], max_candidates=3)
+    # " a big city" is 3 tokens: two of them exceed a 5-token budget at candidates[1].
+    with pytest.raises(ValueError, match=r"6 tokens .* by candidates\[1\]; the limit is 5 "):
+        scoring.score(model, tok, PROMPT, [" a big city"] * 2, max_candidate_tokens=5)
+    (ok,) = scoring.score(model, tok, PROMPT, [" a big city"], max_candidate_tokens=3)
+    assert ok.num_tokens == 3
+
+
 # --------------------------------------------------------------------------- embeddings
 def test_paraphrases_are_closer_than_unrelated_sentences(lm):
     model, tok = lm
@@ -171,6 +240,32 @@ def test_pooling_options_match_the_hidden_states(lm):
     # Chunks with a KV cache give what one pass gives.
     chunked = scoring.embed_tokens(model, ids, normalize=False, step=2)
     assert chunked.vector == pytest.approx(mean.vector, abs=1e-3)
+
+
+class WithCountedBody:
+    """The real model whose decoder stack (``model.model``) counts its calls."""
+
+    def __init__(self, model) -> None:
+        self._inner = model
+        self.model = Counting(model.model)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_should_stop_cancels_embeddings_between_chunks(lm):
+    model, tok = lm
+    text = "One two three four five six seven eight nine ten."
+    counted = WithCountedBody(model)
+    with pytest.raises(Cancelled, match="Embedding cancelled"):
+        scoring.embed(counted, tok, text, step=2, should_stop=lambda: counted.model.calls >= 2)
+    assert counted.model.calls == 2
+    counted.model.calls = 0
+    with pytest.raises(Cancelled):
+        scoring.embed_tokens(counted, tok.encode(text), should_stop=lambda: True)
+    assert counted.model.calls == 0
+    plain = scoring.embed(model, tok, text, step=2)
+    assert scoring.embed(model, tok, text, step=2, should_stop=lambda: False) == plain
 
 
 def test_embedding_errors(lm):
