@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2
 
 import backend_pb2
 import backend_pb2_grpc
+import grammar
 import params
 from engine import Engine
 from errors import BackendError, InvalidArgument
@@ -116,6 +117,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             parsed = await asyncio.get_running_loop().run_in_executor(
                 None, params.parse_request, request, self.engine.load_params
             )
+            # Compiling the grammar is bounded in time and runs on its own small pool.
+            await grammar.validate_constraint(parsed.params.constraint)
             job = await self.engine.submit(parsed)
         except (ValueError, BackendError) as exc:
             await _abort(context, exc)

@@ -31,6 +31,7 @@ import mlx.core as mx
 
 import loaded_model
 import prompt as prompt_mod
+import embedding
 import scoring
 from errors import (
     BackendError,
@@ -106,6 +107,7 @@ class Engine:
         self._memory: dict[str, int] = _mlx_memory()
         self._memory_at = 0.0
         self.last_metrics = RequestMetrics()
+        self._call_stop: threading.Event | None = None  # the running call's cancel flag
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -134,8 +136,13 @@ class Engine:
         if not self.alive:
             raise FailedPrecondition("the engine is stopped; restart the backend")
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(("call", op, args, fut))
-        return await asyncio.wrap_future(fut)
+        stop = threading.Event()  # set when the caller leaves (client gone, deadline passed)
+        self._inbox.put(("call", op, args, fut, stop))
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
     async def load(self, params: LoadParams) -> None:
         """Load (or replace) the model; raises ModelLoadError on failure.
@@ -163,8 +170,16 @@ class Engine:
     async def score(
         self, prompt: str, candidates: list[str], include_token_logprobs: bool, identity: str = ""
     ) -> list:
-        """Joint log-probability of each candidate continuation (scoring.score)."""
+        """Joint log-probability of each candidate continuation (scoring.score).
+
+        Raises InvalidArgument for too many or empty candidates before anything runs;
+        a caller that leaves stops the scoring between candidates.
+        """
         self.check_identity(identity)
+        try:
+            scoring.check_candidates(candidates)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
         return await self.call(SCORE, prompt, candidates, include_token_logprobs)
 
     async def embed(self, text: str, token_ids: list[int], identity: str = ""):
@@ -362,13 +377,17 @@ class Engine:
     def _handle(self, item: tuple) -> None:
         kind = item[0]
         if kind == "call":
-            _, op, args, fut = item
+            _, op, args, fut, stop = item
             if not fut.set_running_or_notify_cancel():
                 return
+            # Only a single process may stop a call midway: ranks must run the same steps.
+            self._call_stop = stop if self.group is NO_GROUP else None
             try:
                 fut.set_result(self.group.run(op, args, self.local_op(op)))
             except BaseException as exc:  # handed to the awaiting coroutine
                 fut.set_exception(exc)
+            finally:
+                self._call_stop = None
             self._snapshot_memory()
         elif kind == "job":
             job = item[1]
@@ -542,7 +561,12 @@ class Engine:
             think_end=getattr(tok, "think_end", None) or "",
         )
 
-    # Score and Embedding run inline between batch steps: they pause decoding meanwhile.
+    def _should_stop(self) -> Callable[[], bool] | None:
+        stop = self._call_stop
+        return stop.is_set if stop is not None else None
+
+    # Score and Embedding run inline between batch steps: they pause decoding meanwhile;
+    # they stop between candidates / chunks once their caller has left.
     def _score(self, prompt: str, candidates: list[str], include: bool) -> list:
         loaded = self._require()
         p = loaded.params
@@ -558,6 +582,7 @@ class Engine:
                 context_len=loaded.context_len,
                 prefill_step=p.prefill_step_size,
                 max_kv_size=p.max_kv_size,
+                should_stop=self._should_stop(),
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
@@ -570,11 +595,12 @@ class Engine:
             normalize=p.embedding_normalize,
             context_len=loaded.context_len,
             step=p.prefill_step_size,
+            should_stop=self._should_stop(),
         )
         try:
             if token_ids:
-                return scoring.embed_tokens(loaded.model, token_ids, **kw)
-            return scoring.embed(loaded.model, loaded.tokenizer, text, **kw)
+                return embedding.embed_tokens(loaded.model, token_ids, **kw)
+            return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
 

@@ -688,7 +688,8 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
         cache_write=not req.PromptCacheRO,
-        constraint=grammar.parse_constraint(req.Grammar, req.Metadata),
+        # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
+        constraint=grammar.read_constraint(req.Grammar, req.Metadata),
     )
 
 

@@ -1,13 +1,9 @@
-"""Scoring and embeddings: the math behind the Score and Embedding RPCs.
+"""Scoring: the math behind the Score RPC (embeddings are `embedding.py`).
 
-Owns two pure functions the engine thread calls with the loaded mlx-lm model and tokenizer:
-
-- :func:`score`: the joint natural-log probability of each candidate continuation given a
-  prompt (teacher-forced), with the prompt's KV computed once, shared through the
-  ``PromptCache`` when one is given, and forked for every candidate.
-- :func:`embed` / :func:`embed_tokens`: mean- or last-token-pooled final hidden states of
-  a decoder model (or the raw per-token states), optionally normalized the way llama.cpp's
-  ``embd_normalize`` does.
+:func:`score`, called by the engine thread with the loaded mlx-lm model and tokenizer,
+gives the joint natural-log probability of each candidate continuation given a prompt
+(teacher-forced), with the prompt's KV computed once, shared through the ``PromptCache``
+when one is given, and forked for every candidate.
 
 Never imports grpc or touches the engine's batch; raises ``ValueError`` (naming the field
 or option) for bad input, which the engine turns into INVALID_ARGUMENT.
@@ -34,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,18 +45,12 @@ from prompt_cache import PromptCache
 __all__ = [
     "MAX_SCORE_CANDIDATES",
     "MAX_SCORE_TOKENS",
-    "POOLINGS",
     "CandidateResult",
-    "EmbeddingOutput",
     "check_candidates",
-    "embed",
-    "embed_tokens",
-    "embedding_settings",
     "score",
 ]
 
 DEFAULT_STEP = 512  # tokens per forward chunk: bounds attention and logits memory
-POOLINGS = ("mean", "last", "none")
 # Most candidates in one Score request: each costs a KV copy and a forward call on the
 # engine thread (600 of them measured ~56 s on this 2-core CPU with SmolLM2-135M).
 MAX_SCORE_CANDIDATES = 256
@@ -71,7 +61,7 @@ MAX_SCORE_TOKENS = 16384
 ShouldStop = Callable[[], bool]
 
 
-def _stopper(should_stop: ShouldStop | None, what: str) -> Callable[[], None]:
+def stopper(should_stop: ShouldStop | None, what: str) -> Callable[[], None]:
     """A check that raises Cancelled naming `what` once `should_stop()` is True."""
 
     def check() -> None:
@@ -118,24 +108,6 @@ class CandidateResult:
     tokens: tuple[tuple[str, float], ...] = ()
 
 
-@dataclass(frozen=True)
-class EmbeddingOutput:
-    """An embedding.
-
-    ``vector``: ``rows * dim`` floats, row-major; ``dim``: the hidden size; ``rows``: 1
-    for a pooled vector, the token count for pooling "none" (per-token layout);
-    ``prompt_tokens``: tokens the model read; ``per_token``: True for pooling "none"
-    (EMBEDDING_LAYOUT_PER_TOKEN; one row alone cannot tell it from a pooled vector).
-    """
-
-    vector: tuple[float, ...]
-    dim: int
-    prompt_tokens: int
-    rows: int = 1
-    per_token: bool = False
-
-
-# --------------------------------------------------------------------------- scoring
 def score(
     model: Any,
     tokenizer: Any,
@@ -191,8 +163,8 @@ def score(
             prefix already computed may stay in ``cache``).
     """
     check_candidates(candidates, max_candidates=max_candidates)
-    check = _stopper(should_stop, "Score")
-    step = _check_step(prefill_step)
+    check = stopper(should_stop, "Score")
+    step = check_step(prefill_step)
     check()
     prompt_ids = prompt_mod.encode(tokenizer, prompt)
     # Per candidate: its whole sequence and how many leading tokens are context.
@@ -356,180 +328,7 @@ class _TokenTexts:
 
 
 # --------------------------------------------------------------------------- embeddings
-def embed(
-    model: Any,
-    tokenizer: Any,
-    text: str,
-    *,
-    pooling: str = "mean",
-    normalize: bool | int = True,
-    context_len: int | None = None,
-    step: int = DEFAULT_STEP,
-    should_stop: ShouldStop | None = None,
-) -> EmbeddingOutput:
-    """Embed ``text``: :func:`embed_tokens` of ``prompt.encode(tokenizer, text)``.
-
-    The token count matches TokenizeString's. Raises ValueError as :func:`embed_tokens`,
-    and for a text with no tokens; errors.Cancelled when ``should_stop()`` returns True
-    (checked after tokenizing and before every chunk).
-    """
-    ids = prompt_mod.encode(tokenizer, text)
-    if not ids:
-        raise ValueError("the text to embed is empty: give some text (Embeddings)")
-    return embed_tokens(
-        model,
-        ids,
-        pooling=pooling,
-        normalize=normalize,
-        context_len=context_len,
-        step=step,
-        should_stop=should_stop,
-    )
-
-
-def embed_tokens(
-    model: Any,
-    token_ids: Sequence[int],
-    *,
-    pooling: str = "mean",
-    normalize: bool | int = True,
-    context_len: int | None = None,
-    step: int = DEFAULT_STEP,
-    should_stop: ShouldStop | None = None,
-) -> EmbeddingOutput:
-    """Pooled final hidden states (after the final norm) of ``token_ids``.
-
-    Uses ``model.model(ids (1, L), cache=kv) -> (1, L, dim)``, the decoder stack of
-    mlx-lm's llama-style models; long inputs go through in ``step``-token chunks with a
-    KV cache, so each token still sees the whole prefix (causal attention).
-
-    Args:
-        model: an mlx-lm model with a ``model`` attribute (the decoder stack).
-        token_ids: the input tokens, non-empty, each in ``[0, vocab)``.
-        pooling: "mean" (average over all tokens), "last" (the last token's state) or
-            "none" (every token's state, ``rows = len(token_ids)``, never normalized: the
-            caller pools).
-        normalize: True = L2, False = none; or llama.cpp's ``embd_normalize`` integer:
-            -1 none, 0 max-abs scaled to int16 range, 1 taxicab, 2 L2, p > 2 p-norm.
-        context_len: the model's context in tokens; longer inputs are refused.
-        step: most tokens per forward call.
-        should_stop: called (cheaply, from this thread) before every chunk; True
-            cancels the request.
-
-    Returns:
-        An :class:`EmbeddingOutput` of float32 values.
-
-    Raises:
-        ValueError: an unknown pooling (names option ``embedding_pooling``) or
-            normalization (names ``embedding_normalize``); an architecture without
-            ``model.model``; empty, out-of-vocabulary or too many tokens.
-        errors.Cancelled: ``should_stop()`` returned True.
-    """
-    if pooling not in POOLINGS:
-        raise ValueError(
-            f"option embedding_pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}"
-        )
-    norm = _norm_kind(normalize)
-    step = _check_step(step)
-    body = getattr(model, "model", None)
-    if not callable(body):
-        raise ValueError(
-            f"the loaded model's architecture ({type(model).__module__}) exposes no hidden "
-            "states (no `model.model` decoder stack): it cannot serve embeddings"
-        )
-    ids = [int(t) for t in token_ids]
-    if not ids:
-        raise ValueError("EmbeddingTokens is empty: give some tokens to embed")
-    vocab = _vocab_size(body)
-    if vocab is not None and any(t < 0 or t >= vocab for t in ids):
-        bad = [t for t in ids if t < 0 or t >= vocab][:5]
-        raise ValueError(f"tokens {bad} are outside the vocabulary [0, {vocab})")
-    if context_len is not None and len(ids) > context_len:
-        raise ValueError(
-            f"the input is {len(ids)} tokens but the context holds {context_len}: shorten it"
-        )
-
-    kv = make_prompt_cache(model) if len(ids) > step else None
-    total: mx.array | None = None
-    rows: list[mx.array] = []
-    last: mx.array | None = None
-    check = _stopper(should_stop, "Embedding")
-    for start in range(0, len(ids), step):
-        check()
-        h = body(mx.array(ids[start : start + step])[None], cache=kv)
-        if not isinstance(h, mx.array) or h.ndim != 3:
-            raise ValueError(
-                f"the loaded model's decoder returned {type(h).__name__} "
-                f"{tuple(getattr(h, 'shape', ()))}, not (1, L, dim) hidden states: "
-                "it exposes no hidden states this backend can pool"
-            )
-        h = h[0].astype(mx.float32)
-        if pooling == "mean":
-            part = h.sum(axis=0)
-            total = part if total is None else total + part
-        elif pooling == "none":
-            rows.append(h)
-        last = h[-1]
-        mx.eval(total, rows, last, [c.state for c in kv] if kv is not None else [])
-    dim = int(last.shape[-1])
-    if pooling == "none":
-        flat = mx.concatenate(rows).reshape(-1)
-        return EmbeddingOutput(tuple(flat.tolist()), dim, len(ids), rows=len(ids), per_token=True)
-    vec = total / len(ids) if pooling == "mean" else last
-    vec = _normalized(vec, norm)
-    return EmbeddingOutput(tuple(vec.tolist()), dim, len(ids))
-
-
-def embedding_settings(options: Mapping[str, Any]) -> tuple[str, bool | int]:
-    """``(pooling, normalize)`` for :func:`embed` from parsed load ``Options``.
-
-    Keys: ``embedding_pooling`` (default "mean") and ``embedding_normalize`` (default
-    true; llama.cpp's alias ``embd_normalize`` is read too, as LocalAI does). Raises
-    ValueError naming the option when a value is invalid, so LoadModel can refuse it.
-    """
-    pooling = options.get("embedding_pooling", "mean")
-    if pooling not in POOLINGS:
-        raise ValueError(
-            f"option embedding_pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}"
-        )
-    normalize = options.get("embedding_normalize", options.get("embd_normalize", True))
-    _norm_kind(normalize)
-    return pooling, normalize
-
-
-def _norm_kind(normalize: bool | int) -> int:
-    """llama.cpp's ``embd_normalize`` code for ``normalize``."""
-    if isinstance(normalize, bool):
-        return 2 if normalize else -1
-    if isinstance(normalize, int) and normalize >= -1:
-        return normalize
-    raise ValueError(
-        "option embedding_normalize must be true/false or an integer >= -1 (-1 none, "
-        f"0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm), got {normalize!r}"
-    )
-
-
-def _normalized(vec: mx.array, norm: int) -> mx.array:
-    # llama.cpp common_embd_normalize: divide by the norm; a zero norm leaves zeros.
-    if norm == -1:
-        return vec
-    if norm == 0:
-        size = mx.abs(vec).max() / 32760.0
-    elif norm == 2:
-        size = mx.sqrt(mx.sum(vec * vec))
-    else:
-        size = mx.power(mx.sum(mx.power(mx.abs(vec), norm)), 1.0 / norm)
-    return mx.where(size > 0, vec / mx.maximum(size, 1e-30), mx.zeros_like(vec))
-
-
-def _vocab_size(body: Any) -> int | None:
-    emb = getattr(body, "embed_tokens", None)
-    weight = getattr(emb, "weight", None)
-    # Quantized embeddings pack several values per column; only the row count is the vocab.
-    return int(weight.shape[0]) if weight is not None else None
-
-
-def _check_step(step: int) -> int:
+def check_step(step: int) -> int:
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ValueError(f"the forward step must be a positive integer, got {step!r}")
     return step

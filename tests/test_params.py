@@ -483,3 +483,15 @@ def test_engine_options_become_load_fields():
     assert (lp.max_batch_size, lp.max_queue, lp.prefill_step_size) == (4, 0, 128)
     assert (lp.cpu_dequantize, lp.embedding_pooling, lp.embedding_normalize) == (True, "last", -1)
     assert lp.distributed_vocab is False and lp.distributed_mode == ""
+
+
+def test_embedding_settings_from_load_options():
+    # (pooling, llama.cpp's embd_normalize code): true is 2 (L2), false is -1 (none).
+    assert (load().embedding_pooling, load().embedding_normalize) == ("mean", 2)
+    got = load("embedding_pooling:last", "embd_normalize:-1")
+    assert (got.embedding_pooling, got.embedding_normalize) == ("last", -1)
+    assert load("embedding_normalize:false").embedding_normalize == -1
+    with pytest.raises(ValueError, match="embedding_pooling"):
+        load("embedding_pooling:3")
+    with pytest.raises(ValueError, match="embedding_normalize"):
+        load("embedding_normalize:yes")

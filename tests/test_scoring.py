@@ -7,6 +7,7 @@ import math
 import mlx.core as mx
 import pytest
 
+import embedding
 import model_loader
 import scoring
 from errors import Cancelled
@@ -212,9 +213,9 @@ def test_score_bounds(lm):
 # --------------------------------------------------------------------------- embeddings
 def test_paraphrases_are_closer_than_unrelated_sentences(lm):
     model, tok = lm
-    a = scoring.embed(model, tok, "The cat sat on the mat.")
-    b = scoring.embed(model, tok, "A cat was sitting on the mat.")
-    c = scoring.embed(model, tok, "The stock market fell sharply today.")
+    a = embedding.embed(model, tok, "The cat sat on the mat.")
+    b = embedding.embed(model, tok, "A cat was sitting on the mat.")
+    c = embedding.embed(model, tok, "The stock market fell sharply today.")
     assert cosine(a.vector, b.vector) > cosine(a.vector, c.vector)
     assert cosine(a.vector, b.vector) > cosine(b.vector, c.vector)
     for e, text in ((a, "The cat sat on the mat."), (c, "The stock market fell sharply today.")):
@@ -229,16 +230,16 @@ def test_pooling_options_match_the_hidden_states(lm):
     text = "Hidden states."
     ids = tok.encode(text)
     h = model.model(mx.array(ids)[None])[0].astype(mx.float32)
-    mean = scoring.embed(model, tok, text, normalize=False)
+    mean = embedding.embed(model, tok, text, normalize=False)
     assert mean.vector == pytest.approx(h.mean(axis=0).tolist(), abs=1e-3)
-    last = scoring.embed(model, tok, text, pooling="last", normalize=1)
+    last = embedding.embed(model, tok, text, pooling="last", normalize=1)
     assert last.vector == pytest.approx((h[-1] / mx.abs(h[-1]).sum()).tolist(), abs=1e-5)
-    rows = scoring.embed(model, tok, text, pooling="none")
+    rows = embedding.embed(model, tok, text, pooling="none")
     assert (rows.rows, rows.dim, rows.prompt_tokens) == (len(ids), 576, len(ids))
     assert rows.per_token and not mean.per_token
     assert rows.vector == pytest.approx(h.reshape(-1).tolist(), abs=1e-3)
     # Chunks with a KV cache give what one pass gives.
-    chunked = scoring.embed_tokens(model, ids, normalize=False, step=2)
+    chunked = embedding.embed_tokens(model, ids, normalize=False, step=2)
     assert chunked.vector == pytest.approx(mean.vector, abs=1e-3)
 
 
@@ -258,36 +259,25 @@ def test_should_stop_cancels_embeddings_between_chunks(lm):
     text = "One two three four five six seven eight nine ten."
     counted = WithCountedBody(model)
     with pytest.raises(Cancelled, match="Embedding cancelled"):
-        scoring.embed(counted, tok, text, step=2, should_stop=lambda: counted.model.calls >= 2)
+        embedding.embed(counted, tok, text, step=2, should_stop=lambda: counted.model.calls >= 2)
     assert counted.model.calls == 2
     counted.model.calls = 0
     with pytest.raises(Cancelled):
-        scoring.embed_tokens(counted, tok.encode(text), should_stop=lambda: True)
+        embedding.embed_tokens(counted, tok.encode(text), should_stop=lambda: True)
     assert counted.model.calls == 0
-    plain = scoring.embed(model, tok, text, step=2)
-    assert scoring.embed(model, tok, text, step=2, should_stop=lambda: False) == plain
+    plain = embedding.embed(model, tok, text, step=2)
+    assert embedding.embed(model, tok, text, step=2, should_stop=lambda: False) == plain
 
 
 def test_embedding_errors(lm):
     model, tok = lm
     with pytest.raises(ValueError, match="embedding_pooling"):
-        scoring.embed(model, tok, "hi", pooling="cls")
+        embedding.embed(model, tok, "hi", pooling="cls")
     with pytest.raises(ValueError, match="embedding_normalize"):
-        scoring.embed(model, tok, "hi", normalize=-2)
+        embedding.embed(model, tok, "hi", normalize=-2)
     with pytest.raises(ValueError, match="empty"):
-        scoring.embed(model, tok, "")
+        embedding.embed(model, tok, "")
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        scoring.embed_tokens(model, [1, 10**9])
+        embedding.embed_tokens(model, [1, 10**9])
     with pytest.raises(ValueError, match="no hidden states"):
-        scoring.embed(lambda ids, cache=None: ids, tok, "hi")
-
-
-def test_embedding_settings_from_load_options():
-    assert scoring.embedding_settings({}) == ("mean", True)
-    got = scoring.embedding_settings({"embedding_pooling": "last", "embd_normalize": -1})
-    assert got == ("last", -1)
-    assert scoring.embedding_settings({"embedding_normalize": False}) == ("mean", False)
-    with pytest.raises(ValueError, match="embedding_pooling"):
-        scoring.embedding_settings({"embedding_pooling": 3})
-    with pytest.raises(ValueError, match="embedding_normalize"):
-        scoring.embedding_settings({"embedding_normalize": "yes"})
+        embedding.embed(lambda ids, cache=None: ids, tok, "hi")
