@@ -29,9 +29,9 @@ from typing import Any
 
 import mlx.core as mx
 
+import embedding
 import loaded_model
 import prompt as prompt_mod
-import embedding
 import scoring
 from errors import (
     BackendError,
