@@ -306,6 +306,7 @@ def test_logprobs_every_token_in_openai_format(stub):
 
 def test_metrics_report_engine_and_fast_blas(stub):
     stub.Predict(greedy("Hello", tokens=4))
+    stub.Predict(greedy("Hello", tokens=4))  # the same prompt again: a prompt-cache hit
     m = stub.GetMetrics(backend_pb2.MetricsRequest())
     assert m.tokens_generated == 4
     assert m.tokens_per_second > 0
