@@ -11,7 +11,9 @@ A request's non-zero value always wins over the option default.
 
 Field (number)        | zero means (else built-in)      | built-in          | valid
 ----------------------|---------------------------------|-------------------|-----------------
-Tokens (4)            | option max_tokens               | 512 tokens        | >= 0; > 32768 capped
+Tokens (4)            | option max_tokens               | 512 tokens        | >= 0, > 32768 capped;
+                      |                                 |                   | -1 = until EOS or the
+                      |                                 |                   | context is full
 Temperature (9)       | option temperature / temp       | 0.0 = greedy      | finite, >= 0
 TopP (32)             | option top_p                    | 1.0 (off)         | [0, 1]
 TopK (5)              | option top_k                    | 0 (off)           | >= 0
@@ -83,6 +85,7 @@ import parsers
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
+UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
@@ -643,8 +646,11 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     def pick(value: float, key: str, builtin: float) -> float:
         return value if value != 0 else defaults.get(key, builtin)
 
-    tokens = _check_int("PredictOptions.Tokens", req.Tokens, 0)
-    max_tokens = pick(tokens, "max_tokens", DEFAULT_MAX_TOKENS)
+    if req.Tokens == -1:  # llama.cpp's meaning, carried over in LocalAI model files
+        max_tokens = UNTIL_CONTEXT_FULL
+    else:
+        tokens = _check_int("PredictOptions.Tokens", req.Tokens, 0)
+        max_tokens = min(int(pick(tokens, "max_tokens", DEFAULT_MAX_TOKENS)), MAX_TOKENS_CAP)
     temperature = _check_float("PredictOptions.Temperature", _f32(req.Temperature), 0.0)
     top_p = _check_float("PredictOptions.TopP", _f32(req.TopP), 0.0, 1.0)
     min_p = _check_float("PredictOptions.MinP", _f32(req.MinP), 0.0, 1.0)
@@ -664,7 +670,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         seed = None
 
     return GenerationParams(
-        max_tokens=min(int(max_tokens), MAX_TOKENS_CAP),
+        max_tokens=max_tokens,
         temperature=float(pick(temperature, "temperature", 0.0)),
         top_p=float(pick(top_p, "top_p", 1.0)),
         top_k=int(pick(top_k, "top_k", 0)),
@@ -720,6 +726,11 @@ class PromptSpec:
     tools: tuple[dict[str, Any], ...] | None = None
     template_kwargs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     tool_choice: str = ""
+
+    @property
+    def continue_final(self) -> bool:
+        """A trailing assistant message is continued, not answered (prefilled output)."""
+        return bool(self.messages) and self.messages[-1]["role"] == "assistant"
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:

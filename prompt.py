@@ -10,6 +10,10 @@ Rules:
 - `spec.messages` None: `spec.prompt` is used as is. Otherwise the messages go through
   `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
   tools=spec.template_tools, **spec.template_kwargs)`.
+- A trailing assistant message is continued (as transformers' `continue_final_message`
+  and llama.cpp's server do): rendered without a generation prompt and cut right after
+  its content, so the model goes on from there (a prefilled JSON opening, a code fence,
+  an opened think block).
 - A tokenizer without a chat template (LocalAI only sets UseTokenizerTemplate when the
   model has one) gets the message contents joined by newlines, with a warning.
 """
@@ -27,6 +31,8 @@ from output import initial_state_for
 from params import PromptSpec
 
 log = logging.getLogger("localai.mlx." + __name__)
+
+_CONTINUE_MARK = "\ue000continue\ue001"  # private-use characters: in no real message
 
 
 @dataclass(frozen=True)
@@ -72,17 +78,31 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
     if not _has_chat_template(tokenizer):
         log.warning("tokenizer has no chat template: joining message contents with newlines")
         return "\n".join(m["content"] for m in messages)
+    if spec.continue_final:
+        # Continue the last assistant message: render it with a marker at the end of its
+        # content and cut there (transformers' continue_final_message does the same, but
+        # mlx-lm's own Python chat templates do not take that argument).
+        messages[-1]["content"] = f"{messages[-1]['content']}{_CONTINUE_MARK}"
     try:
-        return tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
-            add_generation_prompt=True,
+            add_generation_prompt=not spec.continue_final,
             tools=spec.template_tools,
             **spec.template_kwargs,
         )
     except jinja2.TemplateError as err:
         # Templates reject bad conversations (e.g. roles not alternating) this way.
         raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
+    if spec.continue_final:
+        cut = text.rfind(_CONTINUE_MARK)
+        if cut < 0:
+            raise ValueError(
+                "PredictOptions.Messages: the chat template does not render the final "
+                "assistant message's content, so it cannot be continued; end with a user turn"
+            )
+        text = text[:cut]
+    return text
 
 
 def check_fits(text: str, context_len: int | None, max_token_chars: int) -> None:

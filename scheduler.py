@@ -36,7 +36,7 @@ from errors import BackendError, Cancelled, FailedPrecondition, InvalidArgument,
 from jobs import Job
 from loaded_model import LoadedModel
 from output import Delta, OutputPipeline
-from params import GenerationParams
+from params import MAX_TOKENS_CAP, GenerationParams
 from prompt_cache import PromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -241,6 +241,8 @@ class Scheduler:
                     "shorten the prompt or raise ContextSize"
                 )
             max_tokens = min(max_tokens, context - len(ids))
+        else:  # a rotating cache never fills: Tokens -1 still ends somewhere
+            max_tokens = min(max_tokens, MAX_TOKENS_CAP)
         job.max_tokens = max_tokens
         params = job.params
         job.pipeline = OutputPipeline(

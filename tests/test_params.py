@@ -239,7 +239,7 @@ def test_temperature_alias_and_precedence() -> None:
 @pytest.mark.parametrize(
     ("fields", "name"),
     [
-        ({"Tokens": -1}, "Tokens"),
+        ({"Tokens": -2}, "Tokens"),
         ({"TopP": 1.5}, "TopP"),
         ({"TopP": -0.1}, "TopP"),
         ({"MinP": 1.01}, "MinP"),
@@ -495,3 +495,8 @@ def test_embedding_settings_from_load_options():
         load("embedding_pooling:3")
     with pytest.raises(ValueError, match="embedding_normalize"):
         load("embedding_normalize:yes")
+
+
+def test_tokens_minus_one_means_until_eos_or_a_full_context():
+    assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by the scheduler
+    assert gen(Tokens=10**6).max_tokens == MAX_TOKENS_CAP

@@ -283,3 +283,29 @@ def test_empty_prompt_without_bos_is_rejected() -> None:
     tok._tokenizer._tokenizer.post_processor = None  # no BOS: empty text gives no ids
     with pytest.raises(ValueError, match=r"PredictOptions\.Prompt"):
         prepare_prompt(pb.PredictOptions(), tok)
+
+
+def test_trailing_assistant_message_is_continued(tokenizer: TokenizerWrapper) -> None:
+    msgs = [*CHAT, message("assistant", '{"answer": "')]
+    p = prepare_prompt(request(msgs), tokenizer)
+    assert p.spec.continue_final
+    # Cut right after the prefilled content: no end of turn, no new generation prompt.
+    assert p.text.endswith(
+        '<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n{"answer": "'
+    )
+    assert p.token_ids == tuple(encode(tokenizer, p.text))
+    assert not p.starts_in_reasoning
+
+
+def test_continued_message_that_opens_a_think_block_starts_in_reasoning(
+    tokenizer: TokenizerWrapper,
+) -> None:
+    p = prepare_prompt(request([*CHAT, message("assistant", "<think>\nFirst,")]), tokenizer)
+    assert p.text.endswith("assistant\n<think>\nFirst,")
+    assert p.starts_in_reasoning
+
+
+def test_template_that_drops_the_final_content_cannot_be_continued() -> None:
+    tok = make_tokenizer("{% for m in messages %}{{ m.role }}{% endfor %}")
+    with pytest.raises(ValueError, match="cannot be continued"):
+        prepare_prompt(request([*CHAT, message("assistant", "x")]), tok)

@@ -254,7 +254,9 @@ def test_status_metrics_and_errors_of_plain_calls(served):
     assert status.memory.breakdown["requests_waiting"] == 5
     metrics = stub.GetMetrics(backend_pb2.MetricsRequest())
     assert (metrics.tokens_per_second, metrics.tokens_generated) == (12.5, 3)
-    assert metrics.prompt_tokens_processed == 4 and '"model": "fake"' in metrics.prompt_json_for_slot
+    assert (
+        metrics.prompt_tokens_processed == 4 and '"model": "fake"' in metrics.prompt_json_for_slot
+    )
     detok = backend_pb2.DetokenizeRequest(tokens=[1])
     assert code_of(lambda: stub.Detokenize(detok)) == grpc.StatusCode.UNAVAILABLE
     assert stub.Health(backend_pb2.HealthMessage()).message == b"OK"

@@ -12,6 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import grpc
 import pytest
 from mlx_lm import tokenizer_utils
 from scripted import InProcessServer, ScriptedModel
@@ -170,3 +171,29 @@ def test_model_metadata_reports_markers(served):
         "</tool_call>",
     )
     assert (tf.reasoning_start, tf.reasoning_end) == ("<think>", "</think>")
+
+
+def test_tokens_minus_one_generates_until_eos(served, tok):
+    srv, _ = served
+    req = backend_pb2.PredictOptions(Prompt="Count:", Tokens=-1)
+    script(served, tok, req, *([" more"] * 600))
+    reply = srv.stub.Predict(req)
+    assert reply.tokens == 601  # 600 scripted tokens, then EOS: not cut at the 512 default
+    assert reply.message.decode() == " more" * 600
+    req.Tokens = 0
+    assert srv.stub.Predict(req).tokens == 512
+    req.Tokens = -2
+    with pytest.raises(grpc.RpcError) as err:
+        srv.stub.Predict(req)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_trailing_assistant_message_is_continued_over_grpc(served, tok):
+    srv, _ = served
+    req = chat()
+    req.Messages.add(role="assistant", content='{"city": "')
+    text = prompt_mod.prepare_prompt(params.prompt_spec(req), tok).text
+    assert text.endswith('<|im_start|>assistant\n{"city": "')
+    script(served, tok, req, "Hello", " world")
+    d = srv.stub.Predict(req).chat_deltas[0]
+    assert d.content == "Hello world"  # the continuation only; the prefill is the client's
