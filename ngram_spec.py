@@ -32,9 +32,18 @@ pass can differ from the single-token pass in the last bits of float precision.
 
 **Cost control.** Without a draft a step is `generate_step`'s pipelined single-token
 step (the next step is queued before the current token is read), plus a dict lookup.
-A draft costs a wider forward pass (on a CPU this is far from free), so after a draft
-that got nothing accepted, drafting pauses for a number of steps that doubles with each
-consecutive miss (up to `MAX_BACKOFF`) and resets on a hit.
+A draft costs a wider forward pass, which on a CPU is far from free (on this project's
+2-core host a 4-token pass costs ~2-2.5 single-token ones), so drafting is gated:
+
+* after a verify step that kept nothing, drafting pauses for `FIRST_BACKOFF` steps,
+  doubling with each consecutive miss up to `MAX_BACKOFF`; a hit resets it;
+* a match shorter than `SURE_MATCH` tokens (a lone repeated token, common in prose) is
+  drafted only right after a verify step that kept a draft token;
+* drafts start at `START_WIDTH` tokens and double (up to `num_draft_tokens`) after each
+  verify step that kept its whole draft, so long repeats get long drafts and a miss on
+  fresh text costs a short one.
+
+None of this affects which tokens come out, only how many forward passes they take.
 
 Runs on the engine's MLX thread, like every MLX call.
 """
@@ -60,6 +69,14 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 #: Most decode steps drafting pauses for after consecutive drafts that all missed.
 MAX_BACKOFF = 64
+#: Steps drafting pauses for after a first miss (doubled per further miss).
+FIRST_BACKOFF = 4
+#: Matches shorter than this (a lone repeated token) are drafted only right after a
+#: verify step that kept a draft token: on prose they mostly miss.
+SURE_MATCH = 2
+#: Draft length after a miss or a partial hit; it doubles (up to num_draft_tokens)
+#: after each verify step that kept its whole draft.
+START_WIDTH = 3
 
 
 @dataclass
@@ -90,6 +107,7 @@ class NgramIndex:
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
+        self.matched = 0  # length of the n-gram the last `propose` matched (0: none)
         # n -> n-gram -> end (exclusive) of its latest occurrence before the list's end.
         self._last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
 
@@ -116,7 +134,9 @@ class NgramIndex:
             period = size - end
             while len(draft) < k:  # continue the repetition the match implies
                 draft.append(draft[len(draft) - period])
+            self.matched = n
             return draft
+        self.matched = 0
         return []
 
 
@@ -246,15 +266,19 @@ def ngram_generate_step(
             mx.async_eval(pending, pending_lp)
             known: int | None = None  # the pending token's id once read
             backoff = misses = 0
+            streak = False  # the last verify step kept a draft token
+            span = START_WIDTH  # draft length allowed now (grows while drafts hold)
             while True:
                 left = max_tokens - yielded if max_tokens >= 0 else num_draft_tokens + 1
-                width = min(num_draft_tokens, left - 1)  # pending + accepted <= left
+                width = min(num_draft_tokens, span, left - 1)  # pending + accepted <= left
                 draft: list[int] = []
                 if width > 0 and backoff == 0 and _can_draft(prompt_cache, width + 1):
                     if known is not None:
                         draft = index.propose(width)
                     else:  # the lookup predicts the pending token first
                         draft = index.propose(width + 1)[1:]
+                    if index.matched < SURE_MATCH and not streak:
+                        draft = []
                 elif backoff > 0:
                     backoff -= 1
                 token_arr = pending.reshape(1).astype(mx.uint32)
@@ -321,11 +345,13 @@ def ngram_generate_step(
                     trim_prompt_cache(prompt_cache, rejected)
                     fed -= rejected
                 stats.accepted += accepted
+                streak = accepted > 0
+                span = min(2 * span, num_draft_tokens) if accepted == n else START_WIDTH
                 if accepted:
                     misses = 0
                 else:
                     misses += 1
-                    backoff = min(2 ** (misses - 1), MAX_BACKOFF)
+                    backoff = min(FIRST_BACKOFF * 2 ** (misses - 1), MAX_BACKOFF)
                 bonus, bonus_lp = out[-1]
                 index.extend([*draft[:accepted], bonus])
                 for i in range(accepted):
