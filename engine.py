@@ -313,6 +313,7 @@ class Engine:
             "cpu_mode": loaded.cpu_mode if loaded is not None else "",
             "kv_bits": p.kv_bits if p else None,
             "draft_model": bool(loaded is not None and loaded.draft is not None),
+            "speculative": (p.speculative or ("draft" if p.draft_model else "")) if p else "",
             "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
             "blas": loaded.blas if loaded is not None else None,
             "prompt_cache": dataclasses.asdict(stats) if stats is not None else None,

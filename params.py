@@ -61,7 +61,9 @@ max_tokens (>= 1), temp / temperature (temperature wins when both are given), to
 min_p, top_k, xtc_threshold ([0, 0.5]), xtc_probability ([0, 1]), repetition_penalty,
 repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random);
 kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
-quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3).
+quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
+8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
+the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3).
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -93,6 +95,10 @@ DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
 
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
+# N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
+# accepted (ngram_spec.py), so a wider cap pays on repetitive text and costs little elsewhere.
+DEFAULT_NGRAM_DRAFT_TOKENS = 8
+DEFAULT_NGRAM_SIZE = 3  # longest n-gram looked up for drafts (option ngram_size)
 DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
 DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
 DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
@@ -194,6 +200,8 @@ class LoadParams:
     embedding_normalize: int = 2  # option embedding_normalize: llama.cpp's embd_normalize code
     distributed_mode: str = ""  # option distributed_mode: tensor | pipeline; "" = the group's
     distributed_vocab: bool = True  # option distributed_vocab: false keeps embeddings whole
+    speculative: str = ""  # option speculative: "ngram" (prompt lookup), "draft" (DraftModel)
+    ngram_size: int = DEFAULT_NGRAM_SIZE  # option ngram_size: longest n-gram matched for drafts
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
 
@@ -465,6 +473,11 @@ def load_params(req: Any) -> LoadParams:
         tokenizer_config["trust_remote_code"] = True
 
     lora_adapter, lora_scale = _lora_params(req)
+    speculative = _option_choice(options, "speculative", ("", "ngram", "draft"), "")
+    if speculative == "draft" and not req.DraftModel:
+        raise ValueError("option speculative:draft needs ModelOptions.DraftModel")
+    if speculative == "ngram" and req.DraftModel:
+        raise ValueError("option speculative:ngram needs no DraftModel; set one or the other")
     return LoadParams(
         max_batch_size=_option_int(options, "max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE,
         max_queue=_option_default(_option_int(options, "max_queue", 0), DEFAULT_MAX_QUEUE),
@@ -485,9 +498,10 @@ def load_params(req: Any) -> LoadParams:
         kv_group_size=_option_int(options, "kv_group_size", 1) or 64,
         quantized_kv_start=_option_int(options, "quantized_kv_start", 0) or 0,
         draft_model=req.DraftModel,
-        num_draft_tokens=(
-            _option_int(options, "num_draft_tokens", 1, 64) or DEFAULT_NUM_DRAFT_TOKENS
-        ),
+        num_draft_tokens=_option_int(options, "num_draft_tokens", 1, 64)
+        or (DEFAULT_NGRAM_DRAFT_TOKENS if speculative == "ngram" else DEFAULT_NUM_DRAFT_TOKENS),
+        speculative=speculative,
+        ngram_size=_option_int(options, "ngram_size", 1, 16) or DEFAULT_NGRAM_SIZE,
         model=req.Model,
         model_file=req.ModelFile,
         model_path=req.ModelPath,

@@ -35,6 +35,7 @@ import sampling
 from errors import BackendError, Cancelled, FailedPrecondition, InvalidArgument, ResourceExhausted
 from jobs import Job
 from loaded_model import LoadedModel
+from ngram_spec import ngram_generate_step
 from output import Delta, OutputPipeline
 from params import MAX_TOKENS_CAP, GenerationParams
 from prompt_cache import PromptCache
@@ -268,6 +269,7 @@ class Scheduler:
         rotating = self.params.max_kv_size is not None
         solo = (
             loaded.draft is not None
+            or self.params.speculative == "ngram"
             or self.params.kv_bits is not None
             or (rotating and bool(params.keep))
         )
@@ -299,8 +301,10 @@ class Scheduler:
     def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
 
-        For what BatchGenerator cannot batch (a draft model, a quantized KV cache, a
-        rotating cache with NKeep). mlx-lm's server runs such requests one at a time; here
+        For what BatchGenerator cannot batch (a draft model, n-gram speculation, a
+        quantized KV cache, a rotating cache with NKeep): it verifies one token per
+        sequence and step, so several drafted tokens cannot be checked inside it. mlx-lm's
+        server runs such requests one at a time; here
         each is a generator stepped once per engine iteration, interleaved with the batch.
         """
         p, params, loaded = self.params, job.params, self.loaded
@@ -333,6 +337,15 @@ class Scheduler:
                 loaded.model,
                 loaded.draft,
                 num_draft_tokens=params.num_draft_tokens or p.num_draft_tokens,
+                **common,
+            )
+        elif p.speculative == "ngram":
+            steps = ngram_generate_step(
+                prompt,
+                loaded.model,
+                num_draft_tokens=params.num_draft_tokens or p.num_draft_tokens,
+                ngram_max=p.ngram_size,
+                context_tokens=ids[: lookup.cached_tokens],
                 **common,
             )
         else:
@@ -476,7 +489,9 @@ class Scheduler:
             self._on_metrics(
                 RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted)
             )
-        drafting = job.solo is not None and self.loaded.draft is not None
+        drafting = job.solo is not None and (
+            self.loaded.draft is not None or self.params.speculative == "ngram"
+        )
         logger.info(
             "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s",
             job.params.correlation_id or "-",

@@ -158,3 +158,35 @@ def test_json_schema_and_grammar_constrain_output(stub):
         stub.Predict(req)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "Grammar" in err.value.details()
+
+
+# Four lines listing the planets, then the start of a fifth (issue 15's benchmark prompt).
+PLANETS = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n" * 4 + "Mercury, Venus,"
+
+
+def test_ngram_speculation_gives_the_same_greedy_text(stub, other):
+    prompts = [
+        greedy(PLANETS, tokens=40),  # the continuation repeats the prompt's pattern
+        greedy(tokens=24),  # a story: little to copy
+        chat_request("Name a colour.", Tokens=16, Temperature=0.0),
+    ]
+    expected = [stub.Predict(p).message for p in prompts]
+    load(other, Options=["speculative:ngram"])
+    assert info(other.stub)["speculative"] == "ngram"
+    assert other.stub.Predict(prompts[0]).message == expected[0]
+    # Drafts copied from the repeated lines are accepted, so fewer forward passes ran.
+    assert info(other.stub)["last_request_draft_tokens_accepted"] >= 10
+    for prompt, text in zip(prompts[1:], expected[1:], strict=True):
+        assert other.stub.Predict(prompt).message == text
+    streamed = b"".join(r.message for r in other.stub.PredictStream(prompts[0]))
+    assert streamed == expected[0]
+
+
+def test_ngram_speculation_options_are_validated(other):
+    for options, needle in [
+        (["speculative:lookahead"], "option speculative"),
+        (["speculative:ngram", "ngram_size:0"], "option ngram_size"),
+        (["speculative:draft"], "needs ModelOptions.DraftModel"),
+    ]:
+        res = other.stub.LoadModel(backend_pb2.ModelOptions(Model=GGUF, Options=options))
+        assert not res.success and needle in res.message, res.message
