@@ -123,7 +123,7 @@ class ReasoningBudgetProcessor:
         token = self.forcing()
         if token is None:
             return logits
-        only = mx.arange(logits.shape[-1]) == token
+        only = mx.broadcast_to(mx.arange(logits.shape[-1]) == token, logits.shape)
         return mx.where(only, mx.array(0.0, logits.dtype), mx.array(-mx.inf, logits.dtype))
 
     def _sync(self, flat: mx.array) -> None:
