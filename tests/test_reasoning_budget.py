@@ -193,7 +193,8 @@ class PositionalScripted(ScriptedModel):
         positions = layer.offset - length + mx.arange(length) + 1  # the token each predicts
         index = mx.clip(positions - self.prompt_len, 0, self.tokens.size - 1)
         hot = mx.arange(self.vocab_size)[None, :] == self.tokens[index][:, None]
-        return mx.broadcast_to((hot.astype(mx.float32) * 50.0)[None], (batch, length, self.vocab_size))
+        logits = (hot.astype(mx.float32) * 50.0)[None]
+        return mx.broadcast_to(logits, (batch, length, self.vocab_size))
 
 
 def test_generate_step_and_speculative_decoding_agree(tok):
