@@ -107,7 +107,7 @@ class Desync(RuntimeError):
 class Plan:
     """What rank 0 sends each iteration: ops to apply in order, then a call or a step.
 
-    ``ops``: ``("join", uid, ids, params, max_tokens, cached_tokens)``,
+    ``ops``: ``("join", uid, ids, params, max_tokens, cached_tokens, initial_state)``,
     ``("leave", uid)``. ``call``: ``(engine method name, args)`` or None. ``idle``: rank
     0 has nothing to do, so the followers may nap before the next sync.
     """
@@ -189,7 +189,15 @@ class Coordinator(GroupHooks):
         """Rank 0 started ``job``: the followers start it at the next sync."""
         if self.leader:
             self._journal.append(
-                ("join", job.uid, list(ids), job.params, job.max_tokens, job.cached_tokens)
+                (
+                    "join",
+                    job.uid,
+                    list(ids),
+                    job.params,
+                    job.max_tokens,
+                    job.cached_tokens,
+                    job.initial_state,  # logits processors (reasoning budget) start from it
+                )
             )
 
     def left(self, job: Job) -> None:
@@ -520,9 +528,9 @@ class _NullPipeline:
         return Delta()
 
 
-def _shadow_job(params: GenerationParams, max_tokens: int) -> Job:
+def _shadow_job(params: GenerationParams, max_tokens: int, initial_state: str) -> Job:
     """A follower's copy of one of rank 0's jobs: same parameters, no listener."""
-    job = Job(GenerationRequest(params, PromptSpec()))
+    job = Job(GenerationRequest(params, PromptSpec()), initial_state=initial_state)
     job.max_tokens = max_tokens
     job.pipeline = _NullPipeline()
     return job
@@ -581,8 +589,8 @@ def _apply(engine: Engine, op: tuple, finished: dict[int, tuple]) -> None:
     if sched is None:
         raise Desync(f"rank 0 sent {op[0]!r} but this rank has no model loaded")
     if op[0] == "join":
-        _, uid, ids, params, max_tokens, cached = op
-        job = _shadow_job(params, max_tokens)
+        _, uid, ids, params, max_tokens, cached, initial_state = op
+        job = _shadow_job(params, max_tokens, initial_state)
         if isinstance(sched.cache, FollowerPromptCache):
             sched.cache.expect = cached
         sched.start(job, ids)

@@ -36,6 +36,10 @@ NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >=
 PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
+Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
+reasoning_budget, else -1 = unlimited) caps the reasoning tokens; 0 also sets the chat
+template's enable_thinking false unless the request sets enable_thinking itself.
+
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
 llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
 
@@ -63,7 +67,8 @@ repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = rando
 kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
 quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
 8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
-the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3).
+the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
+reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1).
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -77,7 +82,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -94,6 +99,7 @@ DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
 DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
 
+UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
 # N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
 # accepted (ngram_spec.py), so a wider cap pays on repetitive text and costs little elsewhere.
@@ -154,6 +160,9 @@ class GenerationParams:
     keep: int = 0  # NKeep: with a rotating KV cache, prompt tokens always kept; 0 = mlx-lm's 4
     cache_write: bool = True  # False (PromptCacheRO): read the prompt cache, never add to it
     constraint: grammar.Constraint | None = None  # Grammar / Metadata json_schema constraint
+    # Metadata reasoning_budget, else option reasoning_budget: reasoning tokens before the
+    # backend ends the think block (reasoning_budget.py); -1 unlimited, 0 no thinking.
+    reasoning_budget: int = UNLIMITED_REASONING
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,7 @@ class LoadParams:
     ngram_size: int = DEFAULT_NGRAM_SIZE  # option ngram_size: longest n-gram matched for drafts
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
+    reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -492,6 +502,9 @@ def load_params(req: Any) -> LoadParams:
         reasoning_parser=_parser_name(
             options, "reasoning_parser", parsers.resolve_reasoning_markers
         ),
+        reasoning_budget=_option_default(
+            _option_int(options, "reasoning_budget", UNLIMITED_REASONING), UNLIMITED_REASONING
+        ),
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, options),
@@ -640,6 +653,23 @@ def parse_logit_bias(raw: str) -> dict[int, float] | None:
     return bias or None
 
 
+def _reasoning_budget(metadata: Any, load: LoadParams | None) -> int:
+    """Metadata reasoning_budget (an integer >= -1), else the load option, else -1."""
+    raw = metadata.get("reasoning_budget", "").strip()
+    if not raw:
+        return load.reasoning_budget if load is not None else UNLIMITED_REASONING
+    try:
+        budget = int(raw)
+    except ValueError:
+        budget = None
+    if budget is None or budget < UNLIMITED_REASONING:
+        raise ValueError(
+            "PredictOptions.Metadata.reasoning_budget must be an integer >= -1 (reasoning "
+            f"tokens; -1 unlimited, 0 thinking off), got {raw[:40]!r}"
+        )
+    return budget
+
+
 def _stop_strings(stops: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in stops if s))
 
@@ -651,7 +681,8 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     defaults apply. Raises ValueError naming the PredictOptions field and the allowed
     range for: Tokens < 0, Temperature < 0 or not finite, TopP / MinP outside [0, 1],
     TopK < 0, Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
-    non-finite float, non-JSON LogitBias, or a bad Grammar / Metadata constraint.
+    non-finite float, non-JSON LogitBias, a bad Grammar / Metadata constraint, or
+    Metadata.reasoning_budget not an integer >= -1.
     The prompt fields (Prompt, Messages, Tools, ...) are read by `parse_request`.
     """
     defaults = load.defaults if load is not None else {}
@@ -710,6 +741,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         cache_write=not req.PromptCacheRO,
         # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
         constraint=grammar.read_constraint(req.Grammar, req.Metadata),
+        reasoning_budget=_reasoning_budget(req.Metadata, load),
     )
 
 
@@ -843,6 +875,13 @@ def prompt_spec(req: Any) -> PromptSpec:
 def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest:
     """Parse a whole `backend_pb2.PredictOptions`: generation parameters and prompt.
 
+    A reasoning budget of 0 turns thinking off in the template (`enable_thinking` false)
+    unless the request set `enable_thinking` itself (Metadata or chat_template_kwargs).
     Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
     """
-    return GenerationRequest(generation_params(req, load), prompt_spec(req))
+    gen, spec = generation_params(req, load), prompt_spec(req)
+    thinking_set = "enable_thinking" in spec.template_kwargs
+    if gen.reasoning_budget == 0 and spec.messages is not None and not thinking_set:
+        kwargs = {**spec.template_kwargs, "enable_thinking": False}
+        spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
+    return GenerationRequest(gen, spec)

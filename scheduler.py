@@ -39,6 +39,7 @@ from ngram_spec import ngram_generate_step
 from output import Delta, OutputPipeline
 from params import MAX_TOKENS_CAP, GenerationParams
 from prompt_cache import PromptCache
+from reasoning_budget import make_budget_processor
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -277,6 +278,8 @@ class Scheduler:
         # not have touched the prompt cache, whose order every rank keeps the same.
         sampler = sampling.make_sampler(params, tokenizer)
         processors = sampling.make_logits_processors(params, tokenizer)
+        budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
+        processors += [budget] if budget is not None else []
         lookup = self.cache.fetch(loaded.cache_key, ids)
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:

@@ -1,0 +1,200 @@
+"""Reasoning budget: end a think block after a fixed number of reasoning tokens.
+
+LocalAI's `reasoning_budget` (its name for llama.cpp's option): -1 unlimited, 0 no
+thinking, N > 0 at most N reasoning tokens. When a sequence has spent its budget inside a
+reasoning block, the processor here makes the model emit its own end-of-thinking marker
+(mlx-lm's `TokenizerWrapper.think_end_tokens`, i.e. the marker tokenized as the template
+writes it) one token per step, by masking every other logit; the model then continues
+with the answer. The forced marker goes through the output pipeline like a generated one,
+so it ends the reasoning there and never shows as content.
+
+mlx-lm has no such processor (its server has no reasoning budget), hence this module.
+Everything here creates MLX arrays: call it on the engine's MLX thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+
+__all__ = ["UNLIMITED", "ReasoningBudgetProcessor", "make_budget_processor"]
+
+UNLIMITED = -1  # budget value: never interfere
+REASONING = "reasoning"  # output.py's state name for "inside a think block"
+# Generated tokens re-read on each call to notice a context rewritten in place (mlx-lm's
+# speculative decoding rewinds rejected draft tokens); more than any draft length in use.
+_OVERLAP = 70
+
+
+class _State(NamedTuple):
+    inside: bool  # inside a reasoning block after these tokens
+    count: int  # reasoning tokens generated so far (markers excluded)
+    force: int | None  # index in the end marker of the token the next call forces
+    done: bool  # the end marker was forced completely: never interfere again
+
+
+def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
+    return bool(marker) and len(tokens) >= len(marker) and tuple(tokens[-len(marker) :]) == marker
+
+
+def _marker_prefix(tokens: list[int], marker: tuple[int, ...]) -> int:
+    """Length of the longest proper prefix of `marker` that `tokens` ends with."""
+    for k in range(min(len(marker) - 1, len(tokens)), 0, -1):
+        if tuple(tokens[-k:]) == marker[:k]:
+            return k
+    return 0
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ReasoningBudgetProcessor:
+    """Logits processor for one sequence: (tokens (T,) or (1, T) int, logits (1, V)) -> (1, V).
+
+    Follows mlx-lm's contract (`GenerationBatch._step`, `generate_step`,
+    `speculative_generate_step`): the first call sees the prompt (or its part not in a
+    cached prefix), later calls that context plus the tokens generated since. The context
+    may shrink or be rewritten near its end (speculative decoding rewinds rejected
+    drafts): the state is kept per generated position and replayed from the first token
+    that changed. Once the marker is complete, the context is no longer read, unless the
+    calls so far showed such rewinds.
+
+    Tracks whether the sequence is inside a reasoning block (initially when
+    `initial_reasoning`, i.e. the prompt left a think block open; then the `start` / `end`
+    marker token sequences in the generated tokens), counts the generated tokens inside
+    (the markers excluded; a later block adds to the same count), and once the count has
+    reached `budget` while inside, forces `end` one token per call: every logit is -inf
+    except the next marker token, which gets 0, so any sampler picks it whatever the
+    earlier processors did. After the marker is complete it never changes logits again.
+    Reads the new tokens to the CPU on each call (as grammar.ConstraintProcessor does).
+
+    budget: tokens, >= 0. start / end: non-empty token id sequences. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        budget: int,
+        start: Sequence[int],
+        end: Sequence[int],
+        initial_reasoning: bool,
+    ) -> None:
+        if budget < 0:
+            raise ValueError(f"reasoning budget must be >= 0 tokens, got {budget}")
+        if not end:
+            raise ValueError("the end-of-thinking marker must have at least one token")
+        self.budget = budget
+        self._start = tuple(int(t) for t in start)
+        self._end = tuple(int(t) for t in end)
+        self._origin: int | None = None  # context length at the first call
+        self._tokens: list[int] = []  # generated tokens seen so far
+        self._length = 0  # context length at the last call
+        self._steady = True  # every call so far was one token longer than the one before
+        force = 0 if initial_reasoning and budget == 0 else None
+        self._states = [_State(bool(initial_reasoning), 0, force, False)]  # after 0, 1, ...
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Reasoning tokens counted so far (for the sequence as last seen)."""
+        return self._states[-1].count
+
+    @property
+    def done(self) -> bool:
+        """True once the end marker has been forced completely."""
+        return self._states[-1].done
+
+    def forcing(self) -> int | None:
+        """The token id the next call forces, or None."""
+        force = self._states[-1].force
+        return None if force is None else self._end[force]
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        length = tokens.size
+        if self.done and self._steady and length == self._length + 1:
+            self._length = length  # one token on, as always so far: no rewind to undo it
+            return logits
+        self._sync(tokens.reshape(-1))
+        token = self.forcing()
+        if token is None:
+            return logits
+        only = mx.broadcast_to(mx.arange(logits.shape[-1]) == token, logits.shape)
+        return mx.where(only, mx.array(0.0, logits.dtype), mx.array(-mx.inf, logits.dtype))
+
+    def _sync(self, flat: mx.array) -> None:
+        length = flat.shape[0]
+        if self._origin is None:
+            self._origin = self._length = length
+            return
+        self._steady = self._steady and length == self._length + 1
+        self._length = length
+        n = length - self._origin  # generated tokens in this context
+        if n < 0:
+            raise RuntimeError(
+                f"token context shrank below the prompt ({length} < {self._origin}): "
+                "a ReasoningBudgetProcessor serves exactly one sequence"
+            )
+        known = len(self._tokens)
+        lo = max(0, min(known, n) - _OVERLAP)
+        fresh = flat[self._origin + lo :].tolist() if n > lo else []
+        same = lo + _common_prefix(self._tokens[lo:], fresh)
+        if same == lo and lo > 0 and known > lo and fresh and fresh[0] != self._tokens[lo]:
+            # Changed before the window too: replay from the start (never seen in mlx-lm).
+            lo, fresh = 0, flat[self._origin :].tolist()
+            same = _common_prefix(self._tokens, fresh)
+        del self._tokens[same:]
+        del self._states[same + 1 :]
+        for token in fresh[same - lo :]:
+            self._tokens.append(int(token))
+            self._states.append(self._step(self._states[-1]))
+
+    def _step(self, state: _State) -> _State:
+        """The state after `self._tokens[-1]`, given the state before it."""
+        inside, count, force, done = state
+        if done:
+            return state
+        if force is not None:  # this token was forced as end[force]
+            force += 1
+            if force == len(self._end):
+                return _State(False, count, None, True)
+            return _State(True, count, force, False)
+        if inside:
+            if _ends_with(self._tokens, self._end):
+                # The earlier tokens of a multi-token marker were counted; take them back.
+                return _State(False, max(0, count - (len(self._end) - 1)), None, False)
+            count += 1
+            if count < self.budget:
+                return _State(True, count, None, False)
+            # Spent. If the model already began the marker, force only its rest.
+            return _State(True, count, _marker_prefix(self._tokens, self._end), False)
+        if _ends_with(self._tokens, self._start):
+            return _State(True, count, 0 if count >= self.budget else None, False)
+        return state
+
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+def make_budget_processor(
+    tokenizer: Any, budget: int, initial_state: str
+) -> ReasoningBudgetProcessor | None:
+    """The reasoning-budget processor for one sequence, or None when it has nothing to do.
+
+    tokenizer: mlx-lm `TokenizerWrapper` (its `think_start_tokens` / `think_end_tokens`).
+    budget: reasoning tokens allowed; -1 (or any negative) = unlimited -> None.
+    initial_state: the output pipeline's starting state ("reasoning" when the prompt left
+    a think block open: `output.initial_state_for`, `Job.initial_state`).
+    Returns None also for a tokenizer without think markers (nothing to end).
+    """
+    if budget < 0 or not getattr(tokenizer, "has_thinking", False):
+        return None
+    start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
+    end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+    if not end:
+        return None
+    return ReasoningBudgetProcessor(budget, start, end, initial_state == REASONING)
