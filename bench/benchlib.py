@@ -39,11 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import grpc  # noqa: E402
 
 import backend_pb2  # noqa: E402
-import backend_pb2_grpc  # noqa: E402
 import cpu_fast_path  # noqa: E402  (standard library only: no MLX in the driver)
+from server_process import ServerProcess  # noqa: E402  (the harness the tests use)
 
 HOST = "127.0.0.1"
 SERVING = re.compile(r"serving on (\S+:\d+)")
@@ -246,44 +245,21 @@ class _Proc:
             os.unlink(self.log.name)
 
 
-class Backend(_Proc):
-    """Our backend started through ``run.sh`` on 127.0.0.1 port 0, as LocalAI starts it."""
+class Backend(ServerProcess):
+    """Our backend started through ``run.sh`` on 127.0.0.1 port 0, as LocalAI starts it
+    (the tests' harness, ``server_process.ServerProcess``); its log is removed at stop."""
 
     def __init__(self, name: str = "ours", env: dict[str, str] | None = None) -> None:
-        super().__init__(
-            [str(ROOT / "run.sh"), "--addr", f"{HOST}:0"],
-            {**os.environ, **(env or {})},
-            name,
-        )
-        self.address = self._wait_address()
-        self.channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", 64 << 20)]
-        )
-        self.stub = backend_pb2_grpc.BackendStub(self.channel)
-
-    def _wait_address(self, timeout: float = 120.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = SERVING.search(self.logs())
-            if m:
-                return m.group(1)
-            self.check_alive()
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} did not start:\n{self.logs()}")
+        self.name = name
+        super().__init__(env=env, entry="run.sh", start_timeout=120.0)
 
     def load(self, model: Path, options: Iterable[str] = (), timeout: float = 600.0) -> float:
         """LoadModel with ``options``; returns the seconds it took. Raises on failure."""
-        start = time.perf_counter()
-        res = self.stub.LoadModel(
-            backend_pb2.ModelOptions(Model=str(model), Options=list(options)), timeout=timeout
-        )
-        if not res.success:
-            raise RuntimeError(f"{self.name}: {res.message}\n{self.logs()[-4000:]}")
-        return time.perf_counter() - start
+        return super().load(str(model), options, timeout)
 
     def stop(self, timeout: float = 20.0) -> None:
-        self.channel.close()
         super().stop(timeout)
+        self.remove_log()
 
 
 class MlxLmServer(_Proc):
