@@ -21,7 +21,7 @@ endif
 PLATFORM_REQUIREMENTS := requirements-$(patsubst cuda%,cublas%,$(PLATFORM)).txt
 
 .DEFAULT_GOAL := all
-.PHONY: all install install-test protogen run test lint bench clean
+.PHONY: all install install-test protogen run test test-fast lint bench clean
 
 ifneq ($(LOCALAI_LIB),)
 all:
@@ -64,6 +64,10 @@ test:
 else
 test: install-test
 	eval "$$($(PY) cpu_fast_path.py --exports)"; $(PY) -m pytest -q tests
+
+# The fast tier for quick loops: no model, no backend process (well under a minute).
+test-fast: install-test
+	$(PY) -m pytest -q -m "not model and not slow" tests
 endif
 
 lint: install-test

@@ -152,8 +152,11 @@ class Scheduler:
     ) -> None:
         self.loaded = loaded
         self.params = loaded.params
-        self.cache = cache or PromptCache(
-            loaded.params.max_cache_entries, loaded.params.max_cache_bytes
+        # "is None": an empty cache is falsy (it has a length), and a follower's own must stay.
+        self.cache = (
+            cache
+            if cache is not None
+            else PromptCache(loaded.params.max_cache_entries, loaded.params.max_cache_bytes)
         )
         self.group = group
         self._on_metrics = on_metrics
