@@ -38,6 +38,7 @@ from loaded_model import LoadedModel
 from output import Delta, OutputPipeline
 from params import GenerationParams
 from prompt_cache import PromptCache
+from prompt_tiers import TieredPromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -150,8 +151,11 @@ class Scheduler:
     ) -> None:
         self.loaded = loaded
         self.params = loaded.params
-        self.cache = cache or PromptCache(
-            loaded.params.max_cache_entries, loaded.params.max_cache_bytes
+        # ``is not None``: an empty cache is falsy (``__len__``) but still the one to use.
+        self.cache = (
+            cache
+            if cache is not None
+            else PromptCache(loaded.params.max_cache_entries, loaded.params.max_cache_bytes)
         )
         self.group = group
         self._on_metrics = on_metrics
@@ -273,7 +277,8 @@ class Scheduler:
         # not have touched the prompt cache, whose order every rank keeps the same.
         sampler = sampling.make_sampler(params, tokenizer)
         processors = sampling.make_logits_processors(params, tokenizer)
-        lookup = self.cache.fetch(loaded.cache_key, ids)
+        lookup = self.cache.fetch(loaded.cache_key, ids, *self._disk_dir(job))
+        job.disk_hit = getattr(lookup, "disk_hit", False)  # disk tier: for the log line
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:
             self._solo_uid -= 1
@@ -293,6 +298,11 @@ class Scheduler:
             )
         self.active[job.uid] = job
         self.group.joined(job, ids)
+
+    def _disk_dir(self, job: Job) -> tuple[str, ...]:
+        """The request's disk-tier directory, as extra cache arguments (prompt_tiers)."""
+        d = job.params.prompt_cache_dir
+        return (d,) if d and isinstance(self.cache, TieredPromptCache) else ()
 
     def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
@@ -432,7 +442,7 @@ class Scheduler:
             kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
         if kv is not None and kv[0] and kv[1] and job.params.cache_write:
             try:
-                self.cache.insert(key, list(kv[1]), kv[0])
+                self.cache.insert(key, list(kv[1]), kv[0], *self._disk_dir(job))
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
         if error is not None:
@@ -476,7 +486,7 @@ class Scheduler:
             )
         drafting = job.solo is not None and self.loaded.draft is not None
         logger.info(
-            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s",
+            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
             job.params.correlation_id or "-",
             job.prompt_tokens,
             job.cached_tokens,
@@ -485,6 +495,7 @@ class Scheduler:
             tps,
             outcome,
             f" drafted={job.drafted}" if drafting else "",
+            " disk_hit=1" if getattr(job, "disk_hit", False) else "",
         )
 
     def fail_all(self, error: BackendError) -> None:

@@ -1,0 +1,145 @@
+"""The prompt cache's disk tier in serving: real backend processes restarted over gRPC.
+
+Each server loads the embedded SmolLM2 GGUF through LoadModel with option
+``prompt_cache_dir`` (or a request's ``PromptCachePath``) and is stopped with SIGTERM or
+SIGKILL; the next one on the same directory must serve the same greedy output, from disk
+when the entry was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import ServerProcess, backend_pb2
+
+import model_loader
+
+GGUF = str(model_loader.embedded_model_path())
+# ~300 tokens of plain text (raw prompt, no template), distinct openings per test.
+BODY = (
+    "The lighthouse keeper kept a log of every ship that passed the rocky point, "
+    "noting the weather, the wind and the colour of the sea. "
+) * 11
+
+
+def start(directory: Path | None = None, model_path: Path | None = None) -> ServerProcess:
+    srv = ServerProcess(entry="run.sh")
+    options = [f"prompt_cache_dir:{directory}"] if directory is not None else []
+    res = srv.stub.LoadModel(
+        backend_pb2.ModelOptions(Model=GGUF, ModelPath=str(model_path or ""), Options=options),
+        timeout=300,
+    )
+    assert res.success, res.message
+    return srv
+
+
+def ask(srv: ServerProcess, prompt: str, **fields) -> tuple[str, int, int]:
+    """(text, prompt tokens, prompt tokens prefilled) of a greedy 8-token reply."""
+    reply = srv.stub.Predict(
+        backend_pb2.PredictOptions(Prompt=prompt, Tokens=8, Temperature=0.0, **fields),
+        timeout=300,
+    )
+    metrics = srv.stub.GetMetrics(backend_pb2.MetricsRequest())
+    return reply.message.decode(), reply.prompt_tokens, metrics.prompt_tokens_processed
+
+
+def entries(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.safetensors"))
+
+
+def wait_for_files(directory: Path, n: int, timeout: float = 30.0) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while len(entries(directory)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return entries(directory)
+
+
+def test_restart_serves_the_prompt_from_disk(tmp_path):
+    cache = tmp_path / "kv"  # created by the server
+    prompt = "Log one. " + BODY
+    first = start(cache)
+    try:
+        cold, n_prompt, processed = ask(first, prompt)
+        assert n_prompt > 250 and processed == n_prompt
+        status = first.stub.Status(backend_pb2.HealthMessage()).memory.breakdown
+        assert "prompt_cache_disk" in status and "prompt_cache_disk_entries" in status
+    finally:
+        assert first.stop() == 0  # SIGTERM: queued writes are flushed before exit
+    assert len(entries(cache)) == 1
+
+    second = start(cache)
+    try:
+        status = second.stub.Status(backend_pb2.HealthMessage()).memory.breakdown
+        assert status["prompt_cache_disk_entries"] == 1
+        assert status["prompt_cache_disk"] == entries(cache)[0].stat().st_size
+        warm, n2, processed = ask(second, prompt)
+        assert (warm, n2) == (cold, n_prompt)
+        assert processed <= 1
+        # A follow-up extending it prefills only the new part.
+        extra = " The next morning a storm came in from the west."
+        extra_tokens = len(
+            second.stub.TokenizeString(backend_pb2.PredictOptions(Prompt=extra)).tokens
+        )
+        _, n3, processed = ask(second, prompt + extra)
+        assert n3 > n_prompt and processed <= extra_tokens + 2
+        info = json.loads(second.stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+        (disk,) = info["prompt_cache"]["disk"].values()
+        assert disk["hits"] >= 1 and disk["loads"] >= 1 and disk["corrupt"] == 0
+        logs = second.logs()
+        assert "disk_hit=1" in logs
+    finally:
+        second.stop()
+
+
+def test_sigkill_corruption_and_read_only(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    cache = models / "cache"
+    # Request field PromptCachePath, as LocalAI sends it (inside ModelPath).
+    via_request = {"PromptCachePath": str(cache)}
+    p, q = "Log two. " + BODY, "Journal three. " + BODY
+    first = start(model_path=models)
+    try:
+        # PromptCacheRO reads but writes nothing, on disk too.
+        cold_p, _, _ = ask(first, p, PromptCacheRO=True, **via_request)
+        again, _, processed = ask(first, p, **via_request)
+        assert again == cold_p and processed > 1  # the read-only request stored nothing
+        files = wait_for_files(cache, 1)
+        assert len(files) == 1  # only the second request's entry
+        time.sleep(0.3)
+        assert len(entries(cache)) == 1
+        # A PromptCachePath outside ModelPath is refused.
+        with pytest.raises(grpc.RpcError) as err:
+            ask(first, p, PromptCachePath=str(tmp_path / "elsewhere"))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "PromptCachePath" in err.value.details()
+        cold_q, _, _ = ask(first, q, **via_request)
+        first.proc.send_signal(signal.SIGKILL)  # the write of q may be in flight
+        first.proc.wait()
+    finally:
+        first.stop()
+    # Corrupt p's entry (flip bytes in its tensor data): skipped with one warning.
+    data = bytearray(files[0].read_bytes())
+    data[-100:-90] = bytes(b ^ 0xFF for b in data[-100:-90])
+    files[0].write_bytes(bytes(data))
+
+    second = start(model_path=models)
+    try:
+        got_q, _, _ = ask(second, q, **via_request)
+        assert got_q == cold_q  # from disk or cold: the same output
+        got_p, n_p, processed = ask(second, p, **via_request)
+        assert got_p == cold_p and processed >= n_p - 1  # the corrupt entry was not used
+        logs = second.logs()
+        assert logs.count("prompt disk cache: skipping") == 1
+        assert "Traceback" not in logs
+    finally:
+        second.stop()
+    # The corrupt file was deleted (p's entry was then written again, intact).
+    for path in entries(cache):
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in path.name
