@@ -124,15 +124,16 @@ class TieredPromptCache:
         self.disk_bytes = disk_bytes
         self._disks: dict[str, DiskCache] = {}
         self._refused: set[str] = set()
+        self._closed = False
         if default_dir:
             self.disk(default_dir)
 
     # ------------------------------------------------------------------ disk tiers
     def disk(self, directory: str) -> DiskCache | None:
         """The ``DiskCache`` of ``directory``, opened (and created) on first use; None
-        when the disk tier is off, the directory is "" or ``MAX_DISK_DIRS`` are open.
-        Call on the engine thread."""
-        if not directory or self.fingerprint is None:
+        when the disk tier is off or closed, the directory is "" or ``MAX_DISK_DIRS``
+        are open. Call on the engine thread."""
+        if not directory or self.fingerprint is None or self._closed:
             return None
         key = os.path.abspath(directory)
         cache = self._disks.get(key)
@@ -186,7 +187,8 @@ class TieredPromptCache:
 
     def close(self) -> None:
         """Write what is queued (at most a few seconds per directory) and stop every
-        disk tier's writer; later puts are ignored. Idempotent."""
+        disk tier's writer; the disk tier stays off afterwards. Idempotent."""
+        self._closed = True
         disks, self._disks = self._disks, {}
         for cache in disks.values():
             cache.close(_CLOSE_TIMEOUT)

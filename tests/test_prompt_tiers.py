@@ -15,10 +15,15 @@ import time
 from pathlib import Path
 
 import grpc
+import mlx.core as mx
 import pytest
 from conftest import ServerProcess, backend_pb2
+from mlx_lm.models.cache import KVCache
 
 import model_loader
+import params
+from prompt_cache import PromptCache
+from prompt_tiers import TieredPromptCache
 
 GGUF = str(model_loader.embedded_model_path())
 # ~300 tokens of plain text (raw prompt, no template), distinct openings per test.
@@ -58,6 +63,84 @@ def wait_for_files(directory: Path, n: int, timeout: float = 30.0) -> list[Path]
     while len(entries(directory)) < n and time.monotonic() < deadline:
         time.sleep(0.05)
     return entries(directory)
+
+
+# --------------------------------------------------------------------------- parsing
+def load_opts(*options: str, **fields) -> params.LoadParams:
+    return params.load_params(backend_pb2.ModelOptions(Model="m", Options=list(options), **fields))
+
+
+def test_load_options_and_request_path(tmp_path):
+    models = tmp_path / "models"
+    lp = load_opts(ModelPath=str(models))
+    assert lp.prompt_cache_dir == "" and lp.prompt_cache_disk_bytes == 10 * 2**30
+    lp = load_opts("prompt_cache_dir:kv", "prompt_cache_disk_bytes:2GiB", ModelPath=str(models))
+    assert lp.prompt_cache_dir == str(models / "kv") and lp.prompt_cache_disk_bytes == 2 * 2**30
+    with pytest.raises(ValueError, match="prompt_cache_disk_bytes"):
+        load_opts("prompt_cache_disk_bytes:lots")
+
+    def gen(load, path):
+        return params.generation_params(backend_pb2.PredictOptions(PromptCachePath=path), load)
+
+    plain = load_opts(ModelPath=str(models))
+    assert gen(plain, "").prompt_cache_dir == ""
+    assert gen(plain, str(models / "c")).prompt_cache_dir == str((models / "c").resolve())
+    assert gen(plain, "rel/c").prompt_cache_dir == str((models / "rel/c").resolve())
+    for bad in (str(tmp_path / "elsewhere"), str(models), "../x"):
+        with pytest.raises(ValueError, match=r"PredictOptions\.PromptCachePath"):
+            gen(plain, bad)
+    with pytest.raises(ValueError, match="PromptCachePath"):  # no ModelPath to confine it to
+        gen(load_opts(), "/tmp/c")
+    # The load option wins; the request's path is then ignored (even one outside).
+    opt = load_opts(f"prompt_cache_dir:{tmp_path / 'opt'}", ModelPath=str(models))
+    assert gen(opt, str(tmp_path / "elsewhere")).prompt_cache_dir == str(tmp_path / "opt")
+    assert gen(opt, "").prompt_cache_dir == str(tmp_path / "opt")
+
+
+# --------------------------------------------------------------------------- in process
+def token_kv(tokens):
+    """A real 2-layer KVCache whose key at position i is ``tokens[i]``."""
+    kv = []
+    for _ in range(2):
+        c = KVCache()
+        col = mx.array(tokens, dtype=mx.float16)
+        k = mx.broadcast_to(col[None, None, :, None], (1, 2, len(tokens), 8))
+        c.update_and_fetch(k, k + 0.5)
+        kv.append(c)
+    return kv
+
+
+def held(kv):
+    keys, _ = kv[0].keys_and_values()
+    return [int(x) for x in keys[0, 0, :, 0].tolist()]
+
+
+def test_tiered_cache_falls_back_to_disk_and_back_fills_memory(tmp_path):
+    fp = "0123456789abcdef:" + "a" * 32
+    tiers = TieredPromptCache(PromptCache(4), fp, 1 << 20)
+    d = str(tmp_path / "d")
+    toks = list(range(1, 41))
+    tiers.insert("m", toks, token_kv(toks), d)
+    tiers.insert("m", [7, 7, 7], token_kv([7, 7, 7]))  # no directory: memory only
+    assert tiers.flush(10)
+    assert tiers.disk_memory()["prompt_cache_disk_entries"] == 1
+    tiers.clear()  # as after a restart: memory empty, disk kept
+    assert len(tiers) == 0
+    hit = tiers.fetch("m", [*toks, 99], d)
+    assert hit.disk_hit and hit.cached_tokens == 40 and hit.rest == [99]
+    assert held(hit.kv) == toks
+    assert len(tiers) == 1  # copied into memory
+    again = tiers.fetch("m", [*toks, 99], d)  # now memory serves it
+    assert not again.disk_hit and again.cached_tokens == 40
+    tiers.close()
+    other = TieredPromptCache(PromptCache(4), fp, 1 << 20)
+    exact = other.fetch("m", toks, d)
+    other.close()
+    assert exact.disk_hit and exact.cached_tokens == 39 and held(exact.kv) == toks[:39]
+    # Memory only without a directory, or with no fingerprint (disk tier off).
+    fresh = TieredPromptCache(PromptCache(4), None, 1 << 20)
+    assert fresh.fetch("m", [*toks, 99], d).cached_tokens == 0 and fresh.disk(d) is None
+    assert not tiers.fetch("m", [1, 2, 3, 5], "").disk_hit
 
 
 def test_restart_serves_the_prompt_from_disk(tmp_path):
