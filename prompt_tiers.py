@@ -223,6 +223,11 @@ class TieredPromptCache:
         """Entries in the memory tier."""
         return len(self.memory)
 
+    def __bool__(self) -> bool:
+        # Always true, though ``__len__`` may be 0: ``Scheduler`` takes ``cache or
+        # PromptCache(...)`` and must keep an empty tiered cache.
+        return True
+
 
 # ---------------------------------------------------------------------- engine seams
 def fingerprint_of(loaded: Any, distributed: str = "") -> str | None:

@@ -151,11 +151,8 @@ class Scheduler:
     ) -> None:
         self.loaded = loaded
         self.params = loaded.params
-        # ``is not None``: an empty cache is falsy (``__len__``) but still the one to use.
-        self.cache = (
-            cache
-            if cache is not None
-            else PromptCache(loaded.params.max_cache_entries, loaded.params.max_cache_bytes)
+        self.cache = cache or PromptCache(
+            loaded.params.max_cache_entries, loaded.params.max_cache_bytes
         )
         self.group = group
         self._on_metrics = on_metrics

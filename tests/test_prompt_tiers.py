@@ -143,86 +143,79 @@ def test_tiered_cache_falls_back_to_disk_and_back_fills_memory(tmp_path):
     assert not tiers.fetch("m", [1, 2, 3, 5], "").disk_hit
 
 
-def test_restart_serves_the_prompt_from_disk(tmp_path):
-    cache = tmp_path / "kv"  # created by the server
-    prompt = "Log one. " + BODY
+def test_restarts_sigterm_sigkill_corruption_read_only(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    cache = models / "cache"  # created by the server
+    # 1. Load option prompt_cache_dir; SIGTERM flushes the queued write.
+    p = "Log one. " + BODY
     first = start(cache)
     try:
-        cold, n_prompt, processed = ask(first, prompt)
-        assert n_prompt > 250 and processed == n_prompt
+        cold_p, n_p, processed = ask(first, p)
+        assert n_p > 250 and processed == n_p
         status = first.stub.Status(backend_pb2.HealthMessage()).memory.breakdown
         assert "prompt_cache_disk" in status and "prompt_cache_disk_entries" in status
     finally:
-        assert first.stop() == 0  # SIGTERM: queued writes are flushed before exit
+        assert first.stop() == 0
     assert len(entries(cache)) == 1
 
-    second = start(cache)
+    # 2. Same directory through the request's PromptCachePath, as LocalAI sends it.
+    via = {"PromptCachePath": str(cache)}
+    q, r = "Journal two. " + BODY, "Diary three. " + BODY
+    second = start(model_path=models)
     try:
+        warm, n2, processed = ask(second, p, **via)
+        assert (warm, n2) == (cold_p, n_p) and processed <= 1
         status = second.stub.Status(backend_pb2.HealthMessage()).memory.breakdown
         assert status["prompt_cache_disk_entries"] == 1
-        assert status["prompt_cache_disk"] == entries(cache)[0].stat().st_size
-        warm, n2, processed = ask(second, prompt)
-        assert (warm, n2) == (cold, n_prompt)
-        assert processed <= 1
+        (p_file,) = entries(cache)
+        assert status["prompt_cache_disk"] == p_file.stat().st_size
         # A follow-up extending it prefills only the new part.
         extra = " The next morning a storm came in from the west."
-        extra_tokens = len(
-            second.stub.TokenizeString(backend_pb2.PredictOptions(Prompt=extra)).tokens
-        )
-        _, n3, processed = ask(second, prompt + extra)
-        assert n3 > n_prompt and processed <= extra_tokens + 2
+        extra_tokens = second.stub.TokenizeString(backend_pb2.PredictOptions(Prompt=extra)).length
+        _, n3, processed = ask(second, p + extra, **via)
+        assert n3 > n_p and processed <= extra_tokens + 2
         info = json.loads(second.stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
         (disk,) = info["prompt_cache"]["disk"].values()
-        assert disk["hits"] >= 1 and disk["loads"] >= 1 and disk["corrupt"] == 0
-        logs = second.logs()
-        assert "disk_hit=1" in logs
+        assert disk["hits"] == 1 and disk["loads"] == 1 and disk["corrupt"] == 0
+        assert "disk_hit=1" in second.logs()
+        before = wait_for_files(cache, 2)  # p's and the follow-up's (p+reply is no prefix)
+        assert len(before) == 2
+        # PromptCacheRO reads but writes nothing, on disk too.
+        cold_q, n_q, _ = ask(second, q, PromptCacheRO=True, **via)
+        again, _, processed = ask(second, q, **via)
+        assert again == cold_q and processed > 1  # the read-only request stored nothing
+        assert len(wait_for_files(cache, 3)) == 3
+        time.sleep(0.3)
+        files = entries(cache)
+        assert len(files) == 3  # p's, the follow-up's and the second q's; none from RO
+        (q_file,) = [f for f in files if f not in before]
+        # A PromptCachePath outside ModelPath is refused.
+        with pytest.raises(grpc.RpcError) as err:
+            ask(second, p, PromptCachePath=str(tmp_path / "elsewhere"))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "PromptCachePath" in err.value.details()
+        cold_r, _, _ = ask(second, r, **via)
+        second.proc.send_signal(signal.SIGKILL)  # the write of r may be in flight
+        second.proc.wait()
     finally:
         second.stop()
 
-
-def test_sigkill_corruption_and_read_only(tmp_path):
-    models = tmp_path / "models"
-    models.mkdir()
-    cache = models / "cache"
-    # Request field PromptCachePath, as LocalAI sends it (inside ModelPath).
-    via_request = {"PromptCachePath": str(cache)}
-    p, q = "Log two. " + BODY, "Journal three. " + BODY
-    first = start(model_path=models)
-    try:
-        # PromptCacheRO reads but writes nothing, on disk too.
-        cold_p, _, _ = ask(first, p, PromptCacheRO=True, **via_request)
-        again, _, processed = ask(first, p, **via_request)
-        assert again == cold_p and processed > 1  # the read-only request stored nothing
-        files = wait_for_files(cache, 1)
-        assert len(files) == 1  # only the second request's entry
-        time.sleep(0.3)
-        assert len(entries(cache)) == 1
-        # A PromptCachePath outside ModelPath is refused.
-        with pytest.raises(grpc.RpcError) as err:
-            ask(first, p, PromptCachePath=str(tmp_path / "elsewhere"))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "PromptCachePath" in err.value.details()
-        cold_q, _, _ = ask(first, q, **via_request)
-        first.proc.send_signal(signal.SIGKILL)  # the write of q may be in flight
-        first.proc.wait()
-    finally:
-        first.stop()
-    # Corrupt p's entry (flip bytes in its tensor data): skipped with one warning.
-    data = bytearray(files[0].read_bytes())
+    # 3. After SIGKILL, with q's entry corrupted (bytes of its tensor data flipped).
+    data = bytearray(q_file.read_bytes())
     data[-100:-90] = bytes(b ^ 0xFF for b in data[-100:-90])
-    files[0].write_bytes(bytes(data))
-
-    second = start(model_path=models)
+    q_file.write_bytes(bytes(data))
+    third = start(model_path=models)
     try:
-        got_q, _, _ = ask(second, q, **via_request)
-        assert got_q == cold_q  # from disk or cold: the same output
-        got_p, n_p, processed = ask(second, p, **via_request)
-        assert got_p == cold_p and processed >= n_p - 1  # the corrupt entry was not used
-        logs = second.logs()
+        got_r, _, _ = ask(third, r, **via)
+        assert got_r == cold_r  # from disk or cold: the same output
+        got_q, _, processed = ask(third, q, **via)
+        assert got_q == cold_q and processed >= n_q - 1  # the corrupt entry was not used
+        logs = third.logs()
         assert logs.count("prompt disk cache: skipping") == 1
         assert "Traceback" not in logs
     finally:
-        second.stop()
-    # The corrupt file was deleted (p's entry was then written again, intact).
+        third.stop()
+    # The corrupt file was deleted (q's entry may have been written again, intact).
     for path in entries(cache):
         assert hashlib.sha256(path.read_bytes()).hexdigest() in path.name
