@@ -32,6 +32,7 @@ import mlx.core as mx
 import embedding
 import loaded_model
 import prompt as prompt_mod
+import prompt_tiers
 import scoring
 from errors import (
     BackendError,
@@ -288,6 +289,7 @@ class Engine:
             "weights": loaded.weights_bytes if loaded is not None else 0,
             "kv_active": sched.kv_bytes if sched is not None else 0,
             "prompt_cache": sched.cache.nbytes if sched is not None else 0,
+            **prompt_tiers.disk_memory(sched.cache if sched is not None else None),
             **self._memory,
             **self.group.memory(),  # distributed: group_size, weights_rank_<i>
         }
@@ -316,7 +318,11 @@ class Engine:
             "speculative": (p.speculative or ("draft" if p.draft_model else "")) if p else "",
             "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
             "blas": loaded.blas if loaded is not None else None,
-            "prompt_cache": dataclasses.asdict(stats) if stats is not None else None,
+            "prompt_cache": (
+                dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(self.scheduler.cache))
+                if stats is not None
+                else None
+            ),
             "distributed": self.group.info(),
         }
 
@@ -439,15 +445,22 @@ class Engine:
             if current is not None and not keep:
                 reason += f" (the previous model, {current.name}, was released to make room)"
             raise ModelLoadError(reason) from None
-        self.serve_loaded(new)
+        # Disk tier of the prompt cache (prompt_tiers): single process only.
+        fingerprint = prompt_tiers.fingerprint_of(new) if self.group is NO_GROUP else None
+        self.serve_loaded(new, fingerprint=fingerprint)
 
     def _install_built(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         self.unload(FailedPrecondition("the model is being replaced; retry the request"))
         self.serve_loaded(LoadedModel.build(model, tokenizer, params))
 
-    def serve_loaded(self, loaded: LoadedModel, cache: PromptCache | None = None) -> None:
-        """Serve ``loaded`` (engine thread); ``cache``: a prompt cache of one's own."""
+    def serve_loaded(
+        self, loaded: LoadedModel, cache: PromptCache | None = None, fingerprint: str | None = None
+    ) -> None:
+        """Serve ``loaded`` (engine thread); ``cache``: a prompt cache of one's own, else
+        memory + disk tiers (``fingerprint`` None: memory only)."""
         self.unload(FailedPrecondition("the model is being replaced; retry the request"))
+        if cache is None:  # after unload: the previous model's disk tiers are closed
+            cache = prompt_tiers.for_model(loaded, fingerprint)
         self.scheduler = Scheduler(loaded, cache, self.group, self._record_metrics)
         self.loaded = loaded
         self._snapshot_memory()
@@ -467,6 +480,7 @@ class Engine:
         if self.scheduler is not None:
             self.scheduler.fail_all(error)
             self.scheduler.close()
+            prompt_tiers.close(self.scheduler.cache)  # flush the disk tier's writes
         had_model = self.loaded is not None
         self.scheduler = None
         self.loaded = None

@@ -34,6 +34,7 @@ ModelIdentity (54)    | no identity check               | ""                |
 NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
 NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >= 0
 PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
+PromptCachePath (33)  | no disk tier (memory only)      | ""                | inside ModelPath
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
@@ -69,6 +70,14 @@ quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 
 8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
 the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
 reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1).
+prompt_cache_dir (a directory for the prompt cache's disk tier, created if missing; relative
+to ModelPath when relative; default none) and prompt_cache_disk_bytes (its budget, int > 0 or
+"10GiB"-style size, default 10 GiB = DEFAULT_PROMPT_CACHE_DISK_BYTES).
+
+Prompt cache on disk (`prompt_tiers`): the directory is option prompt_cache_dir when set (it
+wins, the request's PromptCachePath is then ignored), else PromptCachePath, which LocalAI
+sends as ModelPath joined with the model YAML's prompt_cache_path and which must resolve
+inside ModelPath (else INVALID_ARGUMENT). PromptCacheRO reads both tiers and writes neither.
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -80,6 +89,7 @@ request); "10" parsed as float 10.0 (here: int first).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -89,6 +99,7 @@ from typing import Any
 import grammar
 import jsonfield
 import parsers
+import prompt_disk
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
@@ -97,6 +108,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at Ope
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
 DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
+DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
 
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
@@ -163,6 +175,9 @@ class GenerationParams:
     # Metadata reasoning_budget, else option reasoning_budget: reasoning tokens before the
     # backend ends the think block (reasoning_budget.py); -1 unlimited, 0 no thinking.
     reasoning_budget: int = UNLIMITED_REASONING
+    # Disk tier of the prompt cache: option prompt_cache_dir, else the checked
+    # PromptCachePath (absolute); "" = memory only.
+    prompt_cache_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -214,6 +229,8 @@ class LoadParams:
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
+    prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
+    prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -525,10 +542,40 @@ def load_params(req: Any) -> LoadParams:
         ),
         max_cache_bytes=_option_size(options, "max_cache_bytes"),
         max_kv_size=_option_int(options, "max_kv_size", 1),
+        prompt_cache_dir=_prompt_cache_option(raw.get("prompt_cache_dir", ""), req.ModelPath),
+        prompt_cache_disk_bytes=(
+            _option_size(options, "prompt_cache_disk_bytes") or DEFAULT_PROMPT_CACHE_DISK_BYTES
+        ),
         tokenizer_config=tokenizer_config,
         defaults=_sampling_defaults(options),
         options=options,
     )
+
+
+def _prompt_cache_option(value: str, model_path: str) -> str:
+    """Option prompt_cache_dir as an absolute path ("" = none); relative to ModelPath."""
+    value = value.strip()
+    if not value:
+        return ""
+    if "\0" in value:
+        raise ValueError("option prompt_cache_dir contains a NUL byte")
+    path = os.path.expanduser(value)
+    if not os.path.isabs(path) and model_path:
+        path = os.path.join(model_path, path)
+    return os.path.abspath(path)
+
+
+def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
+    """The disk-tier directory of a request: option prompt_cache_dir when set, else
+    PromptCachePath confined to ModelPath (`prompt_disk.safe_cache_dir`), else ""."""
+    if load is not None and load.prompt_cache_dir:
+        return load.prompt_cache_dir
+    if not value:
+        return ""
+    try:
+        return str(prompt_disk.safe_cache_dir(value, load.model_path if load else ""))
+    except ValueError as exc:
+        raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 
 
 def _kv_bits(req: Any, options: dict[str, Any]) -> int | None:
@@ -739,6 +786,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
         cache_write=not req.PromptCacheRO,
+        prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),
         # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
         constraint=grammar.read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),

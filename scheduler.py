@@ -39,6 +39,7 @@ from ngram_spec import ngram_generate_step
 from output import Delta, OutputPipeline
 from params import MAX_TOKENS_CAP, GenerationParams
 from prompt_cache import PromptCache
+from prompt_tiers import TieredPromptCache
 from reasoning_budget import make_budget_processor
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -283,7 +284,8 @@ class Scheduler:
         processors = sampling.make_logits_processors(params, tokenizer)
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
-        lookup = self.cache.fetch(loaded.cache_key, ids)
+        lookup = self.cache.fetch(loaded.cache_key, ids, *self._disk_dir(job))
+        job.disk_hit = getattr(lookup, "disk_hit", False)  # disk tier: for the log line
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:
             self._solo_uid -= 1
@@ -303,6 +305,11 @@ class Scheduler:
             )
         self.active[job.uid] = job
         self.group.joined(job, ids)
+
+    def _disk_dir(self, job: Job) -> tuple[str, ...]:
+        """The request's disk-tier directory, as extra cache arguments (prompt_tiers)."""
+        d = job.params.prompt_cache_dir
+        return (d,) if d and isinstance(self.cache, TieredPromptCache) else ()
 
     def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
@@ -453,7 +460,7 @@ class Scheduler:
             kv = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
         if kv is not None and kv[0] and kv[1] and job.params.cache_write:
             try:
-                self.cache.insert(key, list(kv[1]), kv[0])
+                self.cache.insert(key, list(kv[1]), kv[0], *self._disk_dir(job))
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
         if error is not None:
@@ -499,7 +506,7 @@ class Scheduler:
             self.loaded.draft is not None or self.params.speculative == "ngram"
         )
         logger.info(
-            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s",
+            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
             job.params.correlation_id or "-",
             job.prompt_tokens,
             job.cached_tokens,
@@ -508,6 +515,7 @@ class Scheduler:
             tps,
             outcome,
             f" drafted={job.drafted}" if drafting else "",
+            " disk_hit=1" if getattr(job, "disk_hit", False) else "",
         )
 
     def fail_all(self, error: BackendError) -> None:

@@ -1,0 +1,268 @@
+"""The two-tier prompt cache: the memory tier (``PromptCache``) backed by disk tiers
+(``prompt_disk.DiskCache``, one per directory), behind the interface the scheduler uses.
+
+Owns: choosing the tier that saves the most prefill (memory first; the disk only when it
+serves more tokens), copying a disk hit into memory, writing retired KV caches to the
+request's directory, one ``DiskCache`` per directory (opened when first named, closed at
+unload), the load's fingerprint (``load_fingerprint``) and the figures Status and
+GetMetrics report. Never imports grpc.
+
+Threads: every method that takes KV (``fetch``, ``insert``) runs on the engine thread,
+which owns MLX; the disk tier's files are written by its own writer thread.
+
+Which directory: ``GenerationParams.prompt_cache_dir``, already resolved by
+``params.generation_params`` (load option ``prompt_cache_dir`` wins over the request's
+``PromptCachePath``). ``PromptCacheRO`` requests (``cache_write`` False) read both tiers
+and write neither. Without a fingerprint (a model built in memory, distributed mode)
+the disk tier is off and only memory is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import can_trim_prompt_cache
+
+from prompt_cache import CacheLookup, CacheStats, PromptCache
+from prompt_disk import DiskCache, model_fingerprint
+
+__all__ = ["MAX_DISK_DIRS", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+MAX_DISK_DIRS = 4  # directories open at once; each has a writer thread and an index
+_CLOSE_TIMEOUT = 4.0  # seconds to finish queued writes at unload (Engine.stop joins for 5)
+
+
+@dataclass
+class TieredLookup(CacheLookup):
+    """A :class:`CacheLookup` that also says whether the disk tier served it."""
+
+    disk_hit: bool = False
+
+
+def load_fingerprint(params: Any, cpu_mode: str = "", distributed: str = "") -> str:
+    """The ``model_fingerprint`` of a model loaded from files with ``params`` (LoadParams).
+
+    Hashes the directory mlx-lm loaded (for a GGUF: its converted directory in
+    ``gguf_convert.default_cache_dir()``, else the GGUF file itself), and in ``extra``
+    everything else that changes the KV: KV quantization (bits, group size, start),
+    ``max_kv_size`` (with the prefill step, which decides what a rotating cache
+    keeps), the LoRA adapter's files and scale, the draft model's fingerprint (its
+    layers share the entry), the distributed layout, the CPU weight mode and the device.
+    Resolves paths only (no download). Raises ``ValueError`` or ``ModelLoadError`` when
+    a file is missing.
+    """
+    import model_loader
+
+    def weights_of(model: str, model_file: str) -> Any:
+        resolved = model_loader.resolve_model(model, model_file, params.model_path)
+        if resolved.kind == "gguf":
+            import gguf_convert
+
+            converted = gguf_convert.default_cache_dir() / gguf_convert.cache_key(resolved.path)
+            if (converted / "config.json").is_file():
+                return converted
+        return resolved.path
+
+    extra: dict[str, Any] = {
+        "kv_bits": params.kv_bits,
+        "kv_group_size": params.kv_group_size,
+        "quantized_kv_start": params.quantized_kv_start,
+        "max_kv_size": params.max_kv_size,
+        "prefill_step_size": params.prefill_step_size if params.max_kv_size else None,
+        "distributed": distributed,
+        "cpu_mode": cpu_mode,
+        "device": str(mx.default_device().type),
+    }
+    if params.lora_adapter:
+        adapter = model_loader.resolve_adapter(params.lora_adapter, params.model_path)
+        files = sorted(p for p in adapter.iterdir() if p.is_file())
+        extra["lora"] = model_fingerprint(files, {"scale": params.lora_scale})
+    if params.draft_model:
+        extra["draft"] = model_fingerprint(weights_of(params.draft_model, ""), {})
+    return model_fingerprint(weights_of(params.model, params.model_file), extra)
+
+
+def _trim_exactly(kv: list, n: int) -> bool:
+    """Trim every layer by ``n`` tokens; False when any layer trims fewer."""
+    return n == 0 or (can_trim_prompt_cache(kv) and all(c.trim(n) == n for c in kv))
+
+
+class TieredPromptCache:
+    """A :class:`PromptCache` (memory) with disk tiers, one ``DiskCache`` per directory.
+
+    Same interface as ``PromptCache`` (``fetch``, ``insert``, ``clear``, ``stats``,
+    ``nbytes``, ``len``; ``stats``/``nbytes``/``len`` describe the memory tier), plus
+    a ``disk_dir`` keyword on ``fetch``/``insert`` naming the request's directory
+    ("" = memory only) and ``close`` (flush and stop the writers).
+
+    Args:
+        memory: the memory tier.
+        fingerprint: :func:`load_fingerprint` of the loaded model; None turns the disk
+            tier off.
+        disk_bytes: the byte budget of each directory (>= 0).
+        default_dir: a directory opened now (load option ``prompt_cache_dir``), so its
+            entries show in Status before the first request; "" for none.
+    """
+
+    def __init__(
+        self,
+        memory: PromptCache,
+        fingerprint: str | None = None,
+        disk_bytes: int = 0,
+        default_dir: str = "",
+    ) -> None:
+        self.memory = memory
+        self.fingerprint = fingerprint
+        self.disk_bytes = disk_bytes
+        self._disks: dict[str, DiskCache] = {}
+        self._refused: set[str] = set()
+        self._closed = False
+        if default_dir:
+            self.disk(default_dir)
+
+    # ------------------------------------------------------------------ disk tiers
+    def disk(self, directory: str) -> DiskCache | None:
+        """The ``DiskCache`` of ``directory``, opened (and created) on first use; None
+        when the disk tier is off or closed, the directory is "" or ``MAX_DISK_DIRS``
+        are open. Call on the engine thread."""
+        if not directory or self.fingerprint is None or self._closed:
+            return None
+        key = os.path.abspath(directory)
+        cache = self._disks.get(key)
+        if cache is None:
+            if len(self._disks) >= MAX_DISK_DIRS:
+                if key not in self._refused:
+                    self._refused.add(key)
+                    logger.warning(
+                        "prompt disk cache: %d directories already open; not using %s",
+                        MAX_DISK_DIRS,
+                        key,
+                    )
+                return None
+            cache = DiskCache(key, self.disk_bytes, self.fingerprint)
+            self._disks[key] = cache
+        return cache
+
+    def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> TieredLookup:
+        """``PromptCache.fetch``, then, unless memory already serves all but the last
+        token, the disk tier of ``disk_dir`` for a longer match: a disk hit is copied
+        into memory and returned trimmed to the tokens it serves (``disk_hit`` True).
+        Raises ValueError for empty ``tokens``."""
+        hit = self.memory.fetch(model_key, tokens)
+        lookup = TieredLookup(hit.kv, hit.cached_tokens, hit.rest)
+        disk = self.disk(disk_dir)
+        if disk is None or hit.cached_tokens >= len(tokens) - 1:
+            return lookup
+        found = disk.lookup(tokens, min_tokens=hit.cached_tokens + 1)
+        if found is None:
+            return lookup
+        # Memory keeps its own materialised copy; ``found.kv`` stays ours to trim.
+        self.memory.insert(model_key, found.tokens, found.kv)
+        if not _trim_exactly(found.kv, len(found.tokens) - found.cached_len):
+            logger.debug("prompt disk cache: a hit failed to trim; using the memory tier")
+            return lookup
+        toks = list(map(int, tokens))
+        return TieredLookup(found.kv, found.cached_len, toks[found.cached_len :], disk_hit=True)
+
+    def insert(self, model_key: str, tokens: Sequence[int], kv: list, disk_dir: str = "") -> None:
+        """``PromptCache.insert``, then queue the entry for ``disk_dir``'s disk tier
+        (serialised here, written by its writer thread). Raises ValueError as
+        ``PromptCache.insert`` does."""
+        self.memory.insert(model_key, tokens, kv)
+        disk = self.disk(disk_dir)
+        if disk is not None:
+            disk.put(tokens, kv)
+
+    def clear(self) -> None:
+        """Empty the memory tier (the disk keeps its entries)."""
+        self.memory.clear()
+
+    def close(self) -> None:
+        """Write what is queued (at most a few seconds per directory) and stop every
+        disk tier's writer; the disk tier stays off afterwards. Idempotent."""
+        self._closed = True
+        disks, self._disks = self._disks, {}
+        for cache in disks.values():
+            cache.close(_CLOSE_TIMEOUT)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued disk write is done (seconds); False on timeout."""
+        return all(cache.flush(timeout) for cache in list(self._disks.values()))
+
+    def stats(self) -> CacheStats:
+        """The memory tier's :class:`CacheStats`."""
+        return self.memory.stats()
+
+    def disk_stats(self) -> dict[str, dict]:
+        """Per open directory, its ``DiskCacheStats`` as a dict."""
+        return {d: dataclasses.asdict(c.stats()) for d, c in list(self._disks.items())}
+
+    def disk_memory(self) -> dict[str, int]:
+        """Status entries: ``prompt_cache_disk`` (bytes on disk) and
+        ``prompt_cache_disk_entries``, summed over the open directories."""
+        stats = [c.stats() for c in list(self._disks.values())]
+        return {
+            "prompt_cache_disk": sum(s.nbytes for s in stats),
+            "prompt_cache_disk_entries": sum(s.entries for s in stats),
+        }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the memory tier."""
+        return self.memory.nbytes
+
+    def __len__(self) -> int:
+        """Entries in the memory tier."""
+        return len(self.memory)
+
+    def __bool__(self) -> bool:
+        # Always true, though ``__len__`` may be 0: ``Scheduler`` takes ``cache or
+        # PromptCache(...)`` and must keep an empty tiered cache.
+        return True
+
+
+# ---------------------------------------------------------------------- engine seams
+def fingerprint_of(loaded: Any, distributed: str = "") -> str | None:
+    """:func:`load_fingerprint` of a ``LoadedModel`` loaded from files, or None (disk
+    tier off, with a warning) when it cannot be computed."""
+    try:
+        return load_fingerprint(loaded.params, loaded.cpu_mode, distributed)
+    except Exception as exc:  # the model is loaded and serves; only the disk tier is lost
+        logger.warning("prompt disk cache off: cannot fingerprint %s: %s", loaded.name, exc)
+        return None
+
+
+def for_model(loaded: Any, fingerprint: str | None) -> TieredPromptCache:
+    """The prompt cache of ``loaded`` (a ``LoadedModel``): its memory tier bounded by
+    the load's ``max_cache_entries`` / ``max_cache_bytes``, disk tiers of
+    ``prompt_cache_disk_bytes`` each; the load option ``prompt_cache_dir`` is opened
+    now. Call on the engine thread, after the previous model's cache was closed."""
+    p = loaded.params
+    memory = PromptCache(p.max_cache_entries, p.max_cache_bytes)
+    return TieredPromptCache(memory, fingerprint, p.prompt_cache_disk_bytes, p.prompt_cache_dir)
+
+
+def disk_memory(cache: Any) -> dict[str, int]:
+    """Status entries of ``cache``'s disk tiers (zeros for a memory-only cache)."""
+    if isinstance(cache, TieredPromptCache):
+        return cache.disk_memory()
+    return {"prompt_cache_disk": 0, "prompt_cache_disk_entries": 0}
+
+
+def disk_info(cache: Any) -> dict[str, dict]:
+    """GetMetrics' per-directory disk stats of ``cache`` ({} when it has none)."""
+    return cache.disk_stats() if isinstance(cache, TieredPromptCache) else {}
+
+
+def close(cache: Any) -> None:
+    """Flush and close ``cache``'s disk tiers (nothing for a memory-only cache)."""
+    if isinstance(cache, TieredPromptCache):
+        cache.close()
