@@ -29,8 +29,8 @@ from typing import Any
 
 import mlx.core as mx
 
-import embedding
 import loaded_model
+import model_calls
 import prompt as prompt_mod
 import prompt_tiers
 import scoring
@@ -71,19 +71,6 @@ class StatusSnapshot:
     running: int
     waiting: int
     memory: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    """What the tokenizer says about thinking and tool calls (mlx-lm's TokenizerWrapper)."""
-
-    supports_thinking: bool
-    rendered_template: str  # a one-user-turn probe rendered with thinking enabled
-    tool_format: str  # mlx-lm tool parser name, e.g. "json_tools"; "" when none
-    tool_call_start: str
-    tool_call_end: str
-    think_start: str
-    think_end: str
 
 
 class Engine:
@@ -164,7 +151,7 @@ class Engine:
         """Drop model, tokenizer, prompt cache and batch; release MLX memory."""
         await self.call(FREE)
 
-    async def metadata(self) -> ModelMetadata:
+    async def metadata(self) -> model_calls.ModelMetadata:
         """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
         return await self.call(METADATA)
 
@@ -535,89 +522,32 @@ class Engine:
         for item in keep:
             self._inbox.put(item)
 
-    # -- operations on the loaded model (engine thread)
+    # -- operations on the loaded model (engine thread): model_calls.py does the work
     def _require(self) -> LoadedModel:
         if self.loaded is None:
             raise FailedPrecondition("no model loaded: call LoadModel first")
         return self.loaded
 
     def _tokenize(self, text: str) -> list[int]:
-        return prompt_mod.encode(self._require().tokenizer, text)
+        return model_calls.tokenize(self._require(), text)
 
     def _detokenize(self, ids: list[int]) -> str:
-        tokenizer = self._require().tokenizer
-        vocab = len(tokenizer)
-        bad = [i for i in ids if i < 0 or i >= vocab]
-        if bad:
-            raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return tokenizer.decode(ids)
+        return model_calls.detokenize(self._require(), ids)
 
-    def _metadata(self) -> ModelMetadata:
-        tok = self._require().tokenizer
-        rendered = ""
-        if getattr(tok, "has_chat_template", False):
-            try:
-                rendered = tok.apply_chat_template(
-                    [{"role": "user", "content": "Hello"}],
-                    tokenize=False,
-                    add_generation_prompt=True,
-                    enable_thinking=True,
-                )
-            except Exception as exc:  # a template that needs other inputs: report none
-                logger.warning("chat template did not render a probe conversation: %s", exc)
-        parser = getattr(tok, "tool_parser", None)
-        return ModelMetadata(
-            supports_thinking=bool(getattr(tok, "has_thinking", False)),
-            rendered_template=rendered,
-            tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
-            tool_call_start=getattr(tok, "tool_call_start", None) or "",
-            tool_call_end=getattr(tok, "tool_call_end", None) or "",
-            think_start=getattr(tok, "think_start", None) or "",
-            think_end=getattr(tok, "think_end", None) or "",
-        )
+    def _metadata(self) -> model_calls.ModelMetadata:
+        return model_calls.metadata(self._require())
 
     def _should_stop(self) -> Callable[[], bool] | None:
         stop = self._call_stop
         return stop.is_set if stop is not None else None
 
-    # Score and Embedding run inline between batch steps: they pause decoding meanwhile;
-    # they stop between candidates / chunks once their caller has left.
     def _score(self, prompt: str, candidates: list[str], include: bool) -> list:
+        cache = self.scheduler.cache if self.scheduler is not None else None
         loaded = self._require()
-        p = loaded.params
-        try:
-            return scoring.score(
-                loaded.model,
-                loaded.tokenizer,
-                prompt,
-                candidates,
-                include_token_logprobs=include,
-                cache=self.scheduler.cache,
-                model_key=loaded.cache_key,
-                context_len=loaded.context_len,
-                prefill_step=p.prefill_step_size,
-                max_kv_size=p.max_kv_size,
-                should_stop=self._should_stop(),
-            )
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+        return model_calls.score(loaded, cache, prompt, candidates, include, self._should_stop())
 
     def _embed(self, text: str, token_ids: list[int]):
-        loaded = self._require()
-        p = loaded.params
-        kw = dict(
-            pooling=p.embedding_pooling,
-            normalize=p.embedding_normalize,
-            context_len=loaded.context_len,
-            step=p.prefill_step_size,
-            should_stop=self._should_stop(),
-        )
-        try:
-            if token_ids:
-                return embedding.embed_tokens(loaded.model, token_ids, **kw)
-            return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+        return model_calls.embed(self._require(), text, token_ids, self._should_stop())
 
 
 def _mlx_memory() -> dict[str, int]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from tqdm.std import tqdm as _std_tqdm
 
-from model_loader import ModelLoadError
+from errors import ModelLoadError
 
 logger = logging.getLogger("localai.mlx.hub")
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import gguf_convert
+import hub
 from errors import ModelLoadError
 
 logger = logging.getLogger("localai.mlx.model_loader")
@@ -137,8 +139,6 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
         looked.append(str(path))
     if path.exists():
         return _classify(path, Path(model).name)
-    import hub
-
     hub_id = hub.parse_hub_id(model)
     if hub_id is None:
         raise ModelLoadError(
@@ -223,8 +223,6 @@ def _classify_snapshot(repo: str, snapshot: Path) -> ResolvedModel:
     ggufs = sorted(snapshot.glob("*.gguf"))
     if len(ggufs) == 1:
         return ResolvedModel("gguf", ggufs[0], repo)
-    import hub
-
     remote = hub.remote_gguf_files(repo, snapshot.name)
     names = [g.name for g in ggufs] or remote
     raise ModelLoadError(
@@ -279,9 +277,6 @@ def load_model(
     start = time.perf_counter()
     directory = resolved.path
     if resolved.kind == "gguf":
-        # Imported here: gguf_convert imports ModelLoadError from this module.
-        import gguf_convert
-
         directory = gguf_convert.cached_conversion(resolved.path, cache_dir)
     converted = time.perf_counter()
 

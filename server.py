@@ -26,8 +26,8 @@ import backend_pb2_grpc
 import interceptors
 import lifecycle
 import model_loader
-from backend import BackendServicer
 from engine import Engine
+from servicer import BackendServicer
 
 if TYPE_CHECKING:  # distributed imports MLX; only its type is named here
     from distributed import Coordinator

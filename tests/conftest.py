@@ -71,7 +71,7 @@ MODEL_MODULES = frozenset(
     {"test_batching", "test_cache_memory", "test_cpu_fast_path", "test_distributed",
      "test_features", "test_fuzz", "test_hub", "test_localai_launcher", "test_lora",
      "test_ngram", "test_prompt_disk", "test_scoring", "test_checkpoints", "test_isolation",
-     "test_prompt_tiers", "test_worker_protocol", "test_cache_memory"}
+     "test_prompt_tiers", "test_worker_protocol"}
 )  # fmt: skip
 DISTRIBUTED_MODULES = frozenset({"test_distributed", "test_worker_protocol"})
 _STARTS_HEAVY = ("ServerProcess(", "InProcessServer(", "load_model(", "subprocess.")

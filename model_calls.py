@@ -1,0 +1,127 @@
+"""What the engine runs on the loaded model besides generation: tokenize, detokenize,
+model metadata, Score and Embedding (engine thread; each function takes the `LoadedModel`).
+
+Score and Embedding run inline between batch steps, so they pause decoding meanwhile; they
+are bounded (`scoring.MAX_SCORE_CANDIDATES`) and stop between candidates / chunks once
+``should_stop`` says their caller has left. Bad input raises ``InvalidArgument``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import embedding
+import prompt as prompt_mod
+import scoring
+from errors import InvalidArgument
+from loaded_model import LoadedModel
+from prompt_cache import PromptCache
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What the tokenizer says about thinking and tool calls (mlx-lm's TokenizerWrapper)."""
+
+    supports_thinking: bool
+    rendered_template: str  # a one-user-turn probe rendered with thinking enabled
+    tool_format: str  # mlx-lm tool parser name, e.g. "json_tools"; "" when none
+    tool_call_start: str
+    tool_call_end: str
+    think_start: str
+    think_end: str
+
+
+def tokenize(loaded: LoadedModel, text: str) -> list[int]:
+    """Token ids of ``text`` (no second BOS)."""
+    return prompt_mod.encode(loaded.tokenizer, text)
+
+
+def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
+    """Text of ``ids``; InvalidArgument for ids outside the vocabulary."""
+    tokenizer = loaded.tokenizer
+    vocab = len(tokenizer)
+    bad = [i for i in ids if i < 0 or i >= vocab]
+    if bad:
+        raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return tokenizer.decode(ids)
+
+
+def metadata(loaded: LoadedModel) -> ModelMetadata:
+    """Thinking support, a rendered probe conversation and the tool-call markers."""
+    tok = loaded.tokenizer
+    rendered = ""
+    if getattr(tok, "has_chat_template", False):
+        try:
+            rendered = tok.apply_chat_template(
+                [{"role": "user", "content": "Hello"}],
+                tokenize=False,
+                add_generation_prompt=True,
+                enable_thinking=True,
+            )
+        except Exception as exc:  # a template that needs other inputs: report none
+            logger.warning("chat template did not render a probe conversation: %s", exc)
+    parser = getattr(tok, "tool_parser", None)
+    return ModelMetadata(
+        supports_thinking=bool(getattr(tok, "has_thinking", False)),
+        rendered_template=rendered,
+        tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
+        tool_call_start=getattr(tok, "tool_call_start", None) or "",
+        tool_call_end=getattr(tok, "tool_call_end", None) or "",
+        think_start=getattr(tok, "think_start", None) or "",
+        think_end=getattr(tok, "think_end", None) or "",
+    )
+
+
+def score(
+    loaded: LoadedModel,
+    cache: PromptCache | None,
+    prompt: str,
+    candidates: list[str],
+    include_token_logprobs: bool,
+    should_stop: Callable[[], bool] | None = None,
+) -> list:
+    """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``."""
+    p = loaded.params
+    try:
+        return scoring.score(
+            loaded.model,
+            loaded.tokenizer,
+            prompt,
+            candidates,
+            include_token_logprobs=include_token_logprobs,
+            cache=cache,
+            model_key=loaded.cache_key,
+            context_len=loaded.context_len,
+            prefill_step=p.prefill_step_size,
+            max_kv_size=p.max_kv_size,
+            should_stop=should_stop,
+        )
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def embed(
+    loaded: LoadedModel,
+    text: str,
+    token_ids: list[int],
+    should_stop: Callable[[], bool] | None = None,
+) -> embedding.EmbeddingOutput:
+    """`embedding.embed` (or `embed_tokens` when ``token_ids``) with the load options."""
+    p = loaded.params
+    kw = dict(
+        pooling=p.embedding_pooling,
+        normalize=p.embedding_normalize,
+        context_len=loaded.context_len,
+        step=p.prefill_step_size,
+        should_stop=should_stop,
+    )
+    try:
+        if token_ids:
+            return embedding.embed_tokens(loaded.model, token_ids, **kw)
+        return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None

@@ -1,0 +1,223 @@
+"""The gRPC servicer of LocalAI's ``backend.Backend`` service.
+
+Each RPC is a short adapter: protobuf in, parsed values (``params``), a call on the
+``Engine`` (which owns the model and the MLX thread), protobuf out (``replies``).
+Predict and PredictStream share one path (``_generate``); Predict joins the same events
+that PredictStream sends. Domain errors map to gRPC status codes in one place
+(``_abort``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2
+
+import backend_pb2
+import backend_pb2_grpc
+import grammar
+import params
+from engine import Engine
+from errors import BackendError, InvalidArgument
+from jobs import Event
+from replies import Accumulator
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+HEALTH_SERVICE = "backend.Backend"
+LOAD_SUCCESS_MESSAGE = "MLX model loaded successfully"  # LocalAI's own test compares it
+
+
+async def _abort(context, exc: Exception) -> None:
+    """End the call with the gRPC status of ``exc``: the one mapping of domain errors.
+
+    ValueError (a bad field) is INVALID_ARGUMENT; a ``BackendError`` names its code.
+    """
+    if isinstance(exc, ValueError):
+        exc = InvalidArgument(str(exc))
+    code = getattr(grpc.StatusCode, getattr(exc, "status", "INTERNAL"), grpc.StatusCode.INTERNAL)
+    await context.abort(code, str(exc))
+
+
+class BackendServicer(backend_pb2_grpc.BackendServicer):
+    """The LocalAI ``backend.Backend`` service over one ``Engine``."""
+
+    def __init__(self, engine: Engine, health_servicer: health.aio.HealthServicer | None = None):
+        self.engine = engine
+        self.health = health_servicer
+
+    async def refresh_health(self) -> None:
+        """Set grpc.health.v1's status: SERVING while a model is loaded and the engine lives."""
+        if self.health is not None:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if self.engine.loaded is not None and self.engine.alive
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            await self.health.set(HEALTH_SERVICE, status)
+            await self.health.set("", status)
+
+    async def Health(self, request, context):
+        return backend_pb2.Reply(message=b"OK")
+
+    async def LoadModel(self, request, context):
+        try:
+            await self.engine.load(params.load_params(request))
+        except (ValueError, BackendError) as exc:
+            message = f"failed to load model: {exc}"
+        except Exception as exc:  # an unexpected loader failure must still answer
+            logger.exception("LoadModel failed")
+            message = f"failed to load model: {type(exc).__name__}: {exc}"
+        else:
+            message = ""
+        await self.refresh_health()
+        if message:
+            logger.error("%s", message)
+            return backend_pb2.Result(success=False, message=message)
+        return backend_pb2.Result(success=True, message=LOAD_SUCCESS_MESSAGE)
+
+    async def Free(self, request, context):
+        await self.engine.free()
+        await self.refresh_health()
+        return backend_pb2.Result(success=True, message="Model freed")
+
+    async def Predict(self, request, context):
+        acc = Accumulator()
+        # aclosing: a caller that leaves cancels the job now, not when the GC runs.
+        async with contextlib.aclosing(self._generate(request, context)) as events:
+            async for event in events:
+                acc.add(event)
+        return acc.final_reply()
+
+    async def PredictStream(self, request, context):
+        acc = Accumulator()
+        async with contextlib.aclosing(self._generate(request, context)) as events:
+            async for event in events:
+                acc.add(event)
+                if event.delta or event.final:
+                    yield acc.stream_reply(event)
+
+    async def _generate(self, request, context) -> AsyncIterator[Event]:
+        """Parse, submit and yield one request's events; cancels the job if the caller leaves."""
+        job = None
+        try:
+            self.engine.check_identity(request.ModelIdentity)  # first, as LocalAI does
+            # Parsing decodes client JSON and checks grammars: off the event loop.
+            parsed = await asyncio.get_running_loop().run_in_executor(
+                None, params.parse_request, request, self.engine.load_params
+            )
+            # Compiling the grammar is bounded in time and runs on its own small pool.
+            await grammar.validate_constraint(parsed.params.constraint)
+            job = await self.engine.submit(parsed)
+        except (ValueError, BackendError) as exc:
+            await _abort(context, exc)
+        try:
+            async for event in job.events():
+                if event.error is not None:
+                    await _abort(context, event.error)
+                yield event
+        finally:
+            job.cancel()  # no-op when finished; frees the batch slot when the client is gone
+
+    async def Embedding(self, request, context):
+        # LocalAI sends the text in Embeddings (Prompt as a fallback), or token ids.
+        e = await self._call(
+            context,
+            self.engine.embed,
+            request.Embeddings or request.Prompt,
+            list(request.EmbeddingTokens),
+            request.ModelIdentity,
+        )
+        layout = (
+            backend_pb2.EMBEDDING_LAYOUT_PER_TOKEN
+            if e.per_token
+            else backend_pb2.EMBEDDING_LAYOUT_FINAL
+        )
+        return backend_pb2.EmbeddingResult(
+            embeddings=e.vector,
+            dim=e.dim,
+            tokens=e.rows,
+            prompt_tokens=e.prompt_tokens,
+            layout=layout,
+        )
+
+    async def Score(self, request, context):
+        results = await self._call(
+            context,
+            self.engine.score,
+            request.prompt,
+            list(request.candidates),
+            request.include_token_logprobs,
+            request.ModelIdentity,
+        )
+        return backend_pb2.ScoreResponse(
+            candidates=[
+                backend_pb2.CandidateScore(
+                    log_prob=r.log_prob,
+                    length_normalized_log_prob=r.length_normalized_log_prob,
+                    num_tokens=r.num_tokens,
+                    tokens=[backend_pb2.TokenLogProb(token=t, log_prob=lp) for t, lp in r.tokens],
+                )
+                for r in results
+            ]
+        )
+
+    async def TokenizeString(self, request, context):
+        tokens = await self._call(
+            context, self.engine.tokenize, request.Prompt, request.ModelIdentity
+        )
+        return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
+
+    async def Detokenize(self, request, context):
+        text = await self._call(context, self.engine.detokenize, list(request.tokens))
+        return backend_pb2.DetokenizeResponse(content=text)
+
+    async def Status(self, request, context):
+        snap = self.engine.status()
+        state = getattr(backend_pb2.StatusResponse, snap.state)
+        # Request counts ride in the breakdown map (the proto has no other place for them).
+        breakdown = {
+            **snap.memory,
+            "requests_running": snap.running,
+            "requests_waiting": snap.waiting,
+        }
+        memory = backend_pb2.MemoryUsageData(
+            total=snap.memory.get("mlx_active", 0), breakdown=breakdown
+        )
+        return backend_pb2.StatusResponse(state=state, memory=memory)
+
+    async def ModelMetadata(self, request, context):
+        m = await self._call(context, self.engine.metadata)
+        return backend_pb2.ModelMetadataResponse(
+            supports_thinking=m.supports_thinking,
+            rendered_template=m.rendered_template,
+            tool_format=backend_pb2.ToolFormatMarkers(
+                format_type=m.tool_format,
+                section_start=m.tool_call_start,
+                section_end=m.tool_call_end,
+                reasoning_start=m.think_start,
+                reasoning_end=m.think_end,
+            ),
+        )
+
+    async def GetMetrics(self, request, context):
+        m = self.engine.last_metrics
+        return backend_pb2.MetricsResponse(
+            slot_id=0,
+            # No llama.cpp slot prompt here: the field carries engine facts as JSON instead.
+            prompt_json_for_slot=json.dumps(self.engine.info()),
+            tokens_per_second=m.tokens_per_second,
+            tokens_generated=m.tokens_generated,
+            prompt_tokens_processed=m.prompt_tokens_processed,
+        )
+
+    async def _call(self, context, fn, *args):
+        try:
+            return await fn(*args)
+        except (ValueError, BackendError) as exc:
+            await _abort(context, exc)
