@@ -42,6 +42,7 @@ stream run in order, so a plan never overtakes (or interleaves with) a step's co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -795,6 +796,7 @@ class GroupSpec:
     rank: int
     size: int
     coordinator: str = ""
+    rendezvous: str = ""  # rank 0's "ip:port" where the ranks meet before MLX's init
 
     def describe(self) -> str:
         return f"the {self.size}-rank {self.backend} group of {self.hostfile}"
@@ -857,7 +859,11 @@ def group_spec(hostfile: str, backend: str, rank: int, coordinator: str = "") ->
     coordinator = (coordinator or "").strip() if backend == "jaccl" else ""
     if coordinator and not _is_address(coordinator):
         raise ValueError(f"the JACCL coordinator must be ip:port, got {coordinator!r}")
-    return GroupSpec(path, backend, rank, size, coordinator)
+    if backend == "ring":
+        meet = entries[0] if isinstance(entries[0], str) else entries[0][0]
+    else:
+        meet = coordinator
+    return GroupSpec(path, backend, rank, size, coordinator, meet)
 
 
 def _is_address(text: Any) -> bool:
@@ -877,6 +883,10 @@ def _init_spec(spec: GroupSpec, deadline: float) -> Any:
         os.environ["MLX_IBV_DEVICES"] = spec.hostfile
         if spec.coordinator:
             os.environ[COORDINATOR_ENV] = spec.coordinator
+    if spec.rendezvous:
+        _rendezvous(spec, deadline)
+    else:
+        logger.warning("JACCL without --coordinator: the wait for the other ranks is unbounded")
     while True:
         try:
             return mx.distributed.init(strict=True, backend=spec.backend)
@@ -887,6 +897,81 @@ def _init_spec(spec: GroupSpec, deadline: float) -> Any:
                 raise
             logger.info("rank %d: the other ranks are not up yet (%s); retrying", spec.rank, exc)
             time.sleep(_RETRY_PAUSE)
+
+
+def _rendezvous(spec: GroupSpec, deadline: float) -> None:
+    """Meet every rank on rank 0's address before MLX's ``init``; JoinTimeout at
+    ``deadline``.
+
+    Why our own: MLX's ``init`` holds the GIL while its listening side waits for peers,
+    with no timeout, which would freeze rank 0's gRPC server; these plain sockets wait
+    without it. Rank 0 listens on its own hostfile address (MLX binds it right after),
+    workers connect and send ``rank size``; once all ranks are in, rank 0 answers
+    ``go`` and everyone calls ``init`` (whose connecting side retries for ~30 s).
+    """
+    import socket
+
+    host, port = spec.rendezvous.rsplit(":", 1)
+    host = host.strip("[]")
+    hello = f"{spec.rank} {spec.size}\n".encode()
+    if spec.rank == 0:
+        _gather(spec, host, int(port), deadline)
+        return
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise JoinTimeout(f"rank {spec.rank} waited for rank 0 at {spec.rendezvous}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(left, 5.0)) as conn:
+                conn.sendall(hello)
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                reply = conn.makefile("rb").readline().decode(errors="replace").strip()
+        except (ConnectionError, OSError):  # rank 0 not up yet, or it dropped us
+            time.sleep(_RETRY_PAUSE)
+            continue
+        if reply == "go":
+            return
+        if reply:
+            raise RuntimeError(f"rank 0 at {spec.rendezvous} refused this rank: {reply}")
+        time.sleep(_RETRY_PAUSE)
+
+
+def _gather(spec: GroupSpec, host: str, port: int, deadline: float) -> None:
+    """Rank 0's side of ``_rendezvous``: wait for ranks 1..size-1, then answer go."""
+    import socket
+
+    peers: dict[int, Any] = {}
+    with socket.create_server((host, port), reuse_port=False) as server:
+        server.settimeout(0.5)
+        try:
+            while len(peers) < spec.size - 1:
+                if time.monotonic() > deadline:
+                    raise JoinTimeout("rank 0 waited for the other ranks")
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                conn.settimeout(5.0)
+                try:
+                    rank, size = (int(x) for x in conn.makefile("rb").readline().split())
+                except (OSError, ValueError):
+                    conn.close()
+                    continue
+                if size != spec.size or not 0 < rank < spec.size:
+                    conn.sendall(f"rank {rank} of {size} does not fit {spec.describe()}\n".encode())
+                    conn.close()
+                    continue
+                if rank in peers:
+                    peers.pop(rank).close()  # a restarted worker replaces its old link
+                peers[rank] = conn
+        except BaseException:
+            for conn in peers.values():
+                conn.close()
+            raise
+    for conn in peers.values():
+        with contextlib.suppress(OSError):
+            conn.sendall(b"go\n")
+        conn.close()
 
 
 class Joiner:
@@ -930,7 +1015,7 @@ class Joiner:
             future = self._future
         try:
             return future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
+        except (concurrent.futures.TimeoutError, JoinTimeout):
             raise JoinTimeout(
                 f"rank {spec.rank} waited {timeout:g}s for the other ranks of {spec.describe()}"
             ) from None
