@@ -73,7 +73,7 @@ def _tiny_model(path: Path, model_type: str, heads: int, kv_heads: int) -> Path:
         model_type=model_type,
         hidden_size=16 * heads,
         num_hidden_layers=3,
-        intermediate_size=128,
+        intermediate_size=32 * heads,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         rms_norm_eps=1e-5,
