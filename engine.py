@@ -54,6 +54,7 @@ logger = logging.getLogger("localai.mlx." + __name__)
 # Engine operations, by name. Distributed mode (GroupHooks.run) runs REPLICATED ones on
 # every rank and LOCAL ones on rank 0 alone; anything else is refused there.
 LOAD, FREE, SCORE, EMBED, INSTALL = "load", "free", "score", "embed", "install"
+ATTACH = "attach"  # join a distributed group after start (LocalAI's worker protocol)
 TOKENIZE, DETOKENIZE, METADATA = "tokenize", "detokenize", "metadata"
 REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
@@ -142,6 +143,20 @@ class Engine:
         loop = asyncio.get_running_loop()
         file_bytes = await loop.run_in_executor(None, loaded_model.validate, params)
         await self.call(LOAD, params, file_bytes)
+
+    async def attach_group(self, group: GroupHooks) -> None:
+        """Serve as rank 0 of ``group`` from now on (LocalAI's worker protocol joins at
+        LoadModel, after the engine started). Runs on the engine thread: the current
+        model is released (its requests fail FAILED_PRECONDITION) so that every rank
+        starts from the same state; the next replicated LOAD fills it. Only once, from
+        the single-process state; FailedPrecondition otherwise."""
+        await self.call(ATTACH, group)
+
+    def _attach(self, group: GroupHooks) -> None:
+        if self.group is not NO_GROUP:
+            raise FailedPrecondition("this backend already belongs to a distributed group")
+        self.unload(FailedPrecondition("the backend is joining a distributed group; retry"))
+        self.group = group
 
     async def install(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         """Serve an already-built model and tokenizer (tests, embedding applications)."""
@@ -325,9 +340,9 @@ class Engine:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
-        # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
-        idle_wait = self.group.heartbeat
         while True:
+            # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
+            idle_wait = self.group.heartbeat  # read each time: attach_group may change it
             sched = self.scheduler
             busy = sched is not None and sched.busy
             try:
@@ -403,6 +418,7 @@ class Engine:
             SCORE: self._score,
             EMBED: self._embed,
             INSTALL: self._install_built,
+            ATTACH: self._attach,
             TOKENIZE: self._tokenize,
             DETOKENIZE: self._detokenize,
             METADATA: self._metadata,

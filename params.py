@@ -122,6 +122,7 @@ DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue`
 DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
 EMBEDDING_POOLINGS = ("mean", "last", "none")  # option embedding_pooling
 DISTRIBUTED_MODES = ("tensor", "pipeline")  # option distributed_mode
+DISTRIBUTED_BACKENDS = ("ring", "jaccl")  # option distributed_backend (LocalAI's worker mode)
 # llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
 KV_CACHE_TYPES = {
     "": None, "f32": None, "f16": None, "bf16": None,
@@ -226,6 +227,9 @@ class LoadParams:
     distributed_vocab: bool = True  # option distributed_vocab: false keeps embeddings whole
     speculative: str = ""  # option speculative: "ngram" (prompt lookup), "draft" (DraftModel)
     ngram_size: int = DEFAULT_NGRAM_SIZE  # option ngram_size: longest n-gram matched for drafts
+    # LocalAI's worker protocol: rank 0 joins the group of this hostfile at LoadModel.
+    hostfile: str = ""  # option hostfile: path of the ring/JACCL hostfile; "" = none (or env)
+    distributed_backend: str = ""  # option distributed_backend: ring | jaccl; "" = env or ring
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
@@ -390,6 +394,19 @@ def _option_choice(
     return value
 
 
+def _option_path(raw: dict[str, str], key: str) -> str:
+    """A file path option, as written (no number or bool conversion); "" when absent.
+
+    Raises ValueError naming the option when it is present but empty.
+    """
+    if key not in raw:
+        return ""
+    value = raw[key].strip()
+    if not value:
+        raise ValueError(f"option {key} needs a file path, e.g. {key}:/path/to/hosts.json")
+    return value
+
+
 def _parser_name(options: dict[str, Any], key: str, resolve: Any) -> str:
     """LocalAI's parser hint (vLLM's names); ValueError naming the option and the known names."""
     name = str(options.get(key, "")).strip()
@@ -515,6 +532,13 @@ def load_params(req: Any) -> LoadParams:
         embedding_normalize=_embedding_normalize(options),
         distributed_mode=_option_choice(options, "distributed_mode", ("", *DISTRIBUTED_MODES), ""),
         distributed_vocab=_option_on(options, "distributed_vocab"),
+        hostfile=_option_path(raw, "hostfile"),
+        distributed_backend=_option_choice(
+            {k: str(raw[k]).strip().lower() for k in ("distributed_backend",) if k in raw},
+            "distributed_backend",
+            ("", *DISTRIBUTED_BACKENDS),
+            "",
+        ),
         tool_parser=_parser_name(options, "tool_parser", parsers.resolve_tool_parser),
         reasoning_parser=_parser_name(
             options, "reasoning_parser", parsers.resolve_reasoning_markers

@@ -46,11 +46,13 @@ async def serve(
     grace: float = 5.0,
     parent_watch: lifecycle.ParentWatcher | None = None,
     coordinator: Coordinator | None = None,
+    engine: Engine | None = None,
 ) -> bool:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
 
     ``coordinator``: distributed mode, this process being rank 0 of the group (see
-    ``distributed.py``); the model is then loaded and run on every rank.
+    ``distributed.py``); the model is then loaded and run on every rank. ``engine``: the
+    engine to serve (e.g. ``distributed.JoinOnLoad``), built here when None.
 
     ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
     which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
@@ -71,7 +73,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    engine = Engine(coordinator) if coordinator is not None else Engine()
+    if engine is None:
+        engine = Engine(coordinator) if coordinator is not None else Engine()
     if coordinator is not None:
         coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
     known = set(threading.enumerate())
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         help="distributed mode: MLX backend to join (any, ring, mpi, nccl, jaccl; default "
         "any: the one the launcher set up)",
     )
+    _add_worker_arguments(parser)
     args, _unknown = parser.parse_known_args(argv)
     bad_env_level = ""
     try:
@@ -216,11 +220,14 @@ def main(argv: list[str] | None = None) -> None:
     watcher = (
         None if interval is None else lifecycle.ParentWatcher(interval, initial_ppid=parent_pid)
     )
+    if args.worker:
+        _run_worker(args)  # never returns
     coordinator = _join_group(args) if args.distributed else None
+    engine = None if args.distributed else _join_on_load(args)
     model = args.model
     if model == "embedded":
         model = str(model_loader.embedded_model_path())
-    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator)):
+    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator, engine)):
         # Finalizing Python under a thread inside native code can abort the process;
         # everything that matters is already stopped and freed.
         logging.shutdown()
@@ -250,3 +257,122 @@ def _join_group(args: argparse.Namespace) -> Coordinator | None:
     code = distributed.follow(coordinator)
     logging.shutdown()
     os._exit(code)  # MLX's threads may still sit in native code: skip finalization
+
+
+# ---------------------------------------------------------------------- LocalAI's worker protocol
+def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags ``local-ai worker mlx-distributed`` passes (core/cli/worker), with
+    LocalAI's environment variables as fallbacks, plus our join timeout."""
+    group = parser.add_argument_group(
+        "LocalAI worker protocol",
+        "workers: run.sh --worker --hostfile FILE --rank N [--backend ring|jaccl] "
+        "[--coordinator IP:PORT]; rank 0 is started like any backend and joins at "
+        "LoadModel (option hostfile:FILE), or takes --hostfile/--backend here",
+    )
+    group.add_argument(
+        "--worker",
+        action="store_true",
+        help="follow rank 0 of the hostfile's group instead of serving gRPC",
+    )
+    group.add_argument(
+        "--hostfile",
+        default=None,
+        help="ring: JSON array of 'ip:port', entry i = rank i's listen address; JACCL: "
+        "matrix of RDMA device names (default: $MLX_DISTRIBUTED_HOSTFILE)",
+    )
+    group.add_argument(
+        "--rank", default=None, help="this process's rank in the hostfile (default: $MLX_RANK)"
+    )
+    group.add_argument(
+        "--backend",
+        default=None,
+        help="ring or jaccl (default: $MLX_DISTRIBUTED_BACKEND, else ring)",
+    )
+    group.add_argument(
+        "--coordinator",
+        default=None,
+        help="JACCL: rank 0's ip:port for RDMA setup (default: $MLX_JACCL_COORDINATOR)",
+    )
+    group.add_argument(
+        "--join-timeout",
+        type=lifecycle.parse_duration,
+        default=None,
+        help='how long a rank waits for the others to connect: seconds, or "10m" '
+        "(default: $LOCALAI_MLX_JOIN_TIMEOUT, else 600)",
+    )
+
+
+def _worker_settings(args: argparse.Namespace) -> tuple[dict[str, str], float]:
+    """(hostfile/backend/coordinator defaults: flags over LocalAI's env, join timeout)."""
+    import distributed
+
+    env = distributed.env_defaults()
+    settings = {
+        "hostfile": args.hostfile if args.hostfile is not None else env["hostfile"],
+        "backend": args.backend if args.backend is not None else env["backend"],
+        "coordinator": args.coordinator if args.coordinator is not None else env["coordinator"],
+    }
+    timeout = args.join_timeout
+    if timeout is None:
+        timeout = distributed.join_timeout_default()
+    return settings, timeout
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    """``--worker``: join the hostfile's group as rank ``--rank`` and follow rank 0;
+    exits 2 on bad arguments, 1 when the group could not form or broke, 0 when rank 0
+    stopped it."""
+    import distributed  # imports MLX, which backend.py otherwise leaves to the engine
+
+    try:
+        if args.distributed:
+            raise ValueError(
+                "--worker is LocalAI's worker protocol; --distributed is for groups "
+                "started by mlx.launch: use one of them"
+            )
+        settings, join_timeout = _worker_settings(args)
+        rank_text = args.rank if args.rank is not None else os.environ.get(distributed.RANK_ENV)
+        if rank_text is None or not str(rank_text).strip().isdigit():
+            raise ValueError(f"--worker needs --rank N (N >= 1, or $MLX_RANK), got {rank_text!r}")
+        rank = int(rank_text)
+        if rank == 0:
+            raise ValueError(
+                "rank 0 serves gRPC and is not a worker: start it without --worker (LocalAI "
+                "starts it like any backend; it joins at LoadModel with option hostfile:PATH)"
+            )
+        spec = distributed.group_spec(
+            settings["hostfile"], settings["backend"], rank, settings["coordinator"]
+        )
+    except ValueError as exc:
+        logger.error("%s", exc)
+        logging.shutdown()
+        os._exit(2)
+    fmt = f"%(asctime)s rank{spec.rank} %(levelname)s %(name)s: %(message)s"
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    code = distributed.run_worker(spec, args.distributed_timeout, join_timeout)
+    logging.shutdown()
+    os._exit(code)  # a join attempt or MLX's threads may still sit in native code
+
+
+def _join_on_load(args: argparse.Namespace) -> Engine:
+    """Rank 0 of LocalAI's worker protocol (or a plain single process): an engine that
+    joins the group named at LoadModel (or by --hostfile / the env). Exits 2 on bad
+    arguments."""
+    import distributed
+
+    try:
+        settings, join_timeout = _worker_settings(args)
+        if args.rank is not None and str(args.rank).strip() != "0":
+            raise ValueError(
+                f"--rank {args.rank} without --worker: ranks other than 0 are workers "
+                "(add --worker); rank 0 serves gRPC"
+            )
+        if settings["hostfile"]:  # started with a hostfile: check it now, not at LoadModel
+            distributed.group_spec(
+                settings["hostfile"], settings["backend"], 0, settings["coordinator"]
+            )
+    except ValueError as exc:
+        logger.error("%s", exc)
+        raise SystemExit(2) from None
+    return distributed.JoinOnLoad(settings, args.distributed_timeout, join_timeout)
