@@ -63,7 +63,7 @@ logger = logging.getLogger("localai.mlx.prompt_disk")
 _STALE_TMP_S = 3600.0  # a temporary file this old is a dead writer's, whoever wrote it
 # Errors after which writing stops for good (the directory will not take files).
 _FATAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-_COUNTERS = ("hits", "misses", "evictions", "loads", "writes", "dropped", "write_errors")
+_COUNTERS = ("hits", "misses", "evictions", "loads", "writes", "dropped", "write_errors", "corrupt")
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -86,6 +86,25 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         else:
             hi = mid
     return lo
+
+
+def _abandoned(path: Path, pid: int, now: float) -> bool:
+    """Whether the temporary file at ``path``, written by process ``pid``, is a dead
+    writer's: that process is gone or is this one, or the file is older than
+    ``_STALE_TMP_S`` (``now``: epoch seconds). False when it cannot be stat'ed."""
+    alive = pid != os.getpid()
+    if alive:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = False
+        except OSError:
+            pass  # exists but not ours to signal
+    try:
+        old = now - path.lstat().st_mtime > _STALE_TMP_S
+    except OSError:
+        return False
+    return not alive or old
 
 
 # --------------------------------------------------------------------------- types
@@ -176,7 +195,7 @@ class _Index:
         self._entries: dict[str, _Entry] = {}  # by file name
         self._by_key: dict[str, str] = {}  # entry key -> file name (this fingerprint)
         self._nbytes = 0
-        self._counts: dict[str, int] = dict.fromkeys((*_COUNTERS, "corrupt"), 0)
+        self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._ms = {"load_ms": 0.0, "write_ms": 0.0}
 
     # ----------------------------------------------------------------- start-up scan
@@ -198,7 +217,9 @@ class _Index:
         for name in names:
             pid = fmt.tmp_pid(name)
             if pid is not None:
-                self._maybe_remove_tmp(self.directory / name, pid, now)
+                if not self.read_only and _abandoned(self.directory / name, pid, now):
+                    logger.info("prompt disk cache: removing an unfinished write %s", name)
+                    self.unlink(self.directory / name)
             elif fmt.name_key(name) is not None:
                 self._scan_entry(name, version)
 
@@ -240,25 +261,6 @@ class _Index:
         """Same lineage (model path + settings), other content: the files changed."""
         lineage, sep, content = fp.partition(":")
         return bool(sep and self._content) and lineage == self._lineage and content != self._content
-
-    def _maybe_remove_tmp(self, path: Path, pid: int, now: float) -> None:
-        if self.read_only:
-            return
-        alive = pid != os.getpid()
-        if alive:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                alive = False
-            except OSError:
-                pass  # exists but not ours to signal
-        try:
-            old = now - path.lstat().st_mtime > _STALE_TMP_S
-        except OSError:
-            return
-        if not alive or old:
-            logger.info("prompt disk cache: removing an unfinished write %s", path.name)
-            self.unlink(path)
 
     # ----------------------------------------------------------------- queries
     def candidates(self, tokens: tuple[int, ...], need: int) -> list[tuple[int, _Entry]]:
