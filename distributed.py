@@ -318,7 +318,7 @@ class Coordinator(GroupHooks):
         except Exception as exc:
             error = _describe(exc)
         self._agree(error, 0)
-        engine.unload(FailedPrecondition("the model is being replaced; retry the request"))
+        engine.host.unload(FailedPrecondition("the model is being replaced; retry the request"))
         cpu_mode, weights = "", 0
         try:
             if mode == "tensor":
@@ -354,7 +354,7 @@ class Coordinator(GroupHooks):
             # bound followers by entries only and let them match rank 0's reuse exactly.
             max_bytes = params.max_cache_bytes if mode == "tensor" else None
             cache = FollowerPromptCache(params.max_cache_entries, max_bytes)
-        engine.serve_loaded(LoadedModel.build(model, tokenizer, params, cpu_mode=cpu_mode), cache)
+        engine.host.serve(LoadedModel.build(model, tokenizer, params, cpu_mode=cpu_mode), cache)
         logger.info(
             "rank %d of %d holds its %s shard: %.1f MB of weights (ranks: %s MB)",
             self.rank,

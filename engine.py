@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import gc
 import logging
 import queue
 import threading
@@ -31,6 +30,7 @@ import mlx.core as mx
 
 import loaded_model
 import model_calls
+import model_host
 import prompt as prompt_mod
 import prompt_tiers
 import scoring
@@ -39,14 +39,12 @@ from errors import (
     Cancelled,
     FailedPrecondition,
     InvalidArgument,
-    ModelLoadError,
     NotFound,
     ResourceExhausted,
 )
 from jobs import Job
 from loaded_model import LoadedModel
 from params import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, GenerationRequest, LoadParams
-from prompt_cache import PromptCache
 from scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -88,8 +86,7 @@ class Engine:
         self.group = group
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
-        self.loaded: LoadedModel | None = None
-        self.scheduler: Scheduler | None = None
+        self.host = model_host.ModelHost(self._record_metrics, group)
         self._queued = 0  # submitted but not yet seen by the engine thread
         self._count_lock = threading.Lock()
         self._stopped = False
@@ -107,6 +104,15 @@ class Engine:
         if self.group.failed:
             return False  # a lost rank: nothing can run until the group is restarted
         return self._thread.is_alive() and not self._stopped
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        """The model being served (None before LoadModel); read from any thread."""
+        return self.host.loaded
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return self.host.scheduler
 
     @property
     def load_params(self) -> LoadParams | None:
@@ -155,8 +161,8 @@ class Engine:
     def _attach(self, group: GroupHooks) -> None:
         if self.group is not NO_GROUP:
             raise FailedPrecondition("this backend already belongs to a distributed group")
-        self.unload(FailedPrecondition("the backend is joining a distributed group; retry"))
-        self.group = group
+        self.host.unload(FailedPrecondition("the backend is joining a distributed group; retry"))
+        self.group = self.host.group = group
 
     async def install(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         """Serve an already-built model and tokenizer (tests, embedding applications)."""
@@ -412,16 +418,17 @@ class Engine:
 
         Distributed followers call it directly for the operations rank 0 replicates.
         """
+        host = self.host
         return {
-            LOAD: self._load,
-            FREE: self._free,
-            SCORE: self._score,
-            EMBED: self._embed,
-            INSTALL: self._install_built,
+            LOAD: host.load,
+            FREE: host.free,
+            SCORE: lambda *args: host.score(*args, should_stop=self._should_stop()),
+            EMBED: lambda *args: host.embed(*args, should_stop=self._should_stop()),
+            INSTALL: host.install_built,
             ATTACH: self._attach,
-            TOKENIZE: self._tokenize,
-            DETOKENIZE: self._detokenize,
-            METADATA: self._metadata,
+            TOKENIZE: host.tokenize,
+            DETOKENIZE: host.detokenize,
+            METADATA: host.metadata,
         }[op]
 
     def _snapshot_memory(self, throttle: bool = False) -> None:
@@ -431,73 +438,13 @@ class Engine:
         self._memory_at = now
         self._memory = _mlx_memory()
 
-    # -- model lifecycle (engine thread)
-    def _load(self, params: LoadParams, file_bytes: int = 0) -> None:
-        current = self.loaded
-        keep = current is not None and loaded_model.fits_beside(current, file_bytes)
-        if current is not None and not keep:
-            logger.warning(
-                "releasing %s before loading the next model: both do not fit", current.name
-            )
-            self.unload(FailedPrecondition("the model is being replaced; retry the request"))
-        try:
-            # With room for both, the current model serves until the new one has loaded.
-            new = loaded_model.load(params)
-        except Exception as exc:
-            reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
-            if current is not None and not keep:
-                reason += f" (the previous model, {current.name}, was released to make room)"
-            raise ModelLoadError(reason) from None
-        # Disk tier of the prompt cache (prompt_tiers): single process only.
-        fingerprint = prompt_tiers.fingerprint_of(new) if self.group is NO_GROUP else None
-        self.serve_loaded(new, fingerprint=fingerprint)
-
-    def _install_built(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
-        self.unload(FailedPrecondition("the model is being replaced; retry the request"))
-        self.serve_loaded(LoadedModel.build(model, tokenizer, params))
-
-    def serve_loaded(
-        self, loaded: LoadedModel, cache: PromptCache | None = None, fingerprint: str | None = None
-    ) -> None:
-        """Serve ``loaded`` (engine thread); ``cache``: a prompt cache of one's own, else
-        memory + disk tiers (``fingerprint`` None: memory only)."""
-        self.unload(FailedPrecondition("the model is being replaced; retry the request"))
-        if cache is None:  # after unload: the previous model's disk tiers are closed
-            cache = prompt_tiers.for_model(loaded, fingerprint)
-        self.scheduler = Scheduler(loaded, cache, self.group, self._record_metrics)
-        self.loaded = loaded
-        self._snapshot_memory()
-        logger.info(
-            "loaded %s: %.1f MB weights, context %s tokens, max_batch_size %d",
-            loaded.name,
-            loaded.weights_bytes / 1e6,
-            loaded.context_len,
-            loaded.params.max_batch_size,
-        )
-
+    # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:
         self.last_metrics = metrics
 
-    def unload(self, error: BackendError) -> None:
-        """Fail every job with ``error``, drop the model and caches, release MLX memory."""
-        if self.scheduler is not None:
-            self.scheduler.fail_all(error)
-            self.scheduler.close()
-            prompt_tiers.close(self.scheduler.cache)  # flush the disk tier's writes
-        had_model = self.loaded is not None
-        self.scheduler = None
-        self.loaded = None
-        if had_model:
-            gc.collect()
-            mx.clear_cache()
-        self._snapshot_memory()
-
-    def _free(self) -> None:
-        self.unload(FailedPrecondition("the model was freed"))
-
     def shutdown(self) -> None:
         """End every job (CANCELLED), free the model; the engine stops serving."""
-        self.unload(Cancelled("the server is shutting down"))
+        self.host.unload(Cancelled("the server is shutting down"))
         self._stopped = True
 
     def fail_everything(self, error: BackendError) -> None:
@@ -538,32 +485,9 @@ class Engine:
         for item in keep:
             self._inbox.put(item)
 
-    # -- operations on the loaded model (engine thread): model_calls.py does the work
-    def _require(self) -> LoadedModel:
-        if self.loaded is None:
-            raise FailedPrecondition("no model loaded: call LoadModel first")
-        return self.loaded
-
-    def _tokenize(self, text: str) -> list[int]:
-        return model_calls.tokenize(self._require(), text)
-
-    def _detokenize(self, ids: list[int]) -> str:
-        return model_calls.detokenize(self._require(), ids)
-
-    def _metadata(self) -> model_calls.ModelMetadata:
-        return model_calls.metadata(self._require())
-
     def _should_stop(self) -> Callable[[], bool] | None:
         stop = self._call_stop
         return stop.is_set if stop is not None else None
-
-    def _score(self, prompt: str, candidates: list[str], include: bool) -> list:
-        cache = self.scheduler.cache if self.scheduler is not None else None
-        loaded = self._require()
-        return model_calls.score(loaded, cache, prompt, candidates, include, self._should_stop())
-
-    def _embed(self, text: str, token_ids: list[int]):
-        return model_calls.embed(self._require(), text, token_ids, self._should_stop())
 
 
 def _mlx_memory() -> dict[str, int]:
