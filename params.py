@@ -53,6 +53,7 @@ Options (62)          | none; "key:value", see `parse_options`
 Options keys read here (others stay in `LoadParams.options` for other modules):
 max_cache_entries (int >= 1, default 10), max_cache_bytes (int > 0 or "8GiB"-style
 size, default None = unbounded), max_kv_size (int > 0, default None = unbounded),
+max_pending_events (int >= 1, default jobs.DEFAULT_MAX_PENDING_EVENTS = 4096),
 trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_token /
 cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
 max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
@@ -193,6 +194,9 @@ class LoadParams:
     distributed_vocab: bool = True  # option distributed_vocab: false keeps embeddings whole
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
+    # option max_pending_events: undelivered stream events before a non-reading client's
+    # request is ended (RESOURCE_EXHAUSTED); None = jobs.DEFAULT_MAX_PENDING_EVENTS
+    max_pending_events: int | None = None
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -495,6 +499,7 @@ def load_params(req: Any) -> LoadParams:
         ),
         max_cache_bytes=_option_size(options, "max_cache_bytes"),
         max_kv_size=_option_int(options, "max_kv_size", 1),
+        max_pending_events=_option_int(options, "max_pending_events", 1),
         tokenizer_config=tokenizer_config,
         defaults=_sampling_defaults(options),
         options=options,
