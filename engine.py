@@ -42,7 +42,7 @@ from errors import (
     NotFound,
     ResourceExhausted,
 )
-from jobs import Job
+from jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from loaded_model import LoadedModel
 from params import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, GenerationRequest, LoadParams
 from scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
@@ -231,6 +231,7 @@ class Engine:
                 loop=loop,
                 wake=self._wake,
                 model_serial=loaded.serial,
+                max_pending=loaded.params.max_pending_events or DEFAULT_MAX_PENDING_EVENTS,
             )
         except BaseException as exc:
             with self._count_lock:

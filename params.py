@@ -60,6 +60,7 @@ Options (62)          | none; "key:value", see `parse_options`
 Options keys read here (others stay in `LoadParams.options` for other modules):
 max_cache_entries (int >= 1, default 10), max_cache_bytes (int > 0 or "8GiB"-style
 size, default None = unbounded), max_kv_size (int > 0, default None = unbounded),
+max_pending_events (int >= 1, default jobs.DEFAULT_MAX_PENDING_EVENTS = 4096),
 trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_token /
 cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
 max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
@@ -235,6 +236,9 @@ class LoadParams:
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
     prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
     prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
+    # option max_pending_events: undelivered stream events before a non-reading client's
+    # request is ended (RESOURCE_EXHAUSTED); None = jobs.DEFAULT_MAX_PENDING_EVENTS
+    max_pending_events: int | None = None
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -570,6 +574,7 @@ def load_params(req: Any) -> LoadParams:
         prompt_cache_disk_bytes=(
             _option_size(options, "prompt_cache_disk_bytes") or DEFAULT_PROMPT_CACHE_DISK_BYTES
         ),
+        max_pending_events=_option_int(options, "max_pending_events", 1),
         tokenizer_config=tokenizer_config,
         defaults=_sampling_defaults(options),
         options=options,

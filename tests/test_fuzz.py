@@ -7,10 +7,11 @@ request must give the same text as before the barrage.
 
 A request is a sane-looking base (odd strings, in-range numbers, well-formed JSON) plus
 up to three hostile mutations (out-of-range or non-finite numbers, broken JSON, odd roles,
-huge Tokens, a foreign ModelIdentity...), so that both the refusals and the paths that
-reach the model are exercised. The server is this module's own: loaded with ContextSize
-24 and option max_tokens:2, so generations stay a few tokens long even when Tokens is
-huge (it is capped to the context left after the prompt).
+huge Tokens, a foreign ModelIdentity, JSON nested past the depth bound or oversized in
+Tools, LogitBias, Metadata values and Messages' tool_calls...), so that both the refusals
+and the paths that reach the model are exercised. The server is this module's own: loaded
+with ContextSize 24 and option max_tokens:2, so generations stay a few tokens long even
+when Tokens is huge (it is capped to the context left after the prompt).
 """
 
 from __future__ import annotations
@@ -73,8 +74,18 @@ json_values = st.recursive(
     ),
     max_leaves=6,
 )
+# Nested and oversized JSON: past the depth bound (jsonfield.MAX_JSON_DEPTH = 64) and,
+# rarely, past a field's size bound; every such value must be a clean INVALID_ARGUMENT.
+deep_json = st.one_of(
+    st.sampled_from([65, 500, 20_000]).map(lambda d: "[" * d + "]" * d),
+    st.sampled_from([65, 1_000]).map(lambda d: '{"a": ' * d + "1" + "}" * d),
+)
+huge_json = st.sampled_from(
+    [json.dumps(["x" * 1000] * 200), json.dumps({str(i): 0.5 for i in range(20_000)})]
+)
+hostile_json = st.one_of(deep_json, huge_json)
 broken_json = st.sampled_from(["[", "{", "null", "[]", '{"a": 1', "[1,]", "NaN", "[{}]"])
-json_text = st.one_of(odd_text, json_values.map(json.dumps), broken_json)
+json_text = st.one_of(odd_text, json_values.map(json.dumps), broken_json, hostile_json)
 tool = st.fixed_dictionaries(
     {
         "type": st.just("function"),
@@ -182,6 +193,29 @@ mutation = st.one_of(
         st.just("Metadata"),
         st.dictionaries(
             st.sampled_from(["enable_thinking", "chat_template_kwargs"]), json_text, min_size=1
+        ),
+    ),
+    st.tuples(
+        st.just("Metadata"),
+        st.dictionaries(
+            st.sampled_from(["json_schema", "response_format", "chat_template_kwargs"]),
+            hostile_json,
+            min_size=1,
+            max_size=2,
+        ),
+    ),
+    st.tuples(st.sampled_from(["Tools", "LogitBias"]), hostile_json),
+    st.tuples(
+        st.just("Messages"),
+        st.lists(
+            st.builds(
+                backend_pb2.Message,
+                role=st.just("assistant"),
+                content=odd_text,
+                tool_calls=hostile_json,
+            ),
+            min_size=1,
+            max_size=2,
         ),
     ),
     st.tuples(st.just("Prompt"), st.sampled_from(["word " * 30, "\x00" * 50, "🙂" * 40])),
