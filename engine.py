@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,7 @@ class Engine:
         self._memory_at = 0.0
         self.last_metrics = RequestMetrics()
         self._call_stop: threading.Event | None = None  # the running call's cancel flag
+        self._deferred: deque[tuple] = deque()  # mailbox items set aside while a call ran
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -351,9 +353,9 @@ class Engine:
             # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
             idle_wait = self.group.heartbeat  # read each time: attach_group may change it
             sched = self.scheduler
-            busy = sched is not None and sched.busy
+            busy = (sched is not None and sched.busy) or bool(self._deferred)
             try:
-                item = self._inbox.get(block=not busy, timeout=idle_wait)
+                item = self._next_item(block=not busy, timeout=idle_wait)
             except queue.Empty:
                 item = None
             while item is not None:
@@ -363,7 +365,7 @@ class Engine:
                     return
                 self._handle(item)
                 try:
-                    item = self._inbox.get_nowait()
+                    item = self._next_item(block=False)
                 except queue.Empty:
                     item = None
             sched = self.scheduler
@@ -389,6 +391,14 @@ class Engine:
                 if sched is not None:
                     sched.fail_all(BackendError(f"generation failed: {exc}"))
                     sched.reset_batch()
+
+    def _next_item(self, block: bool, timeout: float | None = None) -> tuple:
+        """The next mailbox item: first those set aside while a call ran (in order)."""
+        if self._deferred:
+            return self._deferred.popleft()
+        if block:
+            return self._inbox.get(timeout=timeout)
+        return self._inbox.get_nowait()
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
@@ -470,7 +480,7 @@ class Engine:
         keep = []
         while True:
             try:
-                item = self._inbox.get_nowait()
+                item = self._next_item(block=False)
             except queue.Empty:
                 break
             if item[0] == "job":
@@ -487,8 +497,45 @@ class Engine:
             self._inbox.put(item)
 
     def _should_stop(self) -> Callable[[], bool] | None:
+        """For Score and Embedding: called between candidates and forward chunks, it lets
+        the running streams decode one step, then says whether the caller has left.
+
+        None in distributed mode: every rank must run the same steps in the same order.
+        """
         stop = self._call_stop
-        return stop.is_set if stop is not None else None
+        if stop is None:
+            return None
+
+        def check() -> bool:
+            self._step_between()
+            return stop.is_set()
+
+        return check
+
+    def _step_between(self) -> None:
+        # A long Score must not stall generation: one batch step per check point.
+        sched = self.scheduler
+        if sched is None:
+            return
+        # New requests join now; other calls wait (in order) until this one has ended.
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "job":
+                self._handle(item)
+            elif item[0] != "wake":
+                self._deferred.append(item)
+        try:
+            sched.tick()
+            if sched.active:
+                sched.step()
+            self._snapshot_memory(throttle=True)
+        except Exception as exc:  # as in the main loop: fail the batch, not the call
+            logger.exception("engine step failed")
+            sched.fail_all(BackendError(f"generation failed: {exc}"))
+            sched.reset_batch()
 
 
 def _mlx_memory() -> dict[str, int]:
