@@ -205,6 +205,9 @@ class Engine:
         """
         loaded = self._admissible(request)
         self._reserve(loaded)
+        sched = self.scheduler
+        # Prefill snapshots: models whose cache cannot be trimmed (scheduler.checkpointing).
+        checkpoints = sched is not None and sched.checkpointing
         try:
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(
@@ -214,6 +217,7 @@ class Engine:
                 loaded.tokenizer,
                 None if loaded.params.max_kv_size else loaded.context_len,
                 loaded.max_token_chars,
+                checkpoints,
             )
             job = Job(
                 request,
@@ -222,6 +226,7 @@ class Engine:
                 loop=loop,
                 wake=self._wake,
                 model_serial=loaded.serial,
+                checkpoints=prepared.checkpoints,
             )
         except BaseException as exc:
             with self._count_lock:
@@ -288,6 +293,8 @@ class Engine:
             "weights": loaded.weights_bytes if loaded is not None else 0,
             "kv_active": sched.kv_bytes if sched is not None else 0,
             "prompt_cache": sched.cache.nbytes if sched is not None else 0,
+            # the part of prompt_cache held by prefill snapshots (checkpoints)
+            "prompt_cache_checkpoints": sched.cache.checkpoint_nbytes if sched is not None else 0,
             **self._memory,
             **self.group.memory(),  # distributed: group_size, weights_rank_<i>
         }

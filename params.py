@@ -68,7 +68,11 @@ kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
 quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
 8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
 the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
-reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1).
+reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1),
+prompt_checkpoint_interval (tokens, >= 0, default 0 = off: on models whose KV cannot be
+trimmed (sliding-window, hybrid, SSM), also snapshot the prefill every that many tokens;
+each snapshot costs the KV/state of its prefix and counts against max_cache_bytes /
+max_cache_entries).
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -214,6 +218,7 @@ class LoadParams:
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
+    prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -505,6 +510,7 @@ def load_params(req: Any) -> LoadParams:
         reasoning_budget=_option_default(
             _option_int(options, "reasoning_budget", UNLIMITED_REASONING), UNLIMITED_REASONING
         ),
+        prompt_checkpoint_interval=_option_int(options, "prompt_checkpoint_interval", 0) or 0,
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, options),

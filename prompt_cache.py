@@ -368,9 +368,7 @@ class PromptCache:
                 self._hits += 1
                 self._hits_by_kind[kind] += 1
                 self._tokens_reused += cached
-                return CacheLookup(
-                    kv=kv, cached_tokens=cached, rest=list(toks[cached:]), kind=kind
-                )
+                return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]), kind=kind)
             self._misses += 1
             return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
 
@@ -508,6 +506,12 @@ class PromptCache:
         """Bytes held by all stored entries (sum of their :func:`kv_nbytes`)."""
         with self._lock:
             return self._nbytes
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes held by the stored prefill snapshots (``insert(..., checkpoint=True)``)."""
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values() if e.checkpoint)
 
     def __len__(self) -> int:
         """Number of stored entries."""

@@ -15,6 +15,7 @@ single process do nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -38,10 +39,15 @@ from loaded_model import LoadedModel
 from ngram_spec import ngram_generate_step
 from output import Delta, OutputPipeline
 from params import MAX_TOKENS_CAP, GenerationParams
-from prompt_cache import PromptCache
+from prompt_cache import PromptCache, needs_checkpoints
 from reasoning_budget import make_budget_processor
 
 logger = logging.getLogger("localai.mlx." + __name__)
+
+# A new prompt sharing at least this many leading tokens with a stored entry gets a
+# snapshot where it diverges (a third prompt with that start reuses it); shorter shared
+# starts are not worth a snapshot's memory.
+MIN_DIVERGENCE_CHECKPOINT = 32
 
 
 class GroupHooks:
@@ -105,6 +111,12 @@ class RequestMetrics:
     draft_tokens_accepted: int = 0
 
 
+def _split(ids: list[int], start: int, cuts: frozenset[int]) -> list[list[int]]:
+    """``ids[start:]`` cut at the positions ``cuts`` (absolute; those in (start, len))."""
+    bounds = [start, *sorted(c for c in cuts if start < c < len(ids)), len(ids)]
+    return [ids[a:b] for a, b in itertools.pairwise(bounds)]
+
+
 class SoloRun:
     """A sequence decoded outside the batch: its step generator, KV cache and token ids."""
 
@@ -165,6 +177,12 @@ class Scheduler:
         self.kv_bytes = 0
         self._solo_uid = 0  # solo sequences get negative ids, apart from BatchGenerator's
         self._gen: BatchGenerator | None = None
+        # Prefill snapshots ("checkpoints") for models whose cache cannot be trimmed back
+        # to a shared prefix. Not in distributed mode: every rank must run identical
+        # prefill chunks, and the followers do not know the leader's cache contents.
+        self.checkpointing = group is NO_GROUP and needs_checkpoints(
+            make_prompt_cache(loaded.model, self.params.max_kv_size)
+        )
         self.reset_batch()
 
     # ------------------------------------------------------------------ batch lifecycle
@@ -280,6 +298,9 @@ class Scheduler:
         processors = sampling.make_logits_processors(params, tokenizer)
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
+        diverges = (
+            self.cache.longest_common_prefix(loaded.cache_key, ids) if self.checkpointing else 0
+        )
         lookup = self.cache.fetch(loaded.cache_key, ids)
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:
@@ -287,8 +308,14 @@ class Scheduler:
             job.uid = self._solo_uid
             job.solo = self._solo_run(job, ids, lookup, sampler, processors)
         else:
-            (job.uid,) = self._gen.insert(
-                [lookup.rest],
+            segments = [lookup.rest]
+            if self.checkpointing and job.params.cache_write:
+                job.snapshots = self.checkpoint_positions(job, len(ids), diverges)
+                segments = _split(ids, lookup.cached_tokens, job.snapshots)
+            # Segments: mlx-lm's batch prefill stops exactly at each boundary (one chunk
+            # of at most prefill_step_size tokens per step, interleaved with decoding).
+            (job.uid,) = self._gen.insert_segments(
+                [segments],
                 max_tokens=[job.max_tokens],
                 caches=[lookup.kv] if lookup.kv is not None else None,
                 all_tokens=[ids[: lookup.cached_tokens]],
@@ -300,6 +327,35 @@ class Scheduler:
             )
         self.active[job.uid] = job
         self.group.joined(job, ids)
+
+    def checkpoint_positions(self, job: Job, n: int, diverges: int = 0) -> frozenset[int]:
+        """Token positions where ``job``'s prefill (of an ``n``-token prompt) is snapshot:
+        the job's own (the chat boundary), ``n - 1`` (an exact repeat then prefills one
+        token), every ``prompt_checkpoint_interval`` tokens, and ``diverges`` (where it
+        leaves a stored prompt) when at least MIN_DIVERGENCE_CHECKPOINT. Only positions
+        after the cache hit and before the last token are kept."""
+        positions = {*job.checkpoints, n - 1}
+        interval = self.params.prompt_checkpoint_interval
+        if interval > 0:
+            positions.update(range(interval, n - 1, interval))
+        if diverges >= MIN_DIVERGENCE_CHECKPOINT:
+            positions.add(diverges)
+        return frozenset(p for p in positions if job.cached_tokens < p < n)
+
+    def _snapshot(self, uids: list[int]) -> None:
+        """Store the prefill state of the batch sequences ``uids``, each just stopped at a
+        segment boundary, when that boundary is one of its checkpoints. A snapshot whose
+        token count is not the boundary's, or whose layers disagree with it, is dropped."""
+        key = self.loaded.cache_key
+        for uid, (kv, tokens) in self._gen.extract_cache(uids).items():
+            job = self.active.get(uid)
+            tokens = list(tokens)  # the batch keeps appending to its own list
+            if job is None or len(tokens) not in job.snapshots:
+                continue
+            try:
+                self.cache.insert(key, tokens, kv, checkpoint=True)
+            except ValueError as exc:  # never serve a snapshot that is not exact
+                logger.warning("prefill snapshot of request %s dropped: %s", uid, exc)
 
     def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
@@ -359,7 +415,17 @@ class Scheduler:
     def step(self) -> None:
         """Decode one token for every active sequence (batch first, then solo runs)."""
         if any(job.solo is None for job in self.active.values()):
-            _, responses = self._gen.next()
+            prompt_responses, responses = self._gen.next()
+            boundaries = [
+                r.uid
+                for r in prompt_responses
+                if r.end_of_segment
+                and not r.end_of_prompt
+                and r.uid in self.active
+                and self.active[r.uid].snapshots
+            ]
+            if boundaries:
+                self._snapshot(boundaries)
             for r in responses:
                 job = self.active.get(r.uid)
                 if job is not None:
