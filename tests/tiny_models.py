@@ -133,9 +133,11 @@ def build(family: str, root: Path, seed: int = 0) -> Path:
     model = model_cls(args_cls.from_dict(config))
     mx.random.seed(seed)
     params = tree_map(
-        lambda p: mx.random.normal(p.shape, scale=0.3).astype(mx.float32)
-        if mx.issubdtype(p.dtype, mx.floating)
-        else p,
+        lambda p: (
+            mx.random.normal(p.shape, scale=0.3).astype(mx.float32)
+            if mx.issubdtype(p.dtype, mx.floating)
+            else p
+        ),
         model.parameters(),
     )
     model.update(params)
