@@ -207,7 +207,7 @@ class Engine:
         self._reserve(loaded)
         sched = self.scheduler
         # Prefill snapshots: models whose cache cannot be trimmed (scheduler.checkpointing).
-        checkpoints = sched is not None and sched.checkpointing
+        checkpoints = sched is not None and sched.wants_boundaries
         try:
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(

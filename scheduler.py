@@ -183,6 +183,11 @@ class Scheduler:
         self.checkpointing = group is NO_GROUP and needs_checkpoints(
             make_prompt_cache(loaded.model, self.params.max_kv_size)
         )
+        # Whether jobs should come with their chat boundary (Engine.submit): also for a
+        # rotating cache with NKeep, which solo runs make for any model.
+        self.wants_boundaries = self.checkpointing or (
+            group is NO_GROUP and self.params.max_kv_size is not None
+        )
         self.reset_batch()
 
     # ------------------------------------------------------------------ batch lifecycle
@@ -306,7 +311,7 @@ class Scheduler:
         if solo:
             self._solo_uid -= 1
             job.uid = self._solo_uid
-            job.solo = self._solo_run(job, ids, lookup, sampler, processors)
+            job.solo = self._solo_run(job, ids, lookup, sampler, processors, diverges)
         else:
             segments = [lookup.rest]
             if self.checkpointing and job.params.cache_write:
@@ -342,6 +347,26 @@ class Scheduler:
             positions.add(diverges)
         return frozenset(p for p in positions if job.cached_tokens < p < n)
 
+    def _prefill_checkpoints(
+        self, job: Job, ids: list[int], kv: list, done: int, diverges: int
+    ) -> int:
+        """A solo sequence's prefill up to its last checkpoint, in chunks of at most
+        prefill_step_size tokens stopping at each checkpoint, where ``kv`` (holding
+        ``ids[:done]``) is snapshot into the prompt cache. Returns the tokens ``kv``
+        then holds. Runs at once, as the solo generator's own prefill would."""
+        step = self.params.prefill_step_size
+        for pos in sorted(self.checkpoint_positions(job, len(ids), diverges)):
+            while done < pos:
+                end = min(pos, done + step)
+                self.loaded.model(mx.array([ids[done:end]], dtype=mx.uint32), cache=kv)
+                mx.eval([c.state for c in kv])
+                done = end
+            try:
+                self.cache.insert(self.loaded.cache_key, ids[:pos], kv, checkpoint=True)
+            except ValueError as exc:  # never serve a snapshot that is not exact
+                logger.warning("prefill snapshot of request %s dropped: %s", job.uid, exc)
+        return done
+
     def _snapshot(self, uids: list[int]) -> None:
         """Store the prefill state of the batch sequences ``uids``, each just stopped at a
         segment boundary, when that boundary is one of its checkpoints. A snapshot whose
@@ -357,7 +382,7 @@ class Scheduler:
             except ValueError as exc:  # never serve a snapshot that is not exact
                 logger.warning("prefill snapshot of request %s dropped: %s", uid, exc)
 
-    def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
+    def _solo_run(self, job: Job, ids, lookup, sampler, processors, diverges=0) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
 
         For what BatchGenerator cannot batch (a draft model, n-gram speculation, a
@@ -379,7 +404,18 @@ class Scheduler:
                 kv = make_prompt_cache(loaded.model)
             if loaded.draft is not None:
                 kv = kv + make_prompt_cache(loaded.draft)
-        prompt = mx.array(lookup.rest, dtype=mx.uint32)
+        done = lookup.cached_tokens
+        # A draft model's layers, or a KV quantized while prefilling, would make a
+        # snapshot that differs from what a cold run computes: no checkpoints there.
+        if (
+            self.group is NO_GROUP
+            and needs_checkpoints(kv)
+            and job.params.cache_write
+            and loaded.draft is None
+            and p.kv_bits is None
+        ):
+            done = self._prefill_checkpoints(job, ids, kv, done, diverges)
+        prompt = mx.array(ids[done:], dtype=mx.uint32)
         common = dict(
             max_tokens=job.max_tokens,
             sampler=sampler,
@@ -404,7 +440,7 @@ class Scheduler:
                 loaded.model,
                 num_draft_tokens=params.num_draft_tokens or p.num_draft_tokens,
                 ngram_max=p.ngram_size,
-                context_tokens=ids[: lookup.cached_tokens],
+                context_tokens=ids[:done],
                 **common,
             )
         else:

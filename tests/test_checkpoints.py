@@ -312,3 +312,38 @@ def test_trimmable_prefixes_are_still_dropped() -> None:
     cache.insert("m", [1, 2, 3, 4], kv(4))
     assert [t for _, t, _ in cache._snapshot()] == [(1, 2, 3, 4)]
     assert cache.stats().checkpoints == 0
+
+
+def test_solo_sequences_take_checkpoints_too(srv, model_root) -> None:
+    """A rotating cache with NKeep runs solo; its system-boundary snapshot still serves."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    _load(srv, tiny_models.build("llama", model_root), ("max_kv_size:128",))
+    assert srv.engine.scheduler.wants_boundaries  # solo rotating caches past their window
+    a, b = _chat(SYSTEM, "Hi?"), _chat(SYSTEM, "Where are the ladders?")
+    for req in (a, b):
+        req.NKeep = 4
+    ids_a, ids_b = _ids(srv, a), _ids(srv, b)
+    model = srv.engine.loaded.model
+
+    def reference(ids):
+        kv = [RotatingKVCache(max_size=128, keep=4) for _ in model.layers]
+        out = []
+        for token, _ in generate_step(
+            mx.array(ids, dtype=mx.uint32),
+            model,
+            max_tokens=MAX_TOKENS,
+            sampler=lambda x: mx.argmax(x, axis=-1),
+            prompt_cache=kv,
+        ):
+            if int(token) in srv.engine.loaded.tokenizer.eos_token_ids:
+                break
+            out.append(int(token))
+        return srv.engine.loaded.tokenizer.decode(out)
+
+    ref_a, ref_b = reference(ids_a), reference(ids_b)
+    assert _predict(srv, a) == (ref_a, len(ids_a))
+    text, processed = _predict(srv, b)
+    assert text == ref_b
+    assert processed <= len(ids_b) - _lcp(ids_a, ids_b) + 8
+    assert _predict(srv, b) == (ref_b, 1)
