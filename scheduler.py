@@ -4,9 +4,20 @@ Owns admission (waiting jobs join when a batch slot is free), the continuous bat
 (mlx-lm's `BatchGenerator`: newcomers join between steps, finished or cancelled
 sequences leave), the solo sequences that the batch cannot hold (a draft model, a
 quantized KV cache, a rotating cache with NKeep: each a step generator, stepped in turn
-with the batch), the prompt cache (fetch at start, insert at retirement), retirement,
-failure, and the per-request log line. Knows nothing about gRPC or threads: the engine
-calls it from its one thread.
+with the batch), the prompt cache (fetch at start, insert at retirement, and prefill
+snapshots: see below), retirement, failure, and the per-request log line.
+
+Checkpoints: a model whose cache cannot be trimmed back to an arbitrary position
+(sliding-window layers past their window, recurrent/SSM state) can only reuse a stored
+entry that is a strict prefix of the new prompt. For those, a newcomer's prompt is
+inserted into the batch as segments cut at its checkpoint positions (the chat boundary
+before the last user message, the prompt minus one token, where it diverges from a
+stored prompt, every `prompt_checkpoint_interval` tokens); mlx-lm's prefill stops at
+each segment end, where the sequence's cache is extracted and stored in the prompt
+cache under exactly the tokens it holds. Solo runs prefill to their checkpoints before
+their generator starts. Off in distributed mode (ranks must run identical steps).
+
+Knows nothing about gRPC or threads: the engine calls it from its one thread.
 
 Distributed mode plugs in through `GroupHooks` (rank 0 shares joins and leaves with the
 other ranks; they call `start`/`retire`/`mirror_step` to follow); the null hooks of a
@@ -304,7 +315,7 @@ class Scheduler:
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
         diverges = (
-            self.cache.longest_common_prefix(loaded.cache_key, ids) if self.checkpointing else 0
+            self.cache.longest_common_prefix(loaded.cache_key, ids) if self.wants_boundaries else 0
         )
         lookup = self.cache.fetch(loaded.cache_key, ids)
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
