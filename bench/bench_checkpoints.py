@@ -11,10 +11,11 @@ round, greedy, one after another:
    cannot be trimmed reuse the snapshot taken at the end of the system message in (1).
 
 Reported: client TTFT of both, the server's own prompt time of both
-(``timing_prompt_processing``: admission to first token), the speed-up cold / second, tokens prefilled again by (2)
-(GetMetrics prompt_tokens_processed) out of its prompt, and the bytes one checkpoint costs
-(GetMetrics JSON prompt_cache.checkpoint_bytes / checkpoints after the cold request: its
-snapshots at the system boundary and at len - 1). Medians over rounds.
+(``timing_prompt_processing``: admission to first token), the speed-up cold / second,
+tokens prefilled again by (2) (GetMetrics prompt_tokens_processed) out of its prompt,
+and the bytes one checkpoint costs (GetMetrics JSON prompt_cache.checkpoint_bytes /
+checkpoints after the cold request: its snapshots at the system boundary and at len - 1).
+Medians over rounds.
 
 Targets: second >= 5x faster than cold, and prefilled again <= 10% of the prompt.
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             for family in args.families.split(","):
                 server.load(tiny_models.build(family, Path(root)))
                 metrics = server.stub.GetMetrics
-                speedups, again, sizes, colds, seconds, server = [], [], [], [], [], []
+                speedups, again, sizes, colds, seconds, prompt_ms = [], [], [], [], [], []
                 for i in range(args.rounds + 1):  # round 0 warms up
                     system = tools_text + pm.prompt(args.system_tokens, f"{family}{i}-")
                     cold = bl.grpc_stream(
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     speedups.append(cold.ttft / second.ttft)
                     colds.append(cold.ttft * 1000)
                     seconds.append(second.ttft * 1000)
-                    server.append((cold.server_prompt_ms, second.server_prompt_ms))
+                    prompt_ms.append((cold.server_prompt_ms, second.server_prompt_ms))
                     again.append((m.prompt_tokens_processed, prompt))
                     if info["checkpoints"]:
                         sizes.append(info["checkpoint_bytes"] / info["checkpoints"])
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                         prompt,
                         bl.median(colds),
                         bl.median(seconds),
-                        "{:.0f} / {:.0f}".format(*sorted(server)[len(server) // 2]),
+                        "{:.0f} / {:.0f}".format(*sorted(prompt_ms)[len(prompt_ms) // 2]),
                         speed,
                         f"{processed} ({share:.1%})",
                         f"{bl.median(sizes) / 1e6:.2f}" if sizes else "-",
