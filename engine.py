@@ -168,10 +168,17 @@ class Engine:
         return await self.call(METADATA)
 
     async def score(
-        self, prompt: str, candidates: list[str], include_token_logprobs: bool, identity: str = ""
+        self,
+        prompt: str,
+        candidates: list[str],
+        include_token_logprobs: bool,
+        identity: str = "",
+        stable_prefix_len: int = 0,
     ) -> list:
         """Joint log-probability of each candidate continuation (scoring.score).
 
+        ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
+        requests share (a prefill checkpoint there on caches that cannot be trimmed).
         Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
@@ -180,7 +187,9 @@ class Engine:
             scoring.check_candidates(candidates)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        return await self.call(SCORE, prompt, candidates, include_token_logprobs)
+        return await self.call(
+            SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
+        )
 
     async def embed(self, text: str, token_ids: list[int], identity: str = ""):
         """Pooled final hidden states of ``text`` or ``token_ids`` (scoring.embed)."""
@@ -575,7 +584,7 @@ class Engine:
 
     # Score and Embedding run inline between batch steps: they pause decoding meanwhile;
     # they stop between candidates / chunks once their caller has left.
-    def _score(self, prompt: str, candidates: list[str], include: bool) -> list:
+    def _score(self, prompt: str, candidates: list[str], include: bool, stable: int = 0) -> list:
         loaded = self._require()
         p = loaded.params
         try:
@@ -591,6 +600,7 @@ class Engine:
                 prefill_step=p.prefill_step_size,
                 max_kv_size=p.max_kv_size,
                 should_stop=self._should_stop(),
+                stable_prefix_len=stable,
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None

@@ -347,3 +347,27 @@ def test_solo_sequences_take_checkpoints_too(srv, model_root) -> None:
     assert text == ref_b
     assert processed <= len(ids_b) - _lcp(ids_a, ids_b) + 8
     assert _predict(srv, b) == (ref_b, 1)
+
+
+def test_score_honours_stable_prefix_len(model_root) -> None:
+    """Score's stable_prefix_len: a snapshot where the stable characters end serves the
+    next prompt sharing only them; the log-probs equal those computed without a cache."""
+    import scoring
+    from model_loader import load_model
+
+    model, tok = load_model(str(tiny_models.build("mamba2", model_root)))
+    cache = PromptCache(max_entries=10)
+    stable = RAW_START
+    prompts = [stable + "Today: hammers.", stable + "Tomorrow: paint and rope."]
+    cands = [" Aisle 4.", " Sold out."]
+    for i, p in enumerate(prompts):
+        got = scoring.score(
+            model, tok, p, cands, cache=cache, model_key="m", stable_prefix_len=len(stable)
+        )
+        want = scoring.score(model, tok, p, cands)
+        assert [r.log_prob for r in got] == pytest.approx([r.log_prob for r in want], abs=1e-4)
+        s = cache.stats()
+        assert s.hits_checkpoint == i and s.checkpoints == 1
+    stable_ids = prompt_mod.encode(tok, stable)
+    (snap,) = [t for _, t, _ in cache._snapshot() if len(t) < len(stable_ids) + 2]
+    assert len(stable_ids) - 2 <= len(snap) <= len(stable_ids)
