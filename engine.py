@@ -179,10 +179,17 @@ class Engine:
         return await self.call(METADATA)
 
     async def score(
-        self, prompt: str, candidates: list[str], include_token_logprobs: bool, identity: str = ""
+        self,
+        prompt: str,
+        candidates: list[str],
+        include_token_logprobs: bool,
+        identity: str = "",
+        stable_prefix_len: int = 0,
     ) -> list:
         """Joint log-probability of each candidate continuation (scoring.score).
 
+        ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
+        requests share (a prefill checkpoint there on caches that cannot be trimmed).
         Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
@@ -191,7 +198,9 @@ class Engine:
             scoring.check_candidates(candidates)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        return await self.call(SCORE, prompt, candidates, include_token_logprobs)
+        return await self.call(
+            SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
+        )
 
     async def embed(self, text: str, token_ids: list[int], identity: str = ""):
         """Pooled final hidden states of ``text`` or ``token_ids`` (scoring.embed)."""
@@ -216,6 +225,9 @@ class Engine:
         """
         loaded = self._admissible(request)
         self._reserve(loaded)
+        sched = self.scheduler
+        # Prefill snapshots: models whose cache cannot be trimmed (scheduler.checkpointing).
+        checkpoints = sched is not None and sched.wants_boundaries
         try:
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(
@@ -225,6 +237,7 @@ class Engine:
                 loaded.tokenizer,
                 None if loaded.params.max_kv_size else loaded.context_len,
                 loaded.max_token_chars,
+                checkpoints,
             )
             job = Job(
                 request,
@@ -234,6 +247,7 @@ class Engine:
                 wake=self._wake,
                 model_serial=loaded.serial,
                 max_pending=loaded.params.max_pending_events or DEFAULT_MAX_PENDING_EVENTS,
+                checkpoints=prepared.checkpoints,
             )
         except BaseException as exc:
             with self._count_lock:
@@ -301,6 +315,8 @@ class Engine:
             "kv_active": sched.kv_bytes if sched is not None else 0,
             "prompt_cache": sched.cache.nbytes if sched is not None else 0,
             **prompt_tiers.disk_memory(sched.cache if sched is not None else None),
+            # the part of prompt_cache held by prefill snapshots (checkpoints)
+            "prompt_cache_checkpoints": sched.cache.checkpoint_nbytes if sched is not None else 0,
             **self._memory,
             **self.group.memory(),  # distributed: group_size, weights_rank_<i>
         }

@@ -57,7 +57,9 @@ class Job:
 
     ``request`` is the parsed request; ``prompt_ids`` its token ids (the servicer side
     tokenizes, off the engine thread); ``initial_state`` the output pipeline's starting
-    state; ``model_serial`` the loaded model the ids were made for. Iterate ``events()``
+    state; ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
+    positions (ascending) where the scheduler may snapshot the prefill for later prompts
+    sharing that prefix (see `prompt.chat_boundary`). Iterate ``events()``
     on the event loop; call ``cancel()`` from anywhere (idempotent): the scheduler drops
     the sequence at its next step and keeps its KV in the prompt cache.
     """
@@ -72,11 +74,13 @@ class Job:
         wake: Callable[[], None] = lambda: None,
         model_serial: int = 0,
         max_pending: int = DEFAULT_MAX_PENDING_EVENTS,
+        checkpoints: tuple[int, ...] = (),
     ) -> None:
         self.request = request
         self.params = request.params
         self.prompt_ids = prompt_ids
         self.initial_state = initial_state
+        self.checkpoints = checkpoints
         self.model_serial = model_serial
         self.max_pending = max_pending
         self._loop = loop
@@ -97,6 +101,7 @@ class Job:
         self.max_tokens = self.params.max_tokens
         self.solo: Any = None  # scheduler.SoloRun when decoded outside the batch
         self.drafted = 0  # tokens accepted from the draft model
+        self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
         self.done = False
 
     # -- event-loop side ---------------------------------------------------------------

@@ -83,8 +83,10 @@ def score(
     candidates: list[str],
     include_token_logprobs: bool,
     should_stop: Callable[[], bool] | None = None,
+    stable_prefix_len: int = 0,
 ) -> list:
-    """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``."""
+    """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``
+    (``stable_prefix_len``: characters of the prompt later requests share)."""
     p = loaded.params
     try:
         return scoring.score(
@@ -99,6 +101,7 @@ def score(
             prefill_step=p.prefill_step_size,
             max_kv_size=p.max_kv_size,
             should_stop=should_stop,
+            stable_prefix_len=stable_prefix_len,
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None

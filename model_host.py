@@ -128,11 +128,14 @@ class ModelHost:
         prompt: str,
         candidates: list[str],
         include: bool,
+        stable_prefix_len: int = 0,
         should_stop: Callable[[], bool] | None = None,
     ) -> list:
         loaded = self.require()
         cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.score(loaded, cache, prompt, candidates, include, should_stop)
+        return model_calls.score(
+            loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
+        )
 
     def embed(self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None):
         return model_calls.embed(self.require(), text, token_ids, should_stop)

@@ -70,7 +70,11 @@ kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
 quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
 8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
 the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
-reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1).
+reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1),
+prompt_checkpoint_interval (tokens, >= 0, default 0 = off: on models whose KV cannot be
+trimmed (sliding-window, hybrid, SSM), also snapshot the prefill every that many tokens;
+each snapshot costs the KV/state of its prefix and counts against max_cache_bytes /
+max_cache_entries).
 prompt_cache_dir (a directory for the prompt cache's disk tier, created if missing; relative
 to ModelPath when relative; default none) and prompt_cache_disk_bytes (its budget, int > 0 or
 "10GiB"-style size, default 10 GiB = DEFAULT_PROMPT_CACHE_DISK_BYTES).
@@ -239,6 +243,7 @@ class LoadParams:
     # option max_pending_events: undelivered stream events before a non-reading client's
     # request is ended (RESOURCE_EXHAUSTED); None = jobs.DEFAULT_MAX_PENDING_EVENTS
     max_pending_events: int | None = None
+    prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -550,6 +555,7 @@ def load_params(req: Any) -> LoadParams:
         reasoning_budget=_option_default(
             _option_int(options, "reasoning_budget", UNLIMITED_REASONING), UNLIMITED_REASONING
         ),
+        prompt_checkpoint_interval=_option_int(options, "prompt_checkpoint_interval", 0) or 0,
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, options),

@@ -40,11 +40,14 @@ class PreparedPrompt:
     """A rendered prompt: `text` is what the model sees, `token_ids` its ids
     (`encode(tokenizer, text)`), `initial_state` the output pipeline's starting state
     ("reasoning" when the prompt leaves a think block open; see `output.initial_state_for`).
+    `checkpoints`: token positions (ascending, each in 1..len(token_ids)-1) where a later
+    prompt likely diverges (see `chat_boundary`); empty unless asked for.
     """
 
     text: str
     token_ids: tuple[int, ...]
     initial_state: str
+    checkpoints: tuple[int, ...] = ()  # token positions worth a prefill snapshot
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -105,6 +108,48 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
     return text
 
 
+def _common_prefix_len(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) -> int:
+    """Token position (int) where the part of a chat prompt before its last user message
+    (system, tools, history) ends; 0 when there is none or it cannot be told.
+
+    Renders the messages before the last user message without a generation prompt
+    (same tools and template arguments) and tokenizes them; the boundary is the longest
+    common prefix of those ids with `token_ids`, so BPE merging across the boundary (or a
+    template that renders earlier messages differently) only moves it earlier: the
+    returned position always holds exactly `token_ids[:position]`. Never raises.
+    """
+    messages = spec.messages
+    if not messages or not _has_chat_template(tokenizer):
+        return 0
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    if last_user <= 0:
+        return 0
+    head = [copy.deepcopy(dict(m)) for m in messages[:last_user]]
+    try:
+        text = tokenizer.apply_chat_template(
+            head,
+            tokenize=False,
+            add_generation_prompt=False,
+            tools=spec.template_tools,
+            **spec.template_kwargs,
+        )
+        ids = encode(tokenizer, text)
+    except Exception as exc:  # a template may refuse a conversation without a user turn
+        log.debug("no chat checkpoint: the template refused the leading messages: %s", exc)
+        return 0
+    n = _common_prefix_len(ids, token_ids)
+    return n if n < len(token_ids) - 1 else 0
+
+
 def check_fits(text: str, context_len: int | None, max_token_chars: int) -> None:
     """Refuse, without tokenizing, a text that cannot fit `context_len` tokens.
 
@@ -128,11 +173,14 @@ def prepare_prompt(
     tokenizer: Any,
     context_len: int | None = None,
     max_token_chars: int = 0,
+    checkpoints: bool = False,
 ) -> PreparedPrompt:
     """Render and tokenize `spec` for an mlx-lm `TokenizerWrapper`.
 
     With `context_len` and `max_token_chars` (see `check_fits`), a prompt that cannot fit
-    is refused before tokenizing. Raises ValueError naming the field: Messages (template
+    is refused before tokenizing. `checkpoints`: also find the chat boundary
+    (`chat_boundary`; one more template render and tokenization) for models whose cache
+    cannot be trimmed. Raises ValueError naming the field: Messages (template
     error), Prompt when the prompt gives no tokens at all or cannot fit.
     """
     text = render(spec, tokenizer)
@@ -141,4 +189,10 @@ def prepare_prompt(
     if not token_ids:
         raise ValueError("PredictOptions.Prompt is empty: the prompt has no tokens")
     state = initial_state_for(tokenizer, token_ids) if hasattr(tokenizer, "has_thinking") else ""
-    return PreparedPrompt(text=text, token_ids=token_ids, initial_state=state or "normal")
+    boundary = chat_boundary(spec, tokenizer, token_ids) if checkpoints else 0
+    return PreparedPrompt(
+        text=text,
+        token_ids=token_ids,
+        initial_state=state or "normal",
+        checkpoints=(boundary,) if boundary > 0 else (),
+    )

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -41,7 +41,14 @@ from mlx_lm.models.cache import (
     can_trim_prompt_cache,
 )
 
-__all__ = ["CacheLookup", "CacheStats", "PromptCache", "kv_nbytes", "materialize"]
+__all__ = [
+    "CacheLookup",
+    "CacheStats",
+    "PromptCache",
+    "kv_nbytes",
+    "materialize",
+    "needs_checkpoints",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +63,12 @@ class CacheStats:
     the sum of ``cached_tokens`` over hits (tokens); ``entries`` and ``nbytes``
     (bytes) describe what is stored now; ``evictions`` counts entries dropped to
     honour the bounds (not replacements, redundant prefixes or
-    :meth:`PromptCache.clear`).
+    :meth:`PromptCache.clear`). ``checkpoints`` / ``checkpoint_bytes``: how many of the
+    stored entries are prefill snapshots (``insert(..., checkpoint=True)``) and their
+    bytes. Hits by kind (they sum to ``hits``): ``hits_exact`` (the prompt is a stored
+    entry's tokens: trimmed by one), ``hits_shorter`` (a stored final entry is a strict
+    prefix), ``hits_checkpoint`` (a stored snapshot is a strict prefix),
+    ``hits_trimmed`` (a longer or diverging entry trimmed back).
     """
 
     hits: int
@@ -67,6 +79,13 @@ class CacheStats:
     max_entries: int
     max_bytes: int | None
     evictions: int
+    # Breakdowns, left out of equality: two snapshots with the same totals compare equal.
+    checkpoints: int = field(default=0, compare=False)
+    checkpoint_bytes: int = field(default=0, compare=False)
+    hits_exact: int = field(default=0, compare=False)
+    hits_shorter: int = field(default=0, compare=False)
+    hits_checkpoint: int = field(default=0, compare=False)
+    hits_trimmed: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -78,11 +97,14 @@ class CacheLookup:
     or ``None`` on a miss. ``cached_tokens`` is how many leading prompt tokens ``kv``
     holds (0 on a miss). ``rest`` is ``tokens[cached_tokens:]``, the tokens still to
     prefill; never empty, so the model always has a token to produce logits from.
+    ``kind``: "exact", "shorter", "checkpoint" or "trimmed" on a hit (see
+    :class:`CacheStats`), "" on a miss.
     """
 
     kv: list | None
     cached_tokens: int
     rest: list[int]
+    kind: str = field(default="", compare=False)
 
 
 @dataclass
@@ -90,6 +112,15 @@ class _Entry:
     kv: list
     nbytes: int
     trimmable: bool
+    checkpoint: bool = False  # a prefill snapshot (insert(..., checkpoint=True))
+
+
+def needs_checkpoints(layers: Sequence[Any]) -> bool:
+    """Whether a model whose fresh cache is ``layers`` (``make_prompt_cache(model, ...)``)
+    needs prefill snapshots for prefix reuse: True when some layer is not a plain
+    ``KVCache`` (a ``RotatingKVCache`` cannot be trimmed once past its window;
+    ``ArraysCache``/``MambaCache`` state and ``CacheList`` cannot be trimmed at all)."""
+    return any(type(layer) is not KVCache for layer in layers)
 
 
 def _held_tokens(layer: Any) -> int | None:
@@ -273,6 +304,18 @@ class PromptCache:
         self._misses = 0
         self._tokens_reused = 0
         self._evictions = 0
+        self._hits_by_kind = dict.fromkeys(("exact", "shorter", "checkpoint", "trimmed"), 0)
+
+    def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
+        """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
+        ``model_key`` spans (0 when none): where a new prompt diverges from one seen
+        before, a position worth a prefill snapshot. Changes no recency or counter."""
+        toks = tuple(map(int, tokens))
+        with self._lock:
+            return max(
+                (_common_prefix(k[1], toks) for k in self._entries if k[0] == model_key),
+                default=0,
+            )
 
     def fetch(self, model_key: str, tokens: Sequence[int]) -> CacheLookup:
         """Find the cached KV that saves the most prefill for ``tokens``.
@@ -312,19 +355,31 @@ class PromptCache:
                     candidates.append((cached, trim == 0, rank, trim, key))
             candidates.sort(reverse=True)
             for cached, _, _, trim, key in candidates:
-                kv = copy.deepcopy(self._entries[key].kv)
+                entry = self._entries[key]
+                kv = copy.deepcopy(entry.kv)
                 if trim and not _trim_exactly(kv, trim):
                     logger.debug("prompt cache: entry failed to trim %d tokens", trim)
                     continue
+                if trim == 0:
+                    kind = "checkpoint" if entry.checkpoint else "shorter"
+                else:
+                    kind = "exact" if key[1] == toks else "trimmed"
                 self._entries.move_to_end(key)
                 self._hits += 1
+                self._hits_by_kind[kind] += 1
                 self._tokens_reused += cached
-                return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]))
+                return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]), kind=kind)
             self._misses += 1
             return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
 
-    def insert(self, model_key: str, tokens: Sequence[int], kv: list) -> None:
+    def insert(
+        self, model_key: str, tokens: Sequence[int], kv: list, *, checkpoint: bool = False
+    ) -> None:
         """Store ``kv`` as the KV cache of ``tokens`` under ``model_key``.
+
+        ``checkpoint``: ``kv`` is a snapshot taken while prefilling (counted apart in
+        :meth:`stats`; a later hit on it counts as a "checkpoint" hit). Entries that
+        cannot be trimmed, snapshots included, are never dropped as redundant prefixes.
 
         ``kv`` must hold exactly ``tokens`` (BatchGenerator's ``Response.all_tokens``
         and ``prompt_cache``). The cache stores a :func:`materialize` copy, so the entry
@@ -371,17 +426,24 @@ class PromptCache:
                 self._max_bytes,
             )
             return
-        entry = _Entry(kv=kv, nbytes=nbytes, trimmable=can_trim_prompt_cache(kv))
+        entry = _Entry(
+            kv=kv, nbytes=nbytes, trimmable=can_trim_prompt_cache(kv), checkpoint=checkpoint
+        )
         key = (model_key, toks)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._nbytes -= old.nbytes
             if entry.trimmable:
+                # Only trimmable prefixes: a snapshot of a cache that cannot be trimmed
+                # is the one way a prompt sharing just that prefix reuses anything.
                 redundant = [
                     k
-                    for k in self._entries
-                    if k[0] == model_key and len(k[1]) < len(toks) and toks[: len(k[1])] == k[1]
+                    for k, e in self._entries.items()
+                    if k[0] == model_key
+                    and e.trimmable
+                    and len(k[1]) < len(toks)
+                    and toks[: len(k[1])] == k[1]
                 ]
                 for k in redundant:
                     self._nbytes -= self._entries.pop(k).nbytes
@@ -421,7 +483,14 @@ class PromptCache:
     def stats(self) -> CacheStats:
         """Return a consistent snapshot of the counters, sizes (bytes) and bounds."""
         with self._lock:
+            snaps = [e for e in self._entries.values() if e.checkpoint]
             return CacheStats(
+                checkpoints=len(snaps),
+                checkpoint_bytes=sum(e.nbytes for e in snaps),
+                hits_exact=self._hits_by_kind["exact"],
+                hits_shorter=self._hits_by_kind["shorter"],
+                hits_checkpoint=self._hits_by_kind["checkpoint"],
+                hits_trimmed=self._hits_by_kind["trimmed"],
                 hits=self._hits,
                 misses=self._misses,
                 tokens_reused=self._tokens_reused,
@@ -437,6 +506,12 @@ class PromptCache:
         """Bytes held by all stored entries (sum of their :func:`kv_nbytes`)."""
         with self._lock:
             return self._nbytes
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes held by the stored prefill snapshots (``insert(..., checkpoint=True)``)."""
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values() if e.checkpoint)
 
     def __len__(self) -> int:
         """Number of stored entries."""

@@ -172,14 +172,31 @@ class TieredPromptCache:
         toks = list(map(int, tokens))
         return TieredLookup(found.kv, found.cached_len, toks[found.cached_len :], disk_hit=True)
 
-    def insert(self, model_key: str, tokens: Sequence[int], kv: list, disk_dir: str = "") -> None:
-        """``PromptCache.insert``, then queue the entry for ``disk_dir``'s disk tier
-        (serialised here, written by its writer thread). Raises ValueError as
-        ``PromptCache.insert`` does."""
-        self.memory.insert(model_key, tokens, kv)
+    def insert(
+        self,
+        model_key: str,
+        tokens: Sequence[int],
+        kv: list,
+        disk_dir: str = "",
+        *,
+        checkpoint: bool = False,
+    ) -> None:
+        """``PromptCache.insert`` (``checkpoint``: a prefill snapshot), then queue the
+        entry for ``disk_dir``'s disk tier (serialised here, written by its writer
+        thread). Raises ValueError as ``PromptCache.insert`` does."""
+        self.memory.insert(model_key, tokens, kv, checkpoint=checkpoint)
         disk = self.disk(disk_dir)
         if disk is not None:
             disk.put(tokens, kv)
+
+    def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
+        """``PromptCache.longest_common_prefix`` of the memory tier."""
+        return self.memory.longest_common_prefix(model_key, tokens)
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes of the memory tier's prefill snapshots."""
+        return self.memory.checkpoint_nbytes
 
     def clear(self) -> None:
         """Empty the memory tier (the disk keeps its entries)."""
@@ -224,8 +241,7 @@ class TieredPromptCache:
         return len(self.memory)
 
     def __bool__(self) -> bool:
-        # Always true, though ``__len__`` may be 0: ``Scheduler`` takes ``cache or
-        # PromptCache(...)`` and must keep an empty tiered cache.
+        # Always true, though ``__len__`` may be 0: an empty tiered cache is still a cache.
         return True
 
 

@@ -4,9 +4,20 @@ Owns admission (waiting jobs join when a batch slot is free), the continuous bat
 (mlx-lm's `BatchGenerator`: newcomers join between steps, finished or cancelled
 sequences leave), the solo sequences that the batch cannot hold (a draft model, a
 quantized KV cache, a rotating cache with NKeep: each a step generator, stepped in turn
-with the batch), the prompt cache (fetch at start, insert at retirement), retirement,
-failure, and the per-request log line. Knows nothing about gRPC or threads: the engine
-calls it from its one thread.
+with the batch), the prompt cache (fetch at start, insert at retirement, and prefill
+snapshots: see below), retirement, failure, and the per-request log line.
+
+Checkpoints: a model whose cache cannot be trimmed back to an arbitrary position
+(sliding-window layers past their window, recurrent/SSM state) can only reuse a stored
+entry that is a strict prefix of the new prompt. For those, a newcomer's prompt is
+inserted into the batch as segments cut at its checkpoint positions (the chat boundary
+before the last user message, the prompt minus one token, where it diverges from a
+stored prompt, every `prompt_checkpoint_interval` tokens); mlx-lm's prefill stops at
+each segment end, where the sequence's cache is extracted and stored in the prompt
+cache under exactly the tokens it holds. Solo runs prefill to their checkpoints before
+their generator starts. Off in distributed mode (ranks must run identical steps).
+
+Knows nothing about gRPC or threads: the engine calls it from its one thread.
 
 Distributed mode plugs in through `GroupHooks` (rank 0 shares joins and leaves with the
 other ranks; they call `start`/`retire`/`mirror_step` to follow); the null hooks of a
@@ -15,6 +26,7 @@ single process do nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -38,11 +50,16 @@ from loaded_model import LoadedModel
 from ngram_spec import ngram_generate_step
 from output import Delta, OutputPipeline
 from params import MAX_TOKENS_CAP, GenerationParams
-from prompt_cache import PromptCache
+from prompt_cache import PromptCache, needs_checkpoints
 from prompt_tiers import TieredPromptCache
 from reasoning_budget import make_budget_processor
 
 logger = logging.getLogger("localai.mlx." + __name__)
+
+# A new prompt sharing at least this many leading tokens with a stored entry gets a
+# snapshot where it diverges (a third prompt with that start reuses it); shorter shared
+# starts are not worth a snapshot's memory.
+MIN_DIVERGENCE_CHECKPOINT = 32
 
 
 class GroupHooks:
@@ -104,6 +121,12 @@ class RequestMetrics:
     tokens_generated: int = 0
     prompt_tokens_processed: int = 0
     draft_tokens_accepted: int = 0
+
+
+def _split(ids: list[int], start: int, cuts: frozenset[int]) -> list[list[int]]:
+    """``ids[start:]`` cut at the positions ``cuts`` (absolute; those in (start, len))."""
+    bounds = [start, *sorted(c for c in cuts if start < c < len(ids)), len(ids)]
+    return [ids[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 class SoloRun:
@@ -169,6 +192,17 @@ class Scheduler:
         self.kv_bytes = 0
         self._solo_uid = 0  # solo sequences get negative ids, apart from BatchGenerator's
         self._gen: BatchGenerator | None = None
+        # Prefill snapshots ("checkpoints") for models whose cache cannot be trimmed back
+        # to a shared prefix. Not in distributed mode: every rank must run identical
+        # prefill chunks, and the followers do not know the leader's cache contents.
+        self.checkpointing = group is NO_GROUP and needs_checkpoints(
+            make_prompt_cache(loaded.model, self.params.max_kv_size)
+        )
+        # Whether jobs should come with their chat boundary (Engine.submit): also for a
+        # rotating cache with NKeep, which solo runs make for any model.
+        self.wants_boundaries = self.checkpointing or (
+            group is NO_GROUP and self.params.max_kv_size is not None
+        )
         self.reset_batch()
 
     # ------------------------------------------------------------------ batch lifecycle
@@ -284,16 +318,25 @@ class Scheduler:
         processors = sampling.make_logits_processors(params, tokenizer)
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
+        diverges = (
+            self.cache.longest_common_prefix(loaded.cache_key, ids) if self.wants_boundaries else 0
+        )
         lookup = self.cache.fetch(loaded.cache_key, ids, *self._disk_dir(job))
         job.disk_hit = getattr(lookup, "disk_hit", False)  # disk tier: for the log line
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
         if solo:
             self._solo_uid -= 1
             job.uid = self._solo_uid
-            job.solo = self._solo_run(job, ids, lookup, sampler, processors)
+            job.solo = self._solo_run(job, ids, lookup, sampler, processors, diverges)
         else:
-            (job.uid,) = self._gen.insert(
-                [lookup.rest],
+            segments = [lookup.rest]
+            if self.checkpointing and job.params.cache_write:
+                job.snapshots = self.checkpoint_positions(job, len(ids), diverges)
+                segments = _split(ids, lookup.cached_tokens, job.snapshots)
+            # Segments: mlx-lm's batch prefill stops exactly at each boundary (one chunk
+            # of at most prefill_step_size tokens per step, interleaved with decoding).
+            (job.uid,) = self._gen.insert_segments(
+                [segments],
                 max_tokens=[job.max_tokens],
                 caches=[lookup.kv] if lookup.kv is not None else None,
                 all_tokens=[ids[: lookup.cached_tokens]],
@@ -311,7 +354,58 @@ class Scheduler:
         d = job.params.prompt_cache_dir
         return (d,) if d and isinstance(self.cache, TieredPromptCache) else ()
 
-    def _solo_run(self, job: Job, ids, lookup, sampler, processors) -> SoloRun:
+    def checkpoint_positions(self, job: Job, n: int, diverges: int = 0) -> frozenset[int]:
+        """Token positions where ``job``'s prefill (of an ``n``-token prompt) is snapshot:
+        the job's own (the chat boundary), ``n - 1`` (an exact repeat then prefills one
+        token), every ``prompt_checkpoint_interval`` tokens, and ``diverges`` (where it
+        leaves a stored prompt) when at least MIN_DIVERGENCE_CHECKPOINT. Only positions
+        after the cache hit and before the last token are kept."""
+        positions = {*job.checkpoints, n - 1}
+        interval = self.params.prompt_checkpoint_interval
+        if interval > 0:
+            positions.update(range(interval, n - 1, interval))
+        if diverges >= MIN_DIVERGENCE_CHECKPOINT:
+            positions.add(diverges)
+        return frozenset(p for p in positions if job.cached_tokens < p < n)
+
+    def _prefill_checkpoints(
+        self, job: Job, ids: list[int], kv: list, done: int, diverges: int
+    ) -> int:
+        """A solo sequence's prefill up to its last checkpoint, in chunks of at most
+        prefill_step_size tokens stopping at each checkpoint, where ``kv`` (holding
+        ``ids[:done]``) is snapshot into the prompt cache. Returns the tokens ``kv``
+        then holds. Runs at once, as the solo generator's own prefill would."""
+        step = self.params.prefill_step_size
+        for pos in sorted(self.checkpoint_positions(job, len(ids), diverges)):
+            while done < pos:
+                end = min(pos, done + step)
+                self.loaded.model(mx.array([ids[done:end]], dtype=mx.uint32), cache=kv)
+                mx.eval([c.state for c in kv])
+                done = end
+            try:
+                self.cache.insert(
+                    self.loaded.cache_key, ids[:pos], kv, *self._disk_dir(job), checkpoint=True
+                )
+            except ValueError as exc:  # never serve a snapshot that is not exact
+                logger.warning("prefill snapshot of request %s dropped: %s", job.uid, exc)
+        return done
+
+    def _snapshot(self, uids: list[int]) -> None:
+        """Store the prefill state of the batch sequences ``uids``, each just stopped at a
+        segment boundary, when that boundary is one of its checkpoints. A snapshot whose
+        token count is not the boundary's, or whose layers disagree with it, is dropped."""
+        key = self.loaded.cache_key
+        for uid, (kv, tokens) in self._gen.extract_cache(uids).items():
+            job = self.active.get(uid)
+            tokens = list(tokens)  # the batch keeps appending to its own list
+            if job is None or len(tokens) not in job.snapshots:
+                continue
+            try:
+                self.cache.insert(key, tokens, kv, *self._disk_dir(job), checkpoint=True)
+            except ValueError as exc:  # never serve a snapshot that is not exact
+                logger.warning("prefill snapshot of request %s dropped: %s", uid, exc)
+
+    def _solo_run(self, job: Job, ids, lookup, sampler, processors, diverges=0) -> SoloRun:
         """A sequence decoded on its own with mlx-lm's generate_step / speculative step.
 
         For what BatchGenerator cannot batch (a draft model, n-gram speculation, a
@@ -333,7 +427,18 @@ class Scheduler:
                 kv = make_prompt_cache(loaded.model)
             if loaded.draft is not None:
                 kv = kv + make_prompt_cache(loaded.draft)
-        prompt = mx.array(lookup.rest, dtype=mx.uint32)
+        done = lookup.cached_tokens
+        # A draft model's layers, or a KV quantized while prefilling, would make a
+        # snapshot that differs from what a cold run computes: no checkpoints there.
+        if (
+            self.group is NO_GROUP
+            and needs_checkpoints(kv)
+            and job.params.cache_write
+            and loaded.draft is None
+            and p.kv_bits is None
+        ):
+            done = self._prefill_checkpoints(job, ids, kv, done, diverges)
+        prompt = mx.array(ids[done:], dtype=mx.uint32)
         common = dict(
             max_tokens=job.max_tokens,
             sampler=sampler,
@@ -358,7 +463,7 @@ class Scheduler:
                 loaded.model,
                 num_draft_tokens=params.num_draft_tokens or p.num_draft_tokens,
                 ngram_max=p.ngram_size,
-                context_tokens=ids[: lookup.cached_tokens],
+                context_tokens=ids[:done],
                 **common,
             )
         else:
@@ -369,7 +474,17 @@ class Scheduler:
     def step(self) -> None:
         """Decode one token for every active sequence (batch first, then solo runs)."""
         if any(job.solo is None for job in self.active.values()):
-            _, responses = self._gen.next()
+            prompt_responses, responses = self._gen.next()
+            boundaries = [
+                r.uid
+                for r in prompt_responses
+                if r.end_of_segment
+                and not r.end_of_prompt
+                and r.uid in self.active
+                and self.active[r.uid].snapshots
+            ]
+            if boundaries:
+                self._snapshot(boundaries)
             for r in responses:
                 job = self.active.get(r.uid)
                 if job is not None:

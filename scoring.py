@@ -40,7 +40,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import prompt as prompt_mod
 from errors import Cancelled
 from output import OutputPipeline
-from prompt_cache import PromptCache
+from prompt_cache import PromptCache, needs_checkpoints
 
 __all__ = [
     "MAX_SCORE_CANDIDATES",
@@ -123,6 +123,7 @@ def score(
     should_stop: ShouldStop | None = None,
     max_candidates: int = MAX_SCORE_CANDIDATES,
     max_candidate_tokens: int = MAX_SCORE_TOKENS,
+    stable_prefix_len: int = 0,
 ) -> list[CandidateResult]:
     """Joint log-probability of each candidate continuation of ``prompt``.
 
@@ -149,6 +150,11 @@ def score(
         max_candidates: most candidates (default MAX_SCORE_CANDIDATES).
         max_candidate_tokens: most candidate tokens summed over candidates (default
             MAX_SCORE_TOKENS); checked while tokenizing, before any forward call.
+        stable_prefix_len: ScoreRequest.stable_prefix_len, a hint: the first that many
+            characters of ``prompt`` recur in later requests. On a model whose cache
+            cannot be trimmed (``prompt_cache.needs_checkpoints``), with ``cache``, the
+            prefill is snapshot where those characters' tokens end, so a later prompt
+            sharing only them reuses it. 0 (or not shorter than the prompt): no hint.
 
     Returns:
         One :class:`CandidateResult` per candidate, in order.
@@ -205,7 +211,14 @@ def score(
     def new_kv() -> list:
         return make_prompt_cache(model, max_kv_size)
 
-    base_kv = _prefix_kv(model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check)
+    stable = 0
+    if cache is not None and 0 < stable_prefix_len < len(prompt):
+        stable = _shared_prefix(
+            prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids
+        )
+    base_kv = _prefix_kv(
+        model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check, stable
+    )
 
     token_texts = _TokenTexts(tokenizer) if include_token_logprobs else None
     results = []
@@ -252,11 +265,13 @@ def _prefix_kv(
     model_key: str,
     step: int,
     check: Callable[[], None],
+    stable: int = 0,
 ) -> list | None:
     """KV of ``probe[:-1]`` (None when that is empty), via ``cache`` when given.
 
     ``probe`` carries one token more than the base so that the cache's "at least one
-    token left to feed" rule still lets a stored base be reused whole.
+    token left to feed" rule still lets a stored base be reused whole. ``stable``: a
+    token position where a cache that cannot be trimmed is also stored (a checkpoint).
     """
     if len(probe) < 2:
         return None
@@ -267,6 +282,11 @@ def _prefix_kv(
     lookup = cache.fetch(model_key, probe)
     kv = lookup.kv if lookup.kv is not None else new_kv()
     todo = lookup.rest[:-1]
+    done = lookup.cached_tokens
+    if done < stable < len(probe) - 1 and needs_checkpoints(kv):
+        _prefill(model, kv, probe[done:stable], step, check)
+        cache.insert(model_key, probe[:stable], kv, checkpoint=True)  # stores a copy
+        todo = probe[stable:-1]
     if todo:
         _prefill(model, kv, todo, step, check)
         # The cache owns what it stores; the forks copy from our own reference.

@@ -154,6 +154,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             list(request.candidates),
             request.include_token_logprobs,
             request.ModelIdentity,
+            request.stable_prefix_len,
         )
         return backend_pb2.ScoreResponse(
             candidates=[
