@@ -29,7 +29,7 @@ import backend_pb2
 import backend_pb2_grpc
 import params
 import prompt as prompt_mod
-from backend import BackendServicer
+from servicer import BackendServicer
 from engine import Engine
 from prompt_cache import PromptCache, kv_nbytes, needs_checkpoints
 
