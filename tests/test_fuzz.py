@@ -235,6 +235,8 @@ requests = st.builds(
 
 # -- checks ------------------------------------------------------------------------------
 def token_limit(req: backend_pb2.PredictOptions) -> int:
+    if req.Tokens == -1:  # until EOS or the context is full
+        return CONTEXT
     return min(req.Tokens or DEFAULT_TOKENS, CONTEXT)
 
 

@@ -179,7 +179,7 @@ def test_status_reports_memory(stub):
 @pytest.mark.parametrize(
     "fields, name",
     [
-        ({"Tokens": -1}, "Tokens"),
+        ({"Tokens": -2}, "Tokens"),  # -1 means "until EOS or a full context"
         ({"TopP": 2.0}, "TopP"),
         ({"Temperature": -0.5}, "Temperature"),
         ({"Tools": "not json"}, "Tools"),
