@@ -87,7 +87,8 @@ class Engine:
         self.group = group
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
-        self.host = model_host.ModelHost(self._record_metrics, group)
+        # Memory is read when the last request ends, so Status after a reply is current.
+        self.host = model_host.ModelHost(self._record_metrics, group, self._snapshot_memory)
         self._queued = 0  # submitted but not yet seen by the engine thread
         self._count_lock = threading.Lock()
         self._stopped = False

@@ -33,16 +33,21 @@ class ModelHost:
     """Holds at most one `LoadedModel` and the `Scheduler` running its requests.
 
     ``on_metrics`` receives each finished request's metrics; ``group`` is the
-    distributed group's hooks (the engine sets it when the backend joins one).
+    distributed group's hooks (the engine sets it when the backend joins one);
+    ``on_idle`` is called when the last running request ends, before its final event.
     """
 
     def __init__(
-        self, on_metrics: Callable[[RequestMetrics], None], group: GroupHooks = NO_GROUP
+        self,
+        on_metrics: Callable[[RequestMetrics], None],
+        group: GroupHooks = NO_GROUP,
+        on_idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.loaded: LoadedModel | None = None
         self.scheduler: Scheduler | None = None
         self.group = group
         self._on_metrics = on_metrics
+        self._on_idle = on_idle
 
     # -- lifecycle
     def load(self, params: LoadParams, file_bytes: int = 0) -> None:
@@ -81,7 +86,7 @@ class ModelHost:
         self.unload(FailedPrecondition(_REPLACED))
         if cache is None:  # after unload: the previous model's disk tiers are closed
             cache = prompt_tiers.for_model(loaded, fingerprint)
-        self.scheduler = Scheduler(loaded, cache, self.group, self._on_metrics)
+        self.scheduler = Scheduler(loaded, cache, self.group, self._on_metrics, self._on_idle)
         self.loaded = loaded
         logger.info(
             "loaded %s: %.1f MB weights, context %s tokens, max_batch_size %d",

@@ -173,6 +173,7 @@ class Scheduler:
         cache: PromptCache | None = None,
         group: GroupHooks = NO_GROUP,
         on_metrics: Callable[[RequestMetrics], None] = lambda m: None,
+        on_idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.loaded = loaded
         self.params = loaded.params
@@ -184,6 +185,7 @@ class Scheduler:
         )
         self.group = group
         self._on_metrics = on_metrics
+        self._on_idle = on_idle  # the last running job ended (before its final event)
         tokenizer = loaded.tokenizer
         self._eos_ids = frozenset(tokenizer.eos_token_ids)
         self._eos_stops = StopSequences([(t,) for t in sorted(self._eos_ids)])
@@ -578,6 +580,10 @@ class Scheduler:
                 self.cache.insert(key, list(kv[1]), kv[0], *self._disk_dir(job))
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
+        # The cache keeps its own copy: drop ours now, so memory read at `end` is real.
+        kv = None
+        if job.solo is not None:
+            job.solo.kv = []
         if error is not None:
             self.end(job, error=error)
             return
@@ -604,6 +610,7 @@ class Scheduler:
             self.active.pop(job.uid, None)
         if not self.active:
             self.kv_bytes = 0  # Status right after the last reply must not show stale KV
+            self._on_idle()
         # Metrics first: a client may ask GetMetrics as soon as it has the final event.
         self._log(job, reason or (error.status if error else "?"))
         job.emit(job.event(final or Delta(), finish_reason=reason, error=error))

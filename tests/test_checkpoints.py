@@ -29,9 +29,9 @@ import backend_pb2
 import backend_pb2_grpc
 import params
 import prompt as prompt_mod
-from servicer import BackendServicer
 from engine import Engine
 from prompt_cache import PromptCache, kv_nbytes, needs_checkpoints
+from servicer import BackendServicer
 
 FAMILIES = list(tiny_models.CONFIGS)
 MAX_TOKENS = 6
