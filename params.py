@@ -231,6 +231,7 @@ class LoadParams:
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
     prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
     prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
+    cpu_fuse: bool = True  # option cpu_fuse: false keeps Q/K/V and gate/up apart (dense CPU)
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -515,6 +516,7 @@ def load_params(req: Any) -> LoadParams:
         embedding_normalize=_embedding_normalize(options),
         distributed_mode=_option_choice(options, "distributed_mode", ("", *DISTRIBUTED_MODES), ""),
         distributed_vocab=_option_on(options, "distributed_vocab"),
+        cpu_fuse=_option_on(options, "cpu_fuse"),
         tool_parser=_parser_name(options, "tool_parser", parsers.resolve_tool_parser),
         reasoning_parser=_parser_name(
             options, "reasoning_parser", parsers.resolve_reasoning_markers
