@@ -101,6 +101,7 @@ class Step:
         for layer in self.layers:
             for mod in (layer.self_attn, layer.mlp):
                 for _name, child in mod.children().items():
+                    child = getattr(child, "fused", child)  # cpu_fuse: the group's matmul
                     if hasattr(child, "weight") and child.weight.ndim == 2:
                         out.append(child)
         return out
