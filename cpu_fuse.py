@@ -1,4 +1,4 @@
-"""Dense CPU path: fuse the Q/K/V and the gate/up projections into single matmuls.
+"""Dense CPU path: fewer operations per decode step (fused projections, compiled norms/rope).
 
 A decode step on MLX's CPU backend pays a fixed cost per operation; the 7 projections of
 every layer are 7 small BLAS calls. ``fuse_projections`` concatenates the weights of
@@ -15,6 +15,10 @@ projections on the same input (``FUSABLE_TYPES``), only to plain float32/float16
 CPU (``loaded_model.load`` calls it for ``cpu_mode == "dense"`` when the default device is
 the CPU; Metal and CUDA keep mlx-lm's model as loaded). The fused weight replaces the
 separate ones: parameter memory stays the same.
+
+``compile_elementwise`` replaces the RMS norms and rotary embeddings by ``mx.compile``d
+equivalents (MLX runs ``mx.fast.rms_norm``/``mx.fast.rope`` as composed fallbacks on the
+CPU); ``transform`` applies both and is what ``loaded_model.load`` calls.
 """
 
 from __future__ import annotations
@@ -114,9 +118,7 @@ def fuse_projections(model: Any) -> int:
     (quantized, LoRA, sharded). Run on the MLX thread, after weights are final (after
     dequantizing and merging adapters). Never raises for an unsupported model.
     """
-    model_type = getattr(model, "model_type", None) or getattr(
-        getattr(model, "args", None), "model_type", None
-    )
+    model_type = _model_type(model)
     if model_type not in FUSABLE_TYPES:
         logger.info("projection fusion skipped: model type %r not in the checked list", model_type)
         return 0
@@ -142,3 +144,136 @@ def applies(cpu_mode: str, enabled: bool) -> bool:
     import mlx.core as mx
 
     return mx.default_device().type == mx.DeviceType.cpu
+
+
+# --- compiled RMS norm and rotary embedding -------------------------------------------
+# On the CPU, mx.fast.rms_norm and mx.fast.rope run as their composed fallbacks (~8 and
+# ~12 separate ops per call); the same math under mx.compile runs as a few fused kernels.
+# Shapes are fixed per batch size while decoding, so nothing recompiles step to step
+# (offsets go in as arrays, not Python numbers, for the same reason).
+
+_compiled: dict[tuple, Any] = {}
+
+
+def _rms_fn(eps: float):
+    import mlx.core as mx
+
+    key = ("rms", eps)
+    if key not in _compiled:
+        _compiled[key] = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, eps))
+    return _compiled[key]
+
+
+def _rope_fn(traditional: bool, scale: float):
+    import mlx.core as mx
+
+    key = ("rope", traditional, scale)
+    if key in _compiled:
+        return _compiled[key]
+
+    def rope(x, offset, inv_freqs):
+        # x: (B, N, T, D) with D == 2 * inv_freqs.size; offset: () or (B,) int32.
+        b, n, t, d = x.shape
+        if offset.ndim == 1:
+            offset = offset.reshape(-1, 1, 1)
+        positions = (mx.arange(t, dtype=mx.float32) + offset) * scale
+        theta = positions[..., None] * inv_freqs
+        cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
+        if traditional:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            out = mx.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+            return out.reshape(b, n, t, d)
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+    _compiled[key] = mx.compile(rope)
+    return _compiled[key]
+
+
+def _compiled_classes():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class CompiledRMSNorm(nn.Module):
+        """nn.RMSNorm's computation (same ``weight`` parameter) as one compiled call.
+
+        ``x``: (..., dims) -> same shape and dtype."""
+
+        def __init__(self, norm: Any):
+            super().__init__()
+            self.weight = norm.weight
+            self.eps = norm.eps
+            self._fn = _rms_fn(norm.eps)
+
+        def __call__(self, x):
+            return self._fn(x, self.weight)
+
+    class CompiledRoPE(nn.Module):
+        """nn.RoPE (full head width, base frequencies) as one compiled call.
+
+        ``x``: (B, N, T, D) or (B, T, D); ``offset``: int or an int array of shape (B,)
+        (BatchKVCache). Falls back to ``mx.fast.rope`` for other ranks."""
+
+        def __init__(self, rope: Any):
+            super().__init__()
+            self.dims, self.traditional = rope.dims, rope.traditional
+            self.base, self.scale = rope.base, rope.scale
+            half = rope.dims // 2
+            # The inverse frequencies exactly as MLX's own rope fallback computes them.
+            log_step = mx.log(mx.array(rope.base, mx.float32)) / half
+            self._inv = mx.exp(mx.arange(0.0, -half, -1.0, dtype=mx.float32) * log_step)
+            mx.eval(self._inv)
+            self._fn = _rope_fn(rope.traditional, float(rope.scale))
+
+        def __call__(self, x, offset=0):
+            if x.ndim != 4 or x.shape[-1] != self.dims:
+                return mx.fast.rope(
+                    x,
+                    self.dims,
+                    traditional=self.traditional,
+                    base=self.base,
+                    scale=self.scale,
+                    offset=offset,
+                )
+            if not isinstance(offset, mx.array):
+                offset = mx.array(offset, dtype=mx.int32)
+            return self._fn(x, offset, self._inv)
+
+    return CompiledRMSNorm, CompiledRoPE
+
+
+def compile_elementwise(model: Any) -> int:
+    """Replace ``model``'s nn.RMSNorm and full-width base nn.RoPE modules by compiled ones.
+
+    Same parameters (a norm keeps its ``weight``), same math; for families in
+    ``FUSABLE_TYPES`` only. Returns the number of modules replaced (0: untouched).
+    Run on the MLX thread, on the CPU path (on Metal/CUDA the fast kernels are faster).
+    """
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if _model_type(model) not in FUSABLE_TYPES:
+        return 0
+    norm_cls, rope_cls = _compiled_classes()
+    replaced = []
+    for name, mod in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if type(mod) is nn.RMSNorm:
+            replaced.append((name, norm_cls(mod)))
+        elif type(mod) is nn.RoPE and mod.dims % 2 == 0:
+            replaced.append((name, rope_cls(mod)))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)
+
+
+def _model_type(model: Any) -> Any:
+    return getattr(model, "model_type", None) or getattr(
+        getattr(model, "args", None), "model_type", None
+    )
+
+
+def transform(model: Any) -> dict[str, int]:
+    """The whole dense-CPU transformation: ``fuse_projections`` then ``compile_elementwise``.
+
+    Returns {"projections": groups fused, "compiled": modules replaced}."""
+    return {"projections": fuse_projections(model), "compiled": compile_elementwise(model)}

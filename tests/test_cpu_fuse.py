@@ -37,7 +37,8 @@ def smol():
     """(plain dense model, fused dense model, tokenizer) of the embedded SmolLM2."""
     plain, tok = _load_dense()
     fused, _ = _load_dense()
-    assert cpu_fuse.fuse_projections(fused) == 2 * len(fused.layers)
+    # 30 layers: 60 projection groups; 61 norms + 30 rotary modules compiled
+    assert cpu_fuse.transform(fused) == {"projections": 60, "compiled": 91}
     return plain, fused, tok
 
 
@@ -81,15 +82,18 @@ def test_greedy_identical_batch_1(smol):
         assert got == want, prompt
 
 
-def _batch_tokens(model, tok) -> dict[int, list[int]]:
-    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=4, prefill_batch_size=4)
-    uids = gen.insert([tok.encode(p) for p in PROMPTS], max_tokens=[24] * 4)
+def _batch_tokens(model, prompts: list[list[int]], n: int = 24) -> dict[int, list[int]]:
+    """Greedy tokens of ``prompts`` decoded together by BatchGenerator (different prompt
+    lengths: left padding, per-sequence rotary offsets)."""
+    k = len(prompts)
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=k, prefill_batch_size=k)
+    uids = gen.insert(prompts, max_tokens=[n] * k)
     out: dict[int, list[int]] = {u: [] for u in uids}
     for _ in range(200):
         _, responses = gen.next()
         for r in responses:
             out[r.uid].append(r.token)
-        if all(len(v) == 24 for v in out.values()):
+        if all(len(v) == n for v in out.values()):
             break
     gen.close()
     return {i: out[u] for i, u in enumerate(uids)}
@@ -97,7 +101,8 @@ def _batch_tokens(model, tok) -> dict[int, list[int]]:
 
 def test_greedy_identical_batch_of_4(smol):
     plain, fused, tok = smol
-    want, got = _batch_tokens(plain, tok), _batch_tokens(fused, tok)
+    prompts = [tok.encode(p) for p in PROMPTS]
+    want, got = _batch_tokens(plain, prompts), _batch_tokens(fused, prompts)
     assert all(len(v) == 24 for v in want.values())
     assert got == want
 
@@ -141,7 +146,8 @@ def _tiny_pair(model_type: str, extra: dict):
 def test_family_matrix_identical(model_type):
     plain, fused = _tiny_pair(model_type, FAMILIES[model_type])
     before = _param_bytes(plain)[0]
-    assert cpu_fuse.fuse_projections(fused) == 4
+    counts = cpu_fuse.transform(fused)
+    assert counts["projections"] == 4 and counts["compiled"] >= 5
     assert _param_bytes(fused)[0] == before
     x = mx.array([[1, 5, 9, 33, 2, 77, 4]])
     a, b = plain(x), fused(x)
@@ -150,6 +156,8 @@ def test_family_matrix_identical(model_type):
     want = [t for t, _ in generate_step(ids, plain, max_tokens=12)]
     got = [t for t, _ in generate_step(ids, fused, max_tokens=12)]
     assert got == want
+    prompts = [[3, 8, 21, 5], [7, 1, 2, 90, 11, 6, 40], [12, 13]]
+    assert _batch_tokens(fused, prompts, 8) == _batch_tokens(plain, prompts, 8)
 
 
 def test_unknown_architecture_skipped():
@@ -157,7 +165,7 @@ def test_unknown_architecture_skipped():
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
     before = [n for n, _ in tree_flatten(model.parameters())]
-    assert cpu_fuse.fuse_projections(model) == 0
+    assert cpu_fuse.transform(model) == {"projections": 0, "compiled": 0}
     assert [n for n, _ in tree_flatten(model.parameters())] == before
 
 
