@@ -16,8 +16,9 @@ as the server does with ``cpu_dequantize:true``), fills a KV cache with a prompt
 
 Each figure is the median of ``--repeats`` timed runs after warm-up; rounds of all
 measurements alternate so host load hits them alike. With ``--compare`` the same
-tables are printed for the model after ``cpu_fuse.fuse_projections`` (fused Q/K/V and
-gate/up projections) too.
+tables are printed for the model after ``cpu_fuse.transform`` (fused Q/K/V and gate/up
+projections, compiled norms and rotary) too; its per-kind rows still time the original
+kinds (``mx.fast`` norms and rotary), only the matmul floor uses its fused weights.
 
     python bench/profile_step.py                      # batch 1 and 8, ~2 minutes
     python bench/profile_step.py --batch 1 --repeats 40 --compare
@@ -272,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
         fused, _ = model_loader.load_model(str(model_loader.embedded_model_path()))
         cpu_fast_path.prepare_for_cpu(fused, True)
-        cpu_fuse.fuse_projections(fused)
-        variants.append(("dense float32, fused projections", fused))
+        cpu_fuse.transform(fused)
+        variants.append(("dense float32, cpu_fuse.transform", fused))
     for b in [int(x) for x in args.batch.split(",")]:
         for label, m in variants:
             profile(m, tokenizer, b, args.context, args.repeats, label)
