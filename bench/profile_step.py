@@ -173,6 +173,27 @@ class Step:
             outs += list(c.update_and_fetch(self.k1, self.k1))
         mx.eval(outs)
 
+    def norms_compiled(self) -> None:
+        import cpu_fuse
+
+        norm, _ = cpu_fuse._compiled_classes()
+        if not hasattr(self, "_cnorm"):
+            self._cnorm = norm(self.model.model.norm)
+        n = 2 * len(self.layers) + 1
+        self.mx.eval([self._cnorm(self.x) for _ in range(n)])
+
+    def rotary_compiled(self) -> None:
+        import cpu_fuse
+
+        _, rope = cpu_fuse._compiled_classes()
+        if not hasattr(self, "_crope"):
+            self._crope = rope(self.layers[0].self_attn.rope)
+        outs = []
+        for _ in self.layers:
+            outs.append(self._crope(self.q, offset=self.ctx))
+            outs.append(self._crope(self.k1, offset=self.ctx))
+        self.mx.eval(outs)
+
     def embedding(self) -> None:
         self.mx.eval(self.model.model.embed_tokens(self.tokens))
 
@@ -193,6 +214,12 @@ KINDS = (
     ("cache writes", "cache_writes"),
     ("embedding lookup", "embedding"),
     ("sampling (log-softmax + argmax)", "sampling"),
+)
+
+# Not part of the plain step (not summed): what cpu_fuse.compile_elementwise puts instead.
+ALTERNATIVES = (
+    ("RMS norms, compiled (cpu_fuse)", "norms_compiled"),
+    ("rotary, compiled (cpu_fuse)", "rotary_compiled"),
 )
 
 
@@ -221,7 +248,7 @@ def batch_generator_step(model, tokenizer, b: int, ctx: int, steps: int) -> list
 def profile(model, tokenizer, b: int, ctx: int, repeats: int, label: str) -> dict[str, float]:
     step = Step(model, tokenizer, b, ctx)
     step.prepare()
-    names = ["forward", "build_only", *(m for _, m in KINDS)]
+    names = ["forward", "build_only", *(m for _, m in KINDS + ALTERNATIVES)]
     samples: dict[str, list[float]] = {n: [] for n in names}
     for n in names:  # warm-up (compiles, allocations)
         getattr(step, n)()
@@ -244,6 +271,8 @@ def profile(model, tokenizer, b: int, ctx: int, repeats: int, label: str) -> dic
     rows.append(
         ("  rest (dispatch, graph, Python)", med["forward"] - parts, 1 - parts / med["forward"])
     )
+    for title, m in ALTERNATIVES:
+        rows.append((f"instead: {title}", med[m], med[m] / med["forward"]))
     print(f"### {label}: batch {b}, context {ctx}, {step.n_linear} matmuls, median of {repeats}\n")
     print(bl.table(["part of a decode step", "ms", "x floor / share of forward"], rows))
     print(f"\nload average {os.getloadavg()[0]:.2f}\n")
