@@ -109,8 +109,12 @@ def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
     return True
 
 
-def fuse_projections(model: Any) -> int:
-    """Fuse Q/K/V and gate/up projections of every decoder layer of ``model`` in place.
+def fuse_projections(model: Any, mlp: bool = False) -> int:
+    """Fuse the Q/K/V (and with ``mlp``, the gate/up) projections of every decoder layer.
+
+    In place. ``mlp`` is off by default: on MKL a fused 2*intermediate x hidden gate/up
+    matmul is no faster at 1 row and 4-17% slower at 8 rows than the two separate ones
+    (small-M path), while fused Q/K/V is faster at both (BENCHMARKS.md, G).
 
     ``model``: an mlx-lm model (``model.model_type`` / ``model.args.model_type`` and
     ``model.layers``). Returns the number of groups fused; 0 (model untouched) when the
@@ -128,8 +132,9 @@ def fuse_projections(model: Any) -> int:
     if not layers:
         return 0
     fused = 0
+    groups = _GROUPS if mlp else _GROUPS[:1]
     for layer in layers:
-        for parent_name, names in _GROUPS:
+        for parent_name, names in groups:
             parent = getattr(layer, parent_name, None)
             if parent is not None and _fuse_group(parent, names):
                 fused += 1
@@ -273,7 +278,7 @@ def _model_type(model: Any) -> Any:
 
 
 def transform(model: Any) -> dict[str, int]:
-    """The whole dense-CPU transformation: ``fuse_projections`` then ``compile_elementwise``.
+    """The dense-CPU transformation: ``fuse_projections`` (Q/K/V) then ``compile_elementwise``.
 
     Returns {"projections": groups fused, "compiled": modules replaced}."""
     return {"projections": fuse_projections(model), "compiled": compile_elementwise(model)}

@@ -37,8 +37,8 @@ def smol():
     """(plain dense model, fused dense model, tokenizer) of the embedded SmolLM2."""
     plain, tok = _load_dense()
     fused, _ = _load_dense()
-    # 30 layers: 60 projection groups; 61 norms + 30 rotary modules compiled
-    assert cpu_fuse.transform(fused) == {"projections": 60, "compiled": 91}
+    # 30 layers: 30 Q/K/V groups; 61 norms + 30 rotary modules compiled
+    assert cpu_fuse.transform(fused) == {"projections": 30, "compiled": 91}
     return plain, fused, tok
 
 
@@ -52,12 +52,12 @@ def test_weights_replaced_not_doubled(smol):
     plain_bytes, plain_count = _param_bytes(plain)
     fused_bytes, fused_count = _param_bytes(fused)
     assert fused_bytes == plain_bytes
-    # 30 layers: 5 projection matrices become 2 fused ones per layer
-    assert plain_count - fused_count == 3 * len(plain.layers)
+    # 30 layers: 3 projection matrices become 1 fused one per layer
+    assert plain_count - fused_count == 2 * len(plain.layers)
     names = dict(tree_flatten(fused.parameters()))
     assert names["model.layers.0.self_attn.q_proj.fused.weight"].shape == (960, 576)
-    assert names["model.layers.0.mlp.gate_proj.fused.weight"].shape == (3072, 576)
-    assert not any(n.endswith("k_proj.weight") or n.endswith("up_proj.weight") for n in names)
+    assert names["model.layers.0.mlp.gate_proj.weight"].shape == (1536, 576)
+    assert not any(n.endswith("k_proj.weight") or n.endswith("v_proj.weight") for n in names)
 
 
 def test_logits_close_on_prompt_and_step(smol):
@@ -147,7 +147,8 @@ def test_family_matrix_identical(model_type):
     plain, fused = _tiny_pair(model_type, FAMILIES[model_type])
     before = _param_bytes(plain)[0]
     counts = cpu_fuse.transform(fused)
-    assert counts["projections"] == 4 and counts["compiled"] >= 5
+    assert counts["projections"] == 2 and counts["compiled"] >= 5
+    assert cpu_fuse.fuse_projections(fused, mlp=True) == 2  # gate/up too (off by default)
     assert _param_bytes(fused)[0] == before
     x = mx.array([[1, 5, 9, 33, 2, 77, 4]])
     a, b = plain(x), fused(x)
