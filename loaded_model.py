@@ -150,7 +150,7 @@ def load(params: LoadParams) -> LoadedModel:
     )
     # Dense weights: merge a LoRA adapter in (no per-token cost); quantized: keep it apart.
     model_loader.fuse_adapters(model)
-    if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer, larger matmuls per step
+    if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
         cpu_fuse.transform(model)
     draft = _load_draft(params, tokenizer) if params.draft_model else None
     loaded = LoadedModel.build(model, tokenizer, params, draft=draft, cpu_mode=cpu_mode)

@@ -185,6 +185,20 @@ def test_applies_only_dense_enabled_cpu():
     assert cpu_fuse.applies("quantized", True) is False
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("option", ["cpu_fuse:true", "cpu_fuse:false"])
+def test_load_applies_transform_on_dense_cpu(option):
+    import loaded_model
+
+    path = str(model_loader.embedded_model_path())
+    lp = load_params(pb.ModelOptions(Model=path, Options=["cpu_dequantize:true", option]))
+    loaded = loaded_model.load(lp)
+    names = dict(tree_flatten(loaded.model.parameters()))
+    fused = "model.layers.0.self_attn.q_proj.fused.weight" in names
+    assert fused is (option == "cpu_fuse:true" and cpu_fuse.applies("dense", True))
+    assert loaded.weights_bytes == sum(v.nbytes for v in names.values())
+
+
 def test_option_parsed():
     assert load_params(pb.ModelOptions(Model="m")).cpu_fuse is True
     assert load_params(pb.ModelOptions(Model="m", Options=["cpu_fuse:false"])).cpu_fuse is False
