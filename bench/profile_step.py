@@ -22,6 +22,7 @@ kinds (``mx.fast`` norms and rotary), only the matmul floor uses its fused weigh
 
     python bench/profile_step.py                      # batch 1 and 8, ~2 minutes
     python bench/profile_step.py --batch 1 --repeats 40 --compare
+    python bench/profile_step.py --ab 4               # BatchGenerator steps, plain vs fused, A/B
 """
 
 from __future__ import annotations
@@ -279,12 +280,29 @@ def profile(model, tokenizer, b: int, ctx: int, repeats: int, label: str) -> dic
     return med
 
 
+def ab(plain, transformed, tokenizer, b: int, ctx: int, rounds: int, steps: int) -> None:
+    """BatchGenerator.next() ms per step, plain vs transformed, alternating order each round."""
+    res: dict[str, list[float]] = {"plain": [], "transform": []}
+    for r in range(rounds):
+        order = [("plain", plain), ("transform", transformed)]
+        for name, m in order[::-1] if r % 2 else order:
+            res[name].append(statistics.median(batch_generator_step(m, tokenizer, b, ctx, steps)))
+    ratios = [t / p for t, p in zip(res["transform"], res["plain"], strict=True)]
+    rows = [(i + 1, p, t, q) for i, (p, t, q) in enumerate(zip(*res.values(), ratios, strict=True))]
+    print(f"### BatchGenerator.next(), batch {b}: plain vs cpu_fuse.transform, {steps} steps\n")
+    print(bl.table(["round", "plain ms", "transform ms", "transform / plain"], rows))
+    print(f"\nmedian ratio {statistics.median(ratios):.2f}, load {os.getloadavg()[0]:.2f}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
     ap.add_argument("--context", type=int, default=128, help="tokens already in the cache")
     ap.add_argument("--repeats", type=int, default=25, help="timed runs per measurement")
     ap.add_argument("--compare", action="store_true", help="also profile the fused model")
+    ap.add_argument(
+        "--ab", type=int, default=0, help="instead: N rounds of BatchGenerator plain vs fused"
+    )
     args = ap.parse_args(argv)
     env = bl.fast_env()
     if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", ""):
@@ -297,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = model_loader.load_model(str(model_loader.embedded_model_path()))
     cpu_fast_path.prepare_for_cpu(model, True)
     variants = [("dense float32", model)]
-    if args.compare:
+    if args.compare or args.ab:
         import cpu_fuse
 
         fused, _ = model_loader.load_model(str(model_loader.embedded_model_path()))
@@ -305,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         cpu_fuse.transform(fused)
         variants.append(("dense float32, cpu_fuse.transform", fused))
     for b in [int(x) for x in args.batch.split(",")]:
+        if args.ab:
+            ab(model, variants[1][1], tokenizer, b, args.context, args.ab, 12)
+            continue
         for label, m in variants:
             profile(m, tokenizer, b, args.context, args.repeats, label)
     return 0
