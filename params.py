@@ -231,7 +231,7 @@ class LoadParams:
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
     prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
     prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
-    cpu_fuse: bool = True  # option cpu_fuse: false keeps Q/K/V and gate/up apart (dense CPU)
+    cpu_fuse: bool = True  # option cpu_fuse: false skips cpu_fuse.transform (dense CPU path)
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
