@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 import cpu_fast_path
+import cpu_fuse
 import grammar
 import model_loader
 import parsers
@@ -149,6 +150,8 @@ def load(params: LoadParams) -> LoadedModel:
     )
     # Dense weights: merge a LoRA adapter in (no per-token cost); quantized: keep it apart.
     model_loader.fuse_adapters(model)
+    if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
+        cpu_fuse.transform(model)
     draft = _load_draft(params, tokenizer) if params.draft_model else None
     loaded = LoadedModel.build(model, tokenizer, params, draft=draft, cpu_mode=cpu_mode)
     # llguidance's view of the vocabulary takes ~2 s to build and needs no MLX: build

@@ -244,6 +244,7 @@ class LoadParams:
     # request is ended (RESOURCE_EXHAUSTED); None = jobs.DEFAULT_MAX_PENDING_EVENTS
     max_pending_events: int | None = None
     prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
+    cpu_fuse: bool = True  # option cpu_fuse: false skips cpu_fuse.transform (dense CPU path)
 
 
 def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -548,6 +549,7 @@ def load_params(req: Any) -> LoadParams:
             ("", *DISTRIBUTED_BACKENDS),
             "",
         ),
+        cpu_fuse=_option_on(options, "cpu_fuse"),
         tool_parser=_parser_name(options, "tool_parser", parsers.resolve_tool_parser),
         reasoning_parser=_parser_name(
             options, "reasoning_parser", parsers.resolve_reasoning_markers
