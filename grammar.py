@@ -53,6 +53,8 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
+import jsonfield
+
 logger = logging.getLogger("localai.mlx.grammar")
 
 GRAMMAR_FIELD = "PredictOptions.Grammar"
@@ -121,46 +123,12 @@ class Constraint:
 # --- parsing the request ----------------------------------------------------------------
 
 
-# Characters that matter for JSON nesting: brackets, and quotes/backslashes for strings.
-_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
-
-
 def check_json_bounds(
     raw: str, field: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
 ) -> None:
-    """Refuse a JSON text too large or too deeply nested to parse safely, before parsing it.
-
-    `raw`: the JSON text. `max_bytes`: most UTF-8 bytes; `max_depth`: most nested arrays
-    and objects (brackets inside strings do not count). Linear in len(raw) and cheap (no
-    parsing, no recursion), so any request field holding JSON can be checked with it.
-    Raises ValueError naming `field` and the limit.
-    """
-    size = len(raw.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        raise ValueError(f"{field} is {size} bytes; the limit is {max_bytes} bytes: shorten it")
-    depth = 0
-    in_string = False
-    skip = -1  # index of a character escaped by a backslash
-    for match in _JSON_STRUCTURE.finditer(raw):
-        pos = match.start()
-        if pos == skip:
-            continue
-        char = match.group()
-        if in_string:
-            if char == "\\":
-                skip = pos + 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise ValueError(
-                    f"{field} nests arrays/objects deeper than {max_depth} levels: flatten it"
-                )
-        elif char in "]}":
-            depth = max(depth - 1, 0)
+    """`jsonfield.check_bounds` with the constraint limits (a JSON schema is smaller than
+    other JSON fields). Raises ValueError naming `field` and the limit."""
+    jsonfield.check_bounds(raw, field, max_bytes, max_depth)
 
 
 def _json_object(raw: str, field: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ would otherwise raise ``RecursionError`` (or exhaust the stack) on ``[[[[...``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 MAX_JSON_BYTES = 8 * 1024 * 1024  # one field; the gRPC message itself is capped at 50 MB
@@ -18,46 +19,53 @@ MAX_JSON_DEPTH = 64  # nesting of arrays/objects; real tool schemas stay under ~
 _KINDS = {list: "array", dict: "object", str: "string"}
 
 
+# Characters that matter for JSON nesting: brackets, and quotes/backslashes for strings.
+_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+
+
 def json_depth(raw: str, limit: int = MAX_JSON_DEPTH) -> int:
     """Nesting depth of the JSON text ``raw`` (0 for a scalar), stopping once past ``limit``.
 
     Brackets inside strings (escapes included) do not count. The text need not be valid
-    JSON: this only bounds what ``json.loads`` would recurse into. O(len(raw)).
+    JSON: this only bounds what ``json.loads`` would recurse into. Linear in len(raw), no
+    recursion; the regex skips everything but brackets, quotes and backslashes.
     """
     depth = deepest = 0
-    in_string = escaped = False
-    for ch in raw:
+    in_string = False
+    skip = -1  # index of a character escaped by a backslash
+    for match in _STRUCTURE.finditer(raw):
+        pos = match.start()
+        if pos == skip:
+            continue
+        char = match.group()
         if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
+            if char == "\\":
+                skip = pos + 1
+            elif char == '"':
                 in_string = False
-        elif ch == '"':
+        elif char == '"':
             in_string = True
-        elif ch in "[{":
+        elif char in "[{":
             depth += 1
             if depth > deepest:
                 deepest = depth
                 if deepest > limit:
                     return deepest
-        elif ch in "]}":
-            depth -= 1
+        elif char in "]}":
+            depth = max(depth - 1, 0)
     return deepest
 
 
 def check_bounds(
     raw: str, field: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
 ) -> None:
-    """Raise ValueError naming ``field`` when ``raw`` is longer than ``max_bytes`` characters
-    or nests deeper than ``max_depth``."""
-    if len(raw) > max_bytes:
-        raise ValueError(
-            f"{field} is {len(raw)} characters; the limit is {max_bytes}: send a smaller value"
-        )
+    """Raise ValueError naming ``field`` when ``raw`` is more than ``max_bytes`` UTF-8 bytes
+    or nests arrays/objects deeper than ``max_depth``. Cheap: no parsing, no recursion."""
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ValueError(f"{field} is {size} bytes; the limit is {max_bytes} bytes: shorten it")
     if json_depth(raw, max_depth) > max_depth:
-        raise ValueError(f"{field} nests JSON deeper than {max_depth} levels: flatten it")
+        raise ValueError(f"{field} nests arrays/objects deeper than {max_depth} levels: flatten it")
 
 
 def decode(

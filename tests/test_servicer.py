@@ -150,7 +150,7 @@ def test_predict_equals_the_joined_stream_and_carries_usage(served):
     ("fields", "needle"),
     [
         ({"TopP": 2.0}, "PredictOptions.TopP"),
-        ({"Tools": "[" * 1000 + "]" * 1000}, "PredictOptions.Tools nests JSON deeper"),
+        ({"Tools": "[" * 1000 + "]" * 1000}, "PredictOptions.Tools nests arrays/objects deeper"),
         ({"LogitBias": "{bad"}, "PredictOptions.LogitBias"),
         ({"Mirostat": 2}, "PredictOptions.Mirostat is not supported"),
     ],
