@@ -29,6 +29,7 @@ import jinja2
 
 from output import initial_state_for
 from params import PromptSpec
+from prompt_cache import common_prefix
 
 log = logging.getLogger("localai.mlx." + __name__)
 
@@ -108,15 +109,6 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
     return text
 
 
-def _common_prefix_len(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) -> int:
     """Token position (int) where the part of a chat prompt before its last user message
     (system, tools, history) ends; 0 when there is none or it cannot be told.
@@ -146,7 +138,7 @@ def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) 
     except Exception as exc:  # a template may refuse a conversation without a user turn
         log.debug("no chat checkpoint: the template refused the leading messages: %s", exc)
         return 0
-    n = _common_prefix_len(ids, token_ids)
+    n = common_prefix(ids, token_ids)
     return n if n < len(token_ids) - 1 else 0
 
 

@@ -224,8 +224,11 @@ def kv_nbytes(kv: list) -> int:
     return total
 
 
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length (tokens) of the longest common prefix of ``a`` and ``b``."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length (tokens) of the longest common prefix of the token sequences ``a`` and ``b``
+    (lists or tuples; compared as tuples when their types differ)."""
+    if type(a) is not type(b):
+        a, b = tuple(a), tuple(b)
     m = min(len(a), len(b))
     if m == 0 or a[0] != b[0]:
         return 0
@@ -242,16 +245,32 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return lo
 
 
-def _trim_exactly(kv: list, num_tokens: int) -> bool:
-    """Trim every layer of ``kv`` in place by ``num_tokens`` tokens.
+def trim_exactly(kv: list, num_tokens: int) -> bool:
+    """Trim every layer of ``kv`` in place by ``num_tokens`` tokens (0: nothing to do).
 
     Returns False if any layer trimmed fewer (the copy must then be discarded). Checks
     each layer because ``trim_prompt_cache`` reports layer 0's count only, and e.g.
     ``ChunkedKVCache`` can trim fewer tokens than asked.
     """
+    if num_tokens == 0:
+        return True
     if not can_trim_prompt_cache(kv):
         return False
     return all(layer.trim(num_tokens) == num_tokens for layer in kv)
+
+
+def check_kv_holds(kv: list, tokens: Sequence[int]) -> None:
+    """Raise ValueError unless ``kv`` has layers and every layer with an integer
+    ``offset`` holds exactly ``len(tokens)`` tokens (an entry is stored only under the
+    tokens its KV really holds)."""
+    if not kv:
+        raise ValueError("kv must have at least one layer")
+    for i, layer in enumerate(kv):
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int) and offset != len(tokens):
+            raise ValueError(
+                f"kv layer {i} holds {offset} tokens but {len(tokens)} tokens were given"
+            )
 
 
 class PromptCache:
@@ -306,14 +325,14 @@ class PromptCache:
         self._evictions = 0
         self._hits_by_kind = dict.fromkeys(("exact", "shorter", "checkpoint", "trimmed"), 0)
 
-    def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
+    def longestcommon_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
         """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
         ``model_key`` spans (0 when none): where a new prompt diverges from one seen
         before, a position worth a prefill snapshot. Changes no recency or counter."""
         toks = tuple(map(int, tokens))
         with self._lock:
             return max(
-                (_common_prefix(k[1], toks) for k in self._entries if k[0] == model_key),
+                (common_prefix(k[1], toks) for k in self._entries if k[0] == model_key),
                 default=0,
             )
 
@@ -347,7 +366,7 @@ class PromptCache:
                 if len(etoks) < n and toks[: len(etoks)] == etoks:
                     cached, trim = len(etoks), 0
                 elif entry.trimmable:
-                    cached = min(_common_prefix(etoks, toks), n - 1)
+                    cached = min(common_prefix(etoks, toks), n - 1)
                     trim = len(etoks) - cached
                 else:
                     continue
@@ -357,7 +376,7 @@ class PromptCache:
             for cached, _, _, trim, key in candidates:
                 entry = self._entries[key]
                 kv = copy.deepcopy(entry.kv)
-                if trim and not _trim_exactly(kv, trim):
+                if trim and not trim_exactly(kv, trim):
                     logger.debug("prompt cache: entry failed to trim %d tokens", trim)
                     continue
                 if trim == 0:
@@ -406,14 +425,7 @@ class PromptCache:
                 it holds) differs from ``len(tokens)``.
         """
         toks = tuple(map(int, tokens))
-        if not kv:
-            raise ValueError("kv must have at least one layer")
-        for i, layer in enumerate(kv):
-            offset = getattr(layer, "offset", None)
-            if isinstance(offset, int) and offset != len(toks):
-                raise ValueError(
-                    f"kv layer {i} holds {offset} tokens but {len(toks)} tokens were given"
-                )
+        check_kv_holds(kv, toks)
         if not toks or self._max_bytes == 0:
             return
         with self._lock:  # one MLX evaluation at a time from this cache's callers

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import prompt_disk_format as fmt
+from prompt_cache import check_kv_holds, common_prefix
 from prompt_disk_format import FORMAT_VERSION, model_fingerprint, safe_cache_dir
 
 __all__ = [
@@ -71,21 +72,6 @@ def _write_all(fd: int, data: memoryview) -> None:
     while data:
         n = os.write(fd, data)
         data = data[n:]
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length (tokens) of the longest common prefix of ``a`` and ``b``."""
-    m = min(len(a), len(b))
-    if a[:m] == b[:m]:
-        return m
-    lo, hi = 0, m  # a[:lo] == b[:lo], a[:hi] != b[:hi]; bisect on C-speed slices
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _abandoned(path: Path, pid: int, now: float) -> bool:
@@ -279,7 +265,7 @@ class _Index:
                 if len(e.tokens) < n and tokens[: len(e.tokens)] == e.tokens:
                     cached = len(e.tokens)
                 elif e.trimmable:
-                    cached = min(_common_prefix(e.tokens, tokens), n - 1)
+                    cached = min(common_prefix(e.tokens, tokens), n - 1)
                 else:
                     continue
                 if cached >= need:
@@ -728,14 +714,7 @@ class DiskCache:
                 from ``len(tokens)``.
         """
         toks = tuple(map(int, tokens))
-        if not kv:
-            raise ValueError("kv must have at least one layer")
-        for i, layer in enumerate(kv):
-            offset = getattr(layer, "offset", None)
-            if isinstance(offset, int) and offset != len(toks):
-                raise ValueError(
-                    f"kv layer {i} holds {offset} tokens but {len(toks)} tokens were given"
-                )
+        check_kv_holds(kv, toks)
         if not toks or not self._writer.writable or self._writer.closing:
             return False
         key = fmt.entry_key(self.fingerprint, toks)

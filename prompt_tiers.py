@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache
 
-from prompt_cache import CacheLookup, CacheStats, PromptCache
+from prompt_cache import CacheLookup, CacheStats, PromptCache, trim_exactly
 from prompt_disk import DiskCache, model_fingerprint
 
 __all__ = ["MAX_DISK_DIRS", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
@@ -88,11 +87,6 @@ def load_fingerprint(params: Any, cpu_mode: str = "", distributed: str = "") -> 
     if params.draft_model:
         extra["draft"] = model_fingerprint(weights_of(params.draft_model, ""), {})
     return model_fingerprint(weights_of(params.model, params.model_file), extra)
-
-
-def _trim_exactly(kv: list, n: int) -> bool:
-    """Trim every layer by ``n`` tokens; False when any layer trims fewer."""
-    return n == 0 or (can_trim_prompt_cache(kv) and all(c.trim(n) == n for c in kv))
 
 
 class TieredPromptCache:
@@ -166,7 +160,7 @@ class TieredPromptCache:
             return lookup
         # Memory keeps its own materialised copy; ``found.kv`` stays ours to trim.
         self.memory.insert(model_key, found.tokens, found.kv)
-        if not _trim_exactly(found.kv, len(found.tokens) - found.cached_len):
+        if not trim_exactly(found.kv, len(found.tokens) - found.cached_len):
             logger.debug("prompt disk cache: a hit failed to trim; using the memory tier")
             return lookup
         toks = list(map(int, tokens))

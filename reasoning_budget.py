@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 
+from prompt_cache import common_prefix
+
 __all__ = ["UNLIMITED", "ReasoningBudgetProcessor", "make_budget_processor"]
 
 UNLIMITED = -1  # budget value: never interfere
@@ -45,14 +47,6 @@ def _marker_prefix(tokens: list[int], marker: tuple[int, ...]) -> int:
         if tuple(tokens[-k:]) == marker[:k]:
             return k
     return 0
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class ReasoningBudgetProcessor:
@@ -142,11 +136,11 @@ class ReasoningBudgetProcessor:
         known = len(self._tokens)
         lo = max(0, min(known, n) - _OVERLAP)
         fresh = flat[self._origin + lo :].tolist() if n > lo else []
-        same = lo + _common_prefix(self._tokens[lo:], fresh)
+        same = lo + common_prefix(self._tokens[lo:], fresh)
         if same == lo and lo > 0 and known > lo and fresh and fresh[0] != self._tokens[lo]:
             # Changed before the window too: replay from the start (never seen in mlx-lm).
             lo, fresh = 0, flat[self._origin :].tolist()
-            same = _common_prefix(self._tokens, fresh)
+            same = common_prefix(self._tokens, fresh)
         del self._tokens[same:]
         del self._states[same + 1 :]
         for token in fresh[same - lo :]:

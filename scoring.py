@@ -40,7 +40,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import prompt as prompt_mod
 from errors import Cancelled
 from output import OutputPipeline
-from prompt_cache import PromptCache, needs_checkpoints
+from prompt_cache import PromptCache, common_prefix, needs_checkpoints
 
 __all__ = [
     "MAX_SCORE_CANDIDATES",
@@ -180,7 +180,7 @@ def score(
     for i, cand in enumerate(candidates):
         check()
         full = prompt_mod.encode(tokenizer, prompt + cand)
-        k = _shared_prefix(prompt_ids, full)
+        k = common_prefix(prompt_ids, full)
         if k == len(full):
             raise ValueError(f"candidates[{i}] adds no tokens to the prompt")
         if k == 0:
@@ -206,16 +206,14 @@ def score(
     # context token (that token must be fed to produce the first candidate logits).
     base_len = min(ctx) - 1
     for s in seqs[1:]:
-        base_len = min(base_len, _shared_prefix(seqs[0][:base_len], s))
+        base_len = min(base_len, common_prefix(seqs[0][:base_len], s))
 
     def new_kv() -> list:
         return make_prompt_cache(model, max_kv_size)
 
     stable = 0
     if cache is not None and 0 < stable_prefix_len < len(prompt):
-        stable = _shared_prefix(
-            prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids
-        )
+        stable = common_prefix(prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids)
     base_kv = _prefix_kv(
         model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check, stable
     )
@@ -233,14 +231,6 @@ def score(
             tokens = tuple(zip(token_texts(targets), lps, strict=True))
         results.append(CandidateResult(total, total / len(targets), len(targets), tokens))
     return results
-
-
-def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length (tokens) of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
 
 
 def _bos(tokenizer: Any, prompt: str, index: int) -> int:
