@@ -10,24 +10,14 @@ texts LocalAI's Go code and its own mlx tests compare: Health's ``OK`` and LoadM
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 import unittest
-from pathlib import Path
 
 import grpc
 
 import backend_pb2
-import backend_pb2_grpc
 import model_loader
+from server_process import ServerProcess
 
-HERE = Path(__file__).resolve().parent
-SERVING = re.compile(r"serving on (\S+:\d+)")
 LOADED = "MLX model loaded successfully"  # LocalAI's backend/python/mlx/test.py compares it
 
 
@@ -36,16 +26,9 @@ class BackendTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
-        cls.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "backend.py"), "--addr", "127.0.0.1:0"],
-            cwd=HERE,
-            stdout=cls.log,
-            stderr=subprocess.STDOUT,
-        )
-        cls.address = cls._wait_for_address(120.0)
-        cls.channel = grpc.insecure_channel(cls.address)
-        cls.stub = backend_pb2_grpc.BackendStub(cls.channel)
+        # `python backend.py --addr 127.0.0.1:0`, as LocalAI's launcher starts it.
+        cls.server = ServerProcess(start_timeout=120.0)
+        cls.stub = cls.server.stub
         cls.model_file = str(model_loader.embedded_model_path())
         cls.load_reply = cls.stub.LoadModel(
             backend_pb2.ModelOptions(Model="embedded", ModelFile=cls.model_file)
@@ -53,31 +36,8 @@ class BackendTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        cls.channel.close()
-        cls.proc.send_signal(signal.SIGTERM)
-        try:
-            cls.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            cls.proc.kill()
-            cls.proc.wait()
-        cls.log.close()
-        os.unlink(cls.log.name)
-
-    @classmethod
-    def _logs(cls) -> str:
-        return Path(cls.log.name).read_text(errors="replace")
-
-    @classmethod
-    def _wait_for_address(cls, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = SERVING.search(cls._logs())
-            if found:
-                return found.group(1)
-            if cls.proc.poll() is not None:
-                raise RuntimeError(f"backend exited {cls.proc.returncode}:\n{cls._logs()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"backend did not start:\n{cls._logs()}")
+        cls.server.stop()
+        cls.server.remove_log()
 
     def predict(self, prompt: str, **fields) -> backend_pb2.Reply:
         return self.stub.Predict(
