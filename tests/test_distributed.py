@@ -18,7 +18,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ import grpc
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+import tiny_models
 from conftest import ROOT, ServerProcess, chat_request, stream_text
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mlx_lm.models.cache import KVCache
@@ -39,7 +39,6 @@ from mlx_lm.models.cache import KVCache
 import backend_pb2
 import distributed
 import engine as engine_mod
-import gguf_convert
 import model_loader
 import params
 from backend_pb2_grpc import BackendStub
@@ -245,9 +244,6 @@ def test_a_model_that_cannot_be_split_fails_to_load_and_the_old_one_keeps_servin
 def _tiny_qwen2(path: Path) -> Path:
     """A 4-layer qwen2 (an architecture with ``pipeline()``) with random float32 weights
     and SmolLM2's tokenizer, saved as an MLX model directory."""
-    from mlx.utils import tree_flatten, tree_map
-    from mlx_lm.models import qwen2
-
     config = dict(
         model_type="qwen2",
         hidden_size=64,
@@ -260,18 +256,7 @@ def _tiny_qwen2(path: Path) -> Path:
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
-    mx.random.seed(0)
-    model = qwen2.Model(qwen2.ModelArgs(**config))
-    model.set_dtype(mx.float32)
-    # Larger weights than the default init, so greedy decoding does not repeat one token.
-    model.update(tree_map(lambda a: a * 4.0 if a.ndim == 2 else a, model.parameters()))
-    mx.eval(model.parameters())
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
-    converted = gguf_convert.cached_conversion(model_loader.embedded_model_path())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(converted / name, path / name)
-    return path
+    return tiny_models.save_scaled(config, path)
 
 
 @needs_launcher

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,12 +21,11 @@ from pathlib import Path
 import grpc
 import mlx.core as mx
 import pytest
+import tiny_models
 from conftest import ROOT, ServerProcess
 
 import backend_pb2
 import distributed
-import gguf_convert
-import model_loader
 import params
 
 pytestmark = pytest.mark.distributed
@@ -66,9 +64,6 @@ def _hostfile(directory: Path, ranks: int, name: str = "hosts.json") -> Path:
 def _tiny_model(path: Path, model_type: str, heads: int, kv_heads: int) -> Path:
     """A 3-layer ``model_type`` with random float32 weights and SmolLM2's tokenizer,
     saved as an MLX model directory (heads divisible by 3 split over three ranks)."""
-    from mlx.utils import tree_flatten, tree_map
-    from mlx_lm.utils import _get_classes
-
     config = dict(
         model_type=model_type,
         hidden_size=16 * heads,
@@ -81,20 +76,7 @@ def _tiny_model(path: Path, model_type: str, heads: int, kv_heads: int) -> Path:
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
-    path.mkdir(parents=True, exist_ok=True)
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(0)
-    model = model_class(args_class.from_dict(config))
-    model.set_dtype(mx.float32)
-    # Larger weights than the default init, so greedy decoding does not repeat one token.
-    model.update(tree_map(lambda a: a * 4.0 if a.ndim == 2 else a, model.parameters()))
-    mx.eval(model.parameters())
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
-    converted = gguf_convert.cached_conversion(model_loader.embedded_model_path())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(converted / name, path / name)
-    return path
+    return tiny_models.save_scaled(config, path)
 
 
 def _reference(path: Path, prompt: str, tokens: int = TOKENS) -> str:

@@ -149,3 +149,22 @@ def build(family: str, root: Path, seed: int = 0) -> Path:
         if (src / name).is_file():
             shutil.copy(src / name, out / name)
     return out
+
+
+def save_scaled(config: dict, path: Path, seed: int = 0, scale: float = 4.0) -> Path:
+    """Save an mlx-lm model of ``config`` under ``path``: default initialisation from
+    ``seed`` with every matrix multiplied by ``scale`` (larger weights than the default, so
+    greedy decoding does not repeat one token), float32, ``eos_token_id`` [2, 0] and the
+    embedded tokenizer. For the distributed tests, whose configs must split evenly."""
+    path.mkdir(parents=True, exist_ok=True)
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    model.set_dtype(mx.float32)
+    model.update(tree_map(lambda a: a * scale if a.ndim == 2 else a, model.parameters()))
+    mx.eval(model.parameters())
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir() / name, path / name)
+    return path
