@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 import prompt as prompt_mod
+from params import embd_normalize_code
 from scoring import DEFAULT_STEP, ShouldStop, check_step, stopper
 
 POOLINGS = ("mean", "last", "none")
@@ -115,7 +116,7 @@ def embed_tokens(
         raise ValueError(
             f"option embedding_pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}"
         )
-    norm = _norm_kind(normalize)
+    norm = embd_normalize_code(normalize)
     step = check_step(step)
     body = getattr(model, "model", None)
     if not callable(body):
@@ -164,18 +165,6 @@ def embed_tokens(
     vec = total / len(ids) if pooling == "mean" else last
     vec = _normalized(vec, norm)
     return EmbeddingOutput(tuple(vec.tolist()), dim, len(ids))
-
-
-def _norm_kind(normalize: bool | int) -> int:
-    """llama.cpp's ``embd_normalize`` code for ``normalize``."""
-    if isinstance(normalize, bool):
-        return 2 if normalize else -1
-    if isinstance(normalize, int) and normalize >= -1:
-        return normalize
-    raise ValueError(
-        "option embedding_normalize must be true/false or an integer >= -1 (-1 none, "
-        f"0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm), got {normalize!r}"
-    )
 
 
 def _normalized(vec: mx.array, norm: int) -> mx.array:

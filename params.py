@@ -428,13 +428,10 @@ def _parser_name(options: dict[str, Any], key: str, resolve: Any) -> str:
     return name
 
 
-def _embedding_normalize(options: dict[str, Any]) -> int:
-    """llama.cpp's embd_normalize code: -1 none, 0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm.
-
-    Option ``embedding_normalize`` (llama.cpp's alias ``embd_normalize`` too, as LocalAI
-    reads it): true = 2, false = -1, or the integer code.
-    """
-    value = options.get("embedding_normalize", options.get("embd_normalize", True))
+def embd_normalize_code(value: Any) -> int:
+    """llama.cpp's ``embd_normalize`` code (-1 none, 0 max-abs, 1 taxicab, 2 L2, p > 2
+    p-norm) of ``value``: true = 2, false = -1, or the integer code. ValueError naming
+    option embedding_normalize otherwise."""
     if isinstance(value, bool):
         return 2 if value else -1
     if isinstance(value, int) and value >= -1:
@@ -442,6 +439,14 @@ def _embedding_normalize(options: dict[str, Any]) -> int:
     raise ValueError(
         "option embedding_normalize must be true/false or an integer >= -1 (-1 none, "
         f"0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm), got {value!r}"
+    )
+
+
+def _embedding_normalize(options: dict[str, Any]) -> int:
+    """Option ``embedding_normalize`` (llama.cpp's alias ``embd_normalize`` too, as LocalAI
+    reads it) as an `embd_normalize_code`."""
+    return embd_normalize_code(
+        options.get("embedding_normalize", options.get("embd_normalize", True))
     )
 
 
