@@ -325,7 +325,7 @@ class PromptCache:
         self._evictions = 0
         self._hits_by_kind = dict.fromkeys(("exact", "shorter", "checkpoint", "trimmed"), 0)
 
-    def longestcommon_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
+    def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
         """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
         ``model_key`` spans (0 when none): where a new prompt diverges from one seen
         before, a position worth a prefill snapshot. Changes no recency or counter."""
