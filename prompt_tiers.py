@@ -234,10 +234,6 @@ class TieredPromptCache:
         """Entries in the memory tier."""
         return len(self.memory)
 
-    def __bool__(self) -> bool:
-        # Always true, though ``__len__`` may be 0: an empty tiered cache is still a cache.
-        return True
-
 
 # ---------------------------------------------------------------------- engine seams
 def fingerprint_of(loaded: Any, distributed: str = "") -> str | None:
