@@ -64,7 +64,11 @@ def test_seeded_request_is_the_same_alone_and_with_three_others(stub):
         Prompt="The weather today is", Tokens=16, Temperature=0.9, TopP=0.95, Seed=4242
     )
     alone = stub.Predict(seeded).message
-    others = [backend_pb2.PredictOptions(Prompt=p, Tokens=20, Temperature=1.0) for p in PROMPTS[:3]]
+    # Unseeded at temperature 1: IgnoreEOS, so each runs its 20 tokens beside the seeded one.
+    others = [
+        backend_pb2.PredictOptions(Prompt=p, Tokens=20, Temperature=1.0, IgnoreEOS=True)
+        for p in PROMPTS[:3]
+    ]
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stub.Predict, r) for r in others]
         mine = pool.submit(stub.Predict, seeded)
