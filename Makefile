@@ -53,7 +53,7 @@ protogen: backend_pb2.py backend_pb2_grpc.py
 
 run: install
 	@echo "Serving $(MODEL) on $(ADDR). Try, in another shell:"
-	@echo "  $(PY) client.py --addr $(ADDR) --chat 'What is the capital of France?'"
+	@echo "  $(PY) -m clients.cli --addr $(ADDR) --chat 'What is the capital of France?'"
 	@echo "  grpcurl -plaintext -d '{\"Prompt\":\"Hello\",\"Tokens\":20}' $(ADDR) backend.Backend/Predict"
 	./run.sh --addr $(ADDR) --model $(MODEL)
 
@@ -63,7 +63,7 @@ test:
 	bash test.sh
 else
 test: install-test
-	eval "$$($(PY) cpu_fast_path.py --exports)"; $(PY) -m pytest -q tests
+	eval "$$($(PY) -m loading.cpu_fast_path --exports)"; $(PY) -m pytest -q tests
 
 # The fast tier for quick loops: no model, no backend process (well under a minute).
 test-fast: install-test

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """LocalAI MLX backend: the script LocalAI starts (``python backend.py --addr HOST:PORT``).
 
-The servicer is ``servicer.py``; start-up (arguments, server, signals) is ``server.py``.
+LocalAI's ``libbackend.sh`` ``startBackend`` runs ``server.py`` if the backend folder has
+one, else ``backend.py``: so start-up lives in ``edge/startup.py``, never in a root
+``server.py``. The request path, top-down: ``edge/`` (gRPC servicer, start-up) ->
+``params.py`` (the parsing layer) -> ``engine/`` (the MLX thread and its scheduler) ->
+``decoding/`` (sampling, output pipeline) with ``prompt_cache.py`` + ``caches/`` beside it.
 """
 
 if __name__ == "__main__":
     # Before anything loads MLX: restart with the fast BLAS preloaded, whoever started us.
-    import cpu_fast_path
+    from loading import cpu_fast_path
 
     cpu_fast_path.ensure_preloaded()
 
-    import server
+    from edge import startup
 
-    server.main()
+    startup.main()

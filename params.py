@@ -101,10 +101,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-import grammar
-import jsonfield
-import parsers
-import prompt_disk
+from caches import prompt_disk
+from decoding import grammar, parsers
+from parsing import jsonfield
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)

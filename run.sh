@@ -29,6 +29,6 @@ fi
 # reference BLAS bundled in the mlx[cpu] wheel (~30x faster). Prints nothing when it is not
 # installed, off Linux, or with LOCALAI_MLX_BLAS=none; never stops the start.
 if [ "$(uname -s)" = Linux ]; then
-  eval "$("$PY" cpu_fast_path.py --exports 2>/dev/null || true)"
+  eval "$("$PY" -m loading.cpu_fast_path --exports 2>/dev/null || true)"
 fi
 exec "$PY" backend.py "$@"

@@ -15,8 +15,8 @@ import unittest
 import grpc
 
 import backend_pb2
-import model_loader
-from server_process import ServerProcess
+from clients.server_process import ServerProcess
+from loading import model_loader
 
 LOADED = "MLX model loaded successfully"  # LocalAI's backend/python/mlx/test.py compares it
 

@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from profile_step import Step
 
-    import cpu_fast_path
-    import model_loader
+    from loading import cpu_fast_path, model_loader
 
     print(bl.header("G. Decode step: server ms/token over the matmul floor", sys.argv))
     gguf = bl.embedded_gguf()

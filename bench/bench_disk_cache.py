@@ -17,7 +17,7 @@ writes an entry of the same size (target: <= 5% slower).
 
 Target: TTFT after a restart >= 5x faster than cold. Run as the tests are:
 
-    eval "$(python cpu_fast_path.py --exports)"; python bench/bench_disk_cache.py
+    eval "$(python -m loading.cpu_fast_path --exports)"; python bench/bench_disk_cache.py
     python bench/bench_disk_cache.py --rounds 3 --prompt-tokens 2000
 """
 
@@ -35,9 +35,8 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-import cpu_fast_path
-import model_loader
-from prompt_disk import DiskCache
+from caches.prompt_disk import DiskCache
+from loading import cpu_fast_path, model_loader
 
 FP = "bench000bench000:" + "0" * 32
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import cpu_fast_path  # noqa: E402  (standard library only until a function needs MLX)
+from loading import cpu_fast_path  # noqa: E402  (standard library only until a function needs MLX)
 
 LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = LINE * 4 + "Mercury, Venus,"
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    import model_loader
-    from ngram_spec import NgramStats, ngram_generate_step
+    from decoding.ngram_spec import NgramStats, ngram_generate_step
+    from loading import model_loader
 
     command = "python bench/bench_ngram.py " + " ".join(sys.argv[1:])
     model, tok = model_loader.load_model(str(model_loader.embedded_model_path()))

@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:
 
 
 import backend_pb2  # noqa: E402
-import cpu_fast_path  # noqa: E402  (standard library only: no MLX in the driver)
-from server_process import ServerProcess  # noqa: E402  (the harness the tests use)
+from clients.server_process import ServerProcess  # noqa: E402  (the harness the tests use)
+from loading import cpu_fast_path  # noqa: E402  (standard library only: no MLX in the driver)
 
 HOST = "127.0.0.1"
 SERVING = re.compile(r"serving on (\S+:\d+)")
@@ -66,7 +66,7 @@ _WORDS = _WORD_TEXT.split()
 
 def embedded_gguf() -> Path:
     """The embedded SmolLM2-135M GGUF (``model_loader.embedded_model_path``)."""
-    import model_loader
+    from loading import model_loader
 
     return Path(model_loader.embedded_model_path())
 

@@ -39,8 +39,7 @@ class Worker:
         self.tokenizer = None
 
     def load(self, mode: str = "true") -> dict:
-        import cpu_fast_path
-        import model_loader
+        from loading import cpu_fast_path, model_loader
 
         t0 = time.perf_counter()
         model, tokenizer = model_loader.load_model(str(model_loader.embedded_model_path()))

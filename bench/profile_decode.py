@@ -46,7 +46,7 @@ def best_ms(fn, repeats: int) -> float:
 def sweep(rows: list[int], repeats: int) -> None:
     import mlx.core as mx
 
-    import cpu_fast_path
+    from loading import cpu_fast_path
 
     report = cpu_fast_path.check_blas()
     print(f"BLAS {report.library} ({report.gflops:.0f} GFLOP/s), best of {repeats}\n")

@@ -175,7 +175,7 @@ class Step:
         mx.eval(outs)
 
     def norms_compiled(self) -> None:
-        import cpu_fuse
+        from loading import cpu_fuse
 
         norm, _ = cpu_fuse._compiled_classes()
         if not hasattr(self, "_cnorm"):
@@ -184,7 +184,7 @@ class Step:
         self.mx.eval([self._cnorm(self.x) for _ in range(n)])
 
     def rotary_compiled(self) -> None:
-        import cpu_fuse
+        from loading import cpu_fuse
 
         _, rope = cpu_fuse._compiled_classes()
         if not hasattr(self, "_crope"):
@@ -308,15 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", ""):
         # The BLAS must be preloaded before the process starts: run again with it.
         return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode
-    import cpu_fast_path
-    import model_loader
+    from loading import cpu_fast_path, model_loader
 
     print(bl.header("A decode step by operation kind (diagnostic)", sys.argv))
     model, tokenizer = model_loader.load_model(str(model_loader.embedded_model_path()))
     cpu_fast_path.prepare_for_cpu(model, True)
     variants = [("dense float32", model)]
     if args.compare or args.ab:
-        import cpu_fuse
+        from loading import cpu_fuse
 
         fused, _ = model_loader.load_model(str(model_loader.embedded_model_path()))
         cpu_fast_path.prepare_for_cpu(fused, True)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import backend_pb2  # noqa: E402
-from server_process import SERVING, ServerProcess  # noqa: E402, F401  (tests import them here)
+from clients.server_process import SERVING, ServerProcess  # noqa: E402, F401  (tests import them here)
 
 
 @pytest.fixture(scope="session")

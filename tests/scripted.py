@@ -20,8 +20,8 @@ from mlx_lm.models.cache import KVCache
 import backend_pb2
 import backend_pb2_grpc
 import params
-from engine import Engine
-from servicer import BackendServicer
+from edge.servicer import BackendServicer
+from engine.core import Engine
 
 
 class ScriptedModel(nn.Module):

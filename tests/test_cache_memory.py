@@ -14,8 +14,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator
 
-import cpu_fast_path
-import model_loader
+from loading import cpu_fast_path, model_loader
 from prompt_cache import PromptCache, kv_nbytes, materialize
 
 MODEL_KEY = "smol"

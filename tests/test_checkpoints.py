@@ -28,10 +28,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 import backend_pb2
 import backend_pb2_grpc
 import params
-import prompt as prompt_mod
-from engine import Engine
+from edge.servicer import BackendServicer
+from engine import prompt as prompt_mod
+from engine.core import Engine
 from prompt_cache import PromptCache, kv_nbytes, needs_checkpoints
-from servicer import BackendServicer
 
 FAMILIES = list(tiny_models.CONFIGS)
 MAX_TOKENS = 6
@@ -263,7 +263,7 @@ def _mamba_kv(model, n: int) -> list:
 
 
 def test_snapshots_are_kept_as_prefixes_counted_and_evicted(model_root) -> None:
-    from model_loader import load_model
+    from loading.model_loader import load_model
 
     model, _ = load_model(str(tiny_models.build("mamba2", model_root)))
     assert needs_checkpoints(make_prompt_cache(model))
@@ -352,8 +352,8 @@ def test_solo_sequences_take_checkpoints_too(srv, model_root) -> None:
 def test_score_honours_stable_prefix_len(model_root) -> None:
     """Score's stable_prefix_len: a snapshot where the stable characters end serves the
     next prompt sharing only them; the log-probs equal those computed without a cache."""
-    import scoring
-    from model_loader import load_model
+    from loading.model_loader import load_model
+    from tasks import scoring
 
     model, tok = load_model(str(tiny_models.build("mamba2", model_root)))
     cache = PromptCache(max_entries=10)

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-import cpu_fast_path as cfp
+from loading import cpu_fast_path as cfp
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1 << 30

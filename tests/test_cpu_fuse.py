@@ -13,9 +13,7 @@ from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.utils import _get_classes
 
 import backend_pb2 as pb
-import cpu_fast_path
-import cpu_fuse
-import model_loader
+from loading import cpu_fast_path, cpu_fuse, model_loader
 from params import load_params
 
 PROMPTS = (
@@ -188,7 +186,7 @@ def test_applies_only_dense_enabled_cpu():
 @pytest.mark.model
 @pytest.mark.parametrize("option", ["cpu_fuse:true", "cpu_fuse:false"])
 def test_load_applies_transform_on_dense_cpu(option):
-    import loaded_model
+    from loading import loaded_model
 
     path = str(model_loader.embedded_model_path())
     lp = load_params(pb.ModelOptions(Model=path, Options=["cpu_dequantize:true", option]))

@@ -37,12 +37,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mlx_lm.models.cache import KVCache
 
 import backend_pb2
-import distributed
-import engine as engine_mod
-import model_loader
 import params
 from backend_pb2_grpc import BackendStub
+from distributed import coordinator as distributed
+from engine import core as engine_mod
 from errors import FailedPrecondition
+from loading import model_loader
 
 RANKS = 3
 TOKENS = 4

@@ -11,7 +11,7 @@ import pytest
 from conftest import ServerProcess, chat_request
 
 import backend_pb2
-import model_loader
+from loading import model_loader
 
 GGUF = str(model_loader.embedded_model_path())
 STORY = "The old lighthouse keeper climbed the stairs every evening, and one night he saw"

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import backend_pb2
-import model_loader
+from loading import model_loader
 
 CONTEXT = 24
 DEFAULT_TOKENS = 2  # the load option max_tokens

@@ -15,9 +15,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-import gguf_convert
-import model_loader
-from gguf_convert import (
+from loading import gguf_convert, model_loader
+from loading.gguf_convert import (
     build_config,
     build_tokenizer,
     cached_conversion,
@@ -25,7 +24,7 @@ from gguf_convert import (
     gguf_to_mlx_name,
     quantization_config,
 )
-from model_loader import ModelLoadError
+from loading.model_loader import ModelLoadError
 
 REFERENCE = json.loads(
     (Path(__file__).parent / "data" / "smollm2-reference.json").read_text(encoding="utf-8")

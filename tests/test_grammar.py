@@ -1,4 +1,4 @@
-"""grammar.py: reading constraints from a request, and constrained decoding on SmolLM2.
+"""decoding.grammar.py: reading constraints from a request, and constrained decoding on SmolLM2.
 
 Parsing and error tests need no model. The processor contract is checked on the real
 tokenizer with hand-fed token contexts; the decoding tests run the real model in-process:
@@ -23,11 +23,9 @@ from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 import backend_pb2 as pb
-import cpu_fast_path
-import grammar
-import model_loader
-import sampling
-from grammar import Constraint, make_constraint_processor, parse_constraint
+from decoding import grammar, sampling
+from decoding.grammar import Constraint, make_constraint_processor, parse_constraint
+from loading import cpu_fast_path, model_loader
 from params import GenerationParams, generation_params
 
 PERSON = {
@@ -84,7 +82,7 @@ root ::= root-0"""  # noqa: E501
 def smol():
     model, tok = model_loader.load_model(str(model_loader.embedded_model_path()))
     # As the engine does: float32 dense weights when a fast BLAS is preloaded (~6x faster
-    # decoding here, e.g. under `eval "$(python cpu_fast_path.py --exports)"`), else the
+    # decoding here, e.g. under `eval "$(python -m loading.cpu_fast_path --exports)"`), else the
     # quantized model with float32 scales.
     cpu_fast_path.prepare_for_cpu(model, None)
     return model, tok

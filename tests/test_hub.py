@@ -20,10 +20,8 @@ from conftest import ServerProcess
 from hubserver import HubServer
 
 import backend_pb2
-import gguf_convert
-import hub
-import model_loader
-from model_loader import ModelLoadError, load_model, resolve_model
+from loading import gguf_convert, hub, model_loader
+from loading.model_loader import ModelLoadError, load_model, resolve_model
 
 REPO = "test-org/smollm2-mlx"
 GATED = "test-org/gated"
@@ -115,7 +113,7 @@ def test_first_load_downloads_second_uses_cache(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(hub, "PROGRESS_INTERVAL_S", 0.0)
-    caplog.set_level("INFO", logger="localai.mlx.hub")
+    caplog.set_level("INFO", logger="localai.mlx.loading.hub")
     model, tokenizer = load_model(REPO)
     fetched = sorted(r.path.rsplit("/", 1)[1] for r in server.file_gets())
     assert fetched == sorted(p.name for p in mlx_dir.iterdir())  # each file once

@@ -26,8 +26,8 @@ from conftest import ServerProcess, chat_request
 
 import backend_pb2
 import backend_pb2_grpc
-import model_loader
-import scoring
+from loading import model_loader
+from tasks import scoring
 
 pytestmark = pytest.mark.model
 

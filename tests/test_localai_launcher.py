@@ -27,8 +27,8 @@ import pytest
 
 import backend_pb2
 import backend_pb2_grpc
-import cpu_fast_path as cfp
-import model_loader
+from loading import cpu_fast_path as cfp
+from loading import model_loader
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = Path(__file__).resolve().parent / "localai_standin" / "libbackend.sh"

@@ -14,8 +14,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 import backend_pb2
-import cpu_fast_path
-from model_loader import (
+from loading import cpu_fast_path
+from loading.model_loader import (
     ModelLoadError,
     apply_adapter,
     fuse_adapters,
@@ -34,7 +34,7 @@ LORA = {
 
 
 def _embedded() -> str:
-    import model_loader
+    from loading import model_loader
 
     return str(model_loader.embedded_model_path())
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import model_loader
-from model_loader import ModelLoadError, ResolvedModel, load_model, resolve_model
+from loading import model_loader
+from loading.model_loader import ModelLoadError, ResolvedModel, load_model, resolve_model
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 import backend_pb2 as pb
-import cpu_fast_path
-import model_loader
-import sampling
-from ngram_spec import NgramIndex, NgramStats, ngram_generate_step
+from decoding import sampling
+from decoding.ngram_spec import NgramIndex, NgramStats, ngram_generate_step
+from loading import cpu_fast_path, model_loader
 from params import generation_params
 
 PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"

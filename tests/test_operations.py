@@ -30,10 +30,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 import backend_pb2
-import interceptors
-import lifecycle
-import model_loader
 import params
+from edge import interceptors, lifecycle
+from loading import model_loader
 
 TOKEN = "s3cret-token-0123456789"
 REFERENCE = json.loads((Path(__file__).parent / "data" / "smollm2-reference.json").read_text())
@@ -258,7 +257,7 @@ def test_auth_required_on_unary_and_streaming_rpcs(auth_server):
     logs = auth_server.logs()
     assert "bearer-token auth on" in logs
     # --log-level debug beat LOCALAI_LOG_LEVEL=error: the denials are logged at DEBUG.
-    assert "DEBUG localai.mlx.interceptors: denied /backend.Backend/Health" in logs
+    assert "DEBUG localai.mlx.edge.interceptors: denied /backend.Backend/Health" in logs
     assert TOKEN not in logs and "guess-42" not in logs
 
 
@@ -333,7 +332,7 @@ def test_request_log_line_carries_correlation_id(server):
     )
     reply = server.stub.Predict(req)
     pattern = (
-        r"INFO localai\.mlx\.scheduler: request abc-123: prompt=(\d+) cached=(\d+) "
+        r"INFO localai\.mlx\.engine\.scheduler: request abc-123: prompt=(\d+) cached=(\d+) "
         r"generated=(\d+) ttft=[\d.]+ms tok/s=[\d.]+ finish=(\w+)"
     )
     assert wait_until(lambda: re.search(pattern, server.logs()), 5)
@@ -467,7 +466,7 @@ def test_sigterm_lets_an_in_flight_stream_finish():
         assert srv.proc.wait(60) == 0
         logs = srv.logs()
         assert "SIGTERM received" in logs and "finish=length" in logs
-        assert logs.index("finish=length") < logs.index("INFO localai.mlx.server: stopped")
+        assert logs.index("finish=length") < logs.index("INFO localai.mlx.edge.startup: stopped")
         assert "Traceback" not in logs
     finally:
         srv.stop()
@@ -492,7 +491,7 @@ def test_sigterm_cancels_a_stream_that_outlives_the_grace():
         logs = srv.logs()
         # The engine job was cancelled, not left running.
         assert re.search(r"request -: .* finish=cancelled", logs, re.IGNORECASE), logs
-        assert "INFO localai.mlx.server: stopped" in logs
+        assert "INFO localai.mlx.edge.startup: stopped" in logs
     finally:
         srv.stop()
 
@@ -538,11 +537,11 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
         assert wait_until(lambda: process_gone(watched), 10), watched_log.read_text()
         exited_after = time.monotonic() - t0
         logs = watched_log.read_text()  # stderr only: stdout went to /dev/null
-        assert re.search(r"WARNING localai\.mlx\.lifecycle: parent process \d+ is gone", logs)
+        assert re.search(r"WARNING localai\.mlx\.edge\.lifecycle: parent process \d+ is gone", logs)
         # The graceful path of SIGTERM, to the end.
-        assert "SIGTERM received" in logs and "INFO localai.mlx.server: stopped" in logs
+        assert "SIGTERM received" in logs and "INFO localai.mlx.edge.startup: stopped" in logs
         # LOCALAI_LOG_LEVEL=trace (LocalAI's name) means DEBUG here.
-        assert "DEBUG localai.mlx.lifecycle: parent watch: pid" in logs
+        assert "DEBUG localai.mlx.edge.lifecycle: parent watch: pid" in logs
         assert exited_after < 5
         # Watch off: still alive many intervals later, still serving.
         time.sleep(1.0)
@@ -551,7 +550,7 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
         assert wait_until(lambda: process_gone(unwatched), 15)
         logs = unwatched_log.read_text()
         assert "parent watch:" not in logs and "SIGINT received" in logs
-        assert "INFO localai.mlx.server: stopped" in logs
+        assert "INFO localai.mlx.edge.startup: stopped" in logs
     finally:
         for pid in (watched, unwatched):
             if not process_gone(pid):

@@ -32,8 +32,8 @@ from mlx_lm.tool_parsers import json_tools, mistral
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from output import Delta, OutputPipeline, ToolCall, _byte_decoder, initial_state_for
-from tool_calls import merge_tool_call_deltas, parse_tool_block
+from decoding.output import Delta, OutputPipeline, ToolCall, _byte_decoder, initial_state_for
+from decoding.tool_calls import merge_tool_call_deltas, parse_tool_block
 
 EOS_TEXT = "<|im_end|>"
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]

@@ -12,17 +12,16 @@ import pytest
 from mlx_lm import tokenizer_utils
 from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
 
-import gguf_convert
-import model_loader
-from output import OutputPipeline, initial_state_for
-from parsers import (
+from decoding.output import OutputPipeline, initial_state_for
+from decoding.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,
     apply_parser_overrides,
     resolve_reasoning_markers,
     resolve_tool_parser,
 )
-from tool_calls import merge_tool_call_deltas
+from decoding.tool_calls import merge_tool_call_deltas
+from loading import gguf_convert, model_loader
 
 
 @pytest.fixture(scope="module")

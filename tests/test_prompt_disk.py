@@ -22,10 +22,9 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, load_prompt_cache, make_prompt_cache
 
-import cpu_fast_path
-import model_loader
-import prompt_disk
-from prompt_disk import DiskCache, model_fingerprint, safe_cache_dir
+from caches import prompt_disk
+from caches.prompt_disk import DiskCache, model_fingerprint, safe_cache_dir
+from loading import cpu_fast_path, model_loader
 
 FP = "0123456789abcdef:" + "a" * 32
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +175,7 @@ def test_damaged_file_is_skipped_once_and_deleted(tmp_path, caplog, damage):
 
     restarted = DiskCache(tmp_path, 1 << 20, FP)
     assert len(restarted) == 1  # the header alone looks fine
-    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompt_disk"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
         assert restarted.lookup([1, 2, 3, 4, 5]) is None
         assert restarted.lookup([1, 2, 3, 4, 5]) is None
     warnings = [r for r in caplog.records if "checksum mismatch" in r.getMessage()]
@@ -191,7 +190,7 @@ def test_garbage_header_is_deleted_at_start(tmp_path, caplog):
     bad.write_bytes(b"\xff" * 100)
     other = tmp_path / "notes.txt"  # not ours: never touched
     other.write_text("keep me")
-    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompt_disk"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
         cache = DiskCache(tmp_path, 1 << 20, FP)
     assert not bad.exists() and other.read_text() == "keep me"
     assert "unreadable header" in caplog.text and cache.stats().corrupt == 1
@@ -277,7 +276,7 @@ def test_model_fingerprint(tmp_path):
 def test_unwritable_directory_serves_on(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with caplog.at_level(logging.ERROR, logger="localai.mlx.prompt_disk"):
+    with caplog.at_level(logging.ERROR, logger="localai.mlx.caches.prompt_disk"):
         cache = DiskCache(blocker / "cache", 1 << 20, FP)  # root can't mkdir under a file
         assert not cache.put([1, 2], token_kv([1, 2]))
         assert cache.lookup([1, 2, 3]) is None
@@ -295,7 +294,7 @@ def test_full_or_read_only_disk_stops_writing_once(tmp_path, caplog, monkeypatch
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(prompt_disk, "_write_all", fail)
-    with caplog.at_level(logging.ERROR, logger="localai.mlx.prompt_disk"):
+    with caplog.at_level(logging.ERROR, logger="localai.mlx.caches.prompt_disk"):
         assert cache.put([7, 8], token_kv([7, 8]))
         assert cache.flush(30)
         assert not cache.put([9, 9], token_kv([9, 9]))  # writing has stopped
@@ -335,7 +334,7 @@ def test_full_queue_drops_without_blocking(tmp_path, caplog, monkeypatch):
 
     monkeypatch.setattr(prompt_disk, "_write_all", slow)
     cache = DiskCache(tmp_path, 1 << 20, FP, queue_size=1)
-    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompt_disk"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
         results = [cache.put([i, i + 1], token_kv([i, i + 1])) for i in range(1, 20, 2)]
     gate.set()
     assert cache.flush(30)
@@ -381,7 +380,7 @@ CHILD = textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, {root!r})
-    import prompt_disk
+    from caches import prompt_disk
     from tests.test_prompt_disk import token_kv
     real = prompt_disk._write_all
 

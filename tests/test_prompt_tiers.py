@@ -20,10 +20,10 @@ import pytest
 from conftest import ServerProcess, backend_pb2
 from mlx_lm.models.cache import KVCache
 
-import model_loader
 import params
+from caches.prompt_tiers import TieredPromptCache
+from loading import model_loader
 from prompt_cache import PromptCache
-from prompt_tiers import TieredPromptCache
 
 GGUF = str(model_loader.embedded_model_path())
 # ~300 tokens of plain text (raw prompt, no template), distinct openings per test.

@@ -26,8 +26,8 @@ from transformers import PreTrainedTokenizerFast
 
 import backend_pb2
 import params
-import prompt as prompt_mod
-from reasoning_budget import ReasoningBudgetProcessor, make_budget_processor
+from decoding.reasoning_budget import ReasoningBudgetProcessor, make_budget_processor
+from engine import prompt as prompt_mod
 
 XTML = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
 

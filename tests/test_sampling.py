@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.sample_utils import greedy_sampler
 
 import backend_pb2 as pb
-import sampling
+from decoding import sampling
 from params import GenerationParams, generation_params
 
 VOCAB = 32

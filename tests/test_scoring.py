@@ -1,4 +1,4 @@
-"""scoring.py on the real embedded SmolLM2-135M: Score log-probs and Embedding vectors."""
+"""tasks.scoring.py on the real embedded SmolLM2-135M: Score log-probs and Embedding vectors."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import math
 import mlx.core as mx
 import pytest
 
-import embedding
-import model_loader
-import scoring
 from errors import Cancelled
+from loading import model_loader
 from prompt_cache import PromptCache
+from tasks import embedding, scoring
 
 PROMPT = "The capital of France is"
 

@@ -257,7 +257,7 @@ def test_inference_before_load_is_failed_precondition(empty_server):
 
 
 def test_free_then_load_again_and_cold_output_equals_cached(stub, server):
-    import model_loader
+    from loading import model_loader
 
     prompt = "Lighthouses guide ships at night because"
     stub.Predict(greedy(prompt, tokens=8))  # leaves the prompt in the cache

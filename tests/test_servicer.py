@@ -15,13 +15,13 @@ import pytest
 
 import backend_pb2
 import backend_pb2_grpc
-from engine import StatusSnapshot
+from decoding.output import Delta
+from edge.servicer import LOAD_SUCCESS_MESSAGE, BackendServicer
+from engine.core import StatusSnapshot
+from engine.jobs import Event
+from engine.scheduler import RequestMetrics
 from errors import FailedPrecondition, ModelLoadError, NotFound, ResourceExhausted, Unavailable
-from jobs import Event
-from output import Delta
 from params import GenerationRequest, LoadParams
-from scheduler import RequestMetrics
-from servicer import LOAD_SUCCESS_MESSAGE, BackendServicer
 
 
 class FakeJob:

@@ -20,7 +20,7 @@ from test_output import PIECES, WEATHER, build_hf, ids
 
 import backend_pb2
 import params
-import prompt as prompt_mod
+from engine import prompt as prompt_mod
 
 GET_TIME = '{"name": "get_time", "arguments": {}}'
 
@@ -132,8 +132,7 @@ def test_stop_sequence_inside_scripted_content(served, tok):
 
 @pytest.fixture(scope="module")
 def smollm_tok():
-    import gguf_convert
-    import model_loader
+    from loading import gguf_convert, model_loader
 
     return tokenizer_utils.load(gguf_convert.cached_conversion(model_loader.embedded_model_path()))
 

@@ -24,11 +24,10 @@ from mlx_lm.tool_parsers import (
     qwen3_coder,
 )
 
-import gguf_convert
-import model_loader
-from output import OutputPipeline
-from parsers import apply_parser_overrides
-from tool_calls import ToolCall, ToolCallDelta, merge_tool_call_deltas
+from decoding.output import OutputPipeline
+from decoding.parsers import apply_parser_overrides
+from decoding.tool_calls import ToolCall, ToolCallDelta, merge_tool_call_deltas
+from loading import gguf_convert, model_loader
 
 
 @pytest.fixture(scope="module")

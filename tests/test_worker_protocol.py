@@ -25,8 +25,8 @@ import tiny_models
 from conftest import ROOT, ServerProcess
 
 import backend_pb2
-import distributed
 import params
+from distributed import coordinator as distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -17,8 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import _get_classes, save_model
 
-import gguf_convert
-import model_loader
+from loading import gguf_convert, model_loader
 
 VOCAB = 49152  # the embedded SmolLM2 tokenizer's vocabulary
 _COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "tie_word_embeddings": True}

@@ -37,9 +37,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-import prompt as prompt_mod
+from decoding.output import OutputPipeline
+from engine import prompt as prompt_mod
 from errors import Cancelled
-from output import OutputPipeline
 from prompt_cache import PromptCache, common_prefix, needs_checkpoints
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import Any
 
 import jinja2
 
-from output import initial_state_for
+from decoding.output import initial_state_for
 from params import PromptSpec
 from prompt_cache import common_prefix
 

@@ -43,16 +43,16 @@ from mlx_lm.generate import (
 )
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-import sampling
+from caches.prompt_tiers import TieredPromptCache
+from decoding import sampling
+from decoding.ngram_spec import ngram_generate_step
+from decoding.output import Delta, OutputPipeline
+from decoding.reasoning_budget import make_budget_processor
+from engine.jobs import Job
 from errors import BackendError, Cancelled, FailedPrecondition, InvalidArgument, ResourceExhausted
-from jobs import Job
-from loaded_model import LoadedModel
-from ngram_spec import ngram_generate_step
-from output import Delta, OutputPipeline
+from loading.loaded_model import LoadedModel
 from params import MAX_TOKENS_CAP, GenerationParams
 from prompt_cache import PromptCache, needs_checkpoints
-from prompt_tiers import TieredPromptCache
-from reasoning_budget import make_budget_processor
 
 logger = logging.getLogger("localai.mlx." + __name__)
 

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from decoding.output import Delta
 from errors import BackendError
-from output import Delta
 from params import GenerationRequest
 
 # Undelivered events one job may accumulate (about one per generated token) before the

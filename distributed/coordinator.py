@@ -62,16 +62,15 @@ from mlx.nn.layers import distributed as dist_layers
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generation_stream
 
-import cpu_fast_path
-import model_loader
-from engine import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
+from decoding.output import Delta
+from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
+from engine.jobs import Job
+from engine.scheduler import GroupHooks
 from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
-from jobs import Job
-from loaded_model import LoadedModel, validate
-from output import Delta
+from loading import cpu_fast_path, model_loader
+from loading.loaded_model import LoadedModel, validate
 from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
 from prompt_cache import CacheLookup, PromptCache
-from scheduler import GroupHooks
 
 logger = logging.getLogger("localai.mlx.distributed")
 
@@ -1047,7 +1046,7 @@ def env_defaults() -> dict[str, str]:
 
 def join_timeout_default() -> float:
     """``LOCALAI_MLX_JOIN_TIMEOUT`` (seconds, or "10m") or JOIN_TIMEOUT; ValueError names it."""
-    import lifecycle
+    from edge import lifecycle
 
     text = os.environ.get(JOIN_TIMEOUT_ENV, "").strip()
     if not text:

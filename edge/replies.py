@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import backend_pb2
-from jobs import Event
-from tool_calls import merge_tool_call_deltas
+from decoding.tool_calls import merge_tool_call_deltas
+from engine.jobs import Event
 
 
 class Accumulator:

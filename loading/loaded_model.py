@@ -19,12 +19,9 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-import cpu_fast_path
-import cpu_fuse
-import grammar
-import model_loader
-import parsers
+from decoding import grammar, parsers
 from errors import ModelLoadError
+from loading import cpu_fast_path, cpu_fuse, model_loader
 from params import LoadParams
 
 logger = logging.getLogger("localai.mlx." + __name__)

@@ -3,9 +3,9 @@
 
 Examples::
 
-    python client.py --chat "What is the capital of France?"
-    python client.py --prompt "Once upon a time" --temperature 0.8 --seed 7 --max-tokens 64
-    python client.py --load /path/to/model.gguf --chat "Hi"
+    python -m clients.cli --chat "What is the capital of France?"
+    python -m clients.cli --prompt "Once upon a time" --temperature 0.8 --seed 7 --max-tokens 64
+    python -m clients.cli --load /path/to/model.gguf --chat "Hi"
 
 Content streams to stdout as it arrives; reasoning (if any) goes to stderr; usage and
 timings are printed to stderr at the end.

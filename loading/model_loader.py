@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import gguf_convert
-import hub
 from errors import ModelLoadError
+from loading import gguf_convert, hub
 
 logger = logging.getLogger("localai.mlx.model_loader")
 

@@ -28,7 +28,7 @@ from mlx_lm.sample_utils import (
     make_repetition_penalty,
 )
 
-import grammar
+from decoding import grammar
 from params import GenerationParams
 
 Sampler = Callable[[mx.array], mx.array]

@@ -37,7 +37,7 @@ import importlib
 import json
 from typing import Any
 
-from tool_calls import ToolParser
+from decoding.tool_calls import ToolParser
 
 __all__ = [
     "REASONING_PARSERS",

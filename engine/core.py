@@ -29,12 +29,11 @@ from typing import Any
 
 import mlx.core as mx
 
-import loaded_model
-import model_calls
-import model_host
-import prompt as prompt_mod
-import prompt_tiers
-import scoring
+from caches import prompt_tiers
+from engine import model_calls, model_host
+from engine import prompt as prompt_mod
+from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
+from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 from errors import (
     BackendError,
     Cancelled,
@@ -43,10 +42,10 @@ from errors import (
     NotFound,
     ResourceExhausted,
 )
-from jobs import DEFAULT_MAX_PENDING_EVENTS, Job
-from loaded_model import LoadedModel
+from loading import loaded_model
+from loading.loaded_model import LoadedModel
 from params import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, GenerationRequest, LoadParams
-from scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
+from tasks import scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import mlx.core as mx
 
-import loaded_model
-import model_calls
-import prompt_tiers
+from caches import prompt_tiers
+from engine import model_calls
+from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 from errors import BackendError, FailedPrecondition, ModelLoadError
-from loaded_model import LoadedModel
+from loading import loaded_model
+from loading.loaded_model import LoadedModel
 from params import LoadParams
 from prompt_cache import PromptCache
-from scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 
 logger = logging.getLogger("localai.mlx." + __name__)
 

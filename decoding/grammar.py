@@ -53,7 +53,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-import jsonfield
+from parsing import jsonfield
 
 logger = logging.getLogger("localai.mlx.grammar")
 

@@ -20,12 +20,12 @@ from grpc_health.v1 import health, health_pb2
 
 import backend_pb2
 import backend_pb2_grpc
-import grammar
 import params
-from engine import Engine
+from decoding import grammar
+from edge.replies import Accumulator
+from engine.core import Engine
+from engine.jobs import Event
 from errors import BackendError, InvalidArgument
-from jobs import Event
-from replies import Accumulator
 
 logger = logging.getLogger("localai.mlx." + __name__)
 

@@ -12,12 +12,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import embedding
-import prompt as prompt_mod
-import scoring
+from engine import prompt as prompt_mod
 from errors import InvalidArgument
-from loaded_model import LoadedModel
+from loading.loaded_model import LoadedModel
 from prompt_cache import PromptCache
+from tasks import embedding, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from caches.prompt_disk import DiskCache, model_fingerprint
 from prompt_cache import CacheLookup, CacheStats, PromptCache, trim_exactly
-from prompt_disk import DiskCache, model_fingerprint
 
 __all__ = ["MAX_DISK_DIRS", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
 
@@ -58,12 +58,12 @@ def load_fingerprint(params: Any, cpu_mode: str = "", distributed: str = "") -> 
     Resolves paths only (no download). Raises ``ValueError`` or ``ModelLoadError`` when
     a file is missing.
     """
-    import model_loader
+    from loading import model_loader
 
     def weights_of(model: str, model_file: str) -> Any:
         resolved = model_loader.resolve_model(model, model_file, params.model_path)
         if resolved.kind == "gguf":
-            import gguf_convert
+            from loading import gguf_convert
 
             converted = gguf_convert.default_cache_dir() / gguf_convert.cache_key(resolved.path)
             if (converted / "config.json").is_file():

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import prompt_disk_format as fmt
+from caches import prompt_disk_format as fmt
+from caches.prompt_disk_format import FORMAT_VERSION, model_fingerprint, safe_cache_dir
 from prompt_cache import check_kv_holds, common_prefix
-from prompt_disk_format import FORMAT_VERSION, model_fingerprint, safe_cache_dir
 
 __all__ = [
     "FORMAT_VERSION",

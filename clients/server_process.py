@@ -23,7 +23,7 @@ import grpc
 import backend_pb2
 import backend_pb2_grpc
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"serving on (\S+:\d+)")
 
 

@@ -23,14 +23,13 @@ from grpc_reflection.v1alpha import reflection
 
 import backend_pb2
 import backend_pb2_grpc
-import interceptors
-import lifecycle
-import model_loader
-from engine import Engine
-from servicer import BackendServicer
+from edge import interceptors, lifecycle
+from edge.servicer import BackendServicer
+from engine.core import Engine
+from loading import model_loader
 
 if TYPE_CHECKING:  # distributed imports MLX; only its type is named here
-    from distributed import Coordinator
+    from distributed.coordinator import Coordinator
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -238,7 +237,9 @@ def _join_group(args: argparse.Namespace) -> Coordinator | None:
     """``--distributed``: join the MLX group; ranks other than 0 follow rank 0 and exit
     here (0 when rank 0 stopped them, 1 when the group broke). Returns rank 0's
     coordinator, or None for a group of one process."""
-    import distributed  # imports MLX, which backend.py otherwise leaves to the engine
+    from distributed import (
+        coordinator as distributed,  # imports MLX, which backend.py otherwise leaves to the engine
+    )
 
     try:
         group = distributed.init_group(args.distributed_backend)
@@ -304,7 +305,7 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _worker_settings(args: argparse.Namespace) -> tuple[dict[str, str], float]:
     """(hostfile/backend/coordinator defaults: flags over LocalAI's env, join timeout)."""
-    import distributed
+    from distributed import coordinator as distributed
 
     env = distributed.env_defaults()
     settings = {
@@ -322,7 +323,9 @@ def _run_worker(args: argparse.Namespace) -> None:
     """``--worker``: join the hostfile's group as rank ``--rank`` and follow rank 0;
     exits 2 on bad arguments, 1 when the group could not form or broke, 0 when rank 0
     stopped it."""
-    import distributed  # imports MLX, which backend.py otherwise leaves to the engine
+    from distributed import (
+        coordinator as distributed,  # imports MLX, which backend.py otherwise leaves to the engine
+    )
 
     try:
         if args.distributed:
@@ -359,7 +362,7 @@ def _join_on_load(args: argparse.Namespace) -> Engine:
     """Rank 0 of LocalAI's worker protocol (or a plain single process): an engine that
     joins the group named at LoadModel (or by --hostfile / the env). Exits 2 on bad
     arguments."""
-    import distributed
+    from distributed import coordinator as distributed
 
     try:
         settings, join_timeout = _worker_settings(args)

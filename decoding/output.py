@@ -40,7 +40,7 @@ from mlx_lm.tokenizer_utils import (
 )
 from tokenizers import decoders as hf_decoders
 
-from tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
+from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 
 __all__ = [
     "Delta",

@@ -524,7 +524,7 @@ def ensure_preloaded(argv: Iterable[str] | None = None) -> None:
 
 
 def _main(argv: Iterable[str]) -> int:
-    """``python cpu_fast_path.py --exports``: print the shell exports for run.sh."""
+    """``python -m loading.cpu_fast_path --exports``: print the shell exports for run.sh."""
     args = list(argv)
     if args == ["--exports"]:
         sys.stdout.write(shell_exports())
@@ -533,7 +533,7 @@ def _main(argv: Iterable[str]) -> int:
         report = check_blas()
         sys.stdout.write(f"{report.library} {report.gflops:.1f} GFLOP/s fast={report.fast}\n")
         return 0
-    sys.stderr.write("usage: cpu_fast_path.py --exports | --check\n")
+    sys.stderr.write("usage: python -m loading.cpu_fast_path --exports | --check\n")
     return 2
 
 

@@ -1,0 +1,9 @@
+"""Decoding: turning logits into tokens and tokens into the deltas a client sees.
+
+- ``sampling``: per-request samplers and logits processors (bias, penalties, grammar).
+- ``grammar``: llguidance constraints (GBNF, JSON schema) compiled for the tokenizer.
+- ``reasoning_budget``: forcing the end of a think block after N tokens.
+- ``ngram_spec``: n-gram (prompt lookup) speculative decoding.
+- ``output``: the output pipeline: UTF-8, stop sequences, reasoning/content/tool deltas, logprobs.
+- ``tool_calls``: streaming tool-call parsing; ``parsers``: which mlx-lm parser a model uses.
+"""

@@ -1,0 +1,1 @@
+"""Tasks other than generation: ``scoring`` (the Score RPC) and ``embedding``."""
