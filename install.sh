@@ -24,7 +24,10 @@ if [ -f "$backend_dir/../../backend.proto" ] && [ -f "$backend_dir/backend.proto
   mv "$backend_dir/backend.proto" "$backend_dir/backend.proto.standalone"
 fi
 
-USE_PIP=${USE_PIP:-true}
+# LocalAI's images install with uv (libbackend.sh's default); where there is no uv, pip.
+if [ -z "${USE_PIP:-}" ] && ! command -v uv >/dev/null 2>&1; then
+  USE_PIP=true
+fi
 # shellcheck source=/dev/null
 source "$lib"
 installRequirements

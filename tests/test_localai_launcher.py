@@ -1,12 +1,12 @@
-"""The project inside LocalAI's tree: install.sh / run.sh / test.sh through libbackend.sh.
+"""The project inside LocalAI's tree: install.sh / run.sh / test.sh through LocalAI's own
+``libbackend.sh``.
 
 A temporary tree shaped like LocalAI's source (``backend/backend.proto``,
 ``backend/python/common/libbackend.sh``, ``backend/python/mlx/`` = a copy of this project)
-with a stand-in ``libbackend.sh`` (``tests/localai_standin/``) that behaves as LocalAI's:
-build profile from ``BUILD_TYPE``/``CUDA_MAJOR_VERSION``, ``venv/`` next to the backend,
-requirement files in LocalAI's order, protoc with ``-I../../ -I./``, and
-``exec venv/bin/python backend.py "$@"``. Only the package download is replaced: the venv
-reuses this interpreter's packages and install checks they satisfy each file.
+with the real ``libbackend.sh`` as LocalAI ships it (``../shared/localai/``, or the file
+named by ``LOCALAI_LIBBACKEND``). The tree's ``venv`` is this test run's own virtual
+environment, so ``installRequirements`` finds every requirement satisfied (nothing is
+downloaded but the throw-away protoc environment ``runProtogen`` builds).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -31,23 +30,39 @@ from loading import cpu_fast_path as cfp
 from loading import model_loader
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = Path(__file__).resolve().parent / "localai_standin" / "libbackend.sh"
 SERVING = re.compile(r"serving on (\S+:\d+)")
 LINUX = sys.platform.startswith("linux")
 _SKIP = {".git", ".venv", "venv", "tests", "bench", "__pycache__", ".pytest_cache"}
 _SKIP |= {".ruff_cache", ".hypothesis", ".cache", "backend_pb2.py", "backend_pb2_grpc.py"}
 
-pytestmark = pytest.mark.skipif(not LINUX, reason="the stand-in libbackend.sh is for Linux")
+
+def _libbackend() -> Path | None:
+    """LocalAI's ``backend/python/common/libbackend.sh``: $LOCALAI_LIBBACKEND, else the copy
+    in ``shared/localai/`` beside this checkout."""
+    named = os.environ.get("LOCALAI_LIBBACKEND")
+    candidates = [Path(named)] if named else []
+    candidates += [ROOT.parent / "shared" / "localai" / "libbackend.sh"]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+LIBBACKEND = _libbackend()
+IN_VENV = (Path(sys.prefix) / "pyvenv.cfg").is_file()
+
+pytestmark = [
+    pytest.mark.skipif(not LINUX, reason="these tests drive LocalAI's Linux launcher"),
+    pytest.mark.skipif(
+        LIBBACKEND is None,
+        reason="LocalAI's libbackend.sh not found: set LOCALAI_LIBBACKEND or put it in "
+        "../shared/localai/",
+    ),
+    pytest.mark.skipif(not IN_VENV, reason="needs a virtual environment to lend the tree"),
+]
 
 
 def _env(**extra: str) -> dict[str, str]:
     drop = {"LD_PRELOAD", "VIRTUAL_ENV", "BUILD_TYPE", "CUDA_MAJOR_VERSION", "PYTHONPATH"}
     env = {k: v for k, v in os.environ.items() if k not in drop and k != cfp.REEXEC_GUARD_ENV}
-    env.update(
-        STANDIN_PYTHON=getattr(sys, "_base_executable", sys.executable),
-        STANDIN_SITE_PACKAGES=sysconfig.get_paths()["purelib"],
-        **extra,
-    )
+    env.update(**extra)
     return env
 
 
@@ -57,31 +72,49 @@ def tree(tmp_path_factory) -> Path:
     top = tmp_path_factory.mktemp("localai") / "backend"
     (top / "python" / "common").mkdir(parents=True)
     shutil.copy(ROOT / "backend.proto", top / "backend.proto")  # LocalAI's own contract
-    shutil.copy(STANDIN, top / "python" / "common" / "libbackend.sh")
+    shutil.copy(LIBBACKEND, top / "python" / "common" / "libbackend.sh")
     mlx = top / "python" / "mlx"
     shutil.copytree(ROOT, mlx, ignore=lambda _dir, names: [n for n in names if n in _SKIP])
+    (mlx / "venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     out = subprocess.run(
         ["bash", "install.sh"],
         cwd=mlx,
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "Requirement already satisfied: mlx-lm==" in out.stdout, out.stdout[-4000:]
     return mlx
 
 
+# Runs LocalAI's installRequirements on the tree with `pip` replaced by a function that
+# only names the file it was given: which files LocalAI installs for a build profile.
+_PROFILE_PROBE = """
+USE_PIP=true
+source ../common/libbackend.sh
+pip() { echo "requirements file: ${@: -1}"; }
+runProtogen() { :; }
+installRequirements
+"""
+
+
 def _files_read(tree: Path, **env: str) -> list[str]:
-    out = subprocess.run(
-        ["bash", "install.sh"],
-        cwd=tree,
-        env=_env(STANDIN_DRY_RUN="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    probe = tree / "probe_profile.sh"
+    probe.write_text(_PROFILE_PROBE)
+    try:
+        out = subprocess.run(
+            ["bash", probe.name],
+            cwd=tree,
+            env=_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    finally:
+        probe.unlink()
     return [Path(m).name for m in re.findall(r"^requirements file: (\S+)$", out, re.M)]
 
 
