@@ -1,19 +1,26 @@
-"""Shared fixtures: a real backend process on a free port, serving the embedded model
-(``server_process.ServerProcess``, the harness the benchmarks use too)."""
+"""Fixtures shared by the tiers (each tier's conftest.py marks its folder's tests).
+
+- ``server`` / ``stub``: a real backend process on a free port serving the embedded model
+  (``clients.server_process.ServerProcess``, the harness the benchmarks use too), shared by
+  the whole session; ``empty_server``: one with no model loaded.
+- ``mlx_dir`` / ``hub_server``: the embedded model as an MLX directory, served by the local
+  Hugging Face Hub stand-in (tests/hubserver.py); ``hub``: that hub with a clean request
+  log, HF_ENDPOINT pointing at it and HF_HOME in the test's tmp_path.
+
+Helpers to import live beside this file: helpers.py, inprocess.py, scripted.py,
+toy_tokenizer.py, tiny_models.py, hubserver.py; data/ holds the pinned reference.
+"""
 
 from __future__ import annotations
 
-import inspect
-import sys
 from pathlib import Path
 
 import pytest
+import tiny_models
+from hubserver import HubServer, serve_embedded
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import backend_pb2  # noqa: E402
-from clients.server_process import SERVING, ServerProcess  # noqa: E402, F401  (tests import them here)
+import backend_pb2
+from clients.server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -43,56 +50,35 @@ def empty_server():
         srv.stop()
 
 
-def chat_request(user: str, system: str = "", **fields) -> backend_pb2.PredictOptions:
-    """A chat request as LocalAI sends it: template on, messages, explicit sampling fields."""
-    req = backend_pb2.PredictOptions(UseTokenizerTemplate=True, **fields)
-    if system:
-        req.Messages.add(role="system", content=system)
-    req.Messages.add(role="user", content=user)
-    return req
+@pytest.fixture(scope="session")
+def mlx_dir() -> Path:
+    """The embedded GGUF converted once into an mlx-lm directory (the served repo)."""
+    return tiny_models.tokenizer_dir()
 
 
-def stream_text(stub, req) -> tuple[str, list]:
-    replies = list(stub.PredictStream(req))
-    return "".join(r.message.decode("utf-8") for r in replies), replies
-
-
-# --- tiers ---------------------------------------------------------------------------
-# `make test-fast` runs `pytest -m "not model and not slow"`: no model, no backend process,
-# well under a minute. A test is in the model tier when its module always needs a model or
-# processes, when it uses one of these fixtures, or when its body starts a process or loads
-# a model itself. `distributed` marks the multi-process group tests (the slowest).
-MODEL_FIXTURES = frozenset(
-    {"server", "stub", "empty_server", "small_server", "auth_server", "fuzz_server", "other",
-     "smol", "smollm2", "cluster", "lm", "france", "base", "tiny", "hub_server", "mlx_dir",
-     "reference", "tree", "hf_cache"}
-)  # fmt: skip
-MODEL_MODULES = frozenset(
-    {"test_batching", "test_cache_memory", "test_cpu_fast_path", "test_distributed",
-     "test_features", "test_fuzz", "test_hub", "test_localai_launcher", "test_lora",
-     "test_ngram", "test_prompt_disk", "test_scoring", "test_checkpoints", "test_isolation",
-     "test_prompt_tiers", "test_worker_protocol"}
-)  # fmt: skip
-DISTRIBUTED_MODULES = frozenset({"test_distributed", "test_worker_protocol"})
-_STARTS_HEAVY = ("ServerProcess(", "InProcessServer(", "load_model(", "subprocess.")
-
-
-def _body_starts_heavy(item: pytest.Item) -> bool:
+@pytest.fixture(scope="module")
+def hub_server(mlx_dir: Path):
+    """The hub stand-in serving the embedded model (``hubserver.serve_embedded``)."""
+    server: HubServer = serve_embedded(mlx_dir)
     try:
-        source = inspect.getsource(item.function)
-    except (OSError, TypeError, AttributeError):
-        return False
-    return any(marker in source for marker in _STARTS_HEAVY)
+        yield server
+    finally:
+        server.stop()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.module.__name__ if item.module is not None else ""
-        if module in DISTRIBUTED_MODULES:
-            item.add_marker(pytest.mark.distributed)
-        if (
-            module in MODEL_MODULES
-            or MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
-            or _body_starts_heavy(item)
-        ):
-            item.add_marker(pytest.mark.model)
+@pytest.fixture
+def hub(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubServer:
+    """The hub stand-in with a clean request log, HF_ENDPOINT on it and HF_HOME in tmp."""
+    from huggingface_hub import constants
+
+    hub_server.requests.clear()
+    hub_server.drops.clear()
+    hub_server.failures.clear()
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    for name in ("HF_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    return hub_server

@@ -296,3 +296,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 sent += len(chunk)
                 remaining -= len(chunk)
+
+
+# The embedded SmolLM2 as the tests serve it.
+REPO = "test-org/smollm2-mlx"  # its converted MLX directory
+GATED = "test-org/gated"  # the same, gated: needs TOKEN
+GGUF_REPO = "test-org/smollm2-gguf"  # the GGUF file itself
+TOKEN = "hf_test_token"
+
+
+def serve_embedded(mlx_dir: Path) -> HubServer:
+    """A started hub serving ``mlx_dir`` (the embedded model converted) as ``REPO`` and
+    ``GATED``, and the embedded GGUF as ``GGUF_REPO``."""
+    from loading import model_loader
+
+    server = HubServer()
+    server.add_repo(REPO, mlx_dir)
+    server.add_repo(GATED, mlx_dir, token=TOKEN)
+    gguf = model_loader.embedded_model_path()
+    server.add_repo(GGUF_REPO, {gguf.name: gguf})
+    return server.start()

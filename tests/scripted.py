@@ -1,4 +1,4 @@
-"""A scripted fake model and an in-process gRPC server around the real engine.
+"""A scripted fake model, served by ``inprocess.InProcessServer`` around the real engine.
 
 The fake model replays fixed token ids through mlx-lm's ``BatchGenerator``: the next token
 depends only on the position (the KV cache offset), so prompt caching and batching keep
@@ -8,20 +8,11 @@ is the production code.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 
-import grpc
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
-
-import backend_pb2
-import backend_pb2_grpc
-import params
-from edge.servicer import BackendServicer
-from engine.core import Engine
 
 
 class ScriptedModel(nn.Module):
@@ -48,7 +39,7 @@ class ScriptedModel(nn.Module):
 
     def __call__(self, inputs: mx.array, cache=None, **kwargs) -> mx.array:
         if self.step_seconds:
-            time.sleep(self.step_seconds)
+            time.sleep(self.step_seconds)  # deliberate: the cost of a forward pass
         batch, length = inputs.shape
         layer = cache[0]
         dummy = mx.zeros((batch, 1, length, 1))
@@ -60,35 +51,3 @@ class ScriptedModel(nn.Module):
         token = self.tokens[index]
         hot = (mx.arange(self.vocab_size)[None, :] == token[:, None]).astype(mx.float32) * 50.0
         return mx.broadcast_to(hot[:, None, :], (batch, length, self.vocab_size))
-
-
-class InProcessServer:
-    """The real servicer and engine on 127.0.0.1:<free port>, serving ``model``/``tokenizer``."""
-
-    def __init__(self, model, tokenizer, options: list[str] | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.engine = Engine()
-        self.engine.start()
-        load = params.load_params(backend_pb2.ModelOptions(Model="scripted", Options=options))
-        port = asyncio.run_coroutine_threadsafe(
-            self._start(model, tokenizer, load), self.loop
-        ).result(60)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = backend_pb2_grpc.BackendStub(self.channel)
-
-    async def _start(self, model, tokenizer, load) -> int:
-        self.server = grpc.aio.server()
-        backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(self.engine), self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
-        await self.engine.install(model, tokenizer, load)
-        return port
-
-    def stop(self) -> None:
-        self.channel.close()
-        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(30)
-        self.engine.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)

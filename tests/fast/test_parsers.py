@@ -1,0 +1,40 @@
+"""LocalAI's `tool_parser:` / `reasoning_parser:` hints (vLLM names): the mapping to
+mlx-lm's parsers and think markers (no tokenizer). On the real SmolLM2 tokenizer:
+tests/model/test_parsers.py."""
+
+from __future__ import annotations
+
+from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
+
+from decoding.parsers import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    resolve_reasoning_markers,
+    resolve_tool_parser,
+)
+
+
+def test_tool_parser_names_map_to_mlx_lm_parsers():
+    assert resolve_tool_parser("hermes") == (
+        json_tools.parse_tool_call,
+        "<tool_call>",
+        "</tool_call>",
+    )
+    assert resolve_tool_parser("qwen3_coder")[0] is qwen3_coder.parse_tool_call
+    assert resolve_tool_parser("qwen3_xml")[0] is qwen3_coder.parse_tool_call
+    assert resolve_tool_parser("Mistral") == (mistral.parse_tool_call, "[TOOL_CALLS]", "")
+    assert resolve_tool_parser("glm45")[0] is glm47.parse_tool_call
+    _, start, end = resolve_tool_parser("jamba")
+    assert (start, end) == ("<tool_calls>", "</tool_calls>")
+    for name, entry in TOOL_PARSERS.items():  # every mapped name: a callable and a start
+        if entry is not None:
+            parser, start, _ = resolve_tool_parser(name)
+            assert callable(parser) and start
+
+
+def test_reasoning_parser_names_map_to_think_markers():
+    assert resolve_reasoning_markers("deepseek_r1") == ("<think>", "</think>")
+    assert resolve_reasoning_markers("qwen3") == ("<think>", "</think>")
+    assert resolve_reasoning_markers("mistral") == ("[THINK]", "[/THINK]")
+    assert resolve_reasoning_markers("seed-oss") == ("<seed:think>", "</seed:think>")
+    assert all(s and e and s != e for s, e in filter(None, REASONING_PARSERS.values()))

@@ -1,0 +1,72 @@
+"""The prompt cache's disk tier without a server: load options and the request's
+PromptCachePath, and TieredPromptCache falling back to disk and back-filling memory.
+Restarted backend processes: tests/process/test_prompt_tiers.py.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from helpers import held, load_opts, token_kv
+
+import backend_pb2
+import params
+from caches.prompt_tiers import TieredPromptCache
+from prompt_cache import PromptCache
+
+
+def test_load_options_and_request_path(tmp_path):
+    models = tmp_path / "models"
+    lp = load_opts(ModelPath=str(models))
+    assert lp.prompt_cache_dir == "" and lp.prompt_cache_disk_bytes == 10 * 2**30
+    lp = load_opts("prompt_cache_dir:kv", "prompt_cache_disk_bytes:2GiB", ModelPath=str(models))
+    assert lp.prompt_cache_dir == str(models / "kv") and lp.prompt_cache_disk_bytes == 2 * 2**30
+    with pytest.raises(ValueError, match="prompt_cache_disk_bytes"):
+        load_opts("prompt_cache_disk_bytes:lots")
+
+    def gen(load, path):
+        return params.generation_params(backend_pb2.PredictOptions(PromptCachePath=path), load)
+
+    plain = load_opts(ModelPath=str(models))
+    assert gen(plain, "").prompt_cache_dir == ""
+    assert gen(plain, str(models / "c")).prompt_cache_dir == str((models / "c").resolve())
+    assert gen(plain, "rel/c").prompt_cache_dir == str((models / "rel/c").resolve())
+    for bad in (str(tmp_path / "elsewhere"), str(models), "../x"):
+        with pytest.raises(ValueError, match=r"PredictOptions\.PromptCachePath"):
+            gen(plain, bad)
+    with pytest.raises(ValueError, match="PromptCachePath"):  # no ModelPath to confine it to
+        gen(load_opts(), "/tmp/c")
+    # The load option wins; the request's path is then ignored (even one outside).
+    opt = load_opts(f"prompt_cache_dir:{tmp_path / 'opt'}", ModelPath=str(models))
+    assert gen(opt, str(tmp_path / "elsewhere")).prompt_cache_dir == str(tmp_path / "opt")
+    assert gen(opt, "").prompt_cache_dir == str(tmp_path / "opt")
+
+
+def test_tiered_cache_falls_back_to_disk_and_back_fills_memory(tmp_path):
+    fp = "0123456789abcdef:" + "a" * 32
+    tiers = TieredPromptCache(PromptCache(4), fp, 1 << 20)
+    d = str(tmp_path / "d")
+    toks = list(range(1, 41))
+    tiers.insert("m", toks, token_kv(toks, heads=2, dim=8, dtype=mx.float16), d)
+    tiers.insert(
+        "m", [7, 7, 7], token_kv([7, 7, 7], heads=2, dim=8, dtype=mx.float16)
+    )  # no directory: memory only
+    assert tiers.flush(10)
+    assert tiers.disk_memory()["prompt_cache_disk_entries"] == 1
+    tiers.clear()  # as after a restart: memory empty, disk kept
+    assert len(tiers) == 0
+    hit = tiers.fetch("m", [*toks, 99], d)
+    assert hit.disk_hit and hit.cached_tokens == 40 and hit.rest == [99]
+    assert held(hit.kv) == toks
+    assert len(tiers) == 1  # copied into memory
+    again = tiers.fetch("m", [*toks, 99], d)  # now memory serves it
+    assert not again.disk_hit and again.cached_tokens == 40
+    tiers.close()
+    other = TieredPromptCache(PromptCache(4), fp, 1 << 20)
+    exact = other.fetch("m", toks, d)
+    other.close()
+    assert exact.disk_hit and exact.cached_tokens == 39 and held(exact.kv) == toks[:39]
+    # Memory only without a directory, or with no fingerprint (disk tier off).
+    fresh = TieredPromptCache(PromptCache(4), None, 1 << 20)
+    assert fresh.fetch("m", [*toks, 99], d).cached_tokens == 0 and fresh.disk(d) is None
+    assert not tiers.fetch("m", [1, 2, 3, 5], "").disk_hit

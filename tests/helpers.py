@@ -1,0 +1,193 @@
+"""Helpers shared by every tier of the tests (one copy each).
+
+- Requests: ``greedy`` (a raw prompt, temperature 0), ``chat_request`` (a chat as LocalAI
+  sends it), ``load_opts`` / ``gen_params`` (parsed load options, generation parameters).
+- Replies: ``stream_text`` (a stream joined), ``code_of`` (the status a call ends with),
+  ``status`` / ``counts`` / ``wait_idle`` (a server's Status breakdown, its request
+  counts, polled until idle).
+- Waiting: ``wait_until`` (poll a condition with a deadline; the one place tests sleep
+  to wait for something), ``free_ports``.
+- KV caches: ``token_kv`` (a real mlx-lm cache holding known values) and ``held``;
+  ``greedy_ids`` (a model's own greedy continuation, token by token with a KV cache).
+- ``ROOT``, ``LINUX``, ``REFERENCE`` (tests/data/smollm2-reference.json).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+import backend_pb2
+import params
+
+ROOT = Path(__file__).resolve().parent.parent
+LINUX = sys.platform.startswith("linux")
+REFERENCE = json.loads(
+    (Path(__file__).parent / "data" / "smollm2-reference.json").read_text(encoding="utf-8")
+)
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- requests
+def greedy(prompt: str, tokens: int, **fields) -> backend_pb2.PredictOptions:
+    """A raw-prompt request of ``tokens`` tokens at temperature 0; ``fields`` are added to
+    it and may override ``Temperature`` too."""
+    return backend_pb2.PredictOptions(
+        **{"Prompt": prompt, "Tokens": tokens, "Temperature": 0.0, **fields}
+    )
+
+
+def chat_request(user: str, system: str = "", **fields) -> backend_pb2.PredictOptions:
+    """A chat request as LocalAI sends it: template on, messages, explicit sampling fields."""
+    req = backend_pb2.PredictOptions(UseTokenizerTemplate=True, **fields)
+    if system:
+        req.Messages.add(role="system", content=system)
+    req.Messages.add(role="user", content=user)
+    return req
+
+
+def load_opts(*options: str, **fields) -> params.LoadParams:
+    """``LoadParams`` of a LoadModel for model "m" with ``options`` and other ``fields``."""
+    return params.load_params(backend_pb2.ModelOptions(Model="m", Options=list(options), **fields))
+
+
+def gen_params(**changes) -> params.GenerationParams:
+    """The generation parameters of an empty request, with ``changes``."""
+    return dataclasses.replace(params.generation_params(backend_pb2.PredictOptions()), **changes)
+
+
+# --------------------------------------------------------------------------- replies
+def stream_text(stub, req, timeout: float | None = None) -> tuple[str, list]:
+    """PredictStream ``req`` to the end: (the joined text, the replies)."""
+    replies = list(stub.PredictStream(req, timeout=timeout))
+    return "".join(r.message.decode("utf-8") for r in replies), replies
+
+
+def code_of(call: Callable[[], object]) -> grpc.StatusCode:
+    """The status code ``call()`` ends with (streams: consume them inside ``call``)."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def status(stub, timeout: float | None = None) -> dict[str, int]:
+    """Status of a server (the call bounded by ``timeout`` seconds): ``state`` and every
+    entry of the memory breakdown."""
+    s = stub.Status(backend_pb2.HealthMessage(), timeout=timeout)
+    return {"state": s.state, **s.memory.breakdown}
+
+
+def counts(stub) -> tuple[int, int, int]:
+    """(state, requests running, requests waiting) of Status."""
+    s = status(stub)
+    return s["state"], s["requests_running"], s["requests_waiting"]
+
+
+def wait_idle(stub, timeout: float = 30.0, call_timeout: float | None = None) -> dict[str, int]:
+    """Poll Status (each call bounded by ``call_timeout``) until the server is READY with
+    nothing running or waiting and no KV held; return that Status."""
+
+    def idle() -> dict[str, int] | None:
+        s = status(stub, call_timeout)
+        busy = s["requests_running"] or s["requests_waiting"] or s["kv_active"]
+        return s if s["state"] == backend_pb2.StatusResponse.READY and not busy else None
+
+    s = wait_until(idle, timeout)
+    assert s is not None, f"server never went idle: {status(stub, call_timeout)}"
+    return s
+
+
+# --------------------------------------------------------------------------- waiting
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
+    """Call ``predicate`` until it returns something truthy or ``timeout`` seconds pass;
+    return its last value (truthy once the condition holds, falsy on timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """``n`` ports free on loopback now; ``consecutive``: a range p .. p+n-1 (MLX's ring
+    backend with ``mlx.launch -p p`` listens on each)."""
+    for _ in range(100):
+        if consecutive:
+            base = random.randint(20000, 60000)
+            ports = list(range(base, base + n))
+        else:
+            ports = random.sample(range(20000, 60000), n)
+        socks = []
+        try:
+            for p in ports:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return ports
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+# --------------------------------------------------------------------------- KV caches
+def token_kv(
+    tokens,
+    n_layers: int = 2,
+    cls=KVCache,
+    *,
+    heads: int = 1,
+    dim: int = 4,
+    dtype=mx.float32,
+    **kwargs,
+) -> list:
+    """A real per-layer mlx-lm cache (``cls(**kwargs)``) whose key at position i is
+    ``tokens[i] * 10 + layer`` (``heads`` x ``dim`` values of ``dtype`` per token), its
+    value the key + 0.5."""
+    kv = []
+    for layer in range(n_layers):
+        c = cls(**kwargs)
+        if tokens:
+            col = mx.array([t * 10 + layer for t in tokens], dtype=dtype)
+            k = mx.broadcast_to(col[None, None, :, None], (1, heads, len(tokens), dim))
+            c.update_and_fetch(k, k + 0.5)
+        kv.append(c)
+    return kv
+
+
+def held(kv, layer: int = 0) -> list[int]:
+    """Token ids recovered from the keys a ``token_kv`` layer currently exposes."""
+    keys, _ = kv[layer].keys_and_values()
+    return [(int(x) - layer) // 10 for x in keys[0, 0, :, 0].tolist()]
+
+
+def greedy_ids(model, prompt_ids: list[int], n: int) -> tuple[list[int], list[int]]:
+    """(the top 5 token ids after the prompt, ``n`` greedy tokens) of ``model`` alone,
+    one forward pass per token with a KV cache."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt_ids]), cache=cache)[0, -1]
+    top5 = mx.argsort(-logits)[:5].tolist()
+    out: list[int] = []
+    for _ in range(n):
+        token = int(mx.argmax(logits).item())
+        out.append(token)
+        if len(out) < n:
+            logits = model(mx.array([[token]]), cache=cache)[0, -1]
+    return top5, out
