@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -28,8 +29,9 @@ from edge.servicer import BackendServicer
 from engine.core import Engine
 from loading import model_loader
 
-if TYPE_CHECKING:  # distributed imports MLX; only its type is named here
+if TYPE_CHECKING:  # distributed imports MLX; only its types are named here
     from distributed.coordinator import Coordinator
+    from distributed.worker import JoinOnLoad, StartSettings
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -45,13 +47,14 @@ async def serve(
     grace: float = 5.0,
     parent_watch: lifecycle.ParentWatcher | None = None,
     coordinator: Coordinator | None = None,
-    engine: Engine | None = None,
+    engine: Engine | JoinOnLoad | None = None,
 ) -> bool:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
 
     ``coordinator``: distributed mode, this process being rank 0 of the group (see
-    ``distributed.py``); the model is then loaded and run on every rank. ``engine``: the
-    engine to serve (e.g. ``distributed.JoinOnLoad``), built here when None.
+    ``distributed/``); the model is then loaded and run on every rank. ``engine``: the
+    engine to serve (or ``distributed.worker.JoinOnLoad``, which owns one), built here
+    when None.
 
     ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
     which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
@@ -237,13 +240,15 @@ def _join_group(args: argparse.Namespace) -> Coordinator | None:
     """``--distributed``: join the MLX group; ranks other than 0 follow rank 0 and exit
     here (0 when rank 0 stopped them, 1 when the group broke). Returns rank 0's
     coordinator, or None for a group of one process."""
-    from distributed import (
-        coordinator as distributed,  # imports MLX, which backend.py otherwise leaves to the engine
-    )
+    # Imports MLX, which backend.py otherwise leaves to the engine.
+    from distributed import coordinator as coordinators
+    from distributed import follower, group
 
     try:
-        group = distributed.init_group(args.distributed_backend)
-        coordinator = distributed.Coordinator(group, args.distributed, args.distributed_timeout)
+        mlx_group = group.init_group(args.distributed_backend)
+        coordinator = coordinators.Coordinator(
+            mlx_group, args.distributed, args.distributed_timeout
+        )
     except (RuntimeError, ValueError) as exc:
         logger.error("%s", exc)
         raise SystemExit(2) from None
@@ -255,7 +260,7 @@ def _join_group(args: argparse.Namespace) -> Coordinator | None:
         handler.setFormatter(logging.Formatter(fmt))
     if coordinator.leader:
         return coordinator
-    code = distributed.follow(coordinator)
+    code = follower.follow(coordinator)
     logging.shutdown()
     os._exit(code)  # MLX's threads may still sit in native code: skip finalization
 
@@ -268,7 +273,9 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "LocalAI worker protocol",
         "workers: run.sh --worker --hostfile FILE --rank N [--backend ring|jaccl] "
         "[--coordinator IP:PORT]; rank 0 is started like any backend and joins at "
-        "LoadModel (option hostfile:FILE), or takes --hostfile/--backend here",
+        "LoadModel (option hostfile:FILE), or takes --hostfile/--backend here; "
+        "$MLX_DISTRIBUTED_HOSTFILE alone makes rank 0 join only when this backend is "
+        "installed as mlx-distributed",
     )
     group.add_argument(
         "--worker",
@@ -279,7 +286,7 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--hostfile",
         default=None,
         help="ring: JSON array of 'ip:port', entry i = rank i's listen address; JACCL: "
-        "matrix of RDMA device names (default: $MLX_DISTRIBUTED_HOSTFILE)",
+        "matrix of RDMA device names (workers' default: $MLX_DISTRIBUTED_HOSTFILE)",
     )
     group.add_argument(
         "--rank", default=None, help="this process's rank in the hostfile (default: $MLX_RANK)"
@@ -303,29 +310,29 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _worker_settings(args: argparse.Namespace) -> tuple[dict[str, str], float]:
-    """(hostfile/backend/coordinator defaults: flags over LocalAI's env, join timeout)."""
-    from distributed import coordinator as distributed
+def _start_settings(args: argparse.Namespace) -> tuple[StartSettings, float]:
+    """(what rank 0's LoadModel may join: flags over LocalAI's env, join timeout)."""
+    from distributed import group, worker
 
-    env = distributed.env_defaults()
-    settings = {
-        "hostfile": args.hostfile if args.hostfile is not None else env["hostfile"],
-        "backend": args.backend if args.backend is not None else env["backend"],
-        "coordinator": args.coordinator if args.coordinator is not None else env["coordinator"],
-    }
+    root = Path(__file__).resolve().parent.parent  # the backend's folder (run.sh, backend.py)
+    settings = worker.StartSettings.from_environment(
+        args.hostfile,
+        args.backend,
+        args.coordinator,
+        worker.installed_as(root, os.environ.get("PWD")),
+    )
     timeout = args.join_timeout
     if timeout is None:
-        timeout = distributed.join_timeout_default()
+        timeout = group.join_timeout_default()
     return settings, timeout
 
 
 def _run_worker(args: argparse.Namespace) -> None:
     """``--worker``: join the hostfile's group as rank ``--rank`` and follow rank 0;
-    exits 2 on bad arguments, 1 when the group could not form or broke, 0 when rank 0
-    stopped it."""
-    from distributed import (
-        coordinator as distributed,  # imports MLX, which backend.py otherwise leaves to the engine
-    )
+    exits 2 on bad arguments (``--rank 0`` included: what ``local-ai worker p2p-mlx``
+    runs), 1 when the group could not form or broke, 0 when rank 0 stopped it."""
+    # Imports MLX, which backend.py otherwise leaves to the engine.
+    from distributed import group, worker
 
     try:
         if args.distributed:
@@ -333,19 +340,20 @@ def _run_worker(args: argparse.Namespace) -> None:
                 "--worker is LocalAI's worker protocol; --distributed is for groups "
                 "started by mlx.launch: use one of them"
             )
-        settings, join_timeout = _worker_settings(args)
-        rank_text = args.rank if args.rank is not None else os.environ.get(distributed.RANK_ENV)
+        env = group.env_defaults()  # a worker takes LocalAI's environment as it is
+        hostfile = args.hostfile if args.hostfile is not None else env["hostfile"]
+        backend = args.backend if args.backend is not None else env["backend"]
+        coordinator = args.coordinator if args.coordinator is not None else env["coordinator"]
+        join_timeout = args.join_timeout
+        if join_timeout is None:
+            join_timeout = group.join_timeout_default()
+        rank_text = args.rank if args.rank is not None else os.environ.get(group.RANK_ENV)
         if rank_text is None or not str(rank_text).strip().isdigit():
             raise ValueError(f"--worker needs --rank N (N >= 1, or $MLX_RANK), got {rank_text!r}")
         rank = int(rank_text)
         if rank == 0:
-            raise ValueError(
-                "rank 0 serves gRPC and is not a worker: start it without --worker (LocalAI "
-                "starts it like any backend; it joins at LoadModel with option hostfile:PATH)"
-            )
-        spec = distributed.group_spec(
-            settings["hostfile"], settings["backend"], rank, settings["coordinator"]
-        )
+            raise ValueError(worker.rank_zero_worker_message(hostfile))
+        spec = group.group_spec(hostfile, backend, rank, coordinator)
     except ValueError as exc:
         logger.error("%s", exc)
         logging.shutdown()
@@ -353,29 +361,41 @@ def _run_worker(args: argparse.Namespace) -> None:
     fmt = f"%(asctime)s rank{spec.rank} %(levelname)s %(name)s: %(message)s"
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(fmt))
-    code = distributed.run_worker(spec, args.distributed_timeout, join_timeout)
+    code = worker.run_worker(spec, args.distributed_timeout, join_timeout)
     logging.shutdown()
     os._exit(code)  # a join attempt or MLX's threads may still sit in native code
 
 
-def _join_on_load(args: argparse.Namespace) -> Engine:
-    """Rank 0 of LocalAI's worker protocol (or a plain single process): an engine that
-    joins the group named at LoadModel (or by --hostfile / the env). Exits 2 on bad
-    arguments."""
-    from distributed import coordinator as distributed
+def _join_on_load(args: argparse.Namespace) -> JoinOnLoad:
+    """Rank 0 of LocalAI's worker protocol (or a plain single process): the engine
+    behind a ``JoinOnLoad``, which joins a group at the LoadModel that asks for one
+    (load options, --hostfile, or $MLX_DISTRIBUTED_HOSTFILE when installed as
+    mlx-distributed: ``distributed.worker.decide``). Exits 2 on bad arguments."""
+    from distributed import group, worker
 
     try:
-        settings, join_timeout = _worker_settings(args)
+        settings, join_timeout = _start_settings(args)
         if args.rank is not None and str(args.rank).strip() != "0":
             raise ValueError(
                 f"--rank {args.rank} without --worker: ranks other than 0 are workers "
                 "(add --worker); rank 0 serves gRPC"
             )
-        if settings["hostfile"]:  # started with a hostfile: check it now, not at LoadModel
-            distributed.group_spec(
-                settings["hostfile"], settings["backend"], 0, settings["coordinator"]
+        if settings.hostfile:  # started with a hostfile: check it now, not at LoadModel
+            group.group_spec(
+                settings.hostfile,
+                settings.backend or settings.env_backend,
+                0,
+                settings.coordinator,
             )
     except ValueError as exc:
         logger.error("%s", exc)
         raise SystemExit(2) from None
-    return distributed.JoinOnLoad(settings, args.distributed_timeout, join_timeout)
+    if settings.hostfile:
+        logger.info("rank 0: joins the group of --hostfile %s at LoadModel", settings.hostfile)
+    elif settings.as_mlx_distributed:
+        logger.info(
+            "installed as %s: a LoadModel joins the group of its option hostfile, else of $%s",
+            settings.installed_as,
+            group.HOSTFILE_ENV,
+        )
+    return worker.JoinOnLoad(settings, args.distributed_timeout, join_timeout)

@@ -2,9 +2,9 @@
 
 `LoadedModel` holds the model, tokenizer and draft model with the facts the scheduler and
 the servicer need (context length, KV settings, limits, weight bytes, CPU weight mode,
-identity). `load` builds it in a single process; distributed mode builds its sharded
-model its own way and finishes it with the same `LoadedModel.build`, so both modes
-derive the same facts in one place. Runs on the engine thread (it calls MLX).
+identity). `load` builds it, in a single process and on every rank of a distributed
+group alike: there the group's split step (`distributed/sharding.py`) replaces the CPU
+preparation, the only difference. Runs on the engine thread (it calls MLX).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from decoding import grammar, parsers
 from errors import ModelLoadError
-from loading import cpu_fast_path, cpu_fuse, model_loader
+from loading import cpu_fast_path, cpu_fuse, model_loader, vision
 from params import LoadParams
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -60,6 +61,12 @@ class LoadedModel:
     def identity(self) -> str:
         """What LocalAI records as the model's identity: ModelOptions.Model alone."""
         return self.params.model
+
+    @property
+    def vision(self) -> Any:
+        """The vision part (`loading.vision.VisionParts`) of a vision-language model served
+        with images; None for a text model (or one loaded text-only)."""
+        return getattr(self.model, "vision", None)
 
     @property
     def cache_key(self) -> str:
@@ -126,11 +133,14 @@ def fits_beside(current: LoadedModel, file_bytes: int) -> bool:
     return current.weights_bytes + file_bytes * factor <= cpu_fast_path.default_memory_budget()
 
 
-def load(params: LoadParams) -> LoadedModel:
+def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> LoadedModel:
     """Load, prepare (CPU weight mode, LoRA) and describe the model ``params`` names.
 
-    Raises ModelLoadError naming the cause (missing files, unsupported architecture, a
-    draft model with another vocabulary).
+    ``split``: distributed mode's split step (``distributed.sharding.ShardStep``). The
+    model is then built lazily and handed to it before any weight is read; it keeps this
+    rank's part, prepares it for the CPU in the group's weight mode and returns that
+    mode, in place of ``prepare_for_cpu``. Raises ModelLoadError naming the cause
+    (missing files, unsupported architecture, a draft model with another vocabulary).
     """
     model, tokenizer = model_loader.load_model(
         params.model,
@@ -140,11 +150,17 @@ def load(params: LoadParams) -> LoadedModel:
         tokenizer_config=params.tokenizer_config,
         adapter_path=params.lora_adapter,
         lora_scale=params.lora_scale,
+        lazy=split is not None,
+        vision_options=params.options,
+        vision_off=vision.text_only_reason(params, distributed=split is not None),
     )
-    # On CPU: float32 parameters, and dense weights on the fast BLAS when they fit.
-    cpu_mode = cpu_fast_path.prepare_for_cpu(
-        model, params.cpu_dequantize, params.cpu_dequantize_budget
-    )
+    if split is not None:
+        cpu_mode = split(model)
+    else:
+        # On CPU: float32 parameters, and dense weights on the fast BLAS when they fit.
+        cpu_mode = cpu_fast_path.prepare_for_cpu(
+            model, params.cpu_dequantize, params.cpu_dequantize_budget
+        )
     # Dense weights: merge a LoRA adapter in (no per-token cost); quantized: keep it apart.
     model_loader.fuse_adapters(model)
     if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
