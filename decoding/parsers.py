@@ -1,51 +1,75 @@
 """LocalAI's parser hints: vLLM tool/reasoning parser names -> mlx-lm parsers and markers.
 
 LocalAI's importer writes `Options` `tool_parser:NAME` and `reasoning_parser:NAME` (vLLM's
-names) into model files. `apply_parser_overrides` makes them override what mlx-lm inferred
-from the chat template, by setting the TokenizerWrapper's tool parser, tool-call markers and
-think markers, so that `output.OutputPipeline` routes text by them.
+names, from LocalAI's core/config/parser_defaults.json via core/gallery/importers/mlx.go)
+into model files. `apply_parser_overrides` makes them override what mlx-lm inferred from the
+chat template, by setting the TokenizerWrapper's tool parser, tool-call markers, think markers
+and (Harmony) response format, so that `output.OutputPipeline` routes text by them.
 
-| vLLM tool_parser                | mlx-lm parser   | markers                                   |
-|---------------------------------|-----------------|-------------------------------------------|
-| hermes                          | json_tools      | `<tool_call>` `</tool_call>`              |
-| qwen3_coder, qwen3_xml          | qwen3_coder     | `<tool_call>` `</tool_call>`              |
-| mistral                         | mistral         | `[TOOL_CALLS]` (runs to the end)          |
-| pythonic                        | pythonic        | `<|tool_call_start|>` `<|tool_call_end|>` |
-| kimi_k2                         | kimi_k2         | `<|tool_calls_section_begin|>` ... `_end|>` |
-| glm45, glm47                    | glm47           | `<tool_call>` `</tool_call>`              |
-| minimax_m2                      | minimax_m2      | `<minimax:tool_call>` ...                 |
-| longcat                         | longcat         | `<longcat_tool_call>` ...                 |
-| functiongemma                   | function_gemma  | `<start_function_call>` ...               |
-| gemma4                          | gemma4          | `<|tool_call>` `<tool_call|>`             |
-| internlm                        | JSON object     | `<|action_start|><|plugin|>` `<|action_end|>`|
-| jamba                           | JSON list       | `<tool_calls>` `</tool_calls>`            |
-| granite                         | JSON list       | `<|tool_call|>` (runs to the end)         |
+A name never fails the load: LocalAI passes options meant for other backends too. A vLLM name
+with no MLX equivalent, or a name in no table, logs a warning and leaves what mlx-lm detected
+from the chat template in place.
 
-vLLM names mlx-lm has no parser for (llama3_json, llama4_json, llama4_pythonic, deepseek_v3,
-deepseek_v31, xlam, openai, minimax, step3, seed_oss, hunyuan_a13b, ...) fail with a message
-that lists the supported ones.
+vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open / close a block:
 
-Reasoning: deepseek_r1, deepseek_v3, qwen3, glm45, ernie45, minimax_m2, olmo3, hunyuan_a13b,
-kimi_k2 -> `<think>`/`</think>`; mistral -> `[THINK]`/`[/THINK]`; seed_oss ->
-`<seed:think>`/`</seed:think>`; granite -> "Here is my thought process:"/"Here is my
-response:". gpt_oss / openai (Harmony channels) is not a start/end marker pair and fails.
+- **hermes**, **granite4**, **ernie45** -> mlx-lm json_tools: `<tool_call>` `</tool_call>`
+- **qwen3_xml**, qwen3_coder -> mlx-lm qwen3_coder: `<tool_call>` `</tool_call>`
+- **mistral** -> mlx-lm mistral: `[TOOL_CALLS]`, to the end
+- **glm45**, **glm47** -> mlx-lm glm47: `<tool_call>` `</tool_call>`
+- **gemma4** -> mlx-lm gemma4: `<|tool_call>` `<tool_call|>`
+- **minimax_m2**, **kimi_k2**, pythonic, longcat, functiongemma -> the mlx-lm module of that
+  name (functiongemma: function_gemma), with its markers
+- **llama3_json**, **llama4_pythonic**, llama4_json -> ours: JSON objects `{"name": ...,
+  "parameters"|"arguments": {...}}`, `;`-separated: `{"name"`, to the end
+- **deepseek_v3**, deepseek_v31 -> ours: DeepSeek V3 / R1 and V3.1 calls:
+  `<｜tool▁calls▁begin｜>` `<｜tool▁calls▁end｜>`
+- **olmo3** -> ours: one pythonic call a line, parsed by mlx-lm's pythonic parser:
+  `<function_calls>` `</function_calls>`
+- **phi4_mini_json** -> ours: a JSON list: `functools[`, to the end
+- **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`, to
+  the end; plus the Harmony channels (below)
+- internlm, jamba, granite -> ours: a JSON object / list between their markers
+- deepseek_v32, gigachat3, granite_20b_fc, hunyuan_a13b, minimax, seed_oss, step3, step3p5,
+  xlam: no MLX equivalent here (warning, mlx-lm's detection stays)
+
+`llama4_pythonic`: vLLM's pythonic format comes from vLLM's own template; the Llama 4 chat
+template this backend renders (the model's) asks for `{"name": ..., "parameters": ...}` JSON,
+as Llama 3.x's does, so both read that JSON. Llama's JSON call has no opening marker (vLLM's
+llama3_json looks at the output's start): the block starts at `{"name"`; a JSON object that
+is no call (no `parameters` / `arguments`) comes back as content. A `<|python_tag|>` /
+`<|python_start|>` before the JSON stays in content.
+
+Reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, ernie45, minimax_m2(_append_think), olmo3,
+hunyuan_a13b, kimi_k2, nemotron_v3 -> `<think>`/`</think>`; mistral -> `[THINK]`/`[/THINK]`;
+gemma4 -> `<|channel>thought`/`<channel|>` (mlx-lm's own pair); seed_oss ->
+`<seed:think>`/`</seed:think>`; granite -> "Here is my thought process:"/"Here is my response:";
+openai_gptoss -> Harmony channels (analysis = reasoning, final / commentary = content), the
+same response format as tool_parser openai.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
+from collections.abc import Mapping
 from typing import Any
+
+import regex
 
 from decoding.tool_calls import ToolParser
 
 __all__ = [
+    "HARMONY_FORMAT",
     "REASONING_PARSERS",
+    "RESPONSE_FORMATS",
     "TOOL_PARSERS",
     "apply_parser_overrides",
     "resolve_reasoning_markers",
     "resolve_tool_parser",
 ]
+
+logger = logging.getLogger("localai.mlx." + __name__)
 
 
 def _json_object_parser(text: str, tools: Any = None) -> Any:
@@ -61,10 +85,134 @@ def _json_list_parser(text: str, tools: Any = None) -> Any:
 _json_object_parser.tool_stream_format = "json_tools"  # read by tool_calls.stream_format
 _json_list_parser.tool_stream_format = "json_list"
 
-# vLLM name -> mlx-lm tool parser module, or (parser, start, end) for formats mlx-lm's
-# json_tools parser reads once the markers are known (it is json.loads of the block).
-TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str]] = {
+_DECODER = json.JSONDecoder()
+LLAMA_JSON_START = '{"name"'
+
+
+def _call(obj: Any) -> dict[str, Any]:
+    """{"name", "arguments"} of one decoded call; ValueError when it is no call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError("not a call: no name")
+    if "arguments" in obj:
+        return {"name": obj["name"], "arguments": obj["arguments"]}
+    if "parameters" in obj:  # vLLM's llama3_json / phi4_mini_json accept either key
+        return {"name": obj["name"], "arguments": obj["parameters"]}
+    raise ValueError("not a call: no parameters or arguments")
+
+
+# mlx-lm has no parser for this format (json_tools needs <tool_call> around one object).
+def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    """Llama 3.x / 4 calls: `{"name": ..., "parameters": {...}}`, several separated by `;`.
+
+    `text` follows the `{"name"` marker. The whole block must be calls: anything else
+    (prose after the JSON, an object that is no call) raises, so it comes back as content.
+    """
+    body, pos, calls = LLAMA_JSON_START + text, 0, []
+    while True:
+        obj, pos = _DECODER.raw_decode(body, pos)
+        calls.append(_call(obj))
+        rest = body[pos:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        if not rest:
+            return calls
+        if not rest.startswith("{"):
+            raise ValueError(f"text after the tool call: {rest[:40]!r}")
+        pos = len(body) - len(rest)
+
+
+_DS_CALL = regex.compile(
+    r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", regex.S
+)
+_DS_FENCED = regex.compile(r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*?)\n?```\s*$", regex.S)
+
+
+# mlx-lm has no DeepSeek parser.
+def _deepseek_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    """DeepSeek calls between `<｜tool▁calls▁begin｜>` and `<｜tool▁calls▁end｜>` (vLLM's
+    deepseekv3_tool_parser.py and deepseekv31_tool_parser.py), each
+    `<｜tool▁call▁begin｜>HEAD<｜tool▁sep｜>TAIL<｜tool▁call▁end｜>`: V3 / R1 have HEAD
+    `function` and TAIL `NAME\\n```json\\n{args}\\n```; V3.1 has HEAD `NAME`, TAIL `{args}`."""
+    calls = []
+    for head, tail in _DS_CALL.findall(text):
+        fenced = _DS_FENCED.match(tail)
+        if fenced:  # V3: head is the type ("function"), the name opens the tail
+            calls.append({"name": fenced["name"].strip(), "arguments": json.loads(fenced["args"])})
+        else:
+            calls.append({"name": head.strip(), "arguments": json.loads(tail)})
+    if not calls:
+        raise ValueError("no <｜tool▁call▁begin｜> call in the block")
+    return calls
+
+
+# mlx-lm's pythonic parser reads a list `[f(a=1), g(b=2)]`; OLMo 3 writes one call a line.
+def _olmo3_parser(text: str, tools: Any = None) -> Any:
+    """OLMo 3: newline-separated pythonic calls (JSON literals allowed), as vLLM's
+    olmo3_tool_parser.py; parsed by mlx-lm's pythonic parser as one list."""
+    from mlx_lm.tool_parsers import pythonic
+
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("empty function_calls block")
+    body = lines[0] if len(lines) == 1 and lines[0].startswith("[") else f"[{', '.join(lines)}]"
+    return pythonic.parse_tool_call(body, tools)
+
+
+# mlx-lm has no parser for this format.
+def _phi4_mini_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    """Phi-4-mini: `functools[{"name", "arguments"|"parameters"}, ...]` (vLLM's
+    phi4mini_tool_parser.py); `text` follows `functools[`."""
+    body = "[" + text.strip()
+    calls, end = _DECODER.raw_decode(body)
+    if body[end:].strip():
+        raise ValueError(f"text after the tool calls: {body[end:][:40]!r}")
+    if not isinstance(calls, list) or not calls:
+        raise ValueError("functools[...] holds no call")
+    return [_call(c) for c in calls]
+
+
+_HARMONY_NAME = regex.compile(r"\s*(?P<name>[^\s<]+)")
+
+
+# mlx-lm has no Harmony (gpt-oss) support.
+def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
+    """gpt-oss: the text after ` to=functions.`: `NAME <|constrain|>json<|message|>{args}` (the
+    recipient in the channel) or `NAME<|channel|>commentary json<|message|>{args}` (in the
+    role), up to `<|call|>` (OpenAI's Harmony format; vLLM's openai_tool_parser.py)."""
+    name = _HARMONY_NAME.match(text)
+    _, sep, args = text.partition("<|message|>")
+    if name is None or not sep:
+        raise ValueError("no function name or no <|message|> in the Harmony call")
+    args = args.split("<|call|>", 1)[0].strip()
+    return {"name": name["name"], "arguments": json.loads(args) if args else {}}
+
+
+# gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
+# muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
+# commentary are content; the headers between them are stripped.
+HARMONY_FORMAT: Mapping[str, Any] = {
+    "transitions": {
+        "normal": [
+            ("<|channel|>analysis", "reasoning"),
+            ("<|channel|>final", "normal"),
+            ("<|channel|>commentary", "normal"),
+            ("<|constrain|>json", "normal"),
+            ("<|message|>", "normal"),
+            ("<|start|>assistant", "normal"),
+            ("<|end|>", "normal"),
+        ],
+        "reasoning": [("<|message|>", "reasoning"), ("<|end|>", "normal")],
+    },
+}
+HARMONY_TOOL_START = " to=functions."
+
+# vLLM name -> mlx-lm tool parser module; (parser, start, end) for formats parsed here (or by
+# mlx-lm's json_tools once the markers are known); None: a vLLM name with no MLX equivalent
+# (mlx-lm's detection from the chat template stays).
+TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "hermes": "json_tools",
+    "granite4": "json_tools",  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
+    "ernie45": "json_tools",  # <tool_call>\n{...}\n</tool_call>
     "qwen3_coder": "qwen3_coder",
     "qwen3_xml": "qwen3_coder",
     "mistral": "mistral",
@@ -76,25 +224,57 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str]] = {
     "longcat": "longcat",
     "functiongemma": "function_gemma",
     "gemma4": "gemma4",
+    "llama3_json": (_llama_json_parser, LLAMA_JSON_START, ""),
+    "llama4_json": (_llama_json_parser, LLAMA_JSON_START, ""),
+    "llama4_pythonic": (_llama_json_parser, LLAMA_JSON_START, ""),
+    "deepseek_v3": (_deepseek_parser, "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    "deepseek_v31": (_deepseek_parser, "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    "olmo3": (_olmo3_parser, "<function_calls>", "</function_calls>"),
+    "phi4_mini_json": (_phi4_mini_parser, "functools[", ""),
+    "openai": (_harmony_parser, HARMONY_TOOL_START, ""),
     "internlm": (_json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>"),
     "jamba": (_json_list_parser, "<tool_calls>", "</tool_calls>"),
     "granite": (_json_list_parser, "<|tool_call|>", ""),
+    # vLLM parsers whose formats no parser here reads yet
+    "deepseek_v32": None,
+    "gigachat3": None,
+    "granite_20b_fc": None,
+    "hunyuan_a13b": None,
+    "minimax": None,
+    "seed_oss": None,
+    "step3": None,
+    "step3p5": None,
+    "xlam": None,
 }
 
 _THINK = ("<think>", "</think>")
-REASONING_PARSERS: dict[str, tuple[str, str]] = {
+# vLLM name -> (think start, think end); None: no MLX equivalent. Names in RESPONSE_FORMATS
+# are channel formats instead of a marker pair.
+REASONING_PARSERS: dict[str, tuple[str, str] | None] = {
     "deepseek_r1": _THINK,
     "deepseek_v3": _THINK,
     "qwen3": _THINK,
     "glm45": _THINK,
     "ernie45": _THINK,
     "minimax_m2": _THINK,
+    "minimax_m2_append_think": _THINK,
     "olmo3": _THINK,
     "hunyuan_a13b": _THINK,
     "kimi_k2": _THINK,
+    "nemotron_v3": _THINK,  # DeepSeek-R1 style <think> blocks (vLLM's nemotron_v3 parser)
     "mistral": ("[THINK]", "[/THINK]"),
+    "gemma4": ("<|channel>thought", "<channel|>"),  # mlx-lm's own Gemma 4 pair
     "seed_oss": ("<seed:think>", "</seed:think>"),
     "granite": ("Here is my thought process:", "Here is my response:"),
+    "openai_gptoss": None,  # Harmony: RESPONSE_FORMATS
+    "step3": None,
+}
+
+# Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
+# response format whichever of the two options names it.
+RESPONSE_FORMATS: dict[str, Mapping[str, Any]] = {
+    "openai": HARMONY_FORMAT,
+    "openai_gptoss": HARMONY_FORMAT,
 }
 
 
@@ -102,37 +282,53 @@ def _normal(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def resolve_tool_parser(name: str) -> tuple[ToolParser, str, str]:
-    """vLLM tool parser name -> (parser(text, tools), start marker, end marker).
+def resolve_tool_parser(name: str) -> tuple[ToolParser, str, str] | None:
+    """vLLM tool parser name -> (parser(text, tools), start marker, end marker), or None.
 
-    The end marker is "" for formats whose calls run to the end of the output. Raises
-    ValueError naming the option and listing the known names for an unknown one.
+    The end marker is "" for formats whose calls run to the end of the output. None for a
+    name with no MLX equivalent and for an unknown name (see `apply_parser_overrides`).
     """
     entry = TOOL_PARSERS.get(_normal(name))
     if entry is None:
-        raise ValueError(
-            f"unknown tool_parser {name!r}; use one of: {', '.join(sorted(TOOL_PARSERS))}"
-        )
+        return None
     if isinstance(entry, tuple):
         return entry
     module = importlib.import_module(f"mlx_lm.tool_parsers.{entry}")
     return module.parse_tool_call, module.tool_call_start, module.tool_call_end
 
 
-def resolve_reasoning_markers(name: str) -> tuple[str, str]:
-    """vLLM reasoning parser name -> (think start, think end) marker text.
-
-    Raises ValueError naming the option and listing the known names for an unknown one.
-    """
-    markers = REASONING_PARSERS.get(_normal(name))
-    if markers is None:
-        known = ", ".join(sorted(REASONING_PARSERS))
-        raise ValueError(f"unknown reasoning_parser {name!r}; use one of: {known}")
-    return markers
+def resolve_reasoning_markers(name: str) -> tuple[str, str] | None:
+    """vLLM reasoning parser name -> (think start, think end) marker text, or None (no
+    marker pair: a channel format, no MLX equivalent, or an unknown name)."""
+    return REASONING_PARSERS.get(_normal(name))
 
 
 def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _fallback(option: str, name: str, table: Mapping[str, Any], detected: str) -> None:
+    """Warn that ``name`` changes nothing: what mlx-lm detected (``detected``) stays."""
+    if _normal(name) in table:
+        why = f"{option} {name!r} (a vLLM name) has no MLX equivalent here"
+    else:
+        usable = sorted(k for k, v in table.items() if v is not None or k in RESPONSE_FORMATS)
+        why = f"unknown {option} {name!r} (the names that apply: {', '.join(usable)})"
+    logger.warning("%s; keeping what mlx-lm detected from the chat template: %s", why, detected)
+
+
+def _detected_tool(tokenizer: Any) -> str:
+    parser = getattr(tokenizer, "tool_parser", None)
+    if not parser:
+        return "no tool parser"
+    module = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
+    return f"tool parser {module} ({getattr(tokenizer, 'tool_call_start', '')!r})"
+
+
+def _detected_think(tokenizer: Any) -> str:
+    if not getattr(tokenizer, "has_thinking", False):
+        return "no think markers"
+    return f"think markers {tokenizer.think_start!r} {tokenizer.think_end!r}"
 
 
 def apply_parser_overrides(
@@ -142,11 +338,26 @@ def apply_parser_overrides(
 
     tool_parser / reasoning_parser: vLLM names ("" leaves that part as mlx-lm inferred it).
     Sets what `TokenizerWrapper` exposes as tool_parser, tool_call_start/end (and their token
-    ids), has_tool_calling, think_start/end (and token ids), has_thinking. Both names are
-    resolved before anything is changed. Raises ValueError for an unknown name.
+    ids), has_tool_calling, think_start/end (and token ids), has_thinking, and for Harmony
+    (openai / openai_gptoss) the response format (response_transitions). A name with no MLX
+    equivalent, or unknown, logs a warning and leaves that part as mlx-lm inferred it; this
+    never raises for a name.
     """
-    tool = resolve_tool_parser(tool_parser) if tool_parser else None
-    think = resolve_reasoning_markers(reasoning_parser) if reasoning_parser else None
+    tool = think = None
+    formats = []
+    if tool_parser:
+        tool = resolve_tool_parser(tool_parser)
+        if tool is None:
+            _fallback("tool_parser", tool_parser, TOOL_PARSERS, _detected_tool(tokenizer))
+        formats.append(RESPONSE_FORMATS.get(_normal(tool_parser)))
+    if reasoning_parser:
+        think = resolve_reasoning_markers(reasoning_parser)
+        channels = RESPONSE_FORMATS.get(_normal(reasoning_parser))
+        if think is None and channels is None:
+            _fallback(
+                "reasoning_parser", reasoning_parser, REASONING_PARSERS, _detected_think(tokenizer)
+            )
+        formats.append(channels)
     # TokenizerWrapper keeps these in private attributes behind read-only properties.
     if tool is not None:
         parser, start, end = tool
@@ -161,3 +372,6 @@ def apply_parser_overrides(
         tokenizer._think_end = end
         tokenizer._think_start_tokens = _encode(tokenizer, start)
         tokenizer._think_end_tokens = _encode(tokenizer, end)
+    channels = next((f for f in formats if f is not None), None)
+    if channels is not None:
+        tokenizer._response_format = channels

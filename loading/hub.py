@@ -1,10 +1,14 @@
 """Hugging Face Hub downloads for models named by repo id.
 
-Owns: telling a hub id from a path (``parse_hub_id``), reading the hub settings from the
-environment at call time (``settings``: ``HF_ENDPOINT``, ``HF_HOME`` / ``HF_HUB_CACHE``,
-``HF_HUB_OFFLINE``, ``HF_TOKEN``), looking a repo up in the local cache without any
-network (``cached``), and downloading it with ``huggingface_hub`` (``download``) while
-logging progress (files, bytes, rate). Every failure is a ``model_loader.ModelLoadError``
+Owns: telling a hub id from a path (``parse_hub_id``: ``owner/name``, and the URL forms
+LocalAI writes or passes through: ``https://huggingface.co/owner/name[/tree/REV]``,
+``hf.co/owner/name``, ``huggingface://owner/name[@REV]``, ``hf://owner/name``), reading the
+hub settings in effect now (``settings``: endpoint, cache directory and offline flag exactly
+as ``huggingface_hub.constants`` resolves them from ``HF_ENDPOINT``, ``HF_HUB_CACHE`` /
+``HUGGINGFACE_HUB_CACHE`` / ``HF_HOME`` / ``XDG_CACHE_HOME``, ``HF_HUB_OFFLINE``; plus
+whether a token is set), looking a repo up in the local cache without any network
+(``cached``), and downloading it with ``huggingface_hub`` (``download``) while logging
+progress (files, bytes, rate). Every failure is a ``model_loader.ModelLoadError``
 whose message says the cause and what to change (repo not found, gated or private,
 offline with nothing cached, network unreachable, disk full, ...), never a traceback.
 
@@ -20,6 +24,8 @@ cached file list, so an interrupted download is never found "cached" half-writte
 from __future__ import annotations
 
 import errno
+import functools
+import importlib.util
 import io
 import logging
 import os
@@ -29,12 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from huggingface_hub import constants as _hf_constants
 from tqdm.std import tqdm as _std_tqdm
 
 from errors import ModelLoadError
 
-logger = logging.getLogger("localai.mlx.hub")
+logger = logging.getLogger("localai.mlx." + __name__)
 
 # Seconds between two progress lines while a download runs (the last line always shows).
 PROGRESS_INTERVAL_S = 2.0
@@ -42,18 +50,30 @@ PROGRESS_INTERVAL_S = 2.0
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _REPO_RE = re.compile(rf"^{_NAME}/{_NAME}$")
 _GGUF_FILE_RE = re.compile(rf"^({_NAME}/{_NAME})/((?:[^/]+/)*[^/]+\.gguf)$", re.IGNORECASE)
-_TRUE = {"1", "ON", "YES", "TRUE"}
+# The hub's web hosts: LocalAI's importer writes https://huggingface.co/OWNER/NAME
+# (core/gallery/importers/mlx.go, mlx_test.go); hf.co/ is one of its URI prefixes too
+# (pkg/downloader/uri.go).
+_WEB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+# LocalAI's scheme prefixes (pkg/downloader/uri.go HuggingFacePrefix, HuggingFacePrefix1):
+# with fewer than 3 path pieces LocalAI passes them through unchanged (ResolveURL).
+_SCHEMES = ("huggingface://", "hf://")
+# For messages: huggingface_hub's order (its constants.py); LocalAI sets the last two.
+_CACHE_VARS = "huggingface_hub takes it before HUGGINGFACE_HUB_CACHE and HF_HOME"
+_HF_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "XDG_CACHE_HOME")
 
 
 @dataclass(frozen=True)
 class HubId:
-    """A model named on the hub: ``repo`` (``owner/name``) and, for a GGUF, ``filename``."""
+    """A model named on the hub: ``repo`` (``owner/name``), for a GGUF ``filename``, and
+    ``revision`` (a branch, tag or commit; None = the default branch)."""
 
     repo: str
     filename: str | None = None
+    revision: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.repo}/{self.filename}" if self.filename else self.repo
+        name = f"{self.repo}/{self.filename}" if self.filename else self.repo
+        return f"{name}@{self.revision}" if self.revision else name
 
 
 @dataclass(frozen=True)
@@ -68,34 +88,127 @@ class HubSettings:
 
 
 def parse_hub_id(model: str) -> HubId | None:
-    """``HubId`` for ``owner/name`` or ``owner/name/path/file.gguf``; None for anything else."""
-    if _REPO_RE.match(model):
-        return HubId(model)
-    m = _GGUF_FILE_RE.match(model)
+    """``HubId`` for a hub reference; None for anything else (then it is a path).
+
+    Accepted: ``owner/name`` and ``owner/name/path/file.gguf``; the same behind LocalAI's
+    prefixes ``huggingface://``, ``hf://`` and ``hf.co/`` (optionally ``@REV`` after the
+    name, LocalAI's revision syntax); web URLs ``http(s)://huggingface.co/owner/name`` (or
+    ``hf.co``), with a trailing slash, ``/tree/REV``, or ``/resolve/REV/file.gguf`` /
+    ``/blob/REV/file.gguf`` for one GGUF file.
+    """
+    text = model.strip()
+    lowered = text.lower()
+    for scheme in _SCHEMES:
+        if lowered.startswith(scheme):
+            return _parse_path(text[len(scheme) :], at_revision=True)
+    if lowered.startswith("hf.co/"):
+        return _parse_path(text[len("hf.co/") :], at_revision=True)
+    if lowered.startswith(("https://", "http://")):
+        return _parse_web_url(text)
+    return _parse_path(text, at_revision=False)
+
+
+def _parse_path(path: str, at_revision: bool) -> HubId | None:
+    """``owner/name[@rev]`` or ``owner/name[@rev]/path/file.gguf``."""
+    path = path.strip("/") if at_revision else path
+    revision = None
+    if at_revision:
+        head, _, tail = path.partition("/")
+        name, sep, rest = tail.partition("/")
+        if "@" in name:
+            name, _, rev = name.partition("@")
+            if not rev:
+                return None
+            revision = _revision(rev)
+        path = f"{head}/{name}" + (f"/{rest}" if sep else "")
+    if _REPO_RE.match(path):
+        return HubId(path, revision=revision)
+    m = _GGUF_FILE_RE.match(path)
     if m and ".." not in m.group(2).split("/"):
-        return HubId(m.group(1), m.group(2))
+        return HubId(m.group(1), m.group(2), revision)
     return None
 
 
-def settings() -> HubSettings:
-    """Read the hub settings from the environment now (huggingface_hub reads it at import).
+def _parse_web_url(url: str) -> HubId | None:
+    """A hub web page or file URL: ``/owner/name``, ``/owner/name/tree/REV``,
+    ``/owner/name/resolve|blob/REV/file.gguf`` on huggingface.co or hf.co."""
+    parts = urlsplit(url)
+    if (parts.hostname or "").lower() not in _WEB_HOSTS or parts.port is not None:
+        return None
+    pieces = [unquote(p) for p in parts.path.split("/") if p]
+    if len(pieces) < 2 or pieces[0] in ("datasets", "spaces"):
+        return None
+    repo = "/".join(pieces[:2])
+    if not _REPO_RE.match(repo):
+        return None
+    rest = pieces[2:]
+    if not rest:
+        return HubId(repo)
+    if rest[0] == "tree" and len(rest) >= 2:  # a branch may hold slashes: refs/pr/1
+        return HubId(repo, revision=_revision("/".join(rest[1:])))
+    if rest[0] in ("resolve", "blob") and len(rest) >= 3:
+        filename = "/".join(rest[2:])
+        if filename.lower().endswith(".gguf") and ".." not in rest[2:]:
+            return HubId(repo, filename, _revision(rest[1]))
+    return None
 
-    ``HF_ENDPOINT``, ``HF_HUB_CACHE`` (else ``HF_HOME``/hub) and ``HF_HUB_OFFLINE`` win when
-    set; otherwise huggingface_hub's own values (its defaults, or tests' patches) apply.
+
+def _revision(rev: str) -> str | None:
+    """None for the default branch (huggingface_hub's DEFAULT_REVISION), else ``rev``."""
+    return None if rev == "main" else rev
+
+
+def hub_constants() -> Any:
+    """``huggingface_hub.constants`` as that module resolves the current environment.
+
+    huggingface_hub reads its environment variables once, at import. When none of them
+    changed since this module was imported, that module itself is returned (so patches
+    of it apply); otherwise its own code is evaluated again on the current environment
+    (a private copy, never registered in ``sys.modules``), so the precedence is always
+    huggingface_hub's: ``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, then
+    ``HF_HOME``/hub, then ``XDG_CACHE_HOME``/huggingface/hub.
     """
-    from huggingface_hub import constants, get_token
+    now = _hf_environment()
+    if now == _IMPORT_ENVIRONMENT:
+        return _hf_constants
+    return _constants_for(now)
 
-    env = os.environ
-    endpoint = (env.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-    if env.get("HF_HUB_CACHE"):
-        cache = Path(os.path.expandvars(env["HF_HUB_CACHE"])).expanduser()
-    elif env.get("HF_HOME"):
-        cache = Path(os.path.expandvars(env["HF_HOME"])).expanduser() / "hub"
-    else:
-        cache = Path(constants.HF_HUB_CACHE)
-    flag = env.get("HF_HUB_OFFLINE")
-    offline = flag.upper() in _TRUE if flag is not None else bool(constants.HF_HUB_OFFLINE)
-    return HubSettings(endpoint, cache, offline, bool(get_token()))
+
+def _hf_environment() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_HF_ENV_PREFIXES)))
+
+
+@functools.lru_cache(maxsize=8)
+def _constants_for(environment: tuple[tuple[str, str], ...]) -> Any:
+    # `environment` is the cache key only: the module reads os.environ, which holds it now.
+    spec = importlib.util.find_spec("huggingface_hub.constants")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The environment as huggingface_hub read it (imported above, or before: then nothing
+# changed os.environ in between; nothing in this backend does).
+_IMPORT_ENVIRONMENT = _hf_environment()
+
+
+def settings() -> HubSettings:
+    """The hub settings in effect now, resolved by huggingface_hub (``hub_constants``).
+
+    LocalAI sets ``HF_HOME``, ``TRANSFORMERS_CACHE`` and ``HUGGINGFACE_HUB_CACHE`` to its
+    models directory when they are unset (pkg/model/initializers.go, spawnGRPCModel), so
+    under LocalAI the cache is ``<models>/models--owner--name`` (``HUGGINGFACE_HUB_CACHE``
+    wins over ``HF_HOME``), where huggingface_hub itself would look.
+    """
+    from huggingface_hub import get_token
+
+    constants = hub_constants()
+    return HubSettings(
+        endpoint=str(constants.ENDPOINT).rstrip("/"),
+        cache_dir=Path(constants.HF_HUB_CACHE),
+        offline=bool(constants.HF_HUB_OFFLINE),
+        has_token=bool(get_token()),
+    )
 
 
 def _allow_patterns() -> list[str]:
@@ -117,11 +230,16 @@ def cached(hub_id: HubId) -> Path | None:
     try:
         if hub_id.filename:
             path = hf_hub_download(
-                hub_id.repo, hub_id.filename, cache_dir=cfg.cache_dir, local_files_only=True
+                hub_id.repo,
+                hub_id.filename,
+                revision=hub_id.revision,
+                cache_dir=cfg.cache_dir,
+                local_files_only=True,
             )
         else:
             path = snapshot_download(
                 hub_id.repo,
+                revision=hub_id.revision,
                 cache_dir=cfg.cache_dir,
                 local_files_only=True,
                 allow_patterns=_allow_patterns(),
@@ -157,6 +275,7 @@ def download(hub_id: HubId) -> Path:
     common: dict[str, Any] = {
         "cache_dir": cfg.cache_dir,
         "endpoint": cfg.endpoint,
+        "revision": hub_id.revision,
         "tqdm_class": progress.bar_class(),
     }
     try:
@@ -235,7 +354,8 @@ def _explain(exc: Exception, hub_id: HubId, cfg: HubSettings) -> ModelLoadError:
             )
         if isinstance(err, RevisionNotFoundError):
             return ModelLoadError(
-                f"Hugging Face repo '{hub_id.repo}' has no main revision {where}."
+                f"Hugging Face repo '{hub_id.repo}' has no revision "
+                f"'{hub_id.revision or 'main'}' {where}; check the branch, tag or commit."
             )
         if isinstance(err, RepositoryNotFoundError):
             return ModelLoadError(
@@ -255,13 +375,13 @@ def _explain(exc: Exception, hub_id: HubId, cfg: HubSettings) -> ModelLoadError:
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
             return ModelLoadError(
                 f"disk full while downloading '{hub_id}' into {cfg.cache_dir} "
-                f"({err.strerror}); free space there, or set HF_HOME (or HF_HUB_CACHE) to a "
-                "disk with room for the model."
+                f"({err.strerror}); free space there, or set HF_HUB_CACHE to a disk with room "
+                f"for the model ({_CACHE_VARS})."
             )
         if isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
             return ModelLoadError(
                 f"cannot write the Hugging Face cache {cfg.cache_dir} ({err.strerror}); set "
-                "HF_HOME (or HF_HUB_CACHE) to a writable directory."
+                f"HF_HUB_CACHE to a writable directory ({_CACHE_VARS})."
             )
         if isinstance(err, httpx2.ProxyError):
             return ModelLoadError(

@@ -17,10 +17,11 @@ fused into them at load (no per-token cost); over quantized weights they stay se
 away. Those survive ``dequantize_model`` (the CPU dense mode), after which
 ``fuse_adapters`` can fuse them too.
 
-Hugging Face ids are looked up in the local cache first (no network); only a miss
-downloads (``hub.py``: honours HF_HOME, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE,
-HF_ENDPOINT). Only regular files and directories are read: a FIFO, socket or device named
-as a model is refused before anything opens it.
+Hugging Face ids (and hub URLs: ``hub.parse_hub_id``) are looked up in the local cache
+first (no network); only a miss downloads (``hub.py``: the cache, endpoint and offline flag
+as huggingface_hub resolves HF_HUB_CACHE / HUGGINGFACE_HUB_CACHE / HF_HOME, HF_ENDPOINT,
+HF_HUB_OFFLINE; HF_TOKEN). Only regular files and directories are read: a FIFO, socket or
+device named as a model is refused before anything opens it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from errors import ModelLoadError
-from loading import gguf_convert, hub
+from loading import gguf_convert, hub, vision
 
 logger = logging.getLogger("localai.mlx.model_loader")
 
@@ -106,7 +107,11 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
     ``model``: an existing path (absolute, or relative to ``model_path`` when set, else
     to the working directory); a directory with ``config.json`` is "mlx_dir", a regular
     file ending in ``.gguf`` is "gguf". Otherwise a Hugging Face id (``owner/name``, or
-    ``owner/name/path/file.gguf`` for one GGUF file of a repo) is looked up in the local
+    ``owner/name/path/file.gguf`` for one GGUF file of a repo; also the URL forms LocalAI
+    writes or passes through, ``https://huggingface.co/owner/name[/tree/REV]``,
+    ``hf.co/owner/name``, ``huggingface://owner/name[@REV]``, ``hf://owner/name``: see
+    ``hub.parse_hub_id``; LocalAI's importer writes the https form into model files,
+    core/gallery/importers/mlx.go) is looked up in the local
     Hugging Face cache ("hf_cache"; a cached repo with no config.json but exactly one
     .gguf file resolves to that file), and only when it is not there downloaded with
     ``hub.download`` on the calling thread (progress is logged; this can take minutes).
@@ -142,9 +147,10 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
     if hub_id is None:
         raise ModelLoadError(
             f"model '{model}' not found: not a file or directory (looked in "
-            f"{', '.join(looked)}), and not a Hugging Face id (owner/name, or "
-            "owner/name/file.gguf). Give the path of an MLX model directory or a .gguf "
-            "file, or a Hugging Face repo id."
+            f"{', '.join(looked)}), and not a Hugging Face id (owner/name, "
+            "owner/name/file.gguf, https://huggingface.co/owner/name, hf.co/owner/name, "
+            "huggingface://owner/name or hf://owner/name). Give the path of an MLX model "
+            "directory or a .gguf file, or a Hugging Face repo."
         )
     local = hub.cached(hub_id)
     if local is not None:
@@ -247,8 +253,15 @@ def load_model(
     adapter_path: str = "",
     lora_scale: float = 0.0,
     lazy: bool = False,
+    vision_options: dict[str, Any] | None = None,
+    vision_off: str = "",
 ) -> tuple[Any, Any]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
+
+    ``vision_options``: the load options, when a vision-language model may load with its
+    vision part (``vision.load``: an ``LMView`` over mlx-vlm's model, images served);
+    ``vision_off`` says why it may not ("" = it may), and such a model then loads
+    text-only through mlx-lm, as any model does when ``vision_options`` is None.
 
     Resolves with ``resolve_model``; GGUF files are converted once into
     ``cache_dir`` (default ``$LOCALAI_MLX_CACHE_DIR`` or ``~/.cache/localai-mlx/gguf``)
@@ -283,6 +296,24 @@ def load_model(
 
     tok_config = dict(tokenizer_config or {})
     tok_config["trust_remote_code"] = trust_remote_code
+    is_vision = vision_options is not None and vision.vision_config(directory) is not None
+    if is_vision and not vision_off:
+        loaded_model, tokenizer = vision.load(
+            directory,
+            tokenizer_config=tok_config,
+            trust_remote_code=trust_remote_code,
+            lazy=lazy,
+            options=vision_options,
+        )
+        logger.info(
+            "loaded vision model %s from %s (load %.2fs)",
+            resolved.name,
+            directory,
+            time.perf_counter() - converted,
+        )
+        return loaded_model, tokenizer
+    if is_vision:
+        logger.warning("%s: vision part off (%s); serving it text-only", resolved.name, vision_off)
     try:
         loaded_model, tokenizer = load(
             str(directory),
@@ -301,6 +332,8 @@ def load_model(
         ) from exc
     if adapter_dir is not None:
         apply_adapter(loaded_model, adapter_dir, lora_scale)
+    if is_vision:
+        loaded_model.text_only_reason = vision_off  # said when a request sends images
     logger.info(
         "loaded %s model %s from %s (convert %.2fs, load %.2fs)",
         resolved.kind,
