@@ -1,0 +1,353 @@
+"""Image prompts on the prompt worker threads: render, decode and preprocess images, and
+the cache identity of every token (no MLX here: the engine thread owns it).
+
+`prepare` is what `Engine.submit` runs off the event loop and off the engine thread for
+every request: a request without images goes to `engine.prompt.prepare_prompt` as before;
+one with images becomes a `VisionPrompt`:
+
+- Where the images go. A raw `Prompt` with media markers (``<__media__>``, what LocalAI
+  writes, and what ModelMetadata reports as this backend's marker): each marker becomes
+  the family's image placeholder, one image per marker, in order. A raw `Prompt` without
+  markers is wrapped as one user message and rendered with mlx-vlm's
+  ``apply_chat_template(..., num_images=N)``, as LocalAI's own mlx-vlm backend does.
+  `Messages` (UseTokenizerTemplate) render the same way: a marker inside a user message
+  puts an image there; images left over go to the end of the last user message (mlx-vlm's
+  rule; LocalAI sends message text without markers). A trailing assistant message is
+  continued, as for text. The family's own image tokens typed as text are refused: only
+  markers place images.
+- Decoding (`parsing.images.decode`: bounded pixels) and the processor (mlx-vlm's, numpy
+  output), whose token ids are the prompt (image tokens expanded); ``prompt_tokens``
+  counts them.
+- Cache identity (``key_ids``, what the prompt cache is keyed by): the token ids, with each
+  image's tokens replaced by ids derived from the image's SHA-256, its token count and the
+  processor's signature (never below 2**100, so never a vocabulary id), so the same image
+  reuses a cached prefix and a different one never does, across restarts too (the disk
+  tier). For Qwen2-VL the prefill positions of the whole prompt shift by its mRoPE delta
+  (`loading.vision`), so the first key id also carries the delta: a prompt with another
+  delta (other images) shares no prefix with it, not even its text before the images.
+  A prefix that ends inside an image's tokens is never stored (`VisionPrompt.key_tokens`)
+  or reused (`engine.vision`). mRoPE families whose delta cannot be computed here get a
+  one-off first key id and are never stored: no reuse, never a wrong one.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from decoding.output import initial_state_for
+from engine import prompt as prompt_mod
+from loading.vision import MEDIA_MARKER
+from params import PromptSpec
+from parsing import images as images_mod
+
+VIRTUAL_BASE = 1 << 100  # key ids of image tokens are above every vocabulary id
+TAG_BASE = 1 << 99  # first key id of a prompt whose positions shift (mRoPE delta)
+ONE_OFF_BASE = 1 << 98  # first key id of a prompt that must share nothing (never stored)
+_IMAGE_BITS = 24  # tokens per image < 2**24 in key ids
+
+
+@dataclass(frozen=True)
+class VisionPrompt:
+    """An image prompt, prepared off the engine thread (numpy arrays only).
+
+    ``input_ids``: the processor's token ids (what the model reads); ``key_ids``: the
+    same positions as the prompt cache keys them (module doc); ``spans``: [start, end)
+    of each image's tokens (ascending); ``digests``: each image's SHA-256; ``pixel_values``
+    / ``attention_mask`` / ``extra``: the processor's output for the whole prompt
+    (``extra``: e.g. image_grid_thw); ``pixels`` / ``image_extra``: one image's part of
+    them (None when the family's tower runs on all images at once); ``rope_delta``: the
+    mRoPE position shift computed from the image grids (0 without mRoPE or when unknown);
+    ``cacheable``: False when the prompt may share no cache entry.
+    """
+
+    input_ids: tuple[int, ...]
+    key_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    digests: tuple[str, ...]
+    pixel_values: Any
+    attention_mask: Any
+    extra: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    pixels: tuple[Any, ...] | None = None
+    image_extra: tuple[MappingProxyType, ...] | None = None
+    rope_delta: int = 0
+    cacheable: bool = True
+
+    def inside_image(self, n: int) -> bool:
+        """Whether a prefix of ``n`` tokens ends strictly inside an image's tokens."""
+        return any(start < n < end for start, end in self.spans)
+
+    def key_tokens(self, tokens: Any) -> list[int] | None:
+        """The cache key of ``tokens`` (this prompt's ids, a prefix of them, or them plus
+        generated ones): image and first positions as ``key_ids``; None when the tokens
+        must not be stored (they end inside an image, or the prompt is not cacheable)."""
+        tokens = [int(t) for t in tokens]
+        if not self.cacheable or self.inside_image(len(tokens)):
+            return None
+        head = min(len(tokens), len(self.input_ids))
+        if tokens[:head] != list(self.input_ids[:head]):
+            return None  # not this prompt's tokens: never store them under its keys
+        return list(self.key_ids[:head]) + tokens[head:]
+
+    def images_in(self, start: int, stop: int) -> list[int]:
+        """Indices of the images with tokens in [start, stop)."""
+        return [i for i, (s, e) in enumerate(self.spans) if s < stop and e > start]
+
+
+@dataclass(frozen=True)
+class VisionPreparedPrompt(prompt_mod.PreparedPrompt):
+    """`PreparedPrompt` of an image request: ``token_ids`` are the key ids (what the
+    scheduler looks the prompt cache up with; as many as the model reads), ``vision``
+    the rest."""
+
+    vision: VisionPrompt | None = None
+
+
+def prepare(
+    spec: PromptSpec,
+    loaded: Any,
+    context_len: int | None = None,
+    max_token_chars: int = 0,
+    checkpoints: bool = False,
+) -> prompt_mod.PreparedPrompt:
+    """The prepared prompt of ``spec`` for the `LoadedModel` ``loaded`` (module doc).
+    ValueError (INVALID_ARGUMENT) naming the field: images sent to a text-only model,
+    markers and images that do not pair up, an image that cannot be decoded or is too
+    large, the processor or the template refusing the prompt, a prompt too long."""
+    if not spec.images:
+        return prompt_mod.prepare_prompt(
+            spec, loaded.tokenizer, context_len, max_token_chars, checkpoints
+        )
+    parts = loaded.vision
+    if parts is None:
+        reason = getattr(loaded.model, "text_only_reason", "")
+        raise ValueError(
+            f"PredictOptions.Images: the loaded model {loaded.name!r} serves text only"
+            + (f" (its vision part is off: {reason})" if reason else "")
+            + "; images need a vision-language model (config.json with a vision_config)"
+        )
+    pictures = [images_mod.decode(image, parts.limits.max_pixels) for image in spec.images]
+    text = render(spec, parts, len(pictures))
+    prompt_mod.check_fits(text, context_len, max_token_chars)
+    try:
+        data = parts.process(text, pictures)
+    except ValueError as exc:
+        raise ValueError(
+            f"PredictOptions.Images: the model's processor refused them: {exc}"
+        ) from None
+    except Exception as exc:  # processors raise TypeError, IndexError... on odd input
+        raise ValueError(
+            f"PredictOptions.Images: the model's processor failed on them: "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
+    vision = build(parts, spec.images, data)
+    tokenizer = loaded.tokenizer
+    state = (
+        initial_state_for(tokenizer, vision.input_ids) if hasattr(tokenizer, "has_thinking") else ""
+    )
+    return VisionPreparedPrompt(
+        text=text, token_ids=vision.key_ids, initial_state=state or "normal", vision=vision
+    )
+
+
+# --------------------------------------------------------------------------- rendering
+def _check_literals(text: str, parts: Any, field_name: str) -> None:
+    for literal in parts.family.literals:
+        if literal and literal in text:
+            raise ValueError(
+                f"{field_name} contains the model's image token {literal} as text; mark "
+                f"where an image goes with {MEDIA_MARKER} (one per image in "
+                "PredictOptions.Images)"
+            )
+
+
+def _split_markers(content: str) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for i, piece in enumerate(content.split(MEDIA_MARKER)):
+        if i:
+            out.append({"type": "image"})
+        if piece:
+            out.append({"type": "text", "text": piece})
+    return out
+
+
+def _template(parts: Any, prompt: Any, n: int, **kwargs: Any) -> str:
+    try:
+        return parts.render(prompt, n, **kwargs)
+    except jinja2.TemplateError as err:
+        raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
+    except ValueError as err:  # e.g. a single-image family given several
+        raise ValueError(f"PredictOptions.Images: {err}") from None
+
+
+def render(spec: PromptSpec, parts: Any, n: int) -> str:
+    """The prompt text with one image placeholder per image (module doc)."""
+    if spec.messages is None:
+        _check_literals(spec.prompt, parts, "PredictOptions.Prompt")
+        markers = spec.prompt.count(MEDIA_MARKER)
+        if markers:
+            if markers != n:
+                raise ValueError(
+                    f"PredictOptions.Prompt has {markers} media markers ({MEDIA_MARKER}) but "
+                    f"PredictOptions.Images has {n} images: send one image per marker"
+                )
+            return spec.prompt.replace(MEDIA_MARKER, parts.family.placeholder)
+        # As LocalAI's mlx-vlm backend: the prompt as one user message, images with it.
+        kwargs = {"tools": spec.template_tools} if spec.template_tools else {}
+        return _template(parts, [{"role": "user", "content": spec.prompt}], n, **kwargs)
+    messages = [copy.deepcopy(dict(m)) for m in spec.messages]
+    placed, last_user = 0, -1
+    for i, message in enumerate(messages):
+        content = message.get("content") or ""
+        _check_literals(content, parts, f"PredictOptions.Messages[{i}].content")
+        if message["role"] == "user":
+            last_user = i
+        if MEDIA_MARKER in content:
+            if message["role"] != "user":
+                raise ValueError(
+                    f"PredictOptions.Messages[{i}] ({message['role']}) has a media marker: "
+                    "images go in user messages only"
+                )
+            placed += content.count(MEDIA_MARKER)
+            message["content"] = _split_markers(content)
+    if placed > n:
+        raise ValueError(
+            f"PredictOptions.Messages have {placed} media markers ({MEDIA_MARKER}) but "
+            f"PredictOptions.Images has {n} images: send one image per marker"
+        )
+    if placed < n and last_user < 0:
+        raise ValueError(
+            "PredictOptions.Images: the messages have no user message to attach them to"
+        )
+    if spec.continue_final:
+        last = messages[-1]
+        content = last.get("content") or ""
+        last["content"] = f"{content}{prompt_mod._CONTINUE_MARK}"
+    kwargs: dict[str, Any] = dict(spec.template_kwargs)
+    if spec.template_tools:
+        kwargs["tools"] = spec.template_tools
+    text = _template(parts, messages, n, add_generation_prompt=not spec.continue_final, **kwargs)
+    if spec.continue_final:
+        cut = text.rfind(prompt_mod._CONTINUE_MARK)
+        if cut < 0:
+            raise ValueError(
+                "PredictOptions.Messages: the chat template does not render the final "
+                "assistant message's content, so it cannot be continued; end with a user turn"
+            )
+        text = text[:cut]
+    return text
+
+
+# --------------------------------------------------------------------------- tokens
+def _array(value: Any) -> Any:
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], np.ndarray):
+        return np.stack(value)
+    return np.asarray(value)
+
+
+def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for pos, t in enumerate(ids):
+        if t != token:
+            continue
+        if runs and runs[-1][1] == pos:
+            runs[-1] = (runs[-1][0], pos + 1)
+        else:
+            runs.append((pos, pos + 1))
+    return runs
+
+
+def image_key(signature: str, digest: str, tokens: int) -> int:
+    """The base key id of an image's tokens: from the processor signature, the image's
+    digest and its token count (an image processed to another size gets another)."""
+    h = hashlib.sha256(f"{signature}:{digest}:{tokens}".encode()).digest()
+    return VIRTUAL_BASE + (int.from_bytes(h[:12], "big") << _IMAGE_BITS)
+
+
+def qwen_rope_delta(grids: Any, merge: int) -> int:
+    """Qwen2-VL's mRoPE delta (max position + 1 - length) of a prompt with images of
+    ``grids`` (t, h, w patches): each image of t x h' x w' tokens (h' = h / merge) spans
+    max(t, h', w') positions."""
+    delta = 0
+    for t, h, w in np.asarray(grids).reshape(-1, 3).tolist():
+        hh, ww = h // merge, w // merge
+        delta += max(t, hh, ww) - t * hh * ww
+    return int(delta)
+
+
+def build(parts: Any, images: tuple, data: dict) -> VisionPrompt:
+    """The `VisionPrompt` of the processor's output ``data`` for ``images``."""
+    ids = [int(t) for t in np.asarray(data["input_ids"]).reshape(-1).tolist()]
+    n = len(images)
+    spans = _runs(ids, parts.image_token_id)
+    pixel_values = _array(data.get("pixel_values"))
+    mask = _array(data.get("attention_mask"))
+    extra = {
+        k: _array(v)
+        for k, v in data.items()
+        if k not in ("input_ids", "attention_mask", "pixel_values") and v is not None
+    }
+    family = parts.family
+    grids = extra.get("image_grid_thw")
+    pixels: tuple | None = None
+    image_extra: tuple | None = None
+    if family.tower == "qwen" and grids is not None and len(grids) == n:
+        counts = [int(np.prod(g)) for g in grids]
+        per_image = [c // (parts.merge_size**2) for c in counts]
+        # One contiguous run per image (the placeholder wraps each in vision_start/end).
+        if [e - s for s, e in spans] != per_image:
+            raise ValueError(
+                f"PredictOptions.Images: the prompt has image tokens for {len(spans)} images "
+                f"({[e - s for s, e in spans]} tokens) but the processor made {per_image}"
+            )
+        bounds = np.cumsum([0, *counts])
+        pixels = tuple(pixel_values[bounds[i] : bounds[i + 1]] for i in range(n))
+        image_extra = tuple(
+            MappingProxyType({"image_grid_thw": grids[i : i + 1]}) for i in range(n)
+        )
+    elif family.tower == "gemma3" and pixel_values is not None and len(pixel_values) == n:
+        pixels = tuple(pixel_values[i : i + 1] for i in range(n))
+    if len(spans) != n:
+        raise ValueError(
+            f"PredictOptions.Images has {n} images but the prompt has room for {len(spans)} "
+            f"(the chat template or the media markers placed {len(spans)})"
+        )
+    if ids and spans and spans[-1][1] >= len(ids):
+        raise ValueError("PredictOptions.Prompt ends with an image: add text after it")
+    delta, cacheable = 0, True
+    if parts.mrope:
+        if family.rope_delta and grids is not None:
+            delta = qwen_rope_delta(grids, parts.merge_size)
+        else:
+            cacheable = False
+    key = list(ids)
+    for image, (start, end) in zip(images, spans, strict=True):
+        base = image_key(parts.signature, image.digest, end - start)
+        key[start:end] = range(base, base + (end - start))
+    if not cacheable:
+        key[0] = ONE_OFF_BASE + int.from_bytes(os.urandom(12), "big")
+    elif delta:
+        h = hashlib.sha256(f"rope:{delta}:{key[0]}".encode()).digest()
+        key[0] = TAG_BASE + int.from_bytes(h[:12], "big")
+    return VisionPrompt(
+        input_ids=tuple(ids),
+        key_ids=tuple(key),
+        spans=tuple(spans),
+        digests=tuple(image.digest for image in images),
+        pixel_values=pixel_values,
+        attention_mask=mask,
+        extra=MappingProxyType(extra),
+        pixels=pixels,
+        image_extra=image_extra,
+        rope_delta=delta,
+        cacheable=cacheable,
+    )
