@@ -1,10 +1,11 @@
 """Constrained decoding: GBNF grammars and JSON schemas as per-request logits processors.
 
-Owns reading a request's constraint (`PredictOptions.Grammar`, `Metadata["json_schema"]`,
-`Metadata["response_format"]`) into a `Constraint`, compiling it against the model's
-tokenizer (cached), and the per-sequence logits processor that masks every token the
-grammar forbids. Nothing here is global per request: each processor owns its own matcher,
-so constrained and unconstrained sequences decode together in one `BatchGenerator` batch.
+Owns validating and compiling a `Constraint` (read from the request by
+`parsing/constraint.py`) against the model's tokenizer (cached: one compile serves the
+check before queueing and every sequence after it), and the per-sequence logits processor
+that masks every token the grammar forbids. Nothing here is global per request: each
+processor owns its own matcher, so constrained and unconstrained sequences decode together
+in one `BatchGenerator` batch.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
 this 2-core CPU with SmolLM2's 49,152-token vocabulary:
@@ -25,8 +26,8 @@ Bounds (measured on this 2-core CPU, llguidance 1.9.1): a 1 MB GBNF grammar of 1
 alternatives costs 1.5 s in the pure-Python GBNF-to-Lark converter (holding the GIL), 8.9 s
 to validate and 9.2 s to compile against SmolLM2's tokenizer, and then fails with a Rust
 panic (`grammar.symbols.len() < u16::MAX`) carrying a backtrace. So every constraint is
-first checked by cheap bounds (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING, MAX_JSON_BYTES,
-MAX_JSON_DEPTH), then validated off the event loop (`validate_constraint`, on a small
+first held to cheap bounds (`parsing.constraint`: every `Constraint` obeys them by
+construction), then validated off the event loop (`validate_constraint`, on a small
 dedicated thread pool with a time bound; llguidance's compile drops the GIL: a 30,000
 alternative validation in a thread left the main thread's 1 ms sleeps at most 4 ms apart).
 Error texts are one line without panic or backtrace text (`clean_error`).
@@ -37,29 +38,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 import hashlib
-import json
 import logging
 import re
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 
-from parsing import jsonfield
+from parsing.constraint import Constraint
 
-logger = logging.getLogger("localai.mlx.grammar")
-
-GRAMMAR_FIELD = "PredictOptions.Grammar"
-JSON_SCHEMA_FIELD = "Metadata.json_schema"
-RESPONSE_FORMAT_FIELD = "Metadata.response_format"
+logger = logging.getLogger("localai.mlx." + __name__)
 
 # JSON output on one line in json.dumps' default style (", " and ": "), which models see
 # most. Flexible whitespace would let a sampled small model emit newlines until max_tokens.
@@ -69,25 +65,8 @@ JSON_OPTIONS: dict[str, Any] = {
     "item_separator": ", ",
     "key_separator": ": ",
 }
-ANY_JSON_OBJECT = '{"type":"object"}'
 COMPILED_CACHE_SIZE = 64  # compiled grammars kept per tokenizer (LRU)
 
-# --- bounds, checked before any expensive work ---
-# Largest grammar (UTF-8 bytes). 64 KiB holds LocalAI's function-calling grammar for dozens
-# of tools, or ~6,000 short alternatives spread over rules (llguidance allows at most 2,000
-# per rule). Validation is not all GIL-free (the GBNF converter is Python, and part of
-# llguidance's build holds the GIL): at ~100 KB it paused the event loop up to ~150 ms on
-# this loaded 2-core host, at 25 KB not measurably (baseline 17 ms gaps).
-MAX_GRAMMAR_BYTES = 64 * 1024
-# Deepest parenthesis nesting in a grammar; llguidance's GBNF converter recurses per level
-# (RecursionError at ~500).
-MAX_GRAMMAR_NESTING = 100
-# Largest JSON text (UTF-8 bytes) of Metadata.json_schema / Metadata.response_format, or of a
-# JSON schema given in PredictOptions.Grammar.
-MAX_JSON_BYTES = 128 * 1024
-# Deepest JSON nesting (arrays and objects) in those texts; llguidance's schema reader stops
-# at 128 and Python's json at ~1000 with a RecursionError.
-MAX_JSON_DEPTH = 64
 # Steps of the validation walk (see `_walk`): bytes fed to the grammar after its first mask.
 VALIDATE_WALK_BYTES = 8
 # Default time bound (seconds) of `validate_constraint`.
@@ -99,120 +78,10 @@ VALIDATED_CACHE_SIZE = 256
 # Longest error text taken from llguidance (characters); the rest is cut.
 MAX_ERROR_CHARS = 400
 
-_lock = threading.Lock()  # guards the module's caches; never held while compiling
+_lock = threading.Lock()  # guards the module's caches; never held while compiling or building
 
-ConstraintKind = Literal["gbnf", "json_schema", "json_object"]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
-
-@dataclass(frozen=True)
-class Constraint:
-    """What one request's output must match.
-
-    `kind`: "gbnf" (llama.cpp GBNF; Lark syntax is accepted too), "json_schema" or
-    "json_object" (any JSON object). `source`: the grammar text, or the schema as compact
-    JSON with its key order kept (property order decides output order). `field`: the
-    request field it came from, named in every error about it.
-    """
-
-    kind: ConstraintKind
-    source: str
-    field: str
-
-
-# --- parsing the request ----------------------------------------------------------------
-
-
-def check_json_bounds(
-    raw: str, field: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
-) -> None:
-    """`jsonfield.check_bounds` with the constraint limits (a JSON schema is smaller than
-    other JSON fields). Raises ValueError naming `field` and the limit."""
-    jsonfield.check_bounds(raw, field, max_bytes, max_depth)
-
-
-def _json_object(raw: str, field: str) -> dict[str, Any]:
-    check_json_bounds(raw, field)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{field} must be a JSON object: {err}") from None
-    except RecursionError:  # unreachable after the depth bound; kept as a safety net
-        raise ValueError(f"{field} nests too deeply: flatten it") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{field} must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _schema_constraint(schema: Any, field: str) -> Constraint:
-    if not isinstance(schema, dict):
-        raise ValueError(f"{field}: the JSON schema must be an object, got {type(schema).__name__}")
-    source = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    return Constraint("json_schema", source, field)
-
-
-def _response_format(raw: str) -> Constraint | None:
-    field = RESPONSE_FORMAT_FIELD
-    if raw in ("text", "json_object"):  # a bare type name, as some clients send it
-        value: dict[str, Any] = {"type": raw}
-    else:
-        value = _json_object(raw, field)
-    kind = value.get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        # llama.cpp's server also takes {"type": "json_object", "schema": {...}}.
-        if "schema" in value:
-            return _schema_constraint(value["schema"], field)
-        return Constraint("json_object", ANY_JSON_OBJECT, field)
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise ValueError(
-                f'{field} of type "json_schema" needs "json_schema": {{"schema": {{...}}}}'
-            )
-        return _schema_constraint(spec["schema"], field)
-    raise ValueError(f'{field} "type" must be "text", "json_object" or "json_schema", got {kind!r}')
-
-
-def _check_grammar_bounds(text: str, field: str) -> None:
-    """Size and parenthesis-nesting bounds of a GBNF/Lark grammar; ValueError naming `field`."""
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_GRAMMAR_BYTES:
-        raise ValueError(
-            f"{field} is {size} bytes; the limit is {MAX_GRAMMAR_BYTES} bytes: shorten the grammar"
-        )
-    # Parentheses outside "strings", [classes] and # comments; Lark's /regex/ parentheses
-    # count too (they nest in the regex compiler as well).
-    depth = 0
-    pos = 0
-    n = len(text)
-    while pos < n:
-        match = _GRAMMAR_STRUCTURE.search(text, pos)
-        if match is None:
-            break
-        char = match.group()
-        pos = match.end()
-        if char == "(":
-            depth += 1
-            if depth > MAX_GRAMMAR_NESTING:
-                raise ValueError(
-                    f"{field} nests parentheses deeper than {MAX_GRAMMAR_NESTING} levels: "
-                    "split the grammar into named rules"
-                )
-        elif char == ")":
-            depth = max(depth - 1, 0)
-        elif char == "#":
-            end = text.find("\n", pos)
-            pos = n if end < 0 else end + 1
-        else:  # a quoted string or character class: skip to its unescaped end
-            close = '"' if char == '"' else "]"
-            while pos < n and text[pos] != close:
-                pos += 2 if text[pos] == "\\" else 1
-            pos += 1
-
-
-_GRAMMAR_STRUCTURE = re.compile(r'[()"\[#]')
 
 # Markers after which llguidance error texts carry internals: a backtrace, parser state,
 # the grammar listing.
@@ -326,7 +195,7 @@ _validated: OrderedDict[tuple[str, bytes], None] = OrderedDict()
 def _validate(constraint: Constraint) -> None:
     """Compile `constraint` for bytes and run its first step; ValueError if it fails.
 
-    Bounded by the size checks done when the constraint was read; takes ~0.3 s for a
+    Bounded by the size checks every `Constraint` passed when built; takes ~0.3 s for a
     grammar at MAX_GRAMMAR_BYTES, well under 1 ms for usual ones. Remembers successes
     (VALIDATED_CACHE_SIZE), so repeated constraints cost one hash.
     """
@@ -335,10 +204,6 @@ def _validate(constraint: Constraint) -> None:
         if key in _validated:
             _validated.move_to_end(key)
             return
-    if constraint.kind == "gbnf":
-        _check_grammar_bounds(constraint.source, constraint.field)
-    else:
-        check_json_bounds(constraint.source, constraint.field)
     matcher = llguidance.LLMatcher(_validation_tokenizer(), _to_llguidance(constraint), log_level=0)
     error = _matcher_error(constraint, matcher)
     if error is not None:
@@ -352,8 +217,9 @@ def _validate(constraint: Constraint) -> None:
             _validated.popitem(last=False)
 
 
-def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
-    """Run the first VALIDATE_WALK_BYTES steps, always taking the lowest allowed byte.
+def _walk(constraint: Constraint, matcher: llguidance.LLMatcher, vocab: int = 256) -> None:
+    """Run the first VALIDATE_WALK_BYTES steps, always taking the lowest allowed token
+    (a byte, or a token of a vocabulary of `vocab` ids). Consumes `matcher`'s state.
 
     The first step finds a grammar that matches no string; the next ones find limits that
     llguidance only meets while parsing, e.g. a rule with more than 2,000 alternatives
@@ -362,7 +228,7 @@ def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
     for step in range(VALIDATE_WALK_BYTES):
         allowed = np.unpackbits(
             np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
-        )[:256]
+        )[:vocab]
         if matcher.is_error():
             if step > 0 and matcher.get_error().startswith("NoExtensionBias"):
                 return  # a dead branch deeper in: other bytes may still lead somewhere
@@ -375,16 +241,6 @@ def _walk(constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
         matcher.consume_token(int(nonzero[0]))
         if matcher.is_error():
             raise _matcher_error(constraint, matcher)  # type: ignore[misc]
-
-
-def validate_constraint_sync(constraint: Constraint) -> None:
-    """Validate `constraint` fully on the calling thread (see `validate_constraint`).
-
-    Blocking: up to ~0.5 s for a grammar at the size bounds. Never call it on the event loop;
-    `validate_constraint` runs it on the validation pool with a time bound.
-    Raises ValueError naming `constraint.field` (one line, no panic text).
-    """
-    _validate(constraint)
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -401,24 +257,30 @@ def _validation_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 async def validate_constraint(
-    constraint: Constraint | None, timeout_s: float = VALIDATE_TIMEOUT_S
+    constraint: Constraint | None, tokenizer: Any = None, timeout_s: float = VALIDATE_TIMEOUT_S
 ) -> None:
-    """Validate a constraint read by `read_constraint`, off the event loop; await it
-    before queueing the request.
+    """Validate a constraint read by `parsing.constraint.read_constraint`, off the event
+    loop; await it before queueing the request.
 
     Runs on a dedicated pool of VALIDATE_THREADS threads (llguidance drops the GIL while
-    compiling, so the loop keeps serving Health and other requests). Checks: the size and
-    nesting bounds, the grammar or schema compiles, and it matches at least one string.
-    `timeout_s`: seconds to wait, including any wait for a free thread; on expiry the
-    request is refused (a compile already running finishes in the background; one not yet
-    started is dropped). None is accepted and does nothing.
+    compiling, so the loop keeps serving Health and other requests). Checks: the grammar
+    or schema compiles, and it matches at least one string. With `tokenizer` (the loaded
+    model's), it is compiled for that tokenizer and kept, so the sequence's processor
+    (`make_constraint_processor`) reuses that one compile; without, it is compiled for
+    single bytes. `timeout_s`: seconds to wait, including any wait for a free thread; on
+    expiry the request is refused (a compile already running finishes in the background;
+    one not yet started is dropped). None is accepted and does nothing.
 
-    Raises ValueError naming `constraint.field`: invalid, too large, matching no string, or
-    not validated within `timeout_s` (INVALID_ARGUMENT at the edge).
+    Raises ValueError naming `constraint.field`: invalid, matching no string, not a fast
+    tokenizer, or not validated within `timeout_s` (INVALID_ARGUMENT at the edge).
     """
     if constraint is None:
         return
-    future = asyncio.get_running_loop().run_in_executor(_validation_pool(), _validate, constraint)
+    if tokenizer is None:
+        work = functools.partial(_validate, constraint)
+    else:
+        work = functools.partial(_compiled_matcher, constraint, tokenizer)
+    future = asyncio.get_running_loop().run_in_executor(_validation_pool(), work)
     try:
         await asyncio.wait_for(future, timeout_s)
     except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on
@@ -426,55 +288,6 @@ async def validate_constraint(
             f"{constraint.field}: the {_what(constraint)} did not compile within "
             f"{timeout_s:g} s: simplify it"
         ) from None
-
-
-def read_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | None:
-    """Read a request's output constraint without compiling it; None when it has none.
-
-    Cheap and bounded (size and nesting bounds, JSON parsing), so it may run on the event
-    loop; follow it with `await validate_constraint(...)`. Same sources and errors as
-    `parse_constraint`, except the compile checks that `validate_constraint` does.
-    """
-    constraint: Constraint | None = None
-    if grammar.strip():
-        if grammar.lstrip().startswith("{"):  # no GBNF or Lark grammar starts with "{"
-            constraint = _schema_constraint(_json_object(grammar, GRAMMAR_FIELD), GRAMMAR_FIELD)
-        else:
-            _check_grammar_bounds(grammar, GRAMMAR_FIELD)
-            constraint = Constraint("gbnf", grammar, GRAMMAR_FIELD)
-    elif metadata.get("json_schema", "").strip():
-        schema = _json_object(metadata["json_schema"], JSON_SCHEMA_FIELD)
-        if isinstance(schema.get("schema"), dict):  # OpenAI's {"name", "schema", "strict"}
-            schema = schema["schema"]
-        constraint = _schema_constraint(schema, JSON_SCHEMA_FIELD)
-    elif metadata.get("response_format", "").strip():
-        constraint = _response_format(metadata["response_format"].strip())
-    return constraint
-
-
-def parse_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | None:
-    """Read a request's output constraint and validate it on this thread; None when it has none.
-
-    Sources, first match wins: `grammar` (PredictOptions.Grammar: GBNF as LocalAI sends
-    it for JSON mode and function calling, or a JSON schema when the text is a JSON
-    object); `metadata["json_schema"]` (a JSON schema, or OpenAI's wrapper
-    {"name": ..., "schema": {...}}); `metadata["response_format"]` (OpenAI style:
-    {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {...}}},
-    {"type": "text"}, or the bare type name). Empty or whitespace values count as absent;
-    fields after the winner are not read.
-
-    `read_constraint` followed by `validate_constraint_sync`: bounds first (MAX_GRAMMAR_BYTES,
-    MAX_GRAMMAR_NESTING, MAX_JSON_BYTES, MAX_JSON_DEPTH), then the full check (syntax,
-    undefined rules, unsupported schema keywords, matching no string) without a model
-    tokenizer. Blocking for up to ~0.5 s at the size bounds: on the event loop prefer
-    `read_constraint` + `await validate_constraint(...)`. Raises ValueError naming
-    PredictOptions.Grammar, Metadata.json_schema or Metadata.response_format, one line.
-    Never touches MLX.
-    """
-    constraint = read_constraint(grammar, metadata)
-    if constraint is not None:
-        _validate(constraint)
-    return constraint
 
 
 # --- compiling, cached per tokenizer -----------------------------------------------------
@@ -515,14 +328,25 @@ def _eos_ids(tokenizer: Any) -> list[int]:
 
 
 _by_tokenizer: weakref.WeakKeyDictionary[Any, _Compiled] = weakref.WeakKeyDictionary()
+_building: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 
 
 def _compiled_for(tokenizer: Any) -> _Compiled:
+    """The tokenizer's `_Compiled`, built once (~2 s) under a lock of its own: `_lock` is
+    never held while building, so validations of other requests go on meanwhile."""
     with _lock:
         compiled = _by_tokenizer.get(tokenizer)
+        if compiled is not None:
+            return compiled
+        building = _building.setdefault(tokenizer, threading.Lock())
+    with building:  # a second caller for the same tokenizer waits for the first build
+        with _lock:
+            compiled = _by_tokenizer.get(tokenizer)
         if compiled is None:
-            compiled = _by_tokenizer[tokenizer] = _Compiled(tokenizer)
-        return compiled
+            compiled = _Compiled(tokenizer)
+            with _lock:
+                _by_tokenizer[tokenizer] = compiled
+    return compiled
 
 
 def warm_up(tokenizer: Any) -> None:
@@ -550,10 +374,6 @@ def _compiled_matcher(
             return template.deep_copy(), compiled
     # Compiled without the lock (llguidance drops the GIL), so a long compile on one
     # thread never stalls another thread's cache hits.
-    if constraint.kind == "gbnf":
-        _check_grammar_bounds(constraint.source, constraint.field)
-    else:
-        check_json_bounds(constraint.source, constraint.field)
     start = time.perf_counter()
     template = llguidance.LLMatcher(compiled.llg_tokenizer, _to_llguidance(constraint), log_level=0)
     logger.debug(
@@ -563,11 +383,9 @@ def _compiled_matcher(
         1e3 * (time.perf_counter() - start),
     )
     error = _matcher_error(constraint, template)
-    if error is None:
-        template.compute_bitmask()  # the first step: a grammar matching nothing stops here
-        error = _matcher_error(constraint, template)
     if error is not None:
         raise error
+    _walk(constraint, template.deep_copy(), compiled.llg_tokenizer.vocab_size)
     for warning in template.get_grammar_warnings():
         logger.warning("%s: %s", constraint.field, clean_error(warning))
     with _lock:
