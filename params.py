@@ -16,7 +16,7 @@ Tokens (4)            | option max_tokens               | 512 tokens        | >=
                       |                                 |                   | context is full
 Temperature (9)       | option temperature / temp       | 0.0 = greedy      | finite, >= 0
 TopP (32)             | option top_p                    | 1.0 (off)         | [0, 1]
-TopK (5)              | option top_k                    | 0 (off)           | >= 0
+TopK (5)              | option top_k                    | 0 (off)           | any; < 0 = off
 MinP (53)             | option min_p                    | 0.0 (off)         | [0, 1]
 Penalty (10)          | option repetition_penalty       | 0.0 (off)         | >= 0; 1.0 = off
 Repeat (6)            | option repetition_context_size  | 20 tokens         | >= 0
@@ -35,6 +35,9 @@ NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0
 NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >= 0
 PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
 PromptCachePath (33)  | no disk tier (memory only)      | ""                | inside ModelPath
+Images (42)           | no images (parsing/images.py)   | ()                | base64 PNG/JPEG/WebP;
+                      |                                 |                   | options max_images,
+                      |                                 |                   | max_image_bytes
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
@@ -101,9 +104,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from caches import prompt_disk
-from decoding import grammar, parsers
+from caches import prompt_disk_format
+from parsing import images as images_mod
 from parsing import jsonfield
+from parsing.constraint import Constraint, read_constraint
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
@@ -124,6 +128,10 @@ DEFAULT_NGRAM_SIZE = 3  # longest n-gram looked up for drafts (option ngram_size
 DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
 DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
 DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
+# Milliseconds one batch step may take while others decode (option ``step_budget_ms``): the
+# bound of their inter-token latency while a long prompt prefills (issue: a 3,000-token
+# prompt froze running streams for 6-8 s on 2 CPU cores with full 512-token chunks).
+DEFAULT_STEP_BUDGET_MS = 750
 EMBEDDING_POOLINGS = ("mean", "last", "none")  # option embedding_pooling
 DISTRIBUTED_MODES = ("tensor", "pipeline")  # option distributed_mode
 DISTRIBUTED_BACKENDS = ("ring", "jaccl")  # option distributed_backend (LocalAI's worker mode)
@@ -176,7 +184,7 @@ class GenerationParams:
     num_draft_tokens: int = 0  # NDraft: tokens the draft model proposes per step; 0 = load default
     keep: int = 0  # NKeep: with a rotating KV cache, prompt tokens always kept; 0 = mlx-lm's 4
     cache_write: bool = True  # False (PromptCacheRO): read the prompt cache, never add to it
-    constraint: grammar.Constraint | None = None  # Grammar / Metadata json_schema constraint
+    constraint: Constraint | None = None  # Grammar / Metadata json_schema constraint
     # Metadata reasoning_budget, else option reasoning_budget: reasoning tokens before the
     # backend ends the think block (reasoning_budget.py); -1 unlimited, 0 no thinking.
     reasoning_budget: int = UNLIMITED_REASONING
@@ -207,6 +215,9 @@ class LoadParams:
     tokenizer_config: dict[str, Any]
     defaults: dict[str, Any]
     options: dict[str, Any]
+    # Option keys nothing here reads: LocalAI passes options meant for other backends
+    # too, so they are a warning at load (`engine.model_host`), never an error.
+    unknown_options: tuple[str, ...] = ()
     kv_bits: int | None = None  # quantized KV cache bits (CacheTypeKey/Value or kv_bits)
     kv_group_size: int = 64  # option kv_group_size
     quantized_kv_start: int = 0  # option quantized_kv_start: tokens kept unquantized
@@ -219,6 +230,13 @@ class LoadParams:
     )
     max_queue: int = DEFAULT_MAX_QUEUE  # option max_queue: requests waiting for a batch slot
     prefill_step_size: int = DEFAULT_PREFILL_STEP  # option prefill_step_size (or NBatch): tokens
+    # option step_budget_ms: while other sequences decode, a batch step prefills only as
+    # many prompt tokens as fit this many milliseconds (their inter-token latency); 0 = off.
+    step_budget_ms: int = DEFAULT_STEP_BUDGET_MS
+    warmup: bool = True  # option warmup: run the request path once at LoadModel (kernels)
+    # option memory_budget: bytes (or "12GiB") of MLX memory for weights, KV, prompt cache
+    # and prefill; None = the platform default (engine/memory.py), 0 = off.
+    memory_budget: int | None = None
     cpu_dequantize: bool | None = (
         None  # option cpu_dequantize: True dense, False quantized, None auto
     )
@@ -416,15 +434,21 @@ def _option_path(raw: dict[str, str], key: str) -> str:
     return value
 
 
-def _parser_name(options: dict[str, Any], key: str, resolve: Any) -> str:
-    """LocalAI's parser hint (vLLM's names); ValueError naming the option and the known names."""
-    name = str(options.get(key, "")).strip()
-    if name:
-        try:
-            resolve(name)
-        except ValueError as exc:
-            raise ValueError(f"option {key}: {exc}") from None
-    return name
+def _parser_name(options: dict[str, Any], key: str) -> str:
+    """LocalAI's parser hint (vLLM's names, as its importer writes them), stripped; never an
+    error: a name with no MLX equivalent, or unknown, is a warning at load
+    (`parsers.apply_parser_overrides`), since LocalAI passes options meant for other
+    backends too."""
+    return str(options.get(key, "")).strip()
+
+
+def _top_k(value: int, defaults: dict[str, Any]) -> int:
+    """PredictOptions.TopK: > 0 keeps that many tokens; < 0 is off (llama.cpp's meaning:
+    LocalAI's family defaults send -1, core/config/inference_defaults.json, and its MLX
+    importer writes `top_k: -1`); 0 = not set: option top_k, else off (0)."""
+    if value > 0:
+        return value
+    return 0 if value < 0 else int(defaults.get("top_k", 0))
 
 
 def embd_normalize_code(value: Any) -> int:
@@ -515,13 +539,13 @@ def load_params(req: Any) -> LoadParams:
     LoraScale(s) negative or not finite, more than one adapter, or a LoraBase.
     """
     _refuse(req, _REFUSED_LOAD, "ModelOptions")
-    options = parse_options(req.Options)
+    options = _Reads(parse_options(req.Options))
     # Load-level fields that map onto options, when the options do not set them already.
     if req.Seed > 0:
         options.setdefault("seed", req.Seed)
     if req.NBatch > 0:
         options.setdefault("prefill_step_size", req.NBatch)
-    raw = dict(_split_options(req.Options))
+    raw = _Reads(_split_options(req.Options))
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
     trust_remote_code = bool(req.TrustRemoteCode) or _option_bool(options, "trust_remote_code")
     max_cache_entries = _option_int(options, "max_cache_entries", 1)
@@ -536,10 +560,19 @@ def load_params(req: Any) -> LoadParams:
         raise ValueError("option speculative:draft needs ModelOptions.DraftModel")
     if speculative == "ngram" and req.DraftModel:
         raise ValueError("option speculative:ngram needs no DraftModel; set one or the other")
-    return LoadParams(
+    params = LoadParams(
         max_batch_size=_option_int(options, "max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE,
         max_queue=_option_default(_option_int(options, "max_queue", 0), DEFAULT_MAX_QUEUE),
         prefill_step_size=(_option_int(options, "prefill_step_size", 1) or DEFAULT_PREFILL_STEP),
+        step_budget_ms=_option_default(
+            _option_int(options, "step_budget_ms", 0), DEFAULT_STEP_BUDGET_MS
+        ),
+        warmup=_option_on(options, "warmup"),
+        memory_budget=(
+            0
+            if options.get("memory_budget") in (0, "0")
+            else _option_size(options, "memory_budget")
+        ),
         cpu_dequantize=_option_auto_bool(options, "cpu_dequantize", ("dense", "quantized")),
         cpu_dequantize_budget=_option_size(options, "cpu_dequantize_budget"),
         embedding_pooling=_option_choice(options, "embedding_pooling", EMBEDDING_POOLINGS, "mean"),
@@ -554,10 +587,8 @@ def load_params(req: Any) -> LoadParams:
             "",
         ),
         cpu_fuse=_option_on(options, "cpu_fuse"),
-        tool_parser=_parser_name(options, "tool_parser", parsers.resolve_tool_parser),
-        reasoning_parser=_parser_name(
-            options, "reasoning_parser", parsers.resolve_reasoning_markers
-        ),
+        tool_parser=_parser_name(options, "tool_parser"),
+        reasoning_parser=_parser_name(options, "reasoning_parser"),
         reasoning_budget=_option_default(
             _option_int(options, "reasoning_budget", UNLIMITED_REASONING), UNLIMITED_REASONING
         ),
@@ -589,8 +620,39 @@ def load_params(req: Any) -> LoadParams:
         max_pending_events=_option_int(options, "max_pending_events", 1),
         tokenizer_config=tokenizer_config,
         defaults=_sampling_defaults(options),
-        options=options,
+        options=dict(options),
     )
+    read = options.read | raw.read | LATER_OPTION_KEYS
+    unknown = tuple(sorted(k for k in raw if k not in read))
+    return replace(params, unknown_options=unknown) if unknown else params
+
+
+class _Reads(dict):
+    """A dict that remembers which keys were asked for (to tell unknown options)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().setdefault(key, default)
+
+
+# Option keys read after LoadModel from `LoadParams.options` (not by `load_params`).
+LATER_OPTION_KEYS: frozenset[str] = frozenset(images_mod.VISION_OPTIONS)
 
 
 def _prompt_cache_option(value: str, model_path: str) -> str:
@@ -608,13 +670,13 @@ def _prompt_cache_option(value: str, model_path: str) -> str:
 
 def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
     """The disk-tier directory of a request: option prompt_cache_dir when set, else
-    PromptCachePath confined to ModelPath (`prompt_disk.safe_cache_dir`), else ""."""
+    PromptCachePath confined to ModelPath (`prompt_disk_format.safe_cache_dir`), else ""."""
     if load is not None and load.prompt_cache_dir:
         return load.prompt_cache_dir
     if not value:
         return ""
     try:
-        return str(prompt_disk.safe_cache_dir(value, load.model_path if load else ""))
+        return str(prompt_disk_format.safe_cache_dir(value, load.model_path if load else ""))
     except ValueError as exc:
         raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 
@@ -659,9 +721,9 @@ _REFUSED_PREDICT = {
     "NegativePromptScale": "negative prompts (classifier-free guidance) are not supported",
     "RopeFreqBase": _ROPE,
     "RopeFreqScale": _ROPE,
-    "Images": "this backend serves text-only models",
-    "Videos": "this backend serves text-only models",
-    "Audios": "this backend serves text-only models",
+    # Images are read with the prompt (`prompt_spec`); video and audio input is not.
+    "Videos": "there is no video input; send frames as PredictOptions.Images",
+    "Audios": "there is no audio input in this backend",
 }
 _REFUSED_LOAD = {
     "RopeFreqBase": _ROPE,
@@ -674,7 +736,8 @@ _REFUSED_LOAD = {
     "RMSNormEps": "the norm epsilon is fixed by the model's config",
     "NGQA": "grouped-query attention is fixed by the model's config",
     "Tokenizer": "the tokenizer is read from the model directory or GGUF file",
-    "MMProj": "this backend serves text-only models (no multimodal projector)",
+    "MMProj": "MLX vision models carry their vision tower in the model directory (no "
+    "separate projector file)",
     "Quantization": "load a quantized MLX model or GGUF instead (vLLM's quantization option)",
     "Overrides": "GGUF metadata overrides are not supported",
     "GrammarTriggers": "lazy grammars are not supported; send the Grammar with the request",
@@ -768,7 +831,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     `load` supplies the option defaults (LoadParams.defaults); without it only built-in
     defaults apply. Raises ValueError naming the PredictOptions field and the allowed
     range for: Tokens < 0, Temperature < 0 or not finite, TopP / MinP outside [0, 1],
-    TopK < 0, Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
+    Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
     non-finite float, non-JSON LogitBias, a bad Grammar / Metadata constraint, or
     Metadata.reasoning_budget not an integer >= -1.
     The prompt fields (Prompt, Messages, Tools, ...) are read by `parse_request`.
@@ -787,7 +850,6 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     temperature = _check_float("PredictOptions.Temperature", _f32(req.Temperature), 0.0)
     top_p = _check_float("PredictOptions.TopP", _f32(req.TopP), 0.0, 1.0)
     min_p = _check_float("PredictOptions.MinP", _f32(req.MinP), 0.0, 1.0)
-    top_k = _check_int("PredictOptions.TopK", req.TopK, 0)
     penalty = _check_float("PredictOptions.Penalty", _f32(req.Penalty), 0.0)
     repeat = _check_int("PredictOptions.Repeat", req.Repeat, 0)
     presence = _check_float("PredictOptions.PresencePenalty", _f32(req.PresencePenalty))
@@ -806,7 +868,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         max_tokens=max_tokens,
         temperature=float(pick(temperature, "temperature", 0.0)),
         top_p=float(pick(top_p, "top_p", 1.0)),
-        top_k=int(pick(top_k, "top_k", 0)),
+        top_k=_top_k(req.TopK, defaults),
         min_p=float(pick(min_p, "min_p", 0.0)),
         repetition_penalty=float(pick(penalty, "repetition_penalty", 0.0)),
         repetition_context_size=int(
@@ -829,7 +891,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         cache_write=not req.PromptCacheRO,
         prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),
         # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
-        constraint=grammar.read_constraint(req.Grammar, req.Metadata),
+        constraint=read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),
     )
 
@@ -861,6 +923,9 @@ class PromptSpec:
     tools: tuple[dict[str, Any], ...] | None = None
     template_kwargs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     tool_choice: str = ""
+    # PredictOptions.Images, decoded from base64 and bounded (`parsing.images`); each
+    # fills one media marker or image slot of the prompt, in order.
+    images: tuple[images_mod.ImageData, ...] = ()
 
     @property
     def continue_final(self) -> bool:
@@ -943,21 +1008,27 @@ def _template_kwargs(metadata: Any) -> dict[str, Any]:
     return kwargs
 
 
-def prompt_spec(req: Any) -> PromptSpec:
+def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     """Read the prompt fields of a `backend_pb2.PredictOptions` into a `PromptSpec`.
 
     `Prompt` is used as given unless `UseTokenizerTemplate` is set and `Messages` is
     non-empty. Raises ValueError naming the field: Tools, Messages[i].role / tool_calls,
-    Metadata.enable_thinking / chat_template_kwargs.
+    Metadata.enable_thinking / chat_template_kwargs, Images[i] (`parsing.images`; the
+    load options max_images / max_image_bytes bound them).
     """
     tools = parse_tools(req.Tools)
+    images: tuple[images_mod.ImageData, ...] = ()
+    if req.Images:
+        limits = images_mod.image_limits(load.options if load is not None else None)
+        images = images_mod.read_images(req.Images, limits.max_images, limits.max_bytes)
     if not (req.UseTokenizerTemplate and req.Messages):
-        return PromptSpec(prompt=req.Prompt, tools=tools)
+        return PromptSpec(prompt=req.Prompt, tools=tools, images=images)
     return PromptSpec(
         messages=_messages(req),
         tools=tools,
         template_kwargs=MappingProxyType(_template_kwargs(req.Metadata)),
         tool_choice=req.ToolChoice.strip().lower(),
+        images=images,
     )
 
 
@@ -968,7 +1039,7 @@ def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest
     unless the request set `enable_thinking` itself (Metadata or chat_template_kwargs).
     Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
     """
-    gen, spec = generation_params(req, load), prompt_spec(req)
+    gen, spec = generation_params(req, load), prompt_spec(req, load)
     thinking_set = "enable_thinking" in spec.template_kwargs
     if gen.reasoning_budget == 0 and spec.messages is not None and not thinking_set:
         kwargs = {**spec.template_kwargs, "enable_thinking": False}

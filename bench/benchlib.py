@@ -86,7 +86,7 @@ def fast_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def converted_dir(timeout: float = 600.0) -> Path:
     """The MLX directory converted from the embedded GGUF (converting once if needed)."""
     code = (
-        "import gguf_convert, model_loader;"
+        "from loading import gguf_convert, model_loader;"
         "print(gguf_convert.cached_conversion(model_loader.embedded_model_path()))"
     )
     out = subprocess.run(
@@ -106,7 +106,7 @@ import json, shutil, sys
 from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import save_model
-import cpu_fast_path, model_loader, gguf_convert
+from loading import cpu_fast_path, model_loader, gguf_convert
 src = gguf_convert.cached_conversion(model_loader.embedded_model_path())
 out, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 model, _ = model_loader.load_model(str(model_loader.embedded_model_path()))

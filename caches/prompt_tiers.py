@@ -92,7 +92,7 @@ def load_fingerprint(params: Any, cpu_mode: str = "", distributed: str = "") -> 
 class TieredPromptCache:
     """A :class:`PromptCache` (memory) with disk tiers, one ``DiskCache`` per directory.
 
-    Same interface as ``PromptCache`` (``fetch``, ``insert``, ``clear``, ``stats``,
+    Same interface as ``PromptCache`` (``fetch``, ``insert``, ``trim_to``, ``clear``, ``stats``,
     ``nbytes``, ``len``; ``stats``/``nbytes``/``len`` describe the memory tier), plus
     a ``disk_dir`` keyword on ``fetch``/``insert`` naming the request's directory
     ("" = memory only) and ``close`` (flush and stop the writers).
@@ -225,6 +225,11 @@ class TieredPromptCache:
             "prompt_cache_disk_entries": sum(s.entries for s in stats),
         }
 
+    def trim_to(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> int:
+        """Evict from the memory tier (`PromptCache.trim_to`); the disk tier keeps its
+        files (they take no MLX memory)."""
+        return self.memory.trim_to(max_entries=max_entries, max_bytes=max_bytes)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the memory tier."""
@@ -272,3 +277,10 @@ def close(cache: Any) -> None:
     """Flush and close ``cache``'s disk tiers (nothing for a memory-only cache)."""
     if isinstance(cache, TieredPromptCache):
         cache.close()
+
+
+def disk_args(cache: Any, params: Any) -> tuple[str, ...]:
+    """A request's disk-tier directory (``params.prompt_cache_dir``) as the extra argument
+    of ``cache.fetch``/``insert``: empty for a memory-only cache or no directory."""
+    d = params.prompt_cache_dir
+    return (d,) if d and isinstance(cache, TieredPromptCache) else ()

@@ -25,23 +25,12 @@ from decoding import grammar
 from edge.replies import Accumulator
 from engine.core import Engine
 from engine.jobs import Event
-from errors import BackendError, InvalidArgument
+from errors import BackendError, as_backend_error
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 HEALTH_SERVICE = "backend.Backend"
 LOAD_SUCCESS_MESSAGE = "MLX model loaded successfully"  # LocalAI's own test compares it
-
-
-async def _abort(context, exc: Exception) -> None:
-    """End the call with the gRPC status of ``exc``: the one mapping of domain errors.
-
-    ValueError (a bad field) is INVALID_ARGUMENT; a ``BackendError`` names its code.
-    """
-    if isinstance(exc, ValueError):
-        exc = InvalidArgument(str(exc))
-    code = getattr(grpc.StatusCode, getattr(exc, "status", "INTERNAL"), grpc.StatusCode.INTERNAL)
-    await context.abort(code, str(exc))
 
 
 class BackendServicer(backend_pb2_grpc.BackendServicer):
@@ -50,6 +39,14 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     def __init__(self, engine: Engine, health_servicer: health.aio.HealthServicer | None = None):
         self.engine = engine
         self.health = health_servicer
+
+    async def _abort(self, context, exc: Exception) -> None:
+        """End the call with the gRPC status of ``exc``: the one mapping of domain errors to
+        gRPC codes (``errors.as_backend_error`` names the domain error); counted by code."""
+        error = as_backend_error(exc)
+        code = getattr(grpc.StatusCode, error.status, grpc.StatusCode.INTERNAL)
+        self.engine.metrics.request_failed(code.name)
+        await context.abort(code, str(error))
 
     async def refresh_health(self) -> None:
         """Set grpc.health.v1's status: SERVING while a model is loaded and the engine lives."""
@@ -106,20 +103,22 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         """Parse, submit and yield one request's events; cancels the job if the caller leaves."""
         job = None
         try:
-            self.engine.check_identity(request.ModelIdentity)  # first, as LocalAI does
-            # Parsing decodes client JSON and checks grammars: off the event loop.
+            # Which model serves this request, read once; its identity is checked first,
+            # as LocalAI's own backends do.
+            loaded = self.engine.serving(request.ModelIdentity)
+            # Parsing decodes client JSON and reads bounds: off the event loop.
             parsed = await asyncio.get_running_loop().run_in_executor(
-                None, params.parse_request, request, self.engine.load_params
+                None, params.parse_request, request, loaded.params
             )
-            # Compiling the grammar is bounded in time and runs on its own small pool.
-            await grammar.validate_constraint(parsed.params.constraint)
-            job = await self.engine.submit(parsed)
+            # Compiled once, for this model's tokenizer, bounded in time, on its own pool.
+            await grammar.validate_constraint(parsed.params.constraint, loaded.tokenizer)
+            job = await self.engine.submit(parsed, loaded)
         except (ValueError, BackendError) as exc:
-            await _abort(context, exc)
+            await self._abort(context, exc)
         try:
             async for event in job.events():
                 if event.error is not None:
-                    await _abort(context, event.error)
+                    await self._abort(context, event.error)
                 yield event
         finally:
             job.cancel()  # no-op when finished; frees the batch slot when the client is gone
@@ -204,14 +203,19 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 reasoning_start=m.think_start,
                 reasoning_end=m.think_end,
             ),
+            media_marker=m.media_marker,
         )
 
     async def GetMetrics(self, request, context):
         m = self.engine.last_metrics
+        info = self.engine.info()
+        counters = self.engine.metrics.snapshot()  # {} when metrics are off
+        if counters:
+            info["metrics"] = counters
         return backend_pb2.MetricsResponse(
             slot_id=0,
             # No llama.cpp slot prompt here: the field carries engine facts as JSON instead.
-            prompt_json_for_slot=json.dumps(self.engine.info()),
+            prompt_json_for_slot=json.dumps(info),
             tokens_per_second=m.tokens_per_second,
             tokens_generated=m.tokens_generated,
             prompt_tokens_processed=m.prompt_tokens_processed,
@@ -221,4 +225,4 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             return await fn(*args)
         except (ValueError, BackendError) as exc:
-            await _abort(context, exc)
+            await self._abort(context, exc)

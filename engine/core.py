@@ -30,15 +30,15 @@ from typing import Any
 import mlx.core as mx
 
 from caches import prompt_tiers
-from engine import model_calls, model_host
-from engine import prompt as prompt_mod
+from engine import model_calls, model_host, vision_prompt
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
+from engine.mailbox import STOP, WAKE, Call, Item, Stop, Submit, Wake
+from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 from errors import (
     BackendError,
     Cancelled,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     ResourceExhausted,
 )
@@ -58,8 +58,18 @@ REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
 MEMORY_SNAPSHOT_INTERVAL = 0.05  # seconds between MLX memory readings while busy
 
-# Tokenizing and rendering prompts runs here: off the event loop and off the engine thread.
-_PROMPT_WORKERS = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="prompt")
+_prompt_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_prompt_pool_lock = threading.Lock()
+
+
+def _prompt_workers() -> concurrent.futures.ThreadPoolExecutor:
+    """Where prompts are rendered and tokenized: off the event loop and off the engine
+    thread; made on first use, not at import."""
+    global _prompt_pool
+    with _prompt_pool_lock:
+        if _prompt_pool is None:
+            _prompt_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="prompt")
+        return _prompt_pool
 
 
 @dataclass(frozen=True)
@@ -77,17 +87,20 @@ class Engine:
 
     Public methods are called from the asyncio event loop; none of them blocks it.
     Errors raised: ``FailedPrecondition`` (no model), ``ResourceExhausted`` (queue full),
-    ``NotFound`` (model identity mismatch), ``InvalidArgument`` (a prompt the model
-    cannot take), ``Unavailable`` (a lost distributed rank); ``load`` raises
-    ``ModelLoadError``.
+    ``NotFound`` (model identity mismatch), ``ValueError`` (a prompt the model cannot
+    take: INVALID_ARGUMENT at the edge), ``Unavailable`` (a lost distributed rank);
+    ``load`` raises ``ModelLoadError``.
     """
 
-    def __init__(self, group: GroupHooks = NO_GROUP) -> None:
+    def __init__(self, group: GroupHooks = NO_GROUP, metrics: Recorder = NULL) -> None:
         self.group = group
+        self.metrics = metrics  # Prometheus series (engine.metrics); NULL when off
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         # Memory is read when the last request ends, so Status after a reply is current.
-        self.host = model_host.ModelHost(self._record_metrics, group, self._snapshot_memory)
+        self.host = model_host.ModelHost(
+            self._record_metrics, group, self._snapshot_memory, metrics
+        )
         self._queued = 0  # submitted but not yet seen by the engine thread
         self._count_lock = threading.Lock()
         self._stopped = False
@@ -95,7 +108,7 @@ class Engine:
         self._memory_at = 0.0
         self.last_metrics = RequestMetrics()
         self._call_stop: threading.Event | None = None  # the running call's cancel flag
-        self._deferred: deque[tuple] = deque()  # mailbox items set aside while a call ran
+        self._deferred: deque[Item] = deque()  # mailbox items set aside while a call ran
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -116,17 +129,6 @@ class Engine:
     def scheduler(self) -> Scheduler | None:
         return self.host.scheduler
 
-    @property
-    def load_params(self) -> LoadParams | None:
-        """The loaded model's parameters (request defaults); None before LoadModel."""
-        loaded = self.loaded
-        return loaded.params if loaded is not None else None
-
-    @property
-    def model_identity(self) -> str:
-        loaded = self.loaded
-        return loaded.identity if loaded is not None else ""
-
     async def call(self, op: str, *args: Any) -> Any:
         """Run engine operation ``op`` with ``args`` on the engine thread; await its result."""
         self.group.check()  # Unavailable once a rank is lost
@@ -134,7 +136,7 @@ class Engine:
             raise FailedPrecondition("the engine is stopped; restart the backend")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         stop = threading.Event()  # set when the caller leaves (client gone, deadline passed)
-        self._inbox.put(("call", op, args, fut, stop))
+        self._inbox.put(Call(op, args, fut, stop))
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
@@ -161,7 +163,7 @@ class Engine:
         await self.call(ATTACH, group)
 
     def _attach(self, group: GroupHooks) -> None:
-        if self.group is not NO_GROUP:
+        if not self.group.single_process:
             raise FailedPrecondition("this backend already belongs to a distributed group")
         self.host.unload(FailedPrecondition("the backend is joining a distributed group; retry"))
         self.group = self.host.group = group
@@ -190,14 +192,11 @@ class Engine:
 
         ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
         requests share (a prefill checkpoint there on caches that cannot be trimmed).
-        Raises InvalidArgument for too many or empty candidates before anything runs;
+        Raises ValueError for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
         self.check_identity(identity)
-        try:
-            scoring.check_candidates(candidates)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+        scoring.check_candidates(candidates)
         return await self.call(
             SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
         )
@@ -214,31 +213,53 @@ class Engine:
     async def detokenize(self, ids: list[int]) -> str:
         return await self.call(DETOKENIZE, ids)
 
-    async def submit(self, request: GenerationRequest) -> Job:
-        """Prepare ``request``'s prompt off the event loop and queue it; returns its Job.
+    def serving(self, identity: str = "") -> LoadedModel:
+        """The model a new request will run on; the one check a request's model passes.
 
-        Raises FailedPrecondition before LoadModel, NotFound on a model identity
-        mismatch, InvalidArgument for a prompt the template refuses or the context
-        cannot hold, ResourceExhausted when ``max_batch_size + max_queue`` requests are
-        already in flight; Unavailable when a distributed rank is lost. Every error
-        comes before the job is queued.
+        Raises Unavailable when a distributed rank is lost, FailedPrecondition while
+        stopping or before LoadModel, NotFound on a model identity mismatch (``identity``:
+        the request's ``ModelIdentity``; empty skips the check).
         """
-        loaded = self._admissible(request)
+        self.group.check()
+        if not self.alive:
+            raise FailedPrecondition("the server is shutting down; retry on another backend")
+        loaded = self.loaded
+        if loaded is None:
+            raise FailedPrecondition("no model loaded: call LoadModel first")
+        self.check_identity(identity, loaded)
+        return loaded
+
+    async def submit(self, request: GenerationRequest, loaded: LoadedModel) -> Job:
+        """Prepare ``request``'s prompt off the event loop and queue it for ``loaded``
+        (what ``serving`` returned); returns its Job.
+
+        Raises ValueError for a prompt the template refuses or the context cannot hold,
+        ResourceExhausted when ``max_batch_size + max_queue`` requests are already in
+        flight. Every error comes before the job is queued; a model replaced meanwhile
+        fails the job with FailedPrecondition when it is admitted.
+        """
         self._reserve(loaded)
-        sched = self.scheduler
         # Prefill snapshots: models whose cache cannot be trimmed (scheduler.checkpointing).
+        sched = self.scheduler
         checkpoints = sched is not None and sched.wants_boundaries
         try:
             loop = asyncio.get_running_loop()
+            # Images are decoded and preprocessed here too (engine.vision_prompt).
             prepared = await loop.run_in_executor(
-                _PROMPT_WORKERS,
-                prompt_mod.prepare_prompt,
+                _prompt_workers(),
+                vision_prompt.prepare,
                 request.prompt,
-                loaded.tokenizer,
+                loaded,
                 None if loaded.params.max_kv_size else loaded.context_len,
                 loaded.max_token_chars,
                 checkpoints,
             )
+            if sched is not None:  # refused now when it could never fit the memory budget
+                n = len(prepared.token_ids)
+                tokens = sched.kv_tokens(n, sched.max_tokens(n, request.params.max_tokens))
+                reason = sched.memory.never_fits(tokens)
+                if reason is not None:
+                    raise ResourceExhausted(reason)
             job = Job(
                 request,
                 prepared.token_ids,
@@ -249,24 +270,13 @@ class Engine:
                 max_pending=loaded.params.max_pending_events or DEFAULT_MAX_PENDING_EVENTS,
                 checkpoints=prepared.checkpoints,
             )
-        except BaseException as exc:
+            job.vision = getattr(prepared, "vision", None)
+        except BaseException:
             with self._count_lock:
                 self._queued -= 1
-            if isinstance(exc, ValueError):
-                raise InvalidArgument(str(exc)) from None
             raise
-        self._inbox.put(("job", job))
+        self._inbox.put(Submit(job))
         return job
-
-    def _admissible(self, request: GenerationRequest) -> LoadedModel:
-        self.group.check()
-        if not self.alive:
-            raise FailedPrecondition("the server is shutting down; retry on another backend")
-        loaded = self.loaded
-        if loaded is None:
-            raise FailedPrecondition("no model loaded: call LoadModel first")
-        self.check_identity(request.params.model_identity)
-        return loaded
 
     def _reserve(self, loaded: LoadedModel) -> None:
         p = loaded.params
@@ -281,10 +291,12 @@ class Engine:
                 )
             self._queued += 1
 
-    def check_identity(self, identity: str) -> None:
+    def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
         """NotFound when both the request's and the loaded ModelOptions.Model are non-empty
-        and differ (LocalAI's router matches the text "model identity mismatch")."""
-        serving = self.model_identity
+        and differ (LocalAI's router matches the text "model identity mismatch").
+        ``loaded``: the model already read for this request (default: the current one)."""
+        loaded = loaded if loaded is not None else self.loaded
+        serving = loaded.identity if loaded is not None else ""
         if identity and serving and identity != serving:
             raise NotFound(
                 f"model identity mismatch: request is for '{identity}' but this "
@@ -317,6 +329,10 @@ class Engine:
             **prompt_tiers.disk_memory(sched.cache if sched is not None else None),
             # the part of prompt_cache held by prefill snapshots (checkpoints)
             "prompt_cache_checkpoints": sched.cache.checkpoint_nbytes if sched is not None else 0,
+            # vision models: the vision-tower outputs kept by image (engine.vision)
+            **({"vision_cache": loaded.vision.features_nbytes} if loaded and loaded.vision else {}),
+            # memory_budget, memory_reserved (KV of running sequences), memory_free
+            **(sched.memory.status() if sched is not None else {}),
             **self._memory,
             **self.group.memory(),  # distributed: group_size, weights_rank_<i>
         }
@@ -345,6 +361,7 @@ class Engine:
             "speculative": (p.speculative or ("draft" if p.draft_model else "")) if p else "",
             "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
             "blas": loaded.blas if loaded is not None else None,
+            "vision_cache": loaded.vision.cache_info() if loaded and loaded.vision else None,
             "prompt_cache": (
                 dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(self.scheduler.cache))
                 if stats is not None
@@ -356,12 +373,12 @@ class Engine:
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel all work, free the model and end the engine thread."""
         if self._thread.is_alive():
-            self._inbox.put(("stop",))
+            self._inbox.put(STOP)
             self._thread.join(timeout)
         self._stopped = True
 
     def _wake(self) -> None:
-        self._inbox.put(("wake",))
+        self._inbox.put(WAKE)
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
@@ -375,7 +392,7 @@ class Engine:
             except queue.Empty:
                 item = None
             while item is not None:
-                if item[0] == "stop":
+                if isinstance(item, Stop):
                     self.group.close()  # the other ranks exit too
                     self.shutdown()
                     return
@@ -408,7 +425,7 @@ class Engine:
                     sched.fail_all(BackendError(f"generation failed: {exc}"))
                     sched.reset_batch()
 
-    def _next_item(self, block: bool, timeout: float | None = None) -> tuple:
+    def _next_item(self, block: bool, timeout: float | None = None) -> Item:
         """The next mailbox item: first those set aside while a call ran (in order)."""
         if self._deferred:
             return self._deferred.popleft()
@@ -416,23 +433,22 @@ class Engine:
             return self._inbox.get(timeout=timeout)
         return self._inbox.get_nowait()
 
-    def _handle(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "call":
-            _, op, args, fut, stop = item
+    def _handle(self, item: Item) -> None:
+        if isinstance(item, Call):
+            fut = item.future
             if not fut.set_running_or_notify_cancel():
                 return
             # Only a single process may stop a call midway: ranks must run the same steps.
-            self._call_stop = stop if self.group is NO_GROUP else None
+            self._call_stop = item.stop if self.group.single_process else None
             try:
-                fut.set_result(self.group.run(op, args, self.local_op(op)))
+                fut.set_result(self.group.run(item.op, item.args, self.local_op(item.op)))
             except BaseException as exc:  # handed to the awaiting coroutine
                 fut.set_exception(exc)
             finally:
                 self._call_stop = None
             self._snapshot_memory()
-        elif kind == "job":
-            job = item[1]
+        elif isinstance(item, Submit):
+            job = item.job
             with self._count_lock:
                 self._queued -= 1
                 if self.scheduler is not None:
@@ -464,6 +480,29 @@ class Engine:
             return
         self._memory_at = now
         self._memory = _mlx_memory()
+        if self.metrics.enabled:
+            self._push_gauges()
+
+    def _push_gauges(self) -> None:
+        """Status's figures to the Prometheus gauges (the endpoint never asks the engine)."""
+        snap = self.status()
+        mem = snap.memory
+        self.metrics.set_load(snap.running, snap.waiting)
+        self.metrics.set_memory(
+            weights=mem["weights"],
+            kv=mem["kv_active"],
+            prompt_cache=mem["prompt_cache"],
+            prompt_cache_disk=mem.get("prompt_cache_disk", 0),
+            mlx_active=mem["mlx_active"],
+            mlx_peak=mem["mlx_peak"],
+            mlx_cache=mem["mlx_cache"],
+        )
+        sched = self.scheduler
+        if sched is not None:
+            self.metrics.cache_totals("memory", evictions=sched.cache.stats().evictions)
+            disk = prompt_tiers.disk_info(sched.cache)
+            evicted = sum(d.get("evictions", 0) for d in disk.values())
+            self.metrics.cache_totals("disk", evictions=evicted)
 
     # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:
@@ -499,15 +538,14 @@ class Engine:
                 item = self._next_item(block=False)
             except queue.Empty:
                 break
-            if item[0] == "job":
+            if isinstance(item, Submit):
                 with self._count_lock:
                     self._queued -= 1
-                item[1].fail(error)
-            elif item[0] == "call":
-                fut = item[3]
-                if fut.set_running_or_notify_cancel():
-                    fut.set_exception(error)
-            elif item[0] == "stop":
+                item.job.fail(error)
+            elif isinstance(item, Call):
+                if item.future.set_running_or_notify_cancel():
+                    item.future.set_exception(error)
+            elif isinstance(item, Stop):
                 keep.append(item)
         for item in keep:
             self._inbox.put(item)
@@ -539,9 +577,9 @@ class Engine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if item[0] == "job":
+            if isinstance(item, Submit):
                 self._handle(item)
-            elif item[0] != "wake":
+            elif not isinstance(item, Wake):
                 self._deferred.append(item)
         try:
             sched.tick()

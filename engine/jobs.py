@@ -98,11 +98,16 @@ class Job:
         self.tokens = 0
         self.t_admit = 0.0
         self.t_first: float | None = None
+        self.t_last = 0.0  # when the latest token was decoded (inter-token latency)
         self.max_tokens = self.params.max_tokens
-        self.solo: Any = None  # scheduler.SoloRun when decoded outside the batch
-        self.drafted = 0  # tokens accepted from the draft model
+        self.kv_tokens = 0  # tokens its KV may reach; what the memory budget reserved
+        self.runner: Any = None  # the engine.sequences runner decoding it, once started
+        self.drafted = 0  # tokens accepted from a draft
+        self.spec_stats: Any = None  # ngram_spec.NgramStats of an n-gram speculative run
         self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
-        self.done = False
+        self.vision: Any = None  # engine.vision_prompt.VisionPrompt of an image request
+        self.done = False  # the final event was sent; set once, under _done_lock
+        self._done_lock = threading.Lock()
 
     # -- event-loop side ---------------------------------------------------------------
     def cancel(self) -> None:
@@ -139,10 +144,18 @@ class Job:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
+    def mark_done(self) -> bool:
+        """Mark the job ended; True for the one caller that ended it (any thread: the
+        engine thread retires jobs while a watchdog may fail them)."""
+        with self._done_lock:
+            if self.done:
+                return False
+            self.done = True
+            return True
+
     def fail(self, error: BackendError) -> None:
         """End the job with ``error`` unless it has ended (any thread; idempotent)."""
-        if not self.done:
-            self.done = True
+        if self.mark_done():
             self.emit(self.event(Delta(), error=error))
 
     def timings(self, now: float) -> tuple[float, float]:

@@ -3,7 +3,8 @@ model metadata, Score and Embedding (engine thread; each function takes the `Loa
 
 Score and Embedding run inline between batch steps, so they pause decoding meanwhile; they
 are bounded (`scoring.MAX_SCORE_CANDIDATES`) and stop between candidates / chunks once
-``should_stop`` says their caller has left. Bad input raises ``InvalidArgument``.
+``should_stop`` says their caller has left. Bad input raises ``ValueError`` (or
+``InvalidArgument``); ``errors.as_backend_error`` maps it at the edge.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from engine import prompt as prompt_mod
 from errors import InvalidArgument
+from loading import vision
 from loading.loaded_model import LoadedModel
 from prompt_cache import PromptCache
 from tasks import embedding, scoring
@@ -32,6 +34,9 @@ class ModelMetadata:
     tool_call_end: str
     think_start: str
     think_end: str
+    # What marks an image in a prompt LocalAI renders itself (it replaces its own
+    # "<__media__>" with it); "" for a model that takes no images.
+    media_marker: str = ""
 
 
 def tokenize(loaded: LoadedModel, text: str) -> list[int]:
@@ -72,6 +77,7 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
         tool_call_end=getattr(tok, "tool_call_end", None) or "",
         think_start=getattr(tok, "think_start", None) or "",
         think_end=getattr(tok, "think_end", None) or "",
+        media_marker=vision.MEDIA_MARKER if loaded.vision is not None else "",
     )
 
 
@@ -87,23 +93,20 @@ def score(
     """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``
     (``stable_prefix_len``: characters of the prompt later requests share)."""
     p = loaded.params
-    try:
-        return scoring.score(
-            loaded.model,
-            loaded.tokenizer,
-            prompt,
-            candidates,
-            include_token_logprobs=include_token_logprobs,
-            cache=cache,
-            model_key=loaded.cache_key,
-            context_len=loaded.context_len,
-            prefill_step=p.prefill_step_size,
-            max_kv_size=p.max_kv_size,
-            should_stop=should_stop,
-            stable_prefix_len=stable_prefix_len,
-        )
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
+    return scoring.score(
+        loaded.model,
+        loaded.tokenizer,
+        prompt,
+        candidates,
+        include_token_logprobs=include_token_logprobs,
+        cache=cache,
+        model_key=loaded.cache_key,
+        context_len=loaded.context_len,
+        prefill_step=p.prefill_step_size,
+        max_kv_size=p.max_kv_size,
+        should_stop=should_stop,
+        stable_prefix_len=stable_prefix_len,
+    )
 
 
 def embed(
@@ -121,9 +124,6 @@ def embed(
         step=p.prefill_step_size,
         should_stop=should_stop,
     )
-    try:
-        if token_ids:
-            return embedding.embed_tokens(loaded.model, token_ids, **kw)
-        return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
+    if token_ids:
+        return embedding.embed_tokens(loaded.model, token_ids, **kw)
+    return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)

@@ -16,9 +16,10 @@ from typing import Any
 import mlx.core as mx
 
 from caches import prompt_tiers
-from engine import model_calls
+from engine import memory, model_calls, warmup
+from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
-from errors import BackendError, FailedPrecondition, ModelLoadError
+from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
@@ -26,7 +27,8 @@ from prompt_cache import PromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
-_REPLACED = "the model is being replaced; retry the request"
+# UNAVAILABLE, gRPC's retryable code: the request was fine, the server changed under it.
+_REPLACED = "the model is being replaced by LoadModel; retry the request"
 
 
 class ModelHost:
@@ -34,7 +36,8 @@ class ModelHost:
 
     ``on_metrics`` receives each finished request's metrics; ``group`` is the
     distributed group's hooks (the engine sets it when the backend joins one);
-    ``on_idle`` is called when the last running request ends, before its final event.
+    ``on_idle`` is called when the last running request ends, before its final event;
+    ``metrics``: the Prometheus recorder the scheduler reports to.
     """
 
     def __init__(
@@ -42,10 +45,13 @@ class ModelHost:
         on_metrics: Callable[[RequestMetrics], None],
         group: GroupHooks = NO_GROUP,
         on_idle: Callable[[], None] = lambda: None,
+        metrics: Recorder = NULL,
     ) -> None:
         self.loaded: LoadedModel | None = None
         self.scheduler: Scheduler | None = None
         self.group = group
+        self.metrics = metrics
+        self._profiles: dict[tuple, memory.MemoryProfile] = {}  # measured once per model
         self._on_metrics = on_metrics
         self._on_idle = on_idle
 
@@ -54,13 +60,23 @@ class ModelHost:
         """Load and serve the model ``params`` names; ``file_bytes``: its weight files' size
         (`loaded_model.validate`). Raises ModelLoadError saying whether the previous
         model was released."""
+        if params.unknown_options:
+            logger.warning(
+                "options this backend does not know, ignored: %s",
+                ", ".join(params.unknown_options),
+            )
         current = self.loaded
+        if current is not None and current.params == params:
+            # LocalAI reloads a model it already has (e.g. after a config reload): nobody
+            # running or waiting is interrupted.
+            logger.info("%s is already loaded with these options; serving on", current.name)
+            return
         keep = current is not None and loaded_model.fits_beside(current, file_bytes)
         if current is not None and not keep:
             logger.warning(
                 "releasing %s before loading the next model: both do not fit", current.name
             )
-            self.unload(FailedPrecondition(_REPLACED))
+            self.unload(Unavailable(_REPLACED))
         try:
             # With room for both, the current model serves until the new one has loaded.
             new = loaded_model.load(params)
@@ -69,13 +85,21 @@ class ModelHost:
             if current is not None and not keep:
                 reason += f" (the previous model, {current.name}, was released to make room)"
             raise ModelLoadError(reason) from None
+        current = None  # no reference of ours may keep the previous weights alive
         # Disk tier of the prompt cache (prompt_tiers): single process only.
-        fingerprint = prompt_tiers.fingerprint_of(new) if self.group is NO_GROUP else None
+        fingerprint = prompt_tiers.fingerprint_of(new) if self.group.single_process else None
         self.serve(new, fingerprint=fingerprint)
+        # Single process only: a group's ranks would have to run the same warm-up steps.
+        if params.warmup and self.group.single_process:
+            try:
+                logger.info("warm-up: %.2f s", warmup.warm_up(new))
+            except Exception as exc:  # a speed-up must never fail the load
+                logger.warning("warm-up failed (%r); serving without it", exc)
+        mx.reset_peak_memory()  # Status's mlx_peak: since this model loaded, not its loading
 
     def install_built(self, model: Any, tokenizer: Any, params: LoadParams) -> None:
         """Serve an already-built model and tokenizer (tests, embedding applications)."""
-        self.unload(FailedPrecondition(_REPLACED))
+        self.unload(Unavailable(_REPLACED))
         self.serve(LoadedModel.build(model, tokenizer, params))
 
     def serve(
@@ -83,10 +107,13 @@ class ModelHost:
     ) -> None:
         """Serve ``loaded``; ``cache``: a prompt cache of one's own, else memory + disk
         tiers (``fingerprint`` None: memory only)."""
-        self.unload(FailedPrecondition(_REPLACED))
+        self.unload(Unavailable(_REPLACED))
+        budget = self._memory_budget(loaded)  # before anything: a budget too small fails here
         if cache is None:  # after unload: the previous model's disk tiers are closed
             cache = prompt_tiers.for_model(loaded, fingerprint)
-        self.scheduler = Scheduler(loaded, cache, self.group, self._on_metrics, self._on_idle)
+        self.scheduler = Scheduler(
+            loaded, cache, self.group, self._on_metrics, self._on_idle, self.metrics, budget
+        )
         self.loaded = loaded
         logger.info(
             "loaded %s: %.1f MB weights, context %s tokens, max_batch_size %d",
@@ -95,6 +122,36 @@ class ModelHost:
             loaded.context_len,
             loaded.params.max_batch_size,
         )
+
+    def _memory_budget(self, loaded: LoadedModel) -> memory.MemoryBudget:
+        """The memory budget of ``loaded`` (option memory_budget, else the platform
+        default), its profile measured (once per model and weight mode), MLX's own limits
+        set from it. Raises ModelLoadError when the budget cannot hold the weights and one
+        prefill chunk."""
+        p = loaded.params
+        budget = memory.default_budget() if p.memory_budget is None else p.memory_budget
+        if not budget:
+            return memory.MemoryBudget.off(loaded)
+        key = (loaded.name, loaded.cpu_mode, p.max_kv_size)
+        prof = self._profiles.get(key)
+        if prof is None:
+            try:
+                prof = self._profiles[key] = memory.profile(loaded.model, p.prefill_step_size)
+            except Exception as exc:  # a model whose cache cannot be measured: no budget
+                logger.warning("memory budget off: cannot measure the model's KV (%r)", exc)
+                return memory.MemoryBudget.off(loaded)
+        mem = memory.MemoryBudget(budget, loaded.weights_bytes, prof, p.prefill_step_size)
+        memory.apply_limits(budget)
+        logger.info(
+            "memory budget %.0f MiB: weights %.0f MiB, KV %.1f KiB/token (+%.1f KiB fixed), "
+            "prefill %.1f KiB/token",
+            budget / memory.MIB,
+            loaded.weights_bytes / memory.MIB,
+            prof.kv_per_token / 1024,
+            prof.fixed / 1024,
+            prof.prefill_per_token / 1024,
+        )
+        return mem
 
     def unload(self, error: BackendError) -> None:
         """Fail every job with ``error``, drop the model and caches, release MLX memory."""

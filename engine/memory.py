@@ -1,0 +1,233 @@
+"""The memory budget: what one sequence costs, what the process may hold, who may start.
+
+MLX users' most reported production failure is running out of memory (the process killed,
+or Metal's `Resource limit exceeded` ending the generation thread). Load option
+``memory_budget`` bounds the MLX memory of the process: the weights, the KV of running
+sequences, the prompt cache's memory tier and the prefill working set.
+
+- `MemoryProfile`, measured once per loaded model (`profile`): KV bytes per token of the
+  layers that grow with the sequence, the bytes of layers of fixed size (recurrent
+  state, and rotating windows at their full size), and the prefill working set per
+  prompt token of a chunk (logits, attention scores, activations), by running one
+  chunk and reading MLX's peak memory.
+- `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
+  token it may generate) when it starts, so nothing admitted can outgrow the budget
+  later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
+  ``n`` times its longest row. The prompt cache gives memory back first (least recently
+  used entries); a request that does not fit waits, in order; one that can never fit,
+  even alone, is refused with the numbers. While the budget is tight the prefill chunk
+  shrinks to what fits.
+
+Defaults (`default_budget`): Metal, the device's recommended working set minus 10%; CPU
+and CUDA, 75% of the physical memory (the cgroup limit when lower). ``0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from errors import ModelLoadError
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+MIB = 1024 * 1024
+RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of physical memory
+METAL_MARGIN = 0.10  # default budget on Metal: the recommended working set minus this share
+PROBE_TOKENS = 64  # prompt tokens of the probe that measures the prefill working set
+WORKING_SET_MARGIN = 1.25  # measured working set per token, times this (longer contexts)
+MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
+KV_STEP = 256  # mlx-lm's KVCache.step: KV buffers grow by this many tokens
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """What sequences of one loaded model cost, in bytes.
+
+    ``kv_per_token``: KV bytes per token of the layers that grow with the sequence;
+    ``fixed``: bytes per sequence of layers that do not (recurrent state; rotating windows
+    counted at their full size); ``prefill_per_token``: the prefill working set per
+    prompt token of one chunk (transient: logits, scores, activations).
+    """
+
+    kv_per_token: int
+    fixed: int
+    prefill_per_token: int
+
+    def sequence(self, tokens: int) -> int:
+        """KV bytes of one sequence of ``tokens`` tokens at its longest, as allocated
+        (mlx-lm's caches grow in steps of KV_STEP tokens)."""
+        allocated = -(-max(tokens, 0) // KV_STEP) * KV_STEP
+        return self.fixed + self.kv_per_token * allocated
+
+    def prefill(self, chunk: int) -> int:
+        """The working set of a prefill chunk of ``chunk`` tokens."""
+        return self.prefill_per_token * max(chunk, 0)
+
+
+def _layer_bytes(layer) -> tuple[int, int]:
+    """(bytes per token, fixed bytes) of one cache layer that has seen some tokens."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if keys is not None and values is not None and hasattr(layer, "offset"):
+        buffers = _arrays(keys) + _arrays(values)  # quantized: (data, scales, biases) each
+        allocated = buffers[0].shape[2]  # (batch, kv heads, tokens allocated, head dim)
+        per_token = sum(a.nbytes for a in buffers) // max(allocated, 1)
+        max_size = getattr(layer, "max_size", None)
+        if max_size is not None:  # a rotating window: bounded, so count it at its full size
+            return 0, per_token * max_size
+        return per_token, 0
+    return 0, sum(a.nbytes for a in _arrays(getattr(layer, "state", None)))
+
+
+def _arrays(state) -> list[mx.array]:
+    """The arrays in a cache layer's state (nested: quantized caches hold tuples)."""
+    if isinstance(state, mx.array):
+        return [state]
+    if isinstance(state, (list, tuple)):
+        return [a for part in state for a in _arrays(part)]
+    return []
+
+
+def profile(model, chunk: int) -> MemoryProfile:
+    """Measure `MemoryProfile` by running one chunk of PROBE_TOKENS tokens (at most
+    ``chunk``) through ``model`` with a fresh cache. Engine thread only."""
+    n = max(2, min(PROBE_TOKENS, chunk))
+    cache = make_prompt_cache(model)
+    mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    logits = model(mx.zeros((1, n), dtype=mx.uint32), cache=cache)
+    mx.eval(logits, [c.state for c in cache])
+    peak = mx.get_peak_memory()
+    per_token = fixed = 0
+    for layer in cache:
+        t, f = _layer_bytes(layer)
+        per_token += t
+        fixed += f
+    kv_now = per_token * n + fixed
+    working = max(peak - base - kv_now, 0)
+    del logits, cache
+    return MemoryProfile(per_token, fixed, int(working / n * WORKING_SET_MARGIN))
+
+
+def default_budget() -> int:
+    """The default ``memory_budget`` of this machine, bytes (see the module docstring)."""
+    if mx.metal.is_available():
+        info = mx.device_info()
+        recommended = int(info.get("max_recommended_working_set_size", 0))
+        if recommended:
+            return int(recommended * (1 - METAL_MARGIN))
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = _cgroup_limit()
+    if limit is not None:
+        total = min(total, limit)
+    return int(total * RAM_SHARE)
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()  # noqa: SIM115 (tiny file, read once)
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def apply_limits(budget: int) -> None:
+    """Set MLX's own limits from the budget (as `mlx_lm.server` does at start): the memory
+    limit, the buffer cache (what MLX keeps of freed buffers) and, on Metal, the wired
+    limit."""
+    mx.set_memory_limit(budget)
+    mx.set_cache_limit(max(budget // 8, 64 * MIB))
+    if mx.metal.is_available():
+        mx.set_wired_limit(
+            min(budget, int(mx.device_info().get("max_recommended_working_set_size", budget)))
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.0f} MiB"
+
+
+class MemoryBudget:
+    """Admission by memory for one loaded model (engine thread only).
+
+    ``budget``: bytes (0: off, everything fits); ``weights``: the model's weight bytes;
+    ``chunk``: the full prefill chunk (``prefill_step_size``). Raises ModelLoadError at
+    construction when the budget cannot hold the weights and one prefill chunk.
+    """
+
+    def __init__(self, budget: int, weights: int, prof: MemoryProfile, chunk: int) -> None:
+        self.budget = budget
+        self.weights = weights
+        self.profile = prof
+        self.chunk = chunk
+        self.reserved = 0  # KV bytes reserved by the running sequences
+        if budget and budget < weights + prof.prefill(MIN_CHUNK) + prof.sequence(1):
+            raise ModelLoadError(
+                f"memory_budget {_mib(budget)} is smaller than the weights ({_mib(weights)}) "
+                f"plus one prefill chunk ({_mib(prof.prefill(MIN_CHUNK))}): raise "
+                "memory_budget (or 0 to turn it off)"
+            )
+
+    @classmethod
+    def off(cls, loaded) -> MemoryBudget:
+        """No budget: everything fits."""
+        return cls(0, loaded.weights_bytes, MemoryProfile(0, 0, 0), loaded.params.prefill_step_size)
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def batch_cost(self, rows: int, longest: int) -> int:
+        """KV bytes of a batch of ``rows`` rows padded to ``longest`` tokens."""
+        return rows * self.profile.sequence(longest) if rows else 0
+
+    def never_fits(self, tokens: int) -> str | None:
+        """Why a sequence of ``tokens`` tokens at its longest can never run, even alone
+        with an empty prompt cache and the smallest prefill chunk; None when it can."""
+        if not self.enabled:
+            return None
+        need = self.profile.sequence(tokens)
+        floor = self.weights + self.profile.prefill(MIN_CHUNK)
+        if floor + need <= self.budget:
+            return None
+        return (
+            f"the request needs {_mib(need)} of KV cache ({tokens} tokens with the "
+            f"generation budget) beside {_mib(floor)} of weights and prefill, but "
+            f"memory_budget is {_mib(self.budget)}: lower Tokens (max_tokens), shorten the "
+            "prompt, or raise memory_budget"
+        )
+
+    def room(self, kv_after: int, cache_bytes: int) -> int:
+        """Bytes left for the prefill working set if the running KV became ``kv_after``
+        with ``cache_bytes`` in the prompt cache (negative: does not fit)."""
+        return self.budget - self.weights - kv_after - cache_bytes
+
+    def chunk_for(self, room: int) -> int:
+        """The largest prefill chunk whose working set fits ``room`` bytes (0 if none)."""
+        per = self.profile.prefill_per_token
+        if not self.enabled or per <= 0:
+            return self.chunk
+        fits = room // per
+        return int(min(self.chunk, fits)) if fits >= MIN_CHUNK else 0
+
+    def status(self) -> dict[str, int]:
+        """Status entries: the budget, what the running sequences reserve, and what is
+        free of it after weights and reservations (0 when off)."""
+        if not self.enabled:
+            return {"memory_budget": 0, "memory_reserved": 0, "memory_free": 0}
+        return {
+            "memory_budget": self.budget,
+            "memory_reserved": self.reserved,
+            "memory_free": max(self.budget - self.weights - self.reserved, 0),
+            "memory_kv_per_token": self.profile.kv_per_token,
+            "memory_fixed_per_sequence": self.profile.fixed,
+            "memory_prefill_per_token": self.profile.prefill_per_token,
+        }

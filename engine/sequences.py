@@ -1,0 +1,420 @@
+"""The kinds of running sequence, behind one interface the scheduler steps.
+
+A `Runner` holds sequences of one kind and decodes one token for each per `step`:
+
+- `BatchRunner`: mlx-lm's `BatchGenerator`, the continuous batch (newcomers join between
+  steps, prefill chunks interleave with decoding, finished sequences leave).
+- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a draft model, n-gram
+  speculation, a quantized KV cache, a rotating cache with NKeep), each one of mlx-lm's
+  step generators, stepped in turn with the batch.
+
+Both answer the same calls (`start`, `step`, `release`, `drop`, `mirror_step`, `rows`,
+`nbytes`), so the scheduler never asks which kind a job is (TGI's `Batch` interface over
+its batch kinds is the model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import (
+    BatchGenerator,
+    StopSequences,
+    generate_step,
+    speculative_generate_step,
+)
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from decoding.ngram_spec import NgramStats, ngram_generate_step
+from engine.checkpoints import Checkpoints, split
+from engine.jobs import Job
+from engine.step_budget import PrefillBudget
+from loading.loaded_model import LoadedModel
+from params import GenerationParams
+from prompt_cache import CacheLookup
+
+
+@dataclass(frozen=True)
+class Token:
+    """One decoded token of one sequence (``token`` None: the generator ended without
+    one). ``finish``: the runner ended the sequence ("stop", "length"); ``kv``:
+    (cache, tokens) when it handed the sequence's KV over as it ended; ``drafted``: the
+    token came from an accepted draft; ``error``: the runner failed this sequence alone
+    (a `BackendError` its request ends with; ``token`` is None)."""
+
+    uid: int
+    token: int | None
+    logprobs: Any = None
+    finish: str | None = None
+    kv: tuple | None = None
+    drafted: bool = False
+    error: Any = None
+
+
+def stops_at_eos(params: GenerationParams) -> bool:
+    """Whether EOS ends the sequence: unless IgnoreEOS, and always under a grammar (a
+    finished grammar allows only EOS; without stopping it would emit EOS to max_tokens)."""
+    return not params.ignore_eos or params.constraint is not None
+
+
+def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
+    """Whether a request must run outside the batch: mlx-lm's `BatchGenerator` verifies one
+    token per sequence and step (no drafts), merges only plain and rotating caches without
+    NKeep, and quantizes no KV."""
+    p = loaded.params
+    return (
+        loaded.draft is not None
+        or p.speculative == "ngram"
+        or p.kv_bits is not None
+        or (p.max_kv_size is not None and bool(params.keep))
+    )
+
+
+def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
+    """A solo sequence's empty KV cache, plus the draft model's layers. With
+    ``max_kv_size``: rotating layers of that many tokens keeping the first ``keep`` (NKeep;
+    own code because mlx-lm's `make_prompt_cache` ignores ``max_kv_size`` for models that
+    make their own cache); else the model's own cache (`make_prompt_cache`)."""
+    p = loaded.params
+    if p.max_kv_size is not None:
+        kv = [RotatingKVCache(max_size=p.max_kv_size, keep=keep) for _ in loaded.model.layers]
+    else:
+        kv = make_prompt_cache(loaded.model)
+    if loaded.draft is not None:
+        kv = kv + make_prompt_cache(loaded.draft)
+    return kv
+
+
+class BatchRunner:
+    """The continuous batch of one loaded model (mlx-lm's `BatchGenerator`)."""
+
+    drafts = False
+
+    def proposed(self, job: Job) -> int:
+        return 0
+
+    def __init__(self, loaded: LoadedModel, eos_ids: frozenset[int], ckpt: Checkpoints) -> None:
+        self.loaded = loaded
+        self.checkpoints = ckpt
+        self._eos_ids = eos_ids
+        self._eos_stops = StopSequences([(t,) for t in sorted(eos_ids)])
+        self._uids: set[int] = set()
+        self._decoding: set[int] = set()  # rows past their prefill
+        self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
+        self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
+        self._gen: BatchGenerator | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh, empty batch (after a failed step, or at start)."""
+        if self._gen is not None:
+            self._gen.close()
+        p = self.loaded.params
+        self._gen = BatchGenerator(
+            self.loaded.model,
+            stop_tokens=[[t] for t in sorted(self._eos_ids)],
+            completion_batch_size=p.max_batch_size,
+            prefill_batch_size=p.max_batch_size,
+            prefill_step_size=p.prefill_step_size,
+            max_kv_size=p.max_kv_size,
+        )
+        self._forget_all()
+
+    def close(self) -> None:
+        if self._gen is not None:
+            self._gen.close()
+        self._gen = None
+        self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._uids.clear()
+        self._decoding.clear()
+        self._prefilled.clear()
+
+    def _forget(self, uid: int) -> None:
+        self._uids.discard(uid)
+        self._decoding.discard(uid)
+        self._prefilled.pop(uid, None)
+
+    @property
+    def rows(self) -> int:
+        return len(self._uids)
+
+    @property
+    def nbytes(self) -> int:
+        """KV bytes of the running batch."""
+        return self._gen.prompt_cache_nbytes if self._uids and self._gen is not None else 0
+
+    def start(
+        self,
+        job: Job,
+        ids: list[int],
+        lookup: CacheLookup,
+        sampler: Any,
+        processors: list,
+        diverges: int,
+    ) -> int:
+        segments = [lookup.rest]
+        if self.checkpoints.batched and job.params.cache_write:
+            job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
+            segments = split(ids, lookup.cached_tokens, job.snapshots)
+        # Segments: mlx-lm's batch prefill stops exactly at each boundary (one chunk of at
+        # most prefill_step_size tokens per step, interleaved with decoding).
+        (uid,) = self._gen.insert_segments(
+            [segments],
+            max_tokens=[job.max_tokens],
+            caches=[lookup.kv] if lookup.kv is not None else None,
+            all_tokens=[ids[: lookup.cached_tokens]],
+            samplers=[sampler],
+            logits_processors=[processors],
+            stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
+        )
+        self._uids.add(uid)
+        return uid
+
+    def adopt(
+        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+    ) -> int:
+        """Add a sequence prefilled elsewhere (an image prompt, `engine.vision`): ``kv``
+        holds ``tokens``; the batch decodes from ``last``, the prompt's last token.
+        Returns its uid."""
+        (uid,) = self._gen.insert(
+            [[last]],
+            max_tokens=[job.max_tokens],
+            caches=[kv],
+            all_tokens=[list(tokens)],
+            samplers=[sampler],
+            logits_processors=[processors],
+            stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
+        )
+        self._uids.add(uid)
+        return uid
+
+    def step(self, jobs: dict[int, Job]) -> list[Token]:
+        """One batch step: a prefill chunk and/or one token for every decoding row;
+        prefill snapshots taken where a row stopped at one of its checkpoints."""
+        if not self._uids:
+            return []
+        decoding = bool(self._decoding)
+        # The budget's chunk for this step; BatchGenerator reads it on every step.
+        self._gen.prefill_step_size = self.budget.chunk(
+            len(self._uids) - len(self._decoding), decoding
+        )
+        start = time.perf_counter()
+        prompt_responses, responses = self._gen.next()
+        prefilled = 0
+        for r in prompt_responses:
+            done = r.progress[0]
+            prefilled += max(done - self._prefilled.get(r.uid, 0), 0)
+            self._prefilled[r.uid] = done
+            if r.end_of_prompt:
+                self._decoding.add(r.uid)
+        self.budget.observe(time.perf_counter() - start, prefilled, decoding)
+        boundaries = [
+            r.uid
+            for r in prompt_responses
+            if r.end_of_segment and not r.end_of_prompt and r.uid in jobs and jobs[r.uid].snapshots
+        ]
+        if boundaries:
+            self.checkpoints.store_extracted(self._gen.extract_cache(boundaries), jobs)
+        out = []
+        for r in responses:
+            kv = None
+            if r.finish_reason:
+                kv = (r.prompt_cache, r.all_tokens)
+                self._forget(r.uid)
+            out.append(Token(r.uid, r.token, r.logprobs, r.finish_reason, kv))
+        return out
+
+    def mirror_step(self) -> dict[int, tuple]:
+        """A distributed follower's step: the same decode, no output; {uid: (kv, tokens)}
+        of the rows the batch ended itself."""
+        if not self._uids:
+            return {}
+        _, responses = self._gen.next()
+        finished = {}
+        for r in responses:
+            if r.finish_reason is not None:
+                finished[r.uid] = (r.prompt_cache, r.all_tokens)
+                self._forget(r.uid)
+        return finished
+
+    def release(self, job: Job) -> tuple | None:
+        """Take ``job``'s row out of the batch: (kv, tokens) for the prompt cache."""
+        if job.uid not in self._uids:
+            return None
+        self._forget(job.uid)
+        return self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
+
+    def drop(self, job: Job) -> None:
+        """Take ``job``'s row out, discarding its KV."""
+        if job.uid in self._uids:
+            self._forget(job.uid)
+            self._gen.remove([job.uid])
+
+
+class SoloRun:
+    """A sequence decoded outside the batch: its step generator, KV cache and token ids."""
+
+    def __init__(self, steps: Iterator, kv: list, tokens: list[int]) -> None:
+        self.steps = steps
+        self.kv = kv
+        self.tokens = tokens  # prompt + generated ids; the KV holds exactly these at the end
+        self.exhausted = False  # a follower's generator ended before rank 0 retired it
+
+    def finish(self) -> tuple[list, list[int]] | None:
+        """Close the generator; return (kv, tokens) when the KV holds exactly ``tokens``.
+
+        mlx-lm's step generators have fed every yielded token into the KV; the speculative
+        one rewinds rejected draft tokens when closed. Any surplus is trimmed; a cache
+        that cannot be made to match is not returned (and so never stored).
+        """
+        self.steps.close()
+        n = len(self.tokens)
+        for c in self.kv:
+            offset = getattr(c, "offset", None)
+            if not isinstance(offset, int):
+                return None
+            if offset > n and c.is_trimmable():
+                c.trim(offset - n)
+            if c.offset != n:
+                return None
+        return self.kv, self.tokens  # PromptCache.insert stores an exact private copy
+
+
+class SoloRunner:
+    """Sequences decoded one by one with mlx-lm's `generate_step`, its speculative step
+    with a draft model, or n-gram speculation (`decoding.ngram_spec`).
+
+    mlx-lm's server runs such requests one at a time; here each is a generator stepped
+    once per engine iteration, interleaved with the batch. Uids are negative, apart from
+    `BatchGenerator`'s.
+    """
+
+    def __init__(self, loaded: LoadedModel, eos_ids: frozenset[int], ckpt: Checkpoints) -> None:
+        self.loaded = loaded
+        self.checkpoints = ckpt
+        self._eos_ids = eos_ids
+        self.runs: dict[int, SoloRun] = {}
+        self._last_uid = 0
+        p = loaded.params
+        self.drafts = loaded.draft is not None or p.speculative == "ngram"
+
+    def proposed(self, job: Job) -> int:
+        """Draft tokens ``job`` sent to verification: exact for n-gram speculation; for a
+        draft model (mlx-lm does not count them) an upper bound, NDraft per target token."""
+        if job.spec_stats is not None:
+            return job.spec_stats.drafted
+        n = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
+        return (job.tokens - job.drafted) * n
+
+    def reset(self) -> None:
+        for run in self.runs.values():
+            run.steps.close()
+        self.runs.clear()
+
+    close = reset
+
+    @property
+    def rows(self) -> int:
+        return len(self.runs)
+
+    @property
+    def nbytes(self) -> int:
+        """KV bytes of the solo sequences."""
+        return sum(getattr(c, "nbytes", 0) for run in self.runs.values() for c in run.kv)
+
+    def start(
+        self,
+        job: Job,
+        ids: list[int],
+        lookup: CacheLookup,
+        sampler: Any,
+        processors: list,
+        diverges: int,
+    ) -> int:
+        loaded, p, params = self.loaded, self.loaded.params, job.params
+        kv = lookup.kv
+        if kv is None:
+            kv = new_cache(loaded, keep=params.keep or 4)  # mlx-lm's default keep
+        done = lookup.cached_tokens
+        if params.cache_write and self.checkpoints.takes(kv, draft=loaded.draft, kv_bits=p.kv_bits):
+            done = self.checkpoints.prefill(job, ids, kv, done, diverges)
+        prompt = mx.array(ids[done:], dtype=mx.uint32)
+        common = dict(
+            max_tokens=job.max_tokens,
+            sampler=sampler,
+            logits_processors=processors or None,
+            prompt_cache=kv,
+            prefill_step_size=p.prefill_step_size,
+            kv_bits=p.kv_bits,
+            kv_group_size=p.kv_group_size,
+            quantized_kv_start=p.quantized_kv_start,
+        )
+        drafts = params.num_draft_tokens or p.num_draft_tokens
+        if loaded.draft is not None:
+            steps = speculative_generate_step(
+                prompt, loaded.model, loaded.draft, num_draft_tokens=drafts, **common
+            )
+        elif p.speculative == "ngram":
+            job.spec_stats = NgramStats()
+            steps = ngram_generate_step(
+                prompt,
+                loaded.model,
+                num_draft_tokens=drafts,
+                ngram_max=p.ngram_size,
+                context_tokens=ids[:done],
+                stats=job.spec_stats,
+                **common,
+            )
+        else:
+            steps = generate_step(prompt, loaded.model, **common)
+        self._last_uid -= 1
+        self.runs[self._last_uid] = SoloRun(steps, kv, list(ids))
+        return self._last_uid
+
+    def step(self, jobs: dict[int, Job]) -> list[Token]:
+        out = []
+        for uid, run in list(self.runs.items()):
+            job = jobs.get(uid)
+            if job is None:
+                continue
+            try:
+                token, logprobs, *drafted = next(run.steps)
+            except StopIteration:
+                out.append(Token(uid, None, finish="length"))
+                continue
+            token = int(token)
+            run.tokens.append(token)
+            finish = None
+            if token in self._eos_ids and stops_at_eos(job.params):
+                finish = "stop"
+            elif job.tokens + 1 >= job.max_tokens:
+                finish = "length"
+            out.append(Token(uid, token, logprobs, finish, drafted=bool(drafted and drafted[0])))
+        return out
+
+    def mirror_step(self) -> dict[int, tuple]:
+        """A distributed follower's step; a generator that ends is marked exhausted."""
+        for run in self.runs.values():
+            if run.exhausted:
+                continue
+            try:
+                token, *_ = next(run.steps)
+                run.tokens.append(int(token))
+            except StopIteration:
+                run.exhausted = True
+        return {}
+
+    def release(self, job: Job) -> tuple | None:
+        run = self.runs.pop(job.uid, None)
+        return run.finish() if run is not None else None
+
+    def drop(self, job: Job) -> None:
+        run = self.runs.pop(job.uid, None)
+        if run is not None:
+            run.steps.close()

@@ -1,0 +1,60 @@
+"""The per-step time budget of the batch: how many prompt tokens one step may prefill.
+
+mlx-lm's `BatchGenerator` runs, per step, one decode token for every decoding row and
+then one prefill chunk of `prefill_step_size` tokens for the rows still prefilling, and
+reads that attribute on every step. A full chunk of a long prompt can take seconds on a
+CPU, and every running stream waits that long for its next token. vLLM bounds this with a
+token budget per step (`max_num_batched_tokens`: decodes first, prefill chunks in what is
+left); here the budget is time, since tokens per second differ by orders of magnitude
+between a 2-core CPU and a GPU: while rows decode, the chunk is what the measured prefill
+speed fits into ``budget_ms`` after the decode step; with nobody decoding, the full chunk
+(the fastest prefill).
+"""
+
+from __future__ import annotations
+
+MIN_CHUNK = 16  # smallest prefill chunk (tokens per row): below it, per-step overhead rules
+FIRST_CHUNK = 64  # the chunk before any speed was measured
+CHUNK_QUANTUM = 16  # chunks are multiples of this (fewer distinct shapes for the kernels)
+SMOOTHING = 0.3  # weight of the newest measurement in the moving averages
+
+
+class PrefillBudget:
+    """Chooses each step's prefill chunk and learns from how long steps took.
+
+    ``budget_ms``: the step time to stay within while rows decode (0: always the full
+    chunk); ``max_chunk``: the full chunk (``prefill_step_size``), tokens per row.
+    """
+
+    def __init__(self, budget_ms: int, max_chunk: int) -> None:
+        self.budget_s = max(budget_ms, 0) / 1000.0
+        self.max_chunk = max_chunk
+        self.decode_s = 0.0  # moving average of a decode-only step, seconds
+        self.rate: float | None = None  # moving average of prefill tokens per second
+        self.memory_cap = max_chunk  # the largest chunk the memory budget allows now
+
+    def chunk(self, prefill_rows: int, decoding: bool) -> int:
+        """Prompt tokens per prefilling row for the next step."""
+        largest = max(MIN_CHUNK, min(self.max_chunk, self.memory_cap // max(prefill_rows, 1)))
+        if not decoding or self.budget_s <= 0 or prefill_rows == 0:
+            return largest
+        if self.rate is None:
+            return min(FIRST_CHUNK, largest)
+        room = max(self.budget_s - self.decode_s, 0.0) * self.rate / prefill_rows
+        tokens = int(room) // CHUNK_QUANTUM * CHUNK_QUANTUM
+        return max(MIN_CHUNK, min(largest, tokens))
+
+    def observe(self, seconds: float, prefill_tokens: int, decoding: bool) -> None:
+        """One step took ``seconds``, prefilling ``prefill_tokens`` tokens (all rows), with
+        or without decoding rows."""
+        if prefill_tokens <= 0:
+            if decoding:
+                self.decode_s = _average(self.decode_s or None, seconds)
+            return
+        prefill_s = seconds - (self.decode_s if decoding else 0.0)
+        if prefill_s > 0:
+            self.rate = _average(self.rate, prefill_tokens / prefill_s)
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new

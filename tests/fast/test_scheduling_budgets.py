@@ -1,0 +1,99 @@
+"""The scheduler's two budgets, as arithmetic: the per-step time budget of the prefill
+chunk (engine/step_budget.py) and admission by memory (engine/memory.py), plus the one
+mapping of a ValueError to INVALID_ARGUMENT (errors.as_backend_error)."""
+
+from __future__ import annotations
+
+import pytest
+
+import errors
+from engine.memory import MIN_CHUNK, MemoryBudget, MemoryProfile
+from engine.step_budget import FIRST_CHUNK, PrefillBudget
+
+MIB = 1024 * 1024
+
+
+def test_full_chunks_when_nobody_decodes_or_the_budget_is_off() -> None:
+    budget = PrefillBudget(750, 512)
+    assert budget.chunk(prefill_rows=1, decoding=False) == 512
+    assert PrefillBudget(0, 512).chunk(prefill_rows=1, decoding=True) == 512
+
+
+def test_the_chunk_fits_the_measured_speed_into_the_budget() -> None:
+    budget = PrefillBudget(750, 512)
+    assert budget.chunk(1, decoding=True) == FIRST_CHUNK  # nothing measured yet
+    budget.observe(0.1, 0, decoding=True)  # a decode-only step: 100 ms
+    budget.observe(0.1 + 64 / 200, 64, decoding=True)  # 64 tokens at 200 tok/s beside it
+    assert budget.decode_s == pytest.approx(0.1)
+    assert budget.rate == pytest.approx(200)
+    # (0.75 s - 0.1 s) * 200 tok/s = 130 tokens, rounded down to a multiple of 16
+    assert budget.chunk(1, decoding=True) == 128
+    assert budget.chunk(2, decoding=True) == 64  # two prompts prefill side by side
+    assert budget.chunk(100, decoding=True) == 16  # never below the smallest chunk
+
+
+def test_a_fast_device_keeps_full_chunks() -> None:
+    budget = PrefillBudget(750, 512)
+    budget.observe(0.01, 0, decoding=True)
+    budget.observe(0.01 + 512 / 50_000, 512, decoding=True)
+    assert budget.chunk(1, decoding=True) == 512
+
+
+def test_the_memory_cap_bounds_the_chunk_too() -> None:
+    budget = PrefillBudget(0, 512)
+    budget.memory_cap = 100
+    assert budget.chunk(1, decoding=False) == 100
+    assert budget.chunk(4, decoding=False) == 25  # four rows share the cap
+    assert budget.chunk(10, decoding=False) == MIN_CHUNK  # never below the smallest chunk
+
+
+def _budget(budget_mib: int, weights_mib: int = 500) -> MemoryBudget:
+    prof = MemoryProfile(kv_per_token=46 * 1024, fixed=0, prefill_per_token=900 * 1024)
+    return MemoryBudget(budget_mib * MIB, weights_mib * MIB, prof, 512)
+
+
+def test_a_sequence_reserves_its_kv_at_its_longest_and_a_batch_its_longest_row() -> None:
+    mem = _budget(2000)
+    assert mem.profile.sequence(1024) == 1024 * 46 * 1024
+    assert mem.profile.sequence(1000) == 1024 * 46 * 1024  # allocated in steps of 256
+    assert mem.batch_cost(3, 1000) == 3 * 1024 * 46 * 1024  # rows padded to the longest
+    assert mem.batch_cost(0, 1000) == 0
+
+
+def test_what_can_never_fit_says_so_with_the_numbers() -> None:
+    mem = _budget(700)
+    assert mem.never_fits(100) is None
+    reason = mem.never_fits(10_000)  # 10,240 allocated: 460 MiB of KV beside 500 MiB
+    assert reason is not None
+    assert "460 MiB" in reason and "memory_budget is 700 MiB" in reason
+    assert "lower Tokens" in reason
+    assert _budget(0).never_fits(10**9) is None  # off: everything fits
+
+
+def test_the_chunk_shrinks_to_what_the_room_holds() -> None:
+    mem = _budget(2000)
+    assert mem.chunk_for(10**12) == 512
+    assert mem.chunk_for(100 * 900 * 1024) == 100
+    assert mem.chunk_for(MIN_CHUNK * 900 * 1024 - 1) == 0
+
+
+def test_a_budget_below_weights_and_one_chunk_fails_the_load() -> None:
+    with pytest.raises(errors.ModelLoadError, match="smaller than the weights"):
+        _budget(505)
+    mem = _budget(600)
+    assert mem.status() == {
+        "memory_budget": 600 * MIB,
+        "memory_reserved": 0,
+        "memory_free": 100 * MIB,
+        "memory_kv_per_token": 46 * 1024,
+        "memory_fixed_per_sequence": 0,
+        "memory_prefill_per_token": 900 * 1024,
+    }
+
+
+def test_a_value_error_is_invalid_argument_in_one_place() -> None:
+    assert isinstance(errors.as_backend_error(ValueError("x")), errors.InvalidArgument)
+    unavailable = errors.Unavailable("retry")
+    assert errors.as_backend_error(unavailable) is unavailable
+    internal = errors.as_backend_error(RuntimeError("boom"))
+    assert internal.status == "INTERNAL" and "RuntimeError: boom" in str(internal)

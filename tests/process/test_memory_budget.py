@@ -1,0 +1,145 @@
+"""The memory budget over real gRPC (engine/memory.py): a budget set from what this test
+measures first (the weights, the KV per token, the prefill working set per token, as the
+server reports them in Status), on the embedded model and on a family whose cache is
+recurrent state (mamba2).
+
+More requests than the budget holds at once all finish with their solo greedy output,
+fewer run at once than were sent, MLX's peak stays within the budget (+10%); a request
+that can never fit is refused at once (RESOURCE_EXHAUSTED, with the numbers) while the
+others stream on; a budget below the weights fails LoadModel.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import tiny_models
+from helpers import greedy, status, wait_until
+
+import backend_pb2
+from clients.server_process import ServerProcess
+from loading import model_loader
+
+PROMPT_WORDS = 150  # ~300-token prompts
+NEW_TOKENS = 16
+SENT = 4  # concurrent requests; the budget holds 2
+OPTIONS = ("warmup:false",)  # the kernels are warm after the first load anyway
+
+
+@pytest.fixture(scope="module")
+def srv():
+    server = ServerProcess(entry="run.sh")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _prompts(n: int) -> list[str]:
+    words = ["river", "stone", "lamp", "orchard", "violet", "harbor", "copper", "meadow"]
+    return [
+        f"Story {i}: " + " ".join(words[(i + k) % len(words)] for k in range(PROMPT_WORDS))
+        for i in range(n)
+    ]
+
+
+def _predict_all(stub, prompts: list[str]) -> list[bytes]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: stub.Predict(greedy(p, NEW_TOKENS)).message, prompts))
+
+
+def _watch_running(stub, stop: threading.Event) -> list[int]:
+    seen: list[int] = []
+
+    def poll() -> None:
+        while not stop.is_set():
+            seen.append(status(stub)["requests_running"])
+            stop.wait(0.02)
+
+    threading.Thread(target=poll, daemon=True).start()
+    return seen
+
+
+class Measured:
+    """One model as this test measured it: loaded with a budget that never binds, its
+    weights and memory profile (Status), and the solo greedy output of each prompt."""
+
+    def __init__(self, srv, model: str, prompts: list[str]) -> None:
+        self.srv, self.model = srv, model
+        srv.load(model, [f"memory_budget:{64 * 1024**3}", *OPTIONS])
+        s = status(srv.stub)
+        self.weights = s["weights"]
+        self.per_token = s["memory_kv_per_token"]
+        self.fixed = s["memory_fixed_per_sequence"]
+        self.prefill = s["memory_prefill_per_token"]
+        stub = srv.stub
+        self.ids = [len(stub.TokenizeString(greedy(p, 1)).tokens) for p in prompts]
+        self.solo = [stub.Predict(greedy(p, NEW_TOKENS)).message for p in prompts]
+
+    def budget(self, rows: float) -> int:
+        """The weights, the prefill of one prompt and ``rows`` sequences, at their longest."""
+        longest = max(self.ids) + NEW_TOKENS
+        seq = self.fixed + self.per_token * -(-longest // 256) * 256  # allocated per 256
+        return self.weights + self.prefill * max(self.ids) + int(rows * seq)
+
+    def load(self, budget: int) -> None:
+        self.srv.load(self.model, [f"memory_budget:{budget}", *OPTIONS])
+
+
+@pytest.fixture(scope="module")
+def smol(srv) -> Measured:
+    return Measured(srv, str(model_loader.embedded_model_path()), _prompts(SENT))
+
+
+def test_more_requests_than_fit_all_finish_with_their_solo_output(srv, smol) -> None:
+    budget = smol.budget(2.5)
+    smol.load(budget)
+    s = status(srv.stub)
+    assert s["memory_budget"] == budget and s["memory_reserved"] == 0
+    stop = threading.Event()
+    running = _watch_running(srv.stub, stop)
+    together = _predict_all(srv.stub, _prompts(SENT))
+    stop.set()
+    assert together == smol.solo
+    assert 1 <= max(running) < SENT, running  # the budget held some back
+    after = status(srv.stub)
+    assert after["mlx_peak"] <= budget * 1.1, (after["mlx_peak"], budget)
+    assert after["memory_reserved"] == 0
+
+
+def test_what_can_never_fit_is_refused_at_once_while_others_stream(srv, smol) -> None:
+    smol.load(smol.budget(1.5))
+    innocent = greedy(_prompts(1)[0], NEW_TOKENS)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: srv.stub.Predict(innocent).message)
+        assert wait_until(lambda: status(srv.stub)["requests_running"], 30)
+        with pytest.raises(grpc.RpcError) as err:
+            srv.stub.Predict(greedy("Tell me everything.", 8000), timeout=10)
+        assert running.result() == smol.solo[0]
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "memory_budget is" in err.value.details() and "MiB" in err.value.details()
+
+
+def test_a_budget_below_the_weights_fails_the_load(srv, smol) -> None:
+    res = srv.stub.LoadModel(
+        backend_pb2.ModelOptions(Model=smol.model, Options=["memory_budget:200MiB", *OPTIONS])
+    )
+    assert not res.success
+    assert "smaller than the weights" in res.message and "memory_budget" in res.message
+
+
+def test_a_recurrent_state_model_is_bounded_too(srv, tmp_path) -> None:
+    """mamba2: no per-token KV, a fixed state per sequence; outputs stay solo outputs."""
+    prompts = _prompts(3)
+    mamba = Measured(srv, str(tiny_models.build("mamba2", tmp_path)), prompts)
+    assert mamba.per_token == 0 and mamba.fixed > 0
+    mamba.load(mamba.budget(1.5))
+    stop = threading.Event()
+    running = _watch_running(srv.stub, stop)
+    together = _predict_all(srv.stub, prompts)
+    stop.set()
+    assert together == mamba.solo
+    assert 1 <= max(running) < 3, running
