@@ -26,6 +26,7 @@ import backend_pb2
 import backend_pb2_grpc
 from edge import interceptors, lifecycle
 from edge.servicer import BackendServicer
+from engine import metrics as metrics_mod
 from engine.core import Engine
 from loading import model_loader
 
@@ -48,13 +49,15 @@ async def serve(
     parent_watch: lifecycle.ParentWatcher | None = None,
     coordinator: Coordinator | None = None,
     engine: Engine | JoinOnLoad | None = None,
+    metrics: metrics_mod.Recorder = metrics_mod.NULL,
 ) -> bool:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
 
     ``coordinator``: distributed mode, this process being rank 0 of the group (see
     ``distributed/``); the model is then loaded and run on every rank. ``engine``: the
     engine to serve (or ``distributed.worker.JoinOnLoad``, which owns one), built here
-    when None.
+    when None, reporting to ``metrics`` (the Prometheus endpoint, already started; it
+    is stopped here at the end).
 
     ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
     which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
@@ -76,7 +79,7 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     if engine is None:
-        engine = Engine(coordinator) if coordinator is not None else Engine()
+        engine = Engine(metrics=metrics) if coordinator is None else Engine(coordinator, metrics)
     if coordinator is not None:
         coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
     known = set(threading.enumerate())
@@ -149,6 +152,7 @@ async def serve(
     stuck = [t.name for t in engine_threads if t.is_alive()]
     if stuck:
         logger.warning("still running after stop: %s", ", ".join(stuck))
+    metrics.stop()
     logger.info("stopped")
     return not stuck
 
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         help="distributed mode: MLX backend to join (any, ring, mpi, nccl, jaccl; default "
         "any: the one the launcher set up)",
     )
+    metrics_mod.add_argument(parser)
     _add_worker_arguments(parser)
     args, _unknown = parser.parse_known_args(argv)
     bad_env_level = ""
@@ -225,11 +230,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         _run_worker(args)  # never returns
     coordinator = _join_group(args) if args.distributed else None
-    engine = None if args.distributed else _join_on_load(args)
+    # After the worker and follower exits: every rank on a host inherits the same address.
+    try:
+        metrics = metrics_mod.from_settings(args.metrics_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
+    except OSError as exc:
+        logger.error("%s", exc)
+        raise SystemExit(2) from None
+    engine = None if args.distributed else _join_on_load(args, metrics)
     model = args.model
     if model == "embedded":
         model = str(model_loader.embedded_model_path())
-    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator, engine)):
+    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)):
         # Finalizing Python under a thread inside native code can abort the process;
         # everything that matters is already stopped and freed.
         logging.shutdown()
@@ -366,7 +379,7 @@ def _run_worker(args: argparse.Namespace) -> None:
     os._exit(code)  # a join attempt or MLX's threads may still sit in native code
 
 
-def _join_on_load(args: argparse.Namespace) -> JoinOnLoad:
+def _join_on_load(args: argparse.Namespace, metrics: metrics_mod.Recorder) -> JoinOnLoad:
     """Rank 0 of LocalAI's worker protocol (or a plain single process): the engine
     behind a ``JoinOnLoad``, which joins a group at the LoadModel that asks for one
     (load options, --hostfile, or $MLX_DISTRIBUTED_HOSTFILE when installed as
@@ -398,4 +411,6 @@ def _join_on_load(args: argparse.Namespace) -> JoinOnLoad:
             settings.installed_as,
             group.HOSTFILE_ENV,
         )
-    return worker.JoinOnLoad(settings, args.distributed_timeout, join_timeout)
+    return worker.JoinOnLoad(
+        settings, args.distributed_timeout, join_timeout, Engine(metrics=metrics)
+    )

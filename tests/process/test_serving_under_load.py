@@ -1,0 +1,106 @@
+"""Serving under load, over real gRPC on one backend process (run.sh, the embedded model,
+Prometheus metrics on a free loopback port):
+
+- the metrics endpoint, scraped over HTTP, counts exactly the traffic sent;
+- a long prompt prefilled beside running streams (the per-step budget cuts its prefill
+  into chunks between their decode steps) leaves every stream its solo greedy output;
+- LoadModel of what is loaded, with the same options, interrupts nobody; a real model
+  change ends in-flight requests with UNAVAILABLE (gRPC's retryable code), saying to retry.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import tiny_models
+from helpers import greedy, status, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+import backend_pb2
+from clients.server_process import ServerProcess
+from loading import model_loader
+
+METRICS_URL = re.compile(r"Prometheus metrics on (http://\S+)")
+EMBEDDED = str(model_loader.embedded_model_path())
+
+
+@pytest.fixture(scope="module")
+def srv():
+    server = ServerProcess("--metrics-addr", "127.0.0.1:0", entry="run.sh")
+    try:
+        server.load(EMBEDDED)
+        yield server
+    finally:
+        server.stop()
+
+
+def _scrape(srv) -> dict[tuple[str, tuple], float]:
+    url = METRICS_URL.search(srv.logs()).group(1)
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_metrics_endpoint_counts_the_traffic_sent(srv) -> None:
+    replies = [srv.stub.Predict(greedy(f"Count to {n}:", 5 + n)) for n in range(3)]
+    with pytest.raises(grpc.RpcError) as bad:
+        srv.stub.Predict(backend_pb2.PredictOptions(Prompt="x", Temperature=-1))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    m = _scrape(srv)
+    p = "localai_mlx_"
+    assert m[(p + "time_to_first_token_seconds_count", ())] == 3
+    assert m[(p + "e2e_request_latency_seconds_count", ())] == 3
+    assert m[(p + "generation_tokens_total", ())] == sum(r.tokens for r in replies)
+    prompt = sum(v for (name, _), v in m.items() if name == p + "prompt_tokens_total")
+    assert prompt == sum(r.prompt_tokens for r in replies)
+    finished = sum(v for (name, _), v in m.items() if name == p + "requests_finished_total")
+    assert finished == 3
+    assert m[(p + "request_errors_total", (("code", "INVALID_ARGUMENT"),))] == 1
+    assert m[(p + "memory_bytes", (("kind", "weights"),))] == status(srv.stub)["weights"]
+    assert m[(p + "requests_running", ())] == 0
+
+
+def test_a_long_prefill_beside_running_streams_leaves_each_its_solo_output(srv) -> None:
+    streams = [greedy(f"Story {i}: once upon a time", 40, IgnoreEOS=True) for i in range(3)]
+    long = greedy("Chapter one. " + "The river ran past the old stone mill. " * 120, 8)
+    solo = [srv.stub.Predict(r).message for r in [*streams, long]]
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(srv.stub.Predict, r) for r in streams]
+        assert wait_until(lambda: status(srv.stub)["requests_running"] == 3, 60)
+        beside = pool.submit(srv.stub.Predict, long)
+        together = [f.result().message for f in [*running, beside]]
+    assert together == solo
+
+
+def test_reloading_the_same_model_interrupts_nobody(srv) -> None:
+    req = greedy("Name three colours:", 48, IgnoreEOS=True)
+    alone = srv.stub.Predict(req).message
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(srv.stub.Predict, req)
+        assert wait_until(lambda: status(srv.stub)["requests_running"], 30)
+        again = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=EMBEDDED))
+        assert again.success, again.message
+        assert running.result().message == alone
+    assert "already loaded with these options" in srv.logs()
+
+
+def test_a_model_change_ends_in_flight_requests_unavailable(srv, tmp_path) -> None:
+    req = greedy("Name three colours:", 400, IgnoreEOS=True)
+    other = str(tiny_models.build("llama", tmp_path))
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(srv.stub.Predict, req)
+        assert wait_until(lambda: status(srv.stub)["requests_running"], 30)
+        changed = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=other))
+        assert changed.success, changed.message
+        with pytest.raises(grpc.RpcError) as err:
+            running.result()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "retry" in err.value.details()
