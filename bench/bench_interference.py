@@ -1,4 +1,4 @@
-"""K. Running streams while a long prompt prefills: inter-token gaps, and that prompt's TTFT.
+"""M. Running streams while a long prompt prefills: inter-token gaps, and that prompt's TTFT.
 
 One backend (``run.sh``, the embedded SmolLM2 GGUF, default options, so dense float32 on
 MKL here) serves ``--streams`` greedy streams of ``--new-tokens`` tokens each; once they
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     args = ap.parse_args(argv)
-    print(bl.header("K. long prefill beside running streams", argv))
+    print(bl.header("M. long prefill beside running streams", argv))
     maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
     server = bl.Backend()
     rows = []

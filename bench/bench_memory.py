@@ -1,0 +1,90 @@
+"""O. Eight streams with and without a memory budget: throughput and MLX peak memory.
+
+One backend (``run.sh``, the embedded model); for each configuration a LoadModel, then
+``--streams`` greedy streams of ``--prompt-tokens`` + ``--new-tokens`` tokens sent at
+once. Reported: end-to-end aggregate tok/s, the most requests Status showed running at
+once, and MLX's peak memory since the load (Status ``mlx_peak``) against the budget.
+Configurations, side by side in one run: ``off`` (``memory_budget:0``) and ``budget``:
+the weights, one prompt's prefill working set and ``--rows`` sequences at their longest,
+from the KV and prefill figures the server reports (Status ``memory_kv_per_token``,
+``memory_prefill_per_token``). Target (issue 21): peak <= budget + 10%.
+
+    python bench/bench_memory.py            # ~3 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+import threading
+import time
+
+import benchlib as bl
+
+import backend_pb2
+
+
+def breakdown(stub) -> dict[str, int]:
+    return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
+
+
+def run(server: bl.Backend, prompts: list[str], new_tokens: int) -> tuple[float, int, int]:
+    seen = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], breakdown(server.stub)["requests_running"])
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(
+            pool.map(
+                lambda p: bl.grpc_stream(server.stub, bl.predict_options(p, new_tokens)), prompts
+            )
+        )
+    elapsed = time.perf_counter() - start
+    stop.set()
+    watcher.join()
+    tokens = sum(r.tokens for r in results)
+    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rows", type=float, default=4.0)
+    args = ap.parse_args(argv)
+    print(bl.header("O. eight streams with and without a memory budget", argv))
+    maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
+    prompts = [maker.prompt(args.prompt_tokens) for _ in range(args.streams)]
+    server = bl.Backend()
+    rows = []
+    try:
+        server.load(bl.embedded_gguf(), [f"memory_budget:{64 * 1024**3}"])  # the profile
+        s = breakdown(server.stub)
+        longest = -(-(args.prompt_tokens + args.new_tokens) // 256) * 256
+        seq = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * longest
+        budget = s["weights"] + s["memory_prefill_per_token"] * args.prompt_tokens
+        budget += int(args.rows * seq)
+        for name, value in (("off", 0), ("budget", budget)):
+            server.load(bl.embedded_gguf(), [f"memory_budget:{value}"])
+            tps, most, peak = run(server, prompts, args.new_tokens)
+            limit = f"{budget / 2**20:.0f} MiB" if value else "-"
+            ok = bl.verdict(peak <= budget * 1.1) if value else "-"
+            rows.append((name, limit, f"{tps:.1f}", most, f"{peak / 2**20:.0f} MiB", ok))
+    finally:
+        server.stop()
+    headers = ("config", "budget", "tok/s", "most running", "MLX peak", "peak <= budget+10%")
+    print(bl.table(headers, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
