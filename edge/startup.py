@@ -28,6 +28,7 @@ from edge import interceptors, lifecycle
 from edge.servicer import BackendServicer
 from engine import metrics as metrics_mod
 from engine.core import Engine
+from errors import Unavailable
 from loading import model_loader
 
 if TYPE_CHECKING:  # distributed imports MLX; only its types are named here
@@ -50,7 +51,7 @@ async def serve(
     coordinator: Coordinator | None = None,
     engine: Engine | JoinOnLoad | None = None,
     metrics: metrics_mod.Recorder = metrics_mod.NULL,
-) -> bool:
+) -> tuple[int, bool]:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
 
     ``coordinator``: distributed mode, this process being rank 0 of the group (see
@@ -62,9 +63,15 @@ async def serve(
     ``grace`` is in seconds. On a signal (or when ``parent_watch`` finds the parent gone,
     which sends SIGTERM): health turns NOT_SERVING, new calls are refused, in-flight
     calls get ``grace`` seconds to finish, the rest are cancelled (their engine jobs
-    with them), MLX memory is freed, and this returns True; False when a thread (the
-    engine, stuck in a long call) still runs after the stop. Raises SystemExit when
-    ``address`` cannot be bound.
+    with them), MLX memory is freed. When the engine can never serve again (a broken
+    distributed group, an engine thread that died: ``Engine.fatal``), in-flight and
+    queued requests end UNAVAILABLE at once and the server stops the same way, so that
+    LocalAI's next Health check finds the process gone and starts a new one (its loader
+    recreates a backend only when Health fails and the process has exited).
+
+    Returns (exit status, clean): 0 after a signal, 1 after a fatal engine state; clean
+    is False when a thread (the engine, stuck in a long call) still runs after the
+    stop. Raises SystemExit when ``address`` cannot be bound.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -121,11 +128,25 @@ async def serve(
         else:
             logger.info("preloaded %s", model)
 
+    exit_status = 0
+
     async def refresh_health() -> None:
-        # LoadModel and Free set health themselves; this catches a dead engine thread.
+        # LoadModel and Free set health themselves; this catches a dead engine thread
+        # or a broken group, and ends the process so that it can be started again.
+        nonlocal exit_status
         while True:
             await asyncio.sleep(HEALTH_REFRESH_SECONDS)
             await servicer.refresh_health()
+            reason = engine.fatal
+            if reason is not None and not stop.is_set():
+                logger.error(
+                    "%s: ending in-flight requests and exiting with status 1, so that "
+                    "LocalAI (or any supervisor) starts the backend again",
+                    reason,
+                )
+                engine.fail_from_outside(Unavailable(f"{reason}; the backend restarts: retry"))
+                exit_status = 1
+                stop.set()
 
     # A long preload (a GGUF conversion) must not delay a SIGTERM that comes meanwhile.
     tasks = [asyncio.create_task(refresh_health())]
@@ -154,7 +175,7 @@ async def serve(
         logger.warning("still running after stop: %s", ", ".join(stuck))
     metrics.stop()
     logger.info("stopped")
-    return not stuck
+    return exit_status, not stuck
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,11 +263,14 @@ def main(argv: list[str] | None = None) -> None:
     model = args.model
     if model == "embedded":
         model = str(model_loader.embedded_model_path())
-    if not asyncio.run(serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)):
+    status, clean = asyncio.run(
+        serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)
+    )
+    if not clean or status:
         # Finalizing Python under a thread inside native code can abort the process;
         # everything that matters is already stopped and freed.
         logging.shutdown()
-        os._exit(0)
+        os._exit(status)
 
 
 def _join_group(args: argparse.Namespace) -> Coordinator | None:

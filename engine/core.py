@@ -41,6 +41,7 @@ from errors import (
     FailedPrecondition,
     NotFound,
     ResourceExhausted,
+    Unavailable,
 )
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
@@ -113,6 +114,16 @@ class Engine:
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def fatal(self) -> str | None:
+        """Why this engine can never serve again, or None: a broken distributed group, or
+        an engine thread that ended without being stopped (read from any thread)."""
+        if self.group.failed:
+            return f"the distributed group is broken ({self.group.failed})"
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopped:
+            return "the engine thread died"
+        return None
 
     @property
     def alive(self) -> bool:
@@ -382,6 +393,13 @@ class Engine:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self._serve_forever()
+        except BaseException:  # a bug outside one job's handling: this thread is done
+            logger.exception("the engine thread died")
+            self.fail_everything(Unavailable("the engine thread died; the backend restarts"))
+
+    def _serve_forever(self) -> None:
         while True:
             # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
             idle_wait = self.group.heartbeat  # read each time: attach_group may change it

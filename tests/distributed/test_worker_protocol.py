@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 import tiny_models
-from helpers import ROOT, greedy
+from helpers import ROOT, greedy, wait_until
 
 import backend_pb2
 from clients.server_process import ServerProcess
@@ -213,16 +214,19 @@ def test_a_worker_killed_mid_stream_fails_the_stream_unavailable(group, models):
     stream = group.stub.PredictStream(
         greedy("Once upon a time", tokens=400, IgnoreEOS=True), timeout=300
     )
+    killed = 0.0
     with pytest.raises(grpc.RpcError) as info:
         for i, _ in enumerate(stream):
             if i == 0:
                 group.workers[-1].send_signal(signal.SIGKILL)
+                killed = time.monotonic()
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
     assert "lost the distributed group" in info.value.details()
-    assert group.stub.Status(backend_pb2.HealthMessage()).state == StatusResponse.ERROR
-    with pytest.raises(grpc.RpcError) as again:
-        group.stub.Predict(greedy("Hello", tokens=TOKENS, IgnoreEOS=True), timeout=60)
-    assert again.value.code() == grpc.StatusCode.UNAVAILABLE
-    # The other worker leaves too (its ring neighbour is gone, or rank 0 stops it).
-    group.rank0.stop()
+    assert time.monotonic() - killed < 30, "ended by the 60 s step watchdog, not at once"
+    # LocalAI recreates a backend whose Health fails once its process is gone: rank 0
+    # exits non-zero by itself (pkg/model/loader.go checks the process before recreating).
+    assert wait_until(lambda: group.rank0.proc.poll() is not None, 30), group.logs()
+    assert group.rank0.proc.returncode == 1
+    assert "exiting with status 1" in group.logs()
+    # The other worker leaves too (its ring neighbour is gone, or rank 0 stopped it).
     assert _stop(group.workers[:-1], timeout=60) != [None]
