@@ -1,9 +1,16 @@
 """The engine: the one thread that makes every MLX call, and what runs on it.
 
-- ``core``: ``Engine``, the thread, its mailbox and the async API the servicer awaits.
-- ``scheduler``: the running set: admission, the batch, solo runs, checkpoints, retire.
+- ``core``: ``Engine``, the thread and the async API the servicer awaits; ``mailbox``: what
+  reaches the thread (typed items); ``status``: what Status, GetMetrics and the gauges report.
+- ``scheduler``: the running set: admission (by count and by memory: ``memory``), retire,
+  cancel, the prompt cache's lookups and inserts, the per-request log line.
+- ``sequences``: the kinds of running sequence behind one interface (the continuous batch,
+  solo runs); ``step_budget``: how much prefill one batch step may do; ``checkpoints``:
+  prefill snapshots for caches that cannot be trimmed.
 - ``jobs``: ``Job``, one request in flight, and the events it sends back.
-- ``model_host``: the model slot: load, serve, unload.
-- ``model_calls``: tokenize, metadata, Score and Embedding calls on the loaded model.
-- ``prompt``: render and tokenize a request (on a worker thread, never MLX).
+- ``model_host``: the model slot: load, serve, unload; ``warmup``: the request path run once
+  at LoadModel; ``model_calls``: tokenize, metadata, Score and Embedding on the loaded model.
+- ``prompt``: render and tokenize a request (on a worker thread, never MLX);
+  ``vision_prompt`` and ``vision``: image prompts (worker thread) and their prefill.
+- ``metrics``: the Prometheus series the engine reports to.
 """

@@ -17,24 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-
-from caches import prompt_tiers
 from engine import model_calls, model_host, vision_prompt
+from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
-from engine.mailbox import STOP, WAKE, Call, Item, Stop, Submit, Wake
+from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
 from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
+from engine.status import StatusSnapshot
 from errors import (
     BackendError,
     Cancelled,
@@ -45,7 +41,7 @@ from errors import (
 )
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
-from params import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE, GenerationRequest, LoadParams
+from params import GenerationRequest, LoadParams
 from tasks import scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -73,16 +69,6 @@ def _prompt_workers() -> concurrent.futures.ThreadPoolExecutor:
         return _prompt_pool
 
 
-@dataclass(frozen=True)
-class StatusSnapshot:
-    """What Status reports: state name, request counts, memory in bytes."""
-
-    state: str  # UNINITIALIZED | BUSY | READY | ERROR
-    running: int
-    waiting: int
-    memory: dict[str, int] = field(default_factory=dict)
-
-
 class Engine:
     """Owns the loaded model and the single MLX thread.
 
@@ -96,20 +82,20 @@ class Engine:
     def __init__(self, group: GroupHooks = NO_GROUP, metrics: Recorder = NULL) -> None:
         self.group = group
         self.metrics = metrics  # Prometheus series (engine.metrics); NULL when off
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox = Mailbox()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         # Memory is read when the last request ends, so Status after a reply is current.
         self.host = model_host.ModelHost(
             self._record_metrics, group, self._snapshot_memory, metrics
         )
-        self._queued = 0  # submitted but not yet seen by the engine thread
-        self._count_lock = threading.Lock()
+        self.queued = 0  # submitted but not yet seen by the engine thread
+        self.counts_lock = threading.Lock()
         self._stopped = False
-        self._memory: dict[str, int] = _mlx_memory()
+        self.mlx_memory_reading: dict[str, int] = status_mod.mlx_memory()
         self._memory_at = 0.0
         self.last_metrics = RequestMetrics()
         self._call_stop: threading.Event | None = None  # the running call's cancel flag
-        self._deferred: deque[Item] = deque()  # mailbox items set aside while a call ran
+        self._interleave = _Interleave(self)
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -266,11 +252,7 @@ class Engine:
                 checkpoints,
             )
             if sched is not None:  # refused now when it could never fit the memory budget
-                n = len(prepared.token_ids)
-                tokens = sched.kv_tokens(n, sched.max_tokens(n, request.params.max_tokens))
-                reason = sched.memory.never_fits(tokens)
-                if reason is not None:
-                    raise ResourceExhausted(reason)
+                sched.check_fits(len(prepared.token_ids), request.params.max_tokens)
             job = Job(
                 request,
                 prepared.token_ids,
@@ -283,8 +265,8 @@ class Engine:
             )
             job.vision = getattr(prepared, "vision", None)
         except BaseException:
-            with self._count_lock:
-                self._queued -= 1
+            with self.counts_lock:
+                self.queued -= 1
             raise
         self._inbox.put(Submit(job))
         return job
@@ -292,15 +274,15 @@ class Engine:
     def _reserve(self, loaded: LoadedModel) -> None:
         p = loaded.params
         sched = self.scheduler
-        with self._count_lock:
+        with self.counts_lock:
             running = (len(sched.active) + len(sched.waiting)) if sched is not None else 0
-            in_flight = running + self._queued
+            in_flight = running + self.queued
             if in_flight >= p.max_batch_size + p.max_queue:
                 raise ResourceExhausted(
                     f"server busy: {in_flight} requests in flight (max_batch_size="
                     f"{p.max_batch_size}, max_queue={p.max_queue}); retry later"
                 )
-            self._queued += 1
+            self.queued += 1
 
     def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
         """NotFound when both the request's and the loaded ModelOptions.Model are non-empty
@@ -315,71 +297,13 @@ class Engine:
             )
 
     def status(self) -> StatusSnapshot:
-        """A snapshot safe to take from any thread, without waiting for the engine.
-
-        MLX memory figures come from the engine thread's last reading (taken after every
-        operation and, while busy, every ``MEMORY_SNAPSHOT_INTERVAL`` seconds).
-        """
-        sched = self.scheduler
-        with self._count_lock:
-            running = len(sched.active) if sched is not None else 0
-            waiting = (len(sched.waiting) if sched is not None else 0) + self._queued
-        if self.group.failed:
-            state = "ERROR"
-        elif self.loaded is None:
-            state = "UNINITIALIZED"
-        elif not self.alive:
-            state = "ERROR"
-        else:
-            state = "BUSY" if running or waiting else "READY"
-        loaded = self.loaded
-        memory = {
-            "weights": loaded.weights_bytes if loaded is not None else 0,
-            "kv_active": sched.kv_bytes if sched is not None else 0,
-            "prompt_cache": sched.cache.nbytes if sched is not None else 0,
-            **prompt_tiers.disk_memory(sched.cache if sched is not None else None),
-            # the part of prompt_cache held by prefill snapshots (checkpoints)
-            "prompt_cache_checkpoints": sched.cache.checkpoint_nbytes if sched is not None else 0,
-            # vision models: the vision-tower outputs kept by image (engine.vision)
-            **({"vision_cache": loaded.vision.features_nbytes} if loaded and loaded.vision else {}),
-            # memory_budget, memory_reserved (KV of running sequences), memory_free
-            **(sched.memory.status() if sched is not None else {}),
-            **self._memory,
-            **self.group.memory(),  # distributed: group_size, weights_rank_<i>
-        }
-        return StatusSnapshot(state, running, waiting, memory)
-
-    def cache_stats(self):
-        sched = self.scheduler
-        return sched.cache.stats() if sched is not None else None
+        """A snapshot safe to take from any thread, without waiting for the engine
+        (`engine.status.snapshot`)."""
+        return status_mod.snapshot(self)
 
     def info(self) -> dict:
-        """Engine facts for operators (GetMetrics): model, CPU weight mode, BLAS, batch, cache."""
-        snap = self.status()
-        stats = self.cache_stats()
-        loaded = self.loaded
-        p = loaded.params if loaded is not None else None
-        return {
-            "model": loaded.name if loaded is not None else "",
-            "state": snap.state,
-            "requests_running": snap.running,
-            "requests_waiting": snap.waiting,
-            "max_batch_size": p.max_batch_size if p else DEFAULT_MAX_BATCH_SIZE,
-            "max_queue": p.max_queue if p else DEFAULT_MAX_QUEUE,
-            "cpu_mode": loaded.cpu_mode if loaded is not None else "",
-            "kv_bits": p.kv_bits if p else None,
-            "draft_model": bool(loaded is not None and loaded.draft is not None),
-            "speculative": (p.speculative or ("draft" if p.draft_model else "")) if p else "",
-            "last_request_draft_tokens_accepted": self.last_metrics.draft_tokens_accepted,
-            "blas": loaded.blas if loaded is not None else None,
-            "vision_cache": loaded.vision.cache_info() if loaded and loaded.vision else None,
-            "prompt_cache": (
-                dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(self.scheduler.cache))
-                if stats is not None
-                else None
-            ),
-            "distributed": self.group.info(),
-        }
+        """Engine facts for operators (GetMetrics; `engine.status.info`)."""
+        return status_mod.info(self)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel all work, free the model and end the engine thread."""
@@ -404,9 +328,9 @@ class Engine:
             # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
             idle_wait = self.group.heartbeat  # read each time: attach_group may change it
             sched = self.scheduler
-            busy = (sched is not None and sched.busy) or bool(self._deferred)
+            busy = (sched is not None and sched.busy) or self._inbox.has_deferred
             try:
-                item = self._next_item(block=not busy, timeout=idle_wait)
+                item = self._inbox.next(block=not busy, timeout=idle_wait)
             except queue.Empty:
                 item = None
             while item is not None:
@@ -416,7 +340,7 @@ class Engine:
                     return
                 self._handle(item)
                 try:
-                    item = self._next_item(block=False)
+                    item = self._inbox.next(block=False)
                 except queue.Empty:
                     item = None
             sched = self.scheduler
@@ -443,14 +367,6 @@ class Engine:
                     sched.fail_all(BackendError(f"generation failed: {exc}"))
                     sched.reset_batch()
 
-    def _next_item(self, block: bool, timeout: float | None = None) -> Item:
-        """The next mailbox item: first those set aside while a call ran (in order)."""
-        if self._deferred:
-            return self._deferred.popleft()
-        if block:
-            return self._inbox.get(timeout=timeout)
-        return self._inbox.get_nowait()
-
     def _handle(self, item: Item) -> None:
         if isinstance(item, Call):
             fut = item.future
@@ -467,8 +383,8 @@ class Engine:
             self._snapshot_memory()
         elif isinstance(item, Submit):
             job = item.job
-            with self._count_lock:
-                self._queued -= 1
+            with self.counts_lock:
+                self.queued -= 1
                 if self.scheduler is not None:
                     self.scheduler.enqueue(job)
                     return
@@ -483,8 +399,8 @@ class Engine:
         return {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: lambda *args: host.score(*args, should_stop=self._should_stop()),
-            EMBED: lambda *args: host.embed(*args, should_stop=self._should_stop()),
+            SCORE: lambda *args: host.score(*args, should_stop=self._interleave.should_stop()),
+            EMBED: lambda *args: host.embed(*args, should_stop=self._interleave.should_stop()),
             INSTALL: host.install_built,
             ATTACH: self._attach,
             TOKENIZE: host.tokenize,
@@ -497,30 +413,9 @@ class Engine:
         if throttle and now - self._memory_at < MEMORY_SNAPSHOT_INTERVAL:
             return
         self._memory_at = now
-        self._memory = _mlx_memory()
+        self.mlx_memory_reading = status_mod.mlx_memory()
         if self.metrics.enabled:
-            self._push_gauges()
-
-    def _push_gauges(self) -> None:
-        """Status's figures to the Prometheus gauges (the endpoint never asks the engine)."""
-        snap = self.status()
-        mem = snap.memory
-        self.metrics.set_load(snap.running, snap.waiting)
-        self.metrics.set_memory(
-            weights=mem["weights"],
-            kv=mem["kv_active"],
-            prompt_cache=mem["prompt_cache"],
-            prompt_cache_disk=mem.get("prompt_cache_disk", 0),
-            mlx_active=mem["mlx_active"],
-            mlx_peak=mem["mlx_peak"],
-            mlx_cache=mem["mlx_cache"],
-        )
-        sched = self.scheduler
-        if sched is not None:
-            self.metrics.cache_totals("memory", evictions=sched.cache.stats().evictions)
-            disk = prompt_tiers.disk_info(sched.cache)
-            evicted = sum(d.get("evictions", 0) for d in disk.values())
-            self.metrics.cache_totals("disk", evictions=evicted)
+            status_mod.push_gauges(self)
 
     # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:
@@ -550,69 +445,51 @@ class Engine:
 
     def drain_inbox(self, error: BackendError) -> None:
         """Fail queued jobs and calls with ``error``; keep a stop request."""
-        keep = []
-        while True:
-            try:
-                item = self._next_item(block=False)
-            except queue.Empty:
-                break
-            if isinstance(item, Submit):
-                with self._count_lock:
-                    self._queued -= 1
-                item.job.fail(error)
-            elif isinstance(item, Call):
-                if item.future.set_running_or_notify_cancel():
-                    item.future.set_exception(error)
-            elif isinstance(item, Stop):
-                keep.append(item)
-        for item in keep:
-            self._inbox.put(item)
+        self._inbox.drain(error, self._unqueue)
 
-    def _should_stop(self) -> Callable[[], bool] | None:
-        """For Score and Embedding: called between candidates and forward chunks, it lets
-        the running streams decode one step, then says whether the caller has left.
+    def _unqueue(self, item: Submit) -> None:
+        with self.counts_lock:
+            self.queued -= 1
 
-        None in distributed mode: every rank must run the same steps in the same order.
-        """
-        stop = self._call_stop
+
+class _Interleave:
+    """Lets a long call on the engine thread (Score, Embedding) share it with generation:
+    between its candidates and forward chunks, new requests are admitted and the running
+    batch decodes one step; the call stops when its caller has left."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def should_stop(self) -> Callable[[], bool] | None:
+        """The check to call between chunks; None in distributed mode, where every rank
+        must run the same steps in the same order."""
+        stop = self.engine._call_stop
         if stop is None:
             return None
 
         def check() -> bool:
-            self._step_between()
+            self._step()
             return stop.is_set()
 
         return check
 
-    def _step_between(self) -> None:
-        # A long Score must not stall generation: one batch step per check point.
-        sched = self.scheduler
+    def _step(self) -> None:
+        engine = self.engine
+        sched = engine.scheduler
         if sched is None:
             return
         # New requests join now; other calls wait (in order) until this one has ended.
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        for item in engine._inbox.arrived():
             if isinstance(item, Submit):
-                self._handle(item)
+                engine._handle(item)
             elif not isinstance(item, Wake):
-                self._deferred.append(item)
+                engine._inbox.defer(item)
         try:
             sched.tick()
             if sched.active:
                 sched.step()
-            self._snapshot_memory(throttle=True)
+            engine._snapshot_memory(throttle=True)
         except Exception as exc:  # as in the main loop: fail the batch, not the call
             logger.exception("engine step failed")
             sched.fail_all(BackendError(f"generation failed: {exc}"))
             sched.reset_batch()
-
-
-def _mlx_memory() -> dict[str, int]:
-    return {
-        "mlx_active": mx.get_active_memory(),
-        "mlx_peak": mx.get_peak_memory(),
-        "mlx_cache": mx.get_cache_memory(),
-    }

@@ -51,7 +51,7 @@ class GroupHooks:
     """What a distributed group does at the scheduler's and engine's seams.
 
     This null implementation is a single process: nothing is shared, nothing can be
-    lost. `distributed.Coordinator` overrides every method.
+    lost. `distributed.coordinator.Coordinator` overrides every method.
     """
 
     failed: str | None = None  # why the group broke; None while healthy
@@ -238,6 +238,14 @@ class Scheduler:
             return min(requested, context - prompt_len)
         return min(requested, MAX_TOKENS_CAP)
 
+    def check_fits(self, prompt_len: int, requested: int) -> None:
+        """ResourceExhausted, with the numbers, when a prompt of ``prompt_len`` tokens that
+        may generate ``requested`` can never fit the memory budget, even alone."""
+        tokens = self.kv_tokens(prompt_len, self.max_tokens(prompt_len, requested))
+        reason = self.memory.never_fits(tokens)
+        if reason is not None:
+            raise ResourceExhausted(reason)
+
     def kv_tokens(self, prompt_len: int, max_tokens: int) -> int:
         """Tokens a sequence's KV holds at its longest (a rotating cache: its window)."""
         total = prompt_len + max_tokens
@@ -253,9 +261,7 @@ class Scheduler:
         job.kv_tokens = self.kv_tokens(len(job.prompt_ids), job.max_tokens)
         if not mem.enabled:
             return True
-        reason = mem.never_fits(job.kv_tokens)
-        if reason is not None:
-            raise ResourceExhausted(reason)
+        self.check_fits(len(job.prompt_ids), job.max_tokens)
         rows = [*self.active.values(), job]
         after = mem.batch_cost(len(rows), max(j.kv_tokens for j in rows))
         floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))

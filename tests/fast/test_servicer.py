@@ -19,7 +19,7 @@ from inprocess import InProcessServer
 import backend_pb2
 from decoding.output import Delta
 from edge.servicer import LOAD_SUCCESS_MESSAGE
-from engine.core import StatusSnapshot
+from engine.status import StatusSnapshot
 from engine.jobs import Event
 from engine.metrics import Metrics
 from engine.scheduler import RequestMetrics
