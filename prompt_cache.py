@@ -133,6 +133,7 @@ def _held_tokens(layer: Any) -> int | None:
         return layer.offset - layer.start_position
     if isinstance(layer, RotatingKVCache):
         # Below its buffer's length a rotating cache has not wrapped: position i is token i.
+        # (mlx-lm has no public read of the write position: `_idx` is the only one.)
         return layer.offset if layer._idx == layer.offset else None
     return None
 

@@ -58,7 +58,7 @@ class LlamaWorker:
 
         if not extra_bufts:
             # A -DGGML_NATIVE=ON build crashes in its AMX kernels on this VM unless the
-            # model is loaded without extra buffer types (shared/notes/measurements.md).
+            # model is loaded without extra buffer types (BENCHMARKS.md, section L).
             # Llama() has no parameter for it: patch the defaults it starts from.
             default = lib.llama_model_default_params
 

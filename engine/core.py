@@ -199,7 +199,7 @@ class Engine:
         )
 
     async def embed(self, text: str, token_ids: list[int], identity: str = ""):
-        """Pooled final hidden states of ``text`` or ``token_ids`` (scoring.embed)."""
+        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         self.check_identity(identity)
         return await self.call(EMBED, text, token_ids)
 

@@ -15,7 +15,7 @@ Owns two things the engine and ``run.sh`` need on a CPU-only Linux host:
   as LocalAI's ``libbackend.sh`` does), so the fast path holds whoever starts us.
 * **The CPU weight mode.** MLX's CPU quantized matmul is slow (~1.4 GMAC/s); with a fast
   BLAS a model dequantized to float32 prefills ~13x and decodes ~1.3x faster
-  (``shared/notes/measurements.md``). ``choose_cpu_mode`` decides ("dense" or
+  (BENCHMARKS.md, section E). ``choose_cpu_mode`` decides ("dense" or
   "quantized") from the ``cpu_dequantize`` option, the device and a memory budget;
   ``prepare_for_cpu`` is the one call the engine makes after loading a model.
 
