@@ -80,4 +80,5 @@ bench: install
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) venv backend_pb2.py backend_pb2_grpc.py __pycache__ tests/__pycache__ .pytest_cache
+	rm -rf $(VENV) venv backend_pb2.py backend_pb2_grpc.py .pytest_cache
+	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +
