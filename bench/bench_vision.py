@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import sys
 import tempfile
 import threading
@@ -117,6 +118,7 @@ class Served:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx-vlm's fallbacks must not download
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds per case")
     ap.add_argument("--tokens", type=int, default=16, help="tokens generated per request")

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from huggingface_hub import constants as _hf_constants
 from tqdm.std import tqdm as _std_tqdm
 
 from errors import ModelLoadError
@@ -161,17 +160,13 @@ def _revision(rev: str) -> str | None:
 def hub_constants() -> Any:
     """``huggingface_hub.constants`` as that module resolves the current environment.
 
-    huggingface_hub reads its environment variables once, at import. When none of them
-    changed since this module was imported, that module itself is returned (so patches
-    of it apply); otherwise its own code is evaluated again on the current environment
-    (a private copy, never registered in ``sys.modules``), so the precedence is always
-    huggingface_hub's: ``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, then
-    ``HF_HOME``/hub, then ``XDG_CACHE_HOME``/huggingface/hub.
+    huggingface_hub reads its environment variables once, at import; this evaluates its
+    own code again on the current environment (a private copy, cached per environment,
+    never registered in ``sys.modules``), so the precedence is always huggingface_hub's:
+    ``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, then ``HF_HOME``/hub, then
+    ``XDG_CACHE_HOME``/huggingface/hub.
     """
-    now = _hf_environment()
-    if now == _IMPORT_ENVIRONMENT:
-        return _hf_constants
-    return _constants_for(now)
+    return _constants_for(_hf_environment())
 
 
 def _hf_environment() -> tuple[tuple[str, str], ...]:
@@ -185,11 +180,6 @@ def _constants_for(environment: tuple[tuple[str, str], ...]) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-# The environment as huggingface_hub read it (imported above, or before: then nothing
-# changed os.environ in between; nothing in this backend does).
-_IMPORT_ENVIRONMENT = _hf_environment()
 
 
 def settings() -> HubSettings:

@@ -69,8 +69,6 @@ def hub_server(mlx_dir: Path):
 @pytest.fixture
 def hub(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubServer:
     """The hub stand-in with a clean request log, HF_ENDPOINT on it and HF_HOME in tmp."""
-    from huggingface_hub import constants
-
     hub_server.requests.clear()
     hub_server.drops.clear()
     hub_server.failures.clear()
@@ -79,6 +77,5 @@ def hub(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     for name in ("HF_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
     return hub_server

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -223,7 +222,6 @@ def build(
     (a larger vision tower or image size, for benchmarks)."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx-vlm's fallbacks must not download
     out = Path(out_dir)
     if (out / "model.safetensors").is_file():
         return out

@@ -181,14 +181,14 @@ def test_offline_and_endpoint_follow_the_environment(clean_hf_env) -> None:
     assert not hub.settings().offline
 
 
-def test_unchanged_environment_reads_huggingface_hubs_module(monkeypatch, tmp_path) -> None:
-    """With the environment as at import, huggingface_hub's module itself answers (so a
-    patch of it, as tests/fast/test_model_loader.py makes, applies)."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "patched"))
-    assert hub.hub_constants() is constants
-    assert hub.settings().cache_dir == tmp_path / "patched"
+def test_the_environment_now_decides_not_the_one_at_import(monkeypatch, tmp_path) -> None:
+    """huggingface_hub read its variables at import; a later change (LocalAI sets them before
+    the backend starts, tests after) is still what decides, and going back reads the old."""
+    before = hub.settings().cache_dir
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "now"))
+    assert hub.settings().cache_dir == tmp_path / "now"
+    monkeypatch.undo()
+    assert hub.settings().cache_dir == before
 
 
 # --------------------------------------------------------------------------- TopK

@@ -18,12 +18,10 @@ from loading.model_loader import ModelLoadError, ResolvedModel, load_model, reso
 @pytest.fixture
 def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty Hugging Face hub cache in tmp; the hub is switched offline as well."""
-    from huggingface_hub import constants
-
     cache = tmp_path / "hf-cache"
     cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return cache
 
 

@@ -19,10 +19,10 @@ from inprocess import InProcessServer
 import backend_pb2
 from decoding.output import Delta
 from edge.servicer import LOAD_SUCCESS_MESSAGE
-from engine.status import StatusSnapshot
 from engine.jobs import Event
 from engine.metrics import Metrics
 from engine.scheduler import RequestMetrics
+from engine.status import StatusSnapshot
 from errors import FailedPrecondition, ModelLoadError, NotFound, ResourceExhausted, Unavailable
 from params import GenerationRequest, LoadParams
 

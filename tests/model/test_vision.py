@@ -21,7 +21,15 @@ from inprocess import InProcessServer
 
 import backend_pb2
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx-vlm's fallbacks must never download
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """mlx-vlm's fallbacks must never download; set for this module's tests only (the
+    environment of the other tests stays as it was)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
+        yield
+
 
 TOKENS = 12
 MARKER = "<__media__>"
