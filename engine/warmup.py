@@ -28,7 +28,7 @@ from prompt_cache import CacheLookup, PromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
-WARMUP_PROMPT_TOKENS = 256  # the single row's prompt (one prefill chunk at most)
+WARMUP_PROMPT_TOKENS = 64  # the single row's prompt (one prefill chunk at most)
 WARMUP_NEW_TOKENS = 3  # decode steps per round
 MAX_STEPS = 64  # a bound on the batch steps of one round, whatever happens
 
@@ -62,8 +62,7 @@ def warm_up(loaded: LoadedModel) -> float:
     """Run the batch path on throwaway prompts; returns the seconds it took.
 
     Two rounds: one row with a prompt of up to WARMUP_PROMPT_TOKENS tokens (one prefill
-    chunk), then ``max_batch_size`` rows of short prompts decoding together, half greedy
-    and half sampled. Engine thread only (it calls MLX).
+    chunk), then two rows of short prompts decoding together, one greedy and one sampled. Engine thread only (it calls MLX).
     """
     start = time.perf_counter()
     tokenizer = loaded.tokenizer
@@ -75,7 +74,8 @@ def warm_up(loaded: LoadedModel) -> float:
     checkpoints = Checkpoints(loaded, PromptCache(1), single_process=False)
     runner = BatchRunner(loaded, eos, checkpoints)
     long_len = max(2, min(WARMUP_PROMPT_TOKENS, loaded.params.prefill_step_size + 1))
-    rounds = [[long_len], [8] * max(1, loaded.params.max_batch_size)]
+    # Batched decode compiles the same kernels at any row count above one: two rows do.
+    rounds = [[long_len], [8] * min(2, max(1, loaded.params.max_batch_size))]
     try:
         for lengths in rounds:
             jobs: dict[int, Job] = {}
