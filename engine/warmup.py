@@ -62,7 +62,8 @@ def warm_up(loaded: LoadedModel) -> float:
     """Run the batch path on throwaway prompts; returns the seconds it took.
 
     Two rounds: one row with a prompt of up to WARMUP_PROMPT_TOKENS tokens (one prefill
-    chunk), then two rows of short prompts decoding together, one greedy and one sampled. Engine thread only (it calls MLX).
+    chunk), then two rows of short prompts decoding together, one greedy and one
+    sampled. Engine thread only (it calls MLX).
     """
     start = time.perf_counter()
     tokenizer = loaded.tokenizer

@@ -23,8 +23,8 @@ import backend_pb2
 from clients.server_process import ServerProcess
 from loading import model_loader
 
-PROMPT_WORDS = 150  # ~300-token prompts
-NEW_TOKENS = 16
+PROMPT_WORDS = 60  # ~130-token prompts
+NEW_TOKENS = 8
 SENT = 4  # concurrent requests; the budget holds 2
 OPTIONS = ("warmup:false",)  # the kernels are warm after the first load anyway
 

@@ -69,8 +69,9 @@ def test_the_metrics_endpoint_counts_the_traffic_sent(srv) -> None:
 
 
 def test_a_long_prefill_beside_running_streams_leaves_each_its_solo_output(srv) -> None:
-    streams = [greedy(f"Story {i}: once upon a time", 40, IgnoreEOS=True) for i in range(3)]
-    long = greedy("Chapter one. " + "The river ran past the old stone mill. " * 120, 8)
+    streams = [greedy(f"Story {i}: once upon a time", 32, IgnoreEOS=True) for i in range(3)]
+    # ~700 tokens: more than one step's budget beside three decoding streams here.
+    long = greedy("Chapter one. " + "The river ran past the old stone mill. " * 70, 8)
     solo = [srv.stub.Predict(r).message for r in [*streams, long]]
     with ThreadPoolExecutor(4) as pool:
         running = [pool.submit(srv.stub.Predict, r) for r in streams]
