@@ -406,6 +406,14 @@ def _option_auto_bool(
     raise ValueError(f"option {key} must be auto, true or false, got {value!r}")
 
 
+WARMUP_ENV = "LOCALAI_MLX_WARMUP"  # the default of option warmup (the test suite turns it off)
+
+
+def _env_on(name: str) -> bool:
+    """An on/off environment variable, on unless it says false/0/no/off."""
+    return os.environ.get(name, "").strip().lower() not in ("false", "0", "no", "off")
+
+
 def _option_on(options: dict[str, Any], key: str, default: bool = True) -> bool:
     value = _option_auto_bool(options, key)
     return default if value is None else value
@@ -567,7 +575,7 @@ def load_params(req: Any) -> LoadParams:
         step_budget_ms=_option_default(
             _option_int(options, "step_budget_ms", 0), DEFAULT_STEP_BUDGET_MS
         ),
-        warmup=_option_on(options, "warmup"),
+        warmup=_option_on(options, "warmup", _env_on(WARMUP_ENV)),
         memory_budget=(
             0
             if options.get("memory_budget") in (0, "0")

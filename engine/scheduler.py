@@ -442,6 +442,7 @@ class Scheduler:
             return
         if job.uid is not None:
             self.active.pop(job.uid, None)
+        self._reserve_running()  # Status's memory_reserved is current when the reply is
         if not self.active:
             self.kv_bytes = 0  # Status right after the last reply must not show stale KV
             self._on_idle()

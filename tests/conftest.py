@@ -23,6 +23,16 @@ import backend_pb2
 from clients.server_process import ServerProcess
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_warmup():
+    """Backends started by the tests skip the warm-up at LoadModel (it only saves the first
+    request's kernel compilation, ~0.7 s a load once MLX's kernel cache is warm);
+    tests/process/test_serving_under_load.py turns it on with the option and checks it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALAI_MLX_WARMUP", "false")
+        yield
+
+
 @pytest.fixture(scope="session")
 def server():
     """A backend with the embedded SmolLM2 preloaded, shared by the whole session."""

@@ -105,3 +105,12 @@ def test_a_model_change_ends_in_flight_requests_unavailable(srv, tmp_path) -> No
             running.result()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "retry" in err.value.details()
+
+
+def test_the_warm_up_runs_at_load_when_asked(srv) -> None:
+    """Option warmup:true wins over LOCALAI_MLX_WARMUP (off in this suite): LoadModel runs
+    the request path once, logs it, and requests are served as before."""
+    reply = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=EMBEDDED, Options=["warmup:true"]))
+    assert reply.success, reply.message
+    assert re.search(r"warm-up: \d+\.\d+ s", srv.logs()), srv.logs()[-2000:]
+    assert srv.stub.Predict(greedy("Hello", 4, IgnoreEOS=True)).tokens == 4
