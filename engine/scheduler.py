@@ -262,23 +262,31 @@ class Scheduler:
         if not mem.enabled:
             return True
         self.check_fits(len(job.prompt_ids), job.max_tokens)
-        rows = [*self.active.values(), job]
-        after = mem.batch_cost(len(rows), max(j.kv_tokens for j in rows))
+        after = self._kv_cost([*self.active.values(), job])
         floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))
         if mem.room(after, self.cache.nbytes) < floor:
-            self.cache.trim_to(max_bytes=max(mem.room(after, 0) - floor, 0))
+            self._shrink_cache(after, floor)
             if mem.room(after, self.cache.nbytes) < floor and self.active:
                 return False  # waits for running sequences to end
         mem.reserved = after
         return True
+
+    def _kv_cost(self, jobs: list[Job]) -> int:
+        """What ``jobs`` reserve together: mlx-lm pads a batch's rows to its longest."""
+        longest = max((j.kv_tokens for j in jobs), default=0)
+        return self.memory.batch_cost(len(jobs), longest)
+
+    def _shrink_cache(self, kv: int, floor: int) -> None:
+        """Evict prompt-cache entries (least recently used first) until ``kv`` bytes of
+        running KV and a prefill working set of ``floor`` bytes fit beside it."""
+        self.cache.trim_to(max_bytes=max(self.memory.room(kv, 0) - floor, 0))
 
     def _reserve_running(self) -> None:
         """Reservations and the prefill chunk the budget allows, for who runs now."""
         mem = self.memory
         if not mem.enabled:
             return
-        rows = list(self.active.values())
-        mem.reserved = mem.batch_cost(len(rows), max((j.kv_tokens for j in rows), default=0))
+        mem.reserved = self._kv_cost(list(self.active.values()))
         room = mem.room(mem.reserved, self.cache.nbytes)
         self._batch.budget.memory_cap = max(mem.chunk_for(room), 1)
 
@@ -413,10 +421,9 @@ class Scheduler:
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
             if self.memory.enabled:  # the new entry must not take what others reserved
                 others = [j for j in self.active.values() if j is not job]
-                longest = max((j.kv_tokens for j in others), default=0)
-                after = self.memory.batch_cost(len(others), longest)
-                floor = self.memory.profile.prefill(self.memory.chunk)
-                self.cache.trim_to(max_bytes=max(self.memory.room(after, 0) - floor, 0))
+                self._shrink_cache(
+                    self._kv_cost(others), self.memory.profile.prefill(self.memory.chunk)
+                )
         # The cache keeps its own copy: drop ours now, so memory read at `end` is real.
         kv = None
         if error is not None:
