@@ -140,6 +140,77 @@ class NgramIndex:
         return []
 
 
+class DraftGate:
+    """One sequence's drafting state: its n-gram index and when, and how wide, to draft.
+
+    The rules of `ngram_generate_step`'s cost control (module doc): back-off after verify
+    steps that kept nothing, lone-token matches only right after a kept draft, widths
+    from `START_WIDTH` doubling up to ``width`` while whole drafts are kept. ``known``: the
+    pending token's id when the caller has it (after a verify step), else None (the
+    lookup then predicts it first). ``rate``: moving average of the kept fraction of
+    drafts (starts at 0.5), the caller's estimate of what a draft will keep.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        ngram_max: int,
+        tokens: Sequence[int],
+        ngram_min: int = 1,
+        stats: NgramStats | None = None,
+    ) -> None:
+        _check_options(width, ngram_max, ngram_min)
+        self.width = width
+        self.index = NgramIndex(ngram_min, ngram_max)
+        self.index.extend(tokens)
+        self.stats = stats if stats is not None else NgramStats()
+        self.known: int | None = None
+        self.rate = 0.5
+        self._backoff = self._misses = 0
+        self._streak = False
+        self._span = START_WIDTH
+
+    def propose(self, tokens: Sequence[int], left: int) -> list[int]:
+        """Draft tokens to follow the pending one ([] for none this step).
+
+        ``tokens``: the sequence so far (prompt and emitted tokens, not the pending one);
+        it may have grown since the last call. ``left``: tokens the sequence may still
+        emit, the pending one included (the draft is at most ``left - 1`` long).
+        """
+        have = len(self.index.tokens)
+        if have < len(tokens):
+            self.index.extend(tokens[have:])
+        if self.known is not None and len(self.index.tokens) == len(tokens):
+            self.index.extend([self.known])
+        width = min(self.width, self._span, left - 1)
+        if width <= 0:
+            return []
+        if self._backoff > 0:
+            self._backoff -= 1
+            return []
+        if self.known is not None:
+            draft = self.index.propose(width)
+        else:  # the lookup predicts the pending token first
+            draft = self.index.propose(width + 1)[1:]
+        if self.index.matched < SURE_MATCH and not self._streak:
+            return []
+        return draft
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A verify pass kept ``accepted`` of the ``drafted`` tokens proposed."""
+        self.stats.verify_steps += 1
+        self.stats.drafted += drafted
+        self.stats.accepted += accepted
+        self._streak = accepted > 0
+        self._span = min(2 * self._span, self.width) if accepted == drafted else START_WIDTH
+        if accepted:
+            self._misses = 0
+        else:
+            self._misses += 1
+            self._backoff = min(FIRST_BACKOFF * 2 ** (self._misses - 1), MAX_BACKOFF)
+        self.rate += 0.3 * (accepted / drafted - self.rate)
+
+
 def _check_options(num_draft_tokens: int, ngram_max: int, ngram_min: int) -> None:
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         raise ValueError(

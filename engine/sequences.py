@@ -4,9 +4,11 @@ A `Runner` holds sequences of one kind and decodes one token for each per `step`
 
 - `BatchRunner`: mlx-lm's `BatchGenerator`, the continuous batch (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a draft model, n-gram
-  speculation, a quantized KV cache, a rotating cache with NKeep), each one of mlx-lm's
-  step generators, stepped in turn with the batch.
+  With ``speculative:ngram`` its decode half is `decoding.batch_speculation`'s
+  `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
+- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a draft model, a
+  quantized KV cache, a rotating cache with NKeep), each one of mlx-lm's step
+  generators, stepped in turn with the batch.
 
 Both answer the same calls (`start`, `step`, `release`, `drop`, `mirror_step`, `rows`,
 `nbytes`), so the scheduler never asks which kind a job is (TGI's `Batch` interface over
@@ -29,6 +31,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from decoding.batch_speculation import SpeculativeBatch
 from decoding.ngram_spec import NgramStats, ngram_generate_step
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
@@ -62,13 +65,12 @@ def stops_at_eos(params: GenerationParams) -> bool:
 
 
 def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
-    """Whether a request must run outside the batch: mlx-lm's `BatchGenerator` verifies one
-    token per sequence and step (no drafts), merges only plain and rotating caches without
-    NKeep, and quantizes no KV."""
+    """Whether a request must run outside the batch: the batch drafts only n-gram tokens
+    (no draft model), merges only plain and rotating caches without NKeep, and quantizes
+    no KV."""
     p = loaded.params
     return (
         loaded.draft is not None
-        or p.speculative == "ngram"
         or p.kv_bits is not None
         or (p.max_kv_size is not None and bool(params.keep))
     )
@@ -90,16 +92,19 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 
 class BatchRunner:
-    """The continuous batch of one loaded model (mlx-lm's `BatchGenerator`)."""
-
-    drafts = False
+    """The continuous batch of one loaded model (mlx-lm's `BatchGenerator`), speculating
+    with n-gram drafts per row when the model is loaded with ``speculative:ngram``."""
 
     def proposed(self, job: Job) -> int:
-        return 0
+        """Draft tokens ``job`` sent to verification."""
+        return job.spec_stats.drafted if job.spec_stats is not None else 0
 
     def __init__(self, loaded: LoadedModel, eos_ids: frozenset[int], ckpt: Checkpoints) -> None:
         self.loaded = loaded
         self.checkpoints = ckpt
+        self.drafts = loaded.params.speculative == "ngram"
+        # uid -> (most draft tokens per step, stats) of rows not yet decoding.
+        self._drafting: dict[int, tuple[int, NgramStats]] = {}
         self._eos_ids = eos_ids
         self._eos_stops = StopSequences([(t,) for t in sorted(eos_ids)])
         self._uids: set[int] = set()
@@ -122,6 +127,10 @@ class BatchRunner:
             prefill_step_size=p.prefill_step_size,
             max_kv_size=p.max_kv_size,
         )
+        if self.drafts:  # distributed ranks must take the same steps: no timing there
+            SpeculativeBatch.install(
+                self._gen, self._drafting, p.ngram_size, timed=self.checkpoints.single_process
+            )
         self._forget_all()
 
     def close(self) -> None:
@@ -131,11 +140,13 @@ class BatchRunner:
         self._forget_all()
 
     def _forget_all(self) -> None:
+        self._drafting.clear()
         self._uids.clear()
         self._decoding.clear()
         self._prefilled.clear()
 
     def _forget(self, uid: int) -> None:
+        self._drafting.pop(uid, None)
         self._uids.discard(uid)
         self._decoding.discard(uid)
         self._prefilled.pop(uid, None)
@@ -173,6 +184,10 @@ class BatchRunner:
             logits_processors=[processors],
             stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
         )
+        if self.drafts:
+            job.spec_stats = NgramStats()
+            width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
+            self._drafting[uid] = (width, job.spec_stats)
         self._uids.add(uid)
         return uid
 
@@ -227,7 +242,8 @@ class BatchRunner:
             if r.finish_reason:
                 kv = (r.prompt_cache, r.all_tokens)
                 self._forget(r.uid)
-            out.append(Token(r.uid, r.token, r.logprobs, r.finish_reason, kv))
+            drafted = getattr(r, "drafted", False)
+            out.append(Token(r.uid, r.token, r.logprobs, r.finish_reason, kv, drafted))
         return out
 
     def mirror_step(self) -> dict[int, tuple]:

@@ -1,8 +1,14 @@
-"""ngram_spec: n-gram (prompt lookup) speculation matches plain decoding exactly.
+"""N-gram (prompt lookup) speculation inside the batch matches plain decoding exactly.
 
-Real models: the embedded SmolLM2-135M (greedy identity, KV bookkeeping, max_tokens,
-seeded sampling, processors' histories) and a tiny random-weight qwen2 (a frequency
-test of sampled output over many seeds).
+`decoding.batch_speculation.SpeculativeBatch` installed in mlx-lm's own `BatchGenerator`
+against the same generator without it. Real models: the embedded SmolLM2-135M (greedy
+identity alone and in batches mixed with rows that do not draft, KV bookkeeping, stops
+and max_tokens inside accepted drafts, rows joining and leaving, hole compaction, seeded
+sampling, processors' histories), tiny random-weight models of other cache families, and
+a tiny qwen2 for a frequency test of sampled output over many seeds.
+
+Untimed (``timed=False``: every step with a draft verifies) unless a test says otherwise,
+so that the verify path is what is exercised.
 """
 
 from __future__ import annotations
@@ -13,129 +19,278 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
+import tiny_models
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import KVCache
 
 import backend_pb2 as pb
-from decoding import sampling
-from decoding.ngram_spec import NgramStats, ngram_generate_step
+from decoding import batch_speculation, sampling
+from decoding.batch_speculation import SpeculativeBatch
+from decoding.ngram_spec import NgramStats
+from loading.model_loader import load_model
 from params import generation_params
 
 PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = PLANETS_LINE * 4 + "Mercury, Venus,"
+COLOURS = "red, green, blue, red, green, blue, red, green, blue, red, green,"
 NO_REPEAT = "Quick zebras jump; vexed fog whirls over pink cliffs."
 
 
-def ids_of(tok, text: str) -> mx.array:
-    return mx.array(tok.encode(text), dtype=mx.uint32)
+class Run:
+    """One BatchGenerator over ``model``, speculative (``width`` > 0) or plain."""
+
+    def __init__(self, model, width: int = 8, timed: bool = False, ngram_max: int = 3):
+        self.gen = BatchGenerator(model, completion_batch_size=32, prefill_batch_size=32)
+        self.drafting: dict = {}
+        self.width = width
+        self.batch = (
+            SpeculativeBatch.install(self.gen, self.drafting, ngram_max, timed) if width else None
+        )
+        self.out: dict[int, list[int]] = {}
+        self.drafted: dict[int, list[bool]] = {}
+        self.stats: dict[int, NgramStats] = {}
+        self.finished: dict[int, tuple] = {}
+
+    def add(
+        self, ids, n, *, draft=True, sampler=None, processors=None, stop=None, kv=None, ctx=None
+    ):
+        (uid,) = self.gen.insert(
+            [ids],
+            max_tokens=[n],
+            caches=[kv] if kv is not None else None,
+            all_tokens=[ctx] if ctx is not None else None,
+            samplers=[sampler] if sampler is not None else None,
+            logits_processors=[processors] if processors else None,
+            stop_sequences=[StopSequences(stop)] if stop else None,
+        )
+        self.out[uid], self.drafted[uid] = [], []
+        if self.width and draft:
+            self.stats[uid] = NgramStats()
+            self.drafting[uid] = (self.width, self.stats[uid])
+        return uid
+
+    def step(self) -> bool:
+        """One generator step; False once nothing is left."""
+        _, responses = self.gen.next()
+        for r in responses:
+            self.out[r.uid].append(r.token)
+            self.drafted[r.uid].append(getattr(r, "drafted", False))
+            if r.finish_reason is not None:
+                self.finished[r.uid] = (r.finish_reason, r.prompt_cache, r.all_tokens)
+        return bool(
+            responses
+            or self.gen._generation_batch.uids
+            or self.gen._prompt_batch.uids
+            or self.gen._unprocessed_sequences
+        )
+
+    def all(self) -> dict[int, list[int]]:
+        while self.step():
+            pass
+        return self.out
 
 
-def plain(model, prompt: mx.array, n: int, **kw) -> list[int]:
-    return [int(t) for t, _ in generate_step(prompt, model, max_tokens=n, **kw)]
+def ids_of(tok, text: str) -> list[int]:
+    return tok.encode(text)
 
 
-def spec(model, prompt: mx.array, n: int, **kw):
-    """(tokens, drafted flags, kv, stats) of one ngram_generate_step run."""
-    kv = make_prompt_cache(model)
-    stats = NgramStats()
-    out = list(ngram_generate_step(prompt, model, max_tokens=n, prompt_cache=kv, stats=stats, **kw))
-    return [t for t, _, _ in out], [d for _, _, d in out], kv, stats
+_REFERENCES: dict = {}
+
+
+def reference(model, ids, n, **kw) -> list[int]:
+    """Plain decoding of ``ids`` alone: mlx-lm's BatchGenerator, no speculation (greedy
+    results kept per module run, as they do not change)."""
+    key = (id(model), tuple(ids), n, repr(kw.get("stop")))
+    memo = not (kw.keys() - {"stop"})
+    if memo and key in _REFERENCES:
+        return _REFERENCES[key]
+    run = Run(model, width=0)
+    uid = run.add(ids, n, **kw)
+    out = run.all()[uid]
+    if memo:
+        _REFERENCES[key] = out
+    return out
+
+
+def chat(tok) -> list[int]:
+    messages = [{"role": "user", "content": "List three colours, one per line."}]
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True))
 
 
 # ---- greedy: token for token plain decoding ---------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "text"),
-    [("planets", PLANETS), ("no_repeat", NO_REPEAT), ("chat", None)],
-)
-def test_greedy_identical_to_generate_step(smol, name, text):
+def test_greedy_identical_alone_and_in_a_mixed_batch(smol):
     model, tok = smol
-    if text is None:
-        messages = [{"role": "user", "content": "List three colours, one per line."}]
-        prompt = mx.array(tok.apply_chat_template(messages, add_generation_prompt=True))
-    else:
-        prompt = ids_of(tok, text)
-    n = 40
-    tokens, drafted, kv, stats = spec(model, prompt, n, num_draft_tokens=4)
-    assert tokens == plain(model, prompt, n)
-    assert all(c.offset == len(prompt) + n for c in kv)  # exactly prompt + generated
-    assert sum(drafted) == stats.accepted
-    if name == "planets":
-        # The continuation repeats the lines: most tokens come from accepted drafts.
-        assert stats.accepted > n // 2
-        assert stats.steps < n // 2
+    prompts = {"planets": ids_of(tok, PLANETS), "no_repeat": ids_of(tok, NO_REPEAT)}
+    prompts["chat"] = chat(tok)
+    n = 32
+    expected = {name: reference(model, ids, n) for name, ids in prompts.items()}
+    for name, ids in prompts.items():  # alone
+        run = Run(model)
+        uid = run.add(ids, n)
+        assert run.all()[uid] == expected[name], name
+        assert sum(run.drafted[uid]) == run.stats[uid].accepted
+        if name == "planets":
+            # The continuation repeats the lines: most tokens come from accepted drafts.
+            assert run.stats[uid].accepted > n // 2
+            assert run.stats[uid].verify_steps < n // 2
+    # Together, with a row that never drafts (a plain request in the same batch).
+    run = Run(model)
+    uids = {name: run.add(ids, n) for name, ids in prompts.items()}
+    plain_uid = run.add(ids_of(tok, COLOURS), n, draft=False)
+    out = run.all()
+    for name, uid in uids.items():
+        assert out[uid] == expected[name], name
+    assert out[plain_uid] == reference(model, ids_of(tok, COLOURS), n)
+    assert not any(run.drafted[plain_uid])
+    assert run.stats[uids["planets"]].accepted > n // 2
 
 
-def test_max_tokens_exact_when_a_verify_accepts_several(smol):
+def test_timed_choice_keeps_the_output(smol):
+    """With the cost model deciding (as in a single-process server), output is the same."""
     model, tok = smol
-    prompt = ids_of(tok, PLANETS)
-    reference = plain(model, prompt, 12)
+    n = 30
+    run = Run(model, timed=True)
+    a, b = run.add(ids_of(tok, PLANETS), n), run.add(ids_of(tok, NO_REPEAT), n)
+    out = run.all()
+    assert out[a] == reference(model, ids_of(tok, PLANETS), n)
+    assert out[b] == reference(model, ids_of(tok, NO_REPEAT), n)
+
+
+def test_max_tokens_and_stops_inside_accepted_drafts(smol):
+    model, tok = smol
+    ids = ids_of(tok, PLANETS)
+    full = reference(model, ids, 12)
+    newline = tok.encode("\n")[-1]
     for n in (1, 2, 3, 6, 11):
-        tokens, _, kv, _ = spec(model, prompt, n, num_draft_tokens=5)
-        assert tokens == reference[:n]
-        assert all(c.offset == len(prompt) + n for c in kv)
-    # The last of 6 tokens came from a draft: the budget cut a verify step short.
-    assert spec(model, prompt, 6, num_draft_tokens=5)[1][-1] is True
+        run = Run(model, width=5)
+        uid = run.add(ids, n)
+        assert run.all()[uid] == full[:n]
+        reason, kv, tokens = run.finished[uid]
+        assert reason == "length"
+        assert tokens == ids + full[:n]  # prompt + every emitted token, all fed
+        assert all(c.offset == len(tokens) for c in kv)  # the KV holds exactly ``tokens``
+    # The last of 6 tokens came from a draft: max_tokens cut a verify step short.
+    run = Run(model, width=5)
+    uid = run.add(ids, 6)
+    run.all()
+    assert run.drafted[uid][-1] is True
+    # A stop token inside an accepted draft ends the row there, KV trimmed to it.
+    run = Run(model, width=8)
+    uid = run.add(ids + full[:3], 40, stop=[(newline,)])
+    out = run.all()[uid]
+    assert out[-1] == newline and newline not in out[:-1]
+    expected = reference(model, ids + full[:3], 40, stop=[(newline,)])
+    assert out == expected
+    reason, kv, tokens = run.finished[uid]
+    assert reason == "stop" and all(c.offset == len(tokens) for c in kv)
+    assert tokens == ids + full[:3] + out
+    assert run.drafted[uid][-1] is True  # the stop came out of an accepted draft
 
 
-def test_closing_midway_leaves_exactly_the_yielded_tokens(smol):
+def test_a_row_leaving_mid_verify_hands_over_exactly_its_tokens(smol):
     model, tok = smol
-    prompt = ids_of(tok, PLANETS)
-    kv = make_prompt_cache(model)
-    steps = ngram_generate_step(prompt, model, num_draft_tokens=6, max_tokens=50, prompt_cache=kv)
-    seen = []
-    for token, _, drafted in steps:
-        seen.append(token)
-        if drafted and len(seen) >= 3:
-            break  # mid-verify: draft entries beyond this token are in the KV
-    steps.close()
-    assert all(c.offset == len(prompt) + len(seen) for c in kv)
-    # The cache continues correctly: plain decoding from it reproduces the reference.
-    reference = plain(model, prompt, len(seen) + 4)
-    assert seen == reference[: len(seen)]
-    rest = plain(model, mx.array(seen[-1:], dtype=mx.uint32), 4, prompt_cache=_trimmed(kv, 1))
-    assert rest == reference[len(seen) :]
-
-
-def _trimmed(kv, n):
+    ids = ids_of(tok, PLANETS)
+    run = Run(model, width=6)
+    uid = run.add(ids, 50)
+    other = run.add(ids_of(tok, NO_REPEAT), 50)
+    while not (any(run.drafted[uid]) and len(run.out[uid]) >= 5):
+        run.step()
+    seen = list(run.out[uid])
+    kv, tokens = run.gen.remove([uid], return_prompt_caches=True)[uid]
+    assert all(c.offset == len(tokens) for c in kv)
+    assert tokens[: len(ids)] == ids
+    full = reference(model, ids, len(seen) + 4)
+    assert seen == full[: len(seen)]
+    # The handed-over KV continues correctly (as the prompt cache would use it).
+    cont = Run(model, width=0)
+    last = tokens[-1]
     for c in kv:
-        c.trim(n)
-    return kv
+        c.trim(1)
+    c_uid = cont.add([last], len(full) - len(tokens) + len(ids), kv=kv, ctx=tokens[:-1])
+    assert (seen + cont.all()[c_uid])[: len(full)] == full
+    # The row that stayed is unaffected.
+    assert run.all()[other] == reference(model, ids_of(tok, NO_REPEAT), 50)
 
 
-def test_cached_prefix_is_searched_through_context_tokens(smol):
+def test_rows_joining_a_batch_with_holes_and_compaction(smol, monkeypatch):
     model, tok = smol
-    ids = tok.encode(PLANETS)
+    n = 30
+    texts = [PLANETS, NO_REPEAT, COLOURS, PLANETS_LINE * 2]
+    expected = [reference(model, ids_of(tok, t), n) for t in texts]
+    for compact in (False, True):
+        if compact:  # compact after every verify step that left a hole
+            monkeypatch.setattr(batch_speculation, "MIN_HOLES", 0)
+            monkeypatch.setattr(batch_speculation, "HOLE_FRACTION", 10**9)
+        run = Run(model)
+        uids = [run.add(ids_of(tok, t), n) for t in texts[:2]]
+        holes = None
+        for _ in range(12):
+            run.step()
+            for layer in run.gen._generation_batch.prompt_cache[:1]:
+                holes = holes or (layer.holes if any(layer.holes or ()) else None)
+        uids.append(run.add(ids_of(tok, texts[2]), n))  # joins a batch with holes
+        for _ in range(5):
+            run.step()
+        uids.append(run.add(ids_of(tok, texts[3]), n))
+        out = run.all()
+        assert [out[u] for u in uids] == expected, compact
+        # Rows kept different numbers of draft tokens: holes, unless compacted at once.
+        assert (holes is None) == compact, holes
+
+
+def test_cached_prefix_is_searched(smol):
+    model, tok = smol
+    ids = ids_of(tok, PLANETS)
     cut = len(ids) - 3
-    kv = make_prompt_cache(model)
+    kv = [KVCache() for _ in model.layers]
     model(mx.array(ids[:cut])[None], cache=kv)
-    stats = NgramStats()
-    rest = mx.array(ids[cut:], dtype=mx.uint32)
-    steps = ngram_generate_step(
-        rest, model, max_tokens=20, prompt_cache=kv, context_tokens=ids[:cut], stats=stats
-    )
-    tokens = [t for t, _, _ in steps]
-    assert tokens == plain(model, mx.array(ids, dtype=mx.uint32), 20)
-    assert stats.accepted > 0
-    assert all(c.offset == len(ids) + 20 for c in kv)
+    run = Run(model)
+    uid = run.add(ids[cut:], 20, kv=kv, ctx=ids[:cut])
+    assert run.all()[uid] == reference(model, ids, 20)
+    assert run.stats[uid].accepted > 0
+
+
+def test_other_cache_families_identical(tmp_path):
+    """Families whose caches cannot drop entries per row (rotating, recurrent) stay in
+    the batch without drafting; plain attention families verify drafts."""
+    for family in ("llama", "gemma3_text", "mamba2"):
+        model, tok = load_model(str(tiny_models.build(family, tmp_path)))
+        prompts = [ids_of(tok, PLANETS), ids_of(tok, COLOURS)]
+        run = Run(model)
+        uids = [run.add(p, 24) for p in prompts]
+        out = run.all()
+        assert [out[u] for u in uids] == [reference(model, p, 24) for p in prompts], family
+        verified = sum(run.stats[u].verify_steps for u in uids)
+        if family == "llama":
+            assert verified > 0
+        else:
+            assert verified == 0, family
 
 
 # ---- sampling and processors --------------------------------------------------------
 
 
-def test_seeded_sampling_same_tokens_as_plain(smol):
+def test_seeded_sampling_same_tokens_alone_batched_and_plain(smol):
     model, tok = smol
-    prompt = ids_of(tok, PLANETS)
+    ids = ids_of(tok, PLANETS)
 
     def sampler():
         return sampling.SeededSampler(temperature=0.7, seed=1234, top_p=0.95, top_k=40)
 
     n = 30
-    tokens, _, kv, stats = spec(model, prompt, n, num_draft_tokens=4, sampler=sampler())
-    assert tokens == plain(model, prompt, n, sampler=sampler())
-    assert stats.accepted > 0
-    assert all(c.offset == len(prompt) + n for c in kv)
+    expected = reference(model, ids, n, sampler=sampler())
+    run = Run(model)
+    uid = run.add(ids, n, sampler=sampler())
+    assert run.all()[uid] == expected
+    assert run.stats[uid].accepted > 0
+    for timed in (False, True):  # batched beside a greedy and another sampled row
+        run = Run(model, timed=timed)
+        uid = run.add(ids, n, sampler=sampler())
+        run.add(ids_of(tok, COLOURS), n)
+        run.add(ids_of(tok, NO_REPEAT), n, sampler=sampling.SeededSampler(temperature=1.0, seed=7))
+        assert run.all()[uid] == expected, timed
 
 
 class Recorder:
@@ -151,7 +306,7 @@ class Recorder:
 
 def test_processors_see_the_plain_decoding_histories(smol):
     model, tok = smol
-    prompt = ids_of(tok, PLANETS)
+    ids = ids_of(tok, PLANETS)
     n = 24
 
     def processors(recorder):
@@ -161,10 +316,12 @@ def test_processors_see_the_plain_decoding_histories(smol):
         return [recorder, *sampling.make_logits_processors(params, tok)]
 
     seen_plain, seen_spec = Recorder(), Recorder()
-    expected = plain(model, prompt, n, logits_processors=processors(seen_plain))
-    tokens, _, _, stats = spec(model, prompt, n, logits_processors=processors(seen_spec))
-    assert tokens == expected
-    assert stats.accepted > 0
+    expected = reference(model, ids, n, processors=processors(seen_plain))
+    run = Run(model)
+    uid = run.add(ids, n, processors=processors(seen_spec))
+    run.add(ids_of(tok, NO_REPEAT), n)
+    assert run.all()[uid] == expected
+    assert run.stats[uid].accepted > 0
     # Same calls in the same order: each history is the previous one plus one token.
     assert seen_spec.calls == seen_plain.calls[: len(seen_spec.calls)]
     assert len(seen_spec.calls) in (n, n + 1)  # + the step that sampled the unused next
@@ -214,28 +371,31 @@ def test_sampled_distribution_matches_plain_decoding(tiny):
 
     Seeds differ between the two (so the runs are not trivially identical); the
     statistic is deterministic (fixed seeds). A chi-square two-sample test over the
-    joint outcome of the second and third token.
+    joint outcome of the second and third token. Each side runs its 300 sequences as
+    rows of a few batches.
     """
-    prompt = mx.array([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], dtype=mx.uint32)
-    runs, n = 300, 3
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    runs, n, rows = 300, 3, 30
     joint_plain, joint_spec = Counter(), Counter()
-    stats = NgramStats()
-    for i in range(runs):
-        kw = dict(logits_processors=[_boost([3, 4, 1])])
-        a = plain(tiny, prompt, n, sampler=sampling.SeededSampler(1.0, seed=i), **kw)
-        steps = ngram_generate_step(
-            prompt,
-            tiny,
-            sampler=sampling.SeededSampler(1.0, seed=10_000 + i),
-            max_tokens=n,
-            num_draft_tokens=3,
-            stats=stats,
-            **kw,
-        )
-        b = [t for t, _, _ in steps]
-        joint_plain[tuple(a[1:])] += 1
-        joint_spec[tuple(b[1:])] += 1
-    assert 0 < stats.accepted < stats.drafted  # drafts both kept and rejected
+    drafted = accepted = 0
+    for start in range(0, runs, rows):
+        for width, joint, offset in ((0, joint_plain, 0), (3, joint_spec, 10_000)):
+            run = Run(tiny, width=width)
+            uids = [
+                run.add(
+                    prompt,
+                    n,
+                    sampler=sampling.SeededSampler(1.0, seed=offset + i),
+                    processors=[_boost([3, 4, 1])],
+                )
+                for i in range(start, start + rows)
+            ]
+            out = run.all()
+            for u in uids:
+                joint[tuple(out[u][1:])] += 1
+            drafted += sum(s.drafted for s in run.stats.values())
+            accepted += sum(s.accepted for s in run.stats.values())
+    assert 0 < accepted < drafted  # drafts both kept and rejected
     outcomes = set(joint_plain) | set(joint_spec)
     # Pool rare outcomes so every cell has a reasonable expected count.
     common = [k for k in outcomes if joint_plain[k] + joint_spec[k] >= 10]

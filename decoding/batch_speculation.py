@@ -1,0 +1,465 @@
+"""Speculative decoding inside the continuous batch: per-row n-gram drafts, one verify pass.
+
+`SpeculativeBatch` replaces mlx-lm's `GenerationBatch` (the decode half of its
+`BatchGenerator`) for a model loaded with ``speculative:ngram``. At each step every row
+that wants to speculate proposes up to k draft tokens (`decoding.ngram_spec.DraftGate`:
+prompt lookup, with the solo path's back-off and width rules); if any row has a draft
+and the step's cost model (`StepCosts`) says the wider pass pays, the target model runs
+once on ``[pending token, d1..dK]`` for *all* rows (rows without a draft are padded and
+accept nothing), each row keeps its longest agreeing prefix plus one token sampled by
+the model, and its rejected entries are masked out of its KV (`HoleyBatchKVCache`).
+Otherwise the step is `GenerationBatch`'s own pipelined single-token step.
+
+**Exactness** (as `ngram_spec`'s solo path): every emitted token comes from the row's own
+logits processors and sampler, called once per emitted token, in order, on the history
+plain decoding gives them; a draft token is kept iff the sampler drew it. So greedy
+output is plain decoding's, sampled output has plain decoding's distribution, and a
+seeded sampler (`sampling.SeededSampler`, one key split per call) gives the same tokens
+whether or not, and whenever, a step speculated — alone or in any batch. A stateful
+processor (the grammar) never sees a token that is later taken back.
+
+**Per-row rejection.** mlx-lm's `BatchKVCache` shares one write index for all rows, so
+rows that kept different numbers of draft tokens cannot each be trimmed; rolling the
+rows into line (its `dynamic_roll`) copies the whole KV (180 ms at 8 rows x 400 tokens
+on this project's CPU, more than a step). Instead the rejected entries stay where they
+are and are masked out: RoPE positions come from the per-row ``offset`` (logical), not
+from the column, and attention does not depend on the order of stored keys. The holes
+are compacted away when they grow past a quarter of the cache (one copy), and never
+leave the batch: `extract` returns only a row's live entries.
+
+Runs on the engine's MLX thread, like every MLX call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.sample_utils import greedy_sampler
+
+from decoding.ngram_spec import DraftGate, NgramStats
+
+#: Holes (rejected draft entries) a row may carry before the batch is compacted: at
+#: least MIN_HOLES, and up to 1/HOLE_FRACTION of the cache's columns.
+MIN_HOLES = 64
+HOLE_FRACTION = 4
+#: A verify pass with k draft tokens per row is first assumed to cost 1 + PRIOR_SLOPE * k
+#: single-token steps, until measured (on the 2-core CPU host: ~1.1-1.3x for k=3, ~2-3x
+#: for k=8, at 1-8 rows).
+PRIOR_SLOPE = 0.2
+#: Every this many plain steps chosen over an unmeasured verify width, that width is tried.
+EXPLORE_EVERY = 32
+_EMA = 0.3
+
+
+class HoleyBatchKVCache(BatchKVCache):
+    """mlx-lm's `BatchKVCache` whose rows can each drop their last entries (`reject`).
+
+    Keys/values: (B, heads, capacity, head_dim), left-padded as in `BatchKVCache`.
+    ``dead``: None, or (B, capacity) bool marking entries inside ``[0, _idx)`` that
+    attention must skip. ``offset`` (B,) stays each row's logical length (its RoPE
+    position), which with holes is less than ``_idx - left_padding``.
+    """
+
+    dead: mx.array | None = None
+    holes: list[int] | None = None
+
+    @classmethod
+    def adopt(cls, cache: BatchKVCache) -> HoleyBatchKVCache:
+        """The same cache (its arrays shared) as a `HoleyBatchKVCache`."""
+        if isinstance(cache, cls):
+            return cache
+        new = cls.__new__(cls)
+        new.__dict__.update(cache.__dict__)
+        return new
+
+    def _rows(self) -> int:
+        return int(self.left_padding.shape[0])
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        prev = self._idx
+        out = super().update_and_fetch(keys, values)
+        if self.dead is not None:
+            cap = self.keys.shape[2]
+            if self.dead.shape[1] != cap:  # the keys were regrown from column ``prev``
+                grow = mx.zeros((self._rows(), cap - prev), dtype=mx.bool_)
+                self.dead = mx.concatenate([self.dead[:, :prev], grow], axis=1)
+            else:
+                self.dead[:, prev : self._idx] = False
+        return out
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
+        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        if self.dead is None:
+            return mask
+        alive = mx.concatenate(
+            [~self.dead[:, : self._idx], mx.ones((self._rows(), N), dtype=mx.bool_)], axis=1
+        )
+        return mask & alive[:, None, None, :]
+
+    def reject(self, counts: Sequence[int]) -> None:
+        """Drop the last ``counts[b]`` entries of each row b (its rejected draft tokens)."""
+        common = min(counts)
+        if common:
+            self.trim(common)
+        extra = [c - common for c in counts]
+        if not any(extra):
+            return
+        if self.dead is None:
+            self.dead = mx.zeros((self._rows(), self.keys.shape[2]), dtype=mx.bool_)
+            self.holes = [0] * self._rows()
+        ex = mx.array(extra)
+        cols = mx.arange(self.dead.shape[1])[None]
+        self.dead = self.dead | ((cols >= self._idx - ex[:, None]) & (cols < self._idx))
+        self.offset = self.offset - ex
+        self.holes = [h + e for h, e in zip(self.holes, extra, strict=True)]
+        if max(self.holes) > max(MIN_HOLES, self._idx // HOLE_FRACTION):
+            self.compact()
+
+    def _live(self, row: int) -> list[int]:
+        """Columns of ``row``'s live entries, in order (host lists; syncs)."""
+        pad = int(self.left_padding[row].item())
+        dead = self.dead[row, pad : self._idx].tolist() if self.dead is not None else []
+        return [pad + j for j, d in enumerate(dead) if not d] if dead else []
+
+    def compact(self) -> None:
+        """Move every row's live entries together, right-aligned (one copy of the KV)."""
+        if self.dead is None:
+            return
+        live = [self._live(b) for b in range(self._rows())]
+        width = max(len(cols) for cols in live)
+        pads = [width - len(cols) for cols in live]
+        index = mx.array(
+            [[cols[0] if cols else 0] * p + cols for p, cols in zip(pads, live, strict=True)]
+        )
+        gather = index[:, None, :, None]
+        self.keys = mx.take_along_axis(self.keys[..., : self._idx, :], gather, axis=2)
+        self.values = mx.take_along_axis(self.values[..., : self._idx, :], gather, axis=2)
+        self.left_padding = mx.array(pads)
+        self._idx = width
+        self.dead = None
+        self.holes = None
+
+    def filter(self, batch_indices: list[int]) -> None:
+        dead = (
+            self.dead[mx.array(batch_indices)] if self.dead is not None and batch_indices else None
+        )
+        holes = [self.holes[i] for i in batch_indices] if self.holes is not None else None
+        shift = min(self.left_padding[mx.array(batch_indices)].tolist()) if batch_indices else 0
+        super().filter(batch_indices)
+        if dead is not None and holes and any(holes):
+            self.dead, self.holes = dead[:, shift:], holes
+        else:
+            self.dead = self.holes = None
+
+    def extend(self, other: BatchKVCache) -> None:
+        parts = [(c, getattr(c, "dead", None), c._idx) for c in (self, other)]
+        had_holes = any(d is not None for _, d, _ in parts)
+        rows = [int(c.left_padding.shape[0]) for c, _, _ in parts]
+        holes = [
+            h
+            for (c, _, _), n in zip(parts, rows, strict=True)
+            for h in (getattr(c, "holes", None) or [0] * n)
+        ]
+        top = max(self._idx, other._idx)
+        super().extend(other)
+        if not had_holes or self.keys is None:
+            self.dead = self.holes = None
+            return
+        width = self.keys.shape[2]
+        blocks = []
+        for (_, dead, idx), n in zip(parts, rows, strict=True):
+            d = dead if dead is not None else mx.zeros((n, idx), dtype=mx.bool_)
+            d = mx.concatenate([mx.zeros((n, top - idx), dtype=mx.bool_), d[:, :idx]], axis=1)
+            d = d[:, :width]
+            if d.shape[1] < width:
+                d = mx.concatenate([d, mx.zeros((n, width - d.shape[1]), dtype=mx.bool_)], axis=1)
+            blocks.append(d)
+        self.dead = mx.concatenate(blocks, axis=0)
+        self.holes = holes
+
+    def extract(self, idx: int) -> KVCache:
+        if self.dead is None or not self.holes or not self.holes[idx]:
+            return super().extract(idx)
+        cols = mx.array(self._live(idx))
+        cache = KVCache()
+        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
+        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
+        cache.offset = cache.keys.shape[2]
+        return cache
+
+
+def speculable(layers: Sequence[Any]) -> bool:
+    """Whether draft entries can be dropped per row from every layer of a batch cache
+    (plain attention layers; rotating, recurrent and quantized layers cannot)."""
+    return bool(layers) and all(isinstance(c, BatchKVCache) for c in layers)
+
+
+class StepCosts:
+    """Measured seconds of decode steps, per batch size (single token) and per (batch
+    size, tokens per row) of verify passes, and the choice they imply.
+
+    ``timed`` False (a distributed group, whose ranks must take the same steps): every
+    step with a draft verifies (the drafting gates alone decide).
+    """
+
+    def __init__(self, timed: bool = True) -> None:
+        self.timed = timed
+        self.plain: dict[int, float] = {}
+        self.verify: dict[tuple[int, int], float] = {}
+        self._declined: dict[tuple[int, int], int] = {}
+
+    @staticmethod
+    def _mix(table: dict, key: Any, seconds: float) -> None:
+        old = table.get(key)
+        table[key] = seconds if old is None else old + _EMA * (seconds - old)
+
+    def observe_plain(self, rows: int, seconds: float) -> None:
+        self._mix(self.plain, rows, seconds)
+
+    def observe_verify(self, rows: int, width: int, seconds: float) -> None:
+        self._mix(self.verify, (rows, width), seconds)
+
+    def width(self, rows: int, lengths: Sequence[int], rates: Sequence[float]) -> int:
+        """Draft tokens per row for this step (0: a plain step), given each row's draft
+        length and expected kept fraction: the width whose verify pass is expected to
+        yield the most tokens per second, if that beats a single-token step.
+
+        Untimed: the longest draft. Before a single-token step at this batch size has
+        been measured: 0. A width never measured for this batch size is first
+        assumed to cost 1 + PRIOR_SLOPE * width single-token steps; a choice of a plain
+        step over it is overruled every EXPLORE_EVERY times, to measure it.
+        """
+        longest = max(lengths, default=0)
+        if not self.timed or longest == 0:
+            return longest
+        plain = self.plain.get(rows)
+        if plain is None:
+            return 0  # a plain step first, to compare with
+        best, best_rate = 0, rows / plain
+        unmeasured = None
+        for k in sorted(set(lengths) - {0}):
+            verify = self.verify.get((rows, k + 1))
+            if verify is None:
+                verify = plain * (1 + PRIOR_SLOPE * k)
+                unmeasured = k if unmeasured is None else unmeasured
+            gain = sum(r * min(n, k) for n, r in zip(lengths, rates, strict=True))
+            if (rows + gain) / verify > best_rate:
+                best, best_rate = k, (rows + gain) / verify
+        if best == 0 and unmeasured is not None:
+            n = self._declined.get((rows, unmeasured), 0) + 1
+            self._declined[(rows, unmeasured)] = n
+            if n % EXPLORE_EVERY == 0:
+                return unmeasured
+        return best
+
+
+@dataclass
+class SpecResponse(GenerationBatch.Response):
+    """`GenerationBatch.Response` plus ``drafted``: the token came from an accepted draft."""
+
+    drafted: bool = False
+
+
+class SpeculativeBatch(GenerationBatch):
+    """mlx-lm's `GenerationBatch` with n-gram speculation per row (see the module doc).
+
+    Made by `install`; ``drafting`` maps the uid of a sequence that drafts to (its most
+    draft tokens per step, the `NgramStats` to count in); the entry is taken when the
+    row joins (absent: the row never drafts). Rows join through `extend` (from mlx-lm's
+    prompt batch) and leave through `filter`, as in `GenerationBatch`; `next` may
+    return several responses for one row (its accepted drafts, in order).
+    """
+
+    @classmethod
+    def install(
+        cls,
+        gen: BatchGenerator,
+        drafting: dict[int, tuple[int, NgramStats]],
+        ngram_max: int,
+        timed: bool = True,
+    ) -> SpeculativeBatch:
+        """Put an empty `SpeculativeBatch` in ``gen`` as its generation batch."""
+        batch = cls.empty(gen.model, gen.sampler)
+        batch.drafting = drafting
+        batch.ngram_max = ngram_max
+        batch.costs = StepCosts(timed)
+        batch.gates = []  # DraftGate or None per row
+        batch._after_plain = False
+        # BatchGenerator builds its generation batch itself and has no hook for its step.
+        gen._generation_batch = batch
+        return batch
+
+    # -- rows joining and leaving ----------------------------------------------------
+    def extend(self, batch: GenerationBatch) -> None:
+        uids = list(batch.uids)
+        tokens = [list(t) for t in batch.tokens]
+        super().extend(batch)
+        self.prompt_cache = [
+            HoleyBatchKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self.prompt_cache
+        ]
+        ok = speculable(self.prompt_cache)
+        for uid, toks in zip(uids, tokens, strict=True):
+            width, stats = self.drafting.pop(uid, (0, None))
+            gate = DraftGate(width, self.ngram_max, toks, stats=stats) if ok and width else None
+            self.gates.append(gate)
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        self.gates = [self.gates[i] for i in keep]
+
+    # -- stepping ----------------------------------------------------------------------
+    def next(self) -> list[GenerationBatch.Response]:
+        if not self.uids:
+            return []
+        drafts = self._drafts()
+        if drafts is None:
+            rows = len(self.uids)
+            start = time.perf_counter()
+            out = super().next()
+            if self._after_plain:  # after a verify step this one only read a known token
+                self.costs.observe_plain(rows, time.perf_counter() - start)
+            self._after_plain = True
+            for gate in self.gates:
+                if gate is not None:
+                    gate.known = None
+            return out
+        return self._verify(drafts)
+
+    def _drafts(self) -> list[list[int]] | None:
+        """Each row's draft for this step (cut to the width that pays best), or None for
+        a plain step."""
+        if not any(g is not None for g in self.gates):
+            return None
+        drafts, rates = [], []
+        for i, gate in enumerate(self.gates):
+            d: list[int] = []
+            if gate is not None:
+                gate.stats.steps += 1
+                d = gate.propose(self.tokens[i], self.max_tokens[i] - self._num_tokens[i])
+            drafts.append(d)
+            rates.append(gate.rate if gate is not None else 0.0)
+        k = self.costs.width(len(self.uids), [len(d) for d in drafts], rates)
+        if k == 0:
+            return None
+        return [d[:k] for d in drafts]
+
+    def _verify(self, drafts: list[list[int]]) -> list[GenerationBatch.Response]:
+        start = time.perf_counter()
+        after_plain = self._after_plain
+        rows, k = len(self.uids), max(len(d) for d in drafts)
+        pending = self._next_tokens
+        padded = mx.array([d + [0] * (k - len(d)) for d in drafts], dtype=pending.dtype)
+        logits = self.model(
+            mx.concatenate([pending[:, None], padded], axis=1), cache=self.prompt_cache
+        )
+        samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
+        fast = [
+            s is greedy_sampler and not self.logits_processors[i] for i, s in enumerate(samplers)
+        ]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, k+1, V)
+        picks = mx.argmax(logprobs, axis=-1) if any(fast) else None
+        mx.eval(pending, *([picks] if picks is not None else []))
+        current = pending.tolist()
+        picked = picks.tolist() if picks is not None else None
+
+        emitted: list[list[tuple[int, mx.array, bool]]] = []
+        rejects, bonus, bonus_lp = [], [], []
+        for i in range(rows):
+            d = drafts[i]
+            if fast[i]:
+                kept = []
+                for j in range(len(d) + 1):
+                    kept.append((picked[i][j], logprobs[i, j]))
+                    if j == len(d) or picked[i][j] != d[j]:
+                        break
+            else:
+                kept = self._sample_row(i, pending[i : i + 1], d, logits[i], samplers[i])
+            accepted = len(kept) - 1
+            rejects.append(k - accepted)
+            emitted.append(
+                [(current[i], self._next_logprobs[i], False)]
+                + [(d[j], kept[j][1], True) for j in range(accepted)]
+            )
+            bonus.append(kept[-1][0])
+            bonus_lp.append(kept[-1][1])
+            gate = self.gates[i]
+            if gate is not None:
+                if d:
+                    gate.observe(len(d), accepted)
+                gate.known = kept[-1][0]
+        for c in self.prompt_cache:
+            c.reject(rejects)
+        for i in range(rows):
+            self.tokens[i].extend(t for t, _, _ in emitted[i])
+        self._current_tokens = pending
+        self._next_tokens = mx.array(bonus, dtype=pending.dtype)
+        self._next_logprobs = bonus_lp
+        responses = self._respond(emitted)
+        seconds = time.perf_counter() - start
+        if after_plain:  # the pass also waited for the plain step queued before it
+            seconds -= self.costs.plain.get(rows, 0.0)
+        self.costs.observe_verify(rows, k + 1, max(seconds, 0.0))
+        self._after_plain = False
+        return responses
+
+    def _sample_row(
+        self, i: int, pending: mx.array, draft: list[int], logits: mx.array, sampler: Any
+    ) -> list[tuple[int, mx.array]]:
+        """Row ``i``'s kept (token, logprobs) pairs, sampling position by position with its
+        processors and sampler until a sampled token differs from the draft."""
+        processors = self.logits_processors[i] or ()
+        context = self._token_context[i].update_and_fetch(pending) if processors else None
+        kept = []
+        for j in range(len(draft) + 1):
+            row = logits[j : j + 1]
+            for processor in processors:
+                row = processor(context, row)
+            lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
+            token = int(sampler(lp).item())
+            kept.append((token, lp[0]))
+            if j == len(draft) or token != draft[j]:
+                break
+            if processors:
+                context = self._token_context[i].update_and_fetch(
+                    mx.array([draft[j]], dtype=mx.int32)
+                )
+        return kept
+
+    def _respond(self, emitted: list[list[tuple[int, mx.array, bool]]]) -> list[Any]:
+        """Responses for ``emitted`` tokens with `GenerationBatch.next`'s stop rules; a row
+        that ends inside its accepted drafts leaves with its KV trimmed to that token."""
+        responses, keep = [], []
+        for i, toks in enumerate(emitted):
+            finish = None
+            for n, (token, lp, drafted) in enumerate(toks):
+                self._num_tokens[i] += 1
+                if self._num_tokens[i] >= self.max_tokens[i]:
+                    finish = "length"
+                if self._matchers[i].advance(token):
+                    finish = "stop"
+                if finish is None:
+                    responses.append(
+                        SpecResponse(self.uids[i], token, lp, None, None, None, drafted)
+                    )
+                    continue
+                extra = len(toks) - 1 - n
+                cache, tokens = self.extract_cache(i), self.tokens[i]
+                if extra:
+                    for c in cache:
+                        c.trim(extra)
+                    tokens = tokens[:-extra]
+                responses.append(
+                    SpecResponse(self.uids[i], token, lp, finish, cache, tokens, drafted)
+                )
+                break
+            if finish is None:
+                keep.append(i)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
