@@ -39,7 +39,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from decoding.ngram_spec import DraftGate, NgramStats
@@ -259,6 +259,32 @@ class StepCosts:
         return best
 
 
+class DraftedModel:
+    """A target model and its draft model called as one by mlx-lm's batch code.
+
+    ``model(tokens (B, L), cache)`` feeds the tokens to both (the cache list is the
+    target's layers, then the draft's) and returns the target's logits (B, L, V); so
+    prefill and plain decode steps keep the draft's KV in step with the target's.
+    `make_cache` gives one sequence's layers in that order (the order solo sequences
+    and the prompt cache use).
+    """
+
+    def __init__(self, target: Any, draft: Any, max_kv_size: int | None = None) -> None:
+        self.target, self.draft, self.max_kv_size = target, draft, max_kv_size
+        self.split = len(make_prompt_cache(target, max_kv_size))
+        self.layers = list(target.layers) + list(draft.layers)
+
+    def make_cache(self) -> list:
+        return make_prompt_cache(self.target, self.max_kv_size) + make_prompt_cache(
+            self.draft, self.max_kv_size
+        )
+
+    def __call__(self, inputs: mx.array, cache: list | None = None, **kwargs: Any) -> mx.array:
+        cache = cache if cache is not None else self.make_cache()
+        self.draft(inputs, cache=cache[self.split :])
+        return self.target(inputs, cache=cache[: self.split], **kwargs)
+
+
 @dataclass
 class SpecResponse(GenerationBatch.Response):
     """`GenerationBatch.Response` plus ``drafted``: the token came from an accepted draft."""
@@ -284,8 +310,11 @@ class SpeculativeBatch(GenerationBatch):
         ngram_max: int,
         timed: bool = True,
     ) -> SpeculativeBatch:
-        """Put an empty `SpeculativeBatch` in ``gen`` as its generation batch."""
+        """Put an empty `SpeculativeBatch` in ``gen`` as its generation batch. Drafts come
+        from n-gram lookup, or from the draft model when ``gen.model`` is a
+        `DraftedModel` (greedy drafts; ``ngram_max`` unused)."""
         batch = cls.empty(gen.model, gen.sampler)
+        batch.drafter = gen.model if isinstance(gen.model, DraftedModel) else None
         batch.drafting = drafting
         batch.ngram_max = ngram_max
         batch.costs = StepCosts(timed)
@@ -306,7 +335,10 @@ class SpeculativeBatch(GenerationBatch):
         ok = speculable(self.prompt_cache)
         for uid, toks in zip(uids, tokens, strict=True):
             width, stats = self.drafting.pop(uid, (0, None))
-            gate = DraftGate(width, self.ngram_max, toks, stats=stats) if ok and width else None
+            gate = None
+            if ok and width:
+                lookup = self.drafter is None  # a draft model needs no n-gram index
+                gate = DraftGate(width, self.ngram_max, toks if lookup else (), stats=stats)
             self.gates.append(gate)
 
     def filter(self, keep: list[int]) -> None:
@@ -325,6 +357,8 @@ class SpeculativeBatch(GenerationBatch):
             if self._after_plain:  # after a verify step this one only read a known token
                 self.costs.observe_plain(rows, time.perf_counter() - start)
             self._after_plain = True
+            if self.drafter is not None:  # nothing else reads the draft's KV this step
+                mx.async_eval([c.state for c in self.prompt_cache[self.drafter.split :]])
             for gate in self.gates:
                 if gate is not None:
                     gate.known = None
@@ -336,6 +370,8 @@ class SpeculativeBatch(GenerationBatch):
         a plain step."""
         if not any(g is not None for g in self.gates):
             return None
+        if self.drafter is not None:
+            return self._model_drafts()
         drafts, rates = [], []
         for i, gate in enumerate(self.gates):
             d: list[int] = []
@@ -349,15 +385,44 @@ class SpeculativeBatch(GenerationBatch):
             return None
         return [d[:k] for d in drafts]
 
+    def _model_drafts(self) -> list[list[int]] | None:
+        """Drafts from the draft model: k greedy tokens for every row (k chosen by the
+        cost model from each row's allowed width), cut to each row's own width."""
+        widths, rates = [], []
+        for i, gate in enumerate(self.gates):
+            w = 0
+            if gate is not None:
+                gate.stats.steps += 1
+                w = max(min(gate.width, self.max_tokens[i] - self._num_tokens[i] - 1), 0)
+            widths.append(w)
+            rates.append(gate.rate if gate is not None else 0.0)
+        k = self.costs.width(len(self.uids), widths, rates)
+        if k == 0:
+            return None
+        # k + 1 draft steps: the last feeds d_k, so the draft's KV holds what the
+        # target's will (pending, d1..dk) and both drop the same rejected entries.
+        drafter, x, steps = self.drafter, self._next_tokens, []
+        draft_cache = self.prompt_cache[drafter.split :]
+        for j in range(k + 1):
+            logits = drafter.draft(x[:, None], cache=draft_cache)[:, -1, :]
+            x = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)
+            if j < k:
+                steps.append(x)
+        tokens = mx.stack(steps, axis=1).tolist()
+        return [row[:w] for row, w in zip(tokens, widths, strict=True)]
+
     def _verify(self, drafts: list[list[int]]) -> list[GenerationBatch.Response]:
         start = time.perf_counter()
         after_plain = self._after_plain
         rows, k = len(self.uids), max(len(d) for d in drafts)
         pending = self._next_tokens
         padded = mx.array([d + [0] * (k - len(d)) for d in drafts], dtype=pending.dtype)
-        logits = self.model(
-            mx.concatenate([pending[:, None], padded], axis=1), cache=self.prompt_cache
-        )
+        inputs = mx.concatenate([pending[:, None], padded], axis=1)
+        if self.drafter is not None:  # the draft's KV already holds these tokens
+            split = self.drafter.split
+            logits = self.drafter.target(inputs, cache=self.prompt_cache[:split])
+        else:
+            logits = self.model(inputs, cache=self.prompt_cache)
         samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
         fast = [
             s is greedy_sampler and not self.logits_processors[i] for i, s in enumerate(samplers)

@@ -59,7 +59,8 @@ class Checkpoints:
         self.cache = cache
         self.single_process = single_process
         p = loaded.params
-        self.batched = self.takes(make_prompt_cache(loaded.model, p.max_kv_size))
+        kv = make_prompt_cache(loaded.model, p.max_kv_size)
+        self.batched = self.takes(kv, draft=loaded.draft)
         self.wants_boundaries = self.batched or (single_process and p.max_kv_size is not None)
 
     def takes(self, kv: list, *, draft: Any = None, kv_bits: int | None = None) -> bool:

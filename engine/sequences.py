@@ -4,11 +4,12 @@ A `Runner` holds sequences of one kind and decodes one token for each per `step`
 
 - `BatchRunner`: mlx-lm's `BatchGenerator`, the continuous batch (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-  With ``speculative:ngram`` its decode half is `decoding.batch_speculation`'s
-  `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
-- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a draft model, a
-  quantized KV cache, a rotating cache with NKeep), each one of mlx-lm's step
-  generators, stepped in turn with the batch.
+  With ``speculative:ngram`` or a draft model its decode half is
+  `decoding.batch_speculation`'s `SpeculativeBatch` (per-row drafts verified for all
+  rows in one pass).
+- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a quantized KV cache, a
+  rotating cache with NKeep), each one of mlx-lm's step generators, stepped in turn
+  with the batch.
 
 Both answer the same calls (`start`, `step`, `release`, `drop`, `mirror_step`, `rows`,
 `nbytes`), so the scheduler never asks which kind a job is (TGI's `Batch` interface over
@@ -31,7 +32,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from decoding.batch_speculation import SpeculativeBatch
+from decoding.batch_speculation import DraftedModel, SpeculativeBatch
 from decoding.ngram_spec import NgramStats, ngram_generate_step
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
@@ -65,15 +66,10 @@ def stops_at_eos(params: GenerationParams) -> bool:
 
 
 def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
-    """Whether a request must run outside the batch: the batch drafts only n-gram tokens
-    (no draft model), merges only plain and rotating caches without NKeep, and quantizes
-    no KV."""
+    """Whether a request must run outside the batch: mlx-lm's batch merges only plain
+    and rotating caches without NKeep, and quantizes no KV."""
     p = loaded.params
-    return (
-        loaded.draft is not None
-        or p.kv_bits is not None
-        or (p.max_kv_size is not None and bool(params.keep))
-    )
+    return p.kv_bits is not None or (p.max_kv_size is not None and bool(params.keep))
 
 
 def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
@@ -93,7 +89,7 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 class BatchRunner:
     """The continuous batch of one loaded model (mlx-lm's `BatchGenerator`), speculating
-    with n-gram drafts per row when the model is loaded with ``speculative:ngram``."""
+    per row with n-gram drafts (``speculative:ngram``) or a draft model's."""
 
     def proposed(self, job: Job) -> int:
         """Draft tokens ``job`` sent to verification."""
@@ -102,7 +98,7 @@ class BatchRunner:
     def __init__(self, loaded: LoadedModel, eos_ids: frozenset[int], ckpt: Checkpoints) -> None:
         self.loaded = loaded
         self.checkpoints = ckpt
-        self.drafts = loaded.params.speculative == "ngram"
+        self.drafts = loaded.params.speculative == "ngram" or loaded.draft is not None
         # uid -> (most draft tokens per step, stats) of rows not yet decoding.
         self._drafting: dict[int, tuple[int, NgramStats]] = {}
         self._eos_ids = eos_ids
@@ -119,8 +115,11 @@ class BatchRunner:
         if self._gen is not None:
             self._gen.close()
         p = self.loaded.params
+        model = self.loaded.model
+        if self.loaded.draft is not None:
+            model = DraftedModel(model, self.loaded.draft, p.max_kv_size)
         self._gen = BatchGenerator(
-            self.loaded.model,
+            model,
             stop_tokens=[[t] for t in sorted(self._eos_ids)],
             completion_batch_size=p.max_batch_size,
             prefill_batch_size=p.max_batch_size,

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import KVCache
 
 import backend_pb2 as pb
 from decoding import batch_speculation, sampling
-from decoding.batch_speculation import SpeculativeBatch
+from decoding.batch_speculation import DraftedModel, SpeculativeBatch
 from decoding.ngram_spec import NgramStats
 from loading.model_loader import load_model
 from params import generation_params
@@ -267,6 +267,27 @@ def test_other_cache_families_identical(tmp_path):
             assert verified > 0
         else:
             assert verified == 0, family
+
+
+def test_draft_model_drafts_in_the_batch(smol, tmp_path):
+    """A draft model's greedy drafts, verified per row: the model as its own draft (almost
+    every draft kept) and a random tiny llama with the same vocabulary (almost none)."""
+    model, tok = smol
+    n = 24
+    prompts = [ids_of(tok, NO_REPEAT), chat(tok)]
+    expected = [reference(model, p, n) for p in prompts]
+    tiny_llama, _ = load_model(str(tiny_models.build("llama", tmp_path)))
+    for draft, good in ((model, True), (tiny_llama, False)):
+        run = Run(DraftedModel(model, draft), width=3)
+        uids = [run.add(p, n) for p in prompts]
+        plain_uid = run.add(ids_of(tok, COLOURS), n, draft=False)
+        out = run.all()
+        assert [out[u] for u in uids] == expected
+        assert out[plain_uid] == reference(model, ids_of(tok, COLOURS), n)
+        accepted = sum(run.stats[u].accepted for u in uids)
+        drafted = sum(run.stats[u].drafted for u in uids)
+        assert drafted > 0
+        assert accepted > drafted * 0.8 if good else accepted < drafted * 0.5
 
 
 # ---- sampling and processors --------------------------------------------------------
