@@ -1,0 +1,868 @@
+"""Batched forms of mlx-lm's quantized KV cache and of its rotating KV cache with ``keep``
+(NKeep), so that such sequences decode inside mlx-lm's continuous batch (``BatchGenerator``).
+
+mlx-lm 0.32 batches ``KVCache`` (``BatchKVCache``) and ``RotatingKVCache`` without keep
+(``BatchRotatingKVCache``) only. Here:
+
+- ``BatchQuantizedKVCache``: the batch form of ``QuantizedKVCache`` (``BatchKVCache``'s
+  left-padded layout, keys and values stored as ``mx.quantize`` triples);
+  ``RowQuantizedKVCache`` is one sequence's form (a ``QuantizedKVCache`` that merges).
+- ``BatchKeepRotatingKVCache``: a batched ``RotatingKVCache(max_size, keep)``, ``keep``
+  per row; ``RowRotatingKVCache`` is one sequence's form (a ``RotatingKVCache`` that merges).
+- ``row_cache``: one new sequence's empty per-row cache list; ``as_rows``: the per-row
+  classes for layers of mlx-lm's own classes (e.g. a prompt-cache entry made by
+  ``generate_step``).
+
+BatchGenerator merges the rows' layers with ``caches[0][i].merge([...])``; a row leaving
+the batch is ``extract``-ed into its per-row class, which the prompt cache stores, trims
+and writes to disk (the per-row classes are registered where mlx-lm's
+``load_prompt_cache`` looks classes up by name), and which merges again later.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx_lm.models.cache as _mlx_cache
+from mlx.utils import tree_map, tree_reduce
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    _BaseCache,
+    dynamic_roll,
+    make_prompt_cache,
+)
+
+__all__ = [
+    "BatchKeepRotatingKVCache",
+    "BatchQuantizedKVCache",
+    "RowQuantizedKVCache",
+    "RowRotatingKVCache",
+    "as_rows",
+    "row_cache",
+]
+
+KV_BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
+
+
+# --------------------------------------------------------------------------- quantized
+class RowQuantizedKVCache(QuantizedKVCache):
+    """One sequence's quantized KV cache: mlx-lm's ``QuantizedKVCache(group_size, bits)``
+    (same state, same solo behaviour with ``generate_step``) that ``merge``-s into a
+    :class:`BatchQuantizedKVCache`. Keys/values: triples (data uint32, scales, biases) of
+    shape (1, kv_heads, tokens, head_dim * bits / 32 | head_dim / group_size)."""
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> BatchQuantizedKVCache:
+        return BatchQuantizedKVCache.merge(caches)
+
+    @property
+    def nbytes(self) -> int:
+        # mlx-lm's QuantizedKVCache.nbytes fails on an empty cache (BatchGenerator sums it
+        # over waiting rows in prompt_cache_nbytes).
+        return 0 if self.keys is None else super().nbytes
+
+
+class BatchQuantizedKVCache(BatchKVCache):
+    """The batched ``QuantizedKVCache``: ``BatchKVCache``'s layout (rows left-padded,
+    shared write index ``_idx``, per-row ``offset`` and ``left_padding`` (B,) int arrays,
+    ``prepare(lengths=, right_padding=)`` / ``finalize`` rolling a ragged prefill's right
+    padding to the left) with keys and values stored as ``mx.quantize`` triples, each
+    element of shape (B, kv_heads, capacity, packed or grouped head dim).
+
+    Every token is quantized along the head dimension by itself, as ``QuantizedKVCache``
+    does, so a row's stored values do not depend on the rows beside it. The batch
+    quantizes each row from its first token, as a ``QuantizedKVCache`` prompt cache given
+    to ``generate_step`` does: even the first prefill chunk attends to quantized keys.
+    (``generate_step(kv_bits=..., quantized_kv_start=0)`` instead runs the first chunk on
+    a float ``KVCache`` and quantizes it afterwards, so its greedy tokens can differ.)
+    There is no ``quantized_kv_start``. ``bits`` and ``group_size`` send
+    ``mlx_lm.models.base.scaled_dot_product_attention`` down its quantized path.
+
+    Args:
+        bits: 2, 3, 4, 5, 6 or 8.
+        group_size: 32, 64 or 128; must divide the model's head dimensions (else
+            ``mx.quantize`` raises ValueError at the first update).
+        left_padding: per row, padding tokens its first prefill starts with.
+    """
+
+    def __init__(self, bits: int, group_size: int, left_padding: list[int]) -> None:
+        super().__init__(left_padding)
+        self.bits = bits
+        self.group_size = group_size
+
+    def _quantize(self, x: mx.array) -> tuple:
+        return tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits))
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
+        """Store (B, kv_heads, S, head_dim) keys and values; return all stored triples."""
+        qk, qv = self._quantize(keys), self._quantize(values)
+        S = keys.shape[2]
+        prev = self._idx
+        if self.keys is None or prev + S > self.keys[0].shape[2]:
+            n = (self.step + S - 1) // self.step * self.step
+
+            def grow(old: mx.array | None, new: mx.array) -> mx.array:
+                # Buffers sized from mx.quantize's own output (packing differs by bits).
+                blank = mx.zeros((*new.shape[:2], n, new.shape[3]), new.dtype)
+                if old is None:
+                    return blank
+                if prev % self.step != 0:
+                    old = old[..., :prev, :]
+                return mx.concatenate([old, blank], axis=2)
+
+            old_k = self.keys if self.keys is not None else (None,) * len(qk)
+            old_v = self.values if self.values is not None else (None,) * len(qv)
+            self.keys = tuple(grow(o, q) for o, q in zip(old_k, qk, strict=True))
+            self.values = tuple(grow(o, q) for o, q in zip(old_v, qv, strict=True))
+        self.offset = self.offset + S
+        self._idx += S
+        for a, q in zip(self.keys, qk, strict=True):
+            a[..., prev : self._idx, :] = q
+        for a, q in zip(self.values, qv, strict=True):
+            a[..., prev : self._idx, :] = q
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple:
+        return tree_map(lambda x: x[..., : self._idx, :], (self.keys, self.values))
+
+    def finalize(self) -> None:
+        if self._right_padding is not None:
+            shift = self._right_padding[:, None]
+            self.keys, self.values = tree_map(
+                lambda x: dynamic_roll(x, shift, axis=2), (self.keys, self.values)
+            )
+            self.offset = self.offset - self._right_padding
+            self.left_padding += self._right_padding
+            self._right_padding = None
+
+    @property
+    def state(self) -> tuple:
+        return (
+            self.keys,
+            self.values,
+            self.offset,
+            self.left_padding,
+            self._idx,
+            self.group_size,
+            self.bits,
+        )
+
+    @state.setter
+    def state(self, v: tuple) -> None:
+        (
+            self.keys,
+            self.values,
+            self.offset,
+            self.left_padding,
+            self._idx,
+            self.group_size,
+            self.bits,
+        ) = v
+
+    def filter(self, batch_indices: list[int]) -> None:
+        """Keep only the rows ``batch_indices`` (in that order), in place."""
+        if self.keys is not None:
+            self.keys, self.values = tree_map(lambda x: x[batch_indices], (self.keys, self.values))
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+        min_left_pad = min(self.left_padding.tolist())
+        if min_left_pad > 0:
+            if self.keys is not None:
+                self.keys, self.values = tree_map(
+                    lambda x: x[..., min_left_pad:, :], (self.keys, self.values)
+                )
+            self._idx -= min_left_pad
+            self.left_padding -= min_left_pad
+
+    def extend(self, other: BatchQuantizedKVCache) -> None:
+        """Append ``other``'s rows, in place (both right-justified at the larger ``_idx``).
+
+        Raises:
+            ValueError: if ``other`` is not a ``BatchQuantizedKVCache`` of the same bits
+                and group size.
+        """
+        if not isinstance(other, BatchQuantizedKVCache) or (other.bits, other.group_size) != (
+            self.bits,
+            self.group_size,
+        ):
+            raise ValueError(
+                f"cannot extend a {self.bits}-bit BatchQuantizedKVCache (group size "
+                f"{self.group_size}) with {type(other).__name__}"
+            )
+        if self.keys is None and other.keys is None:
+            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.offset = mx.concatenate([self.offset, other.offset])
+            return
+        max_idx = max(self._idx, other._idx)
+        ref_k = self.keys if self.keys is not None else other.keys
+        ref_v = self.values if self.values is not None else other.values
+        width = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
+
+        def pad(c: BatchQuantizedKVCache) -> tuple:
+            rows = c.offset.shape[0]
+            if c.keys is None:
+                ks = tuple(mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype) for x in ref_k)
+                vs = tuple(mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype) for x in ref_v)
+            else:
+                ks, vs = c.keys, c.values
+            left = max_idx - c._idx
+            right = width - ks[0].shape[2] - left
+            if right < 0:
+                ks, vs = tree_map(lambda x: x[..., :right, :], (ks, vs))
+                right = 0
+            if left or right:
+                widths = [(0, 0), (0, 0), (left, right), (0, 0)]
+                ks, vs = tree_map(lambda x: mx.pad(x, widths), (ks, vs))
+            return ks, vs, c.offset, c.left_padding + left
+
+        (k1, v1, o1, l1), (k2, v2, o2, l2) = pad(self), pad(other)
+        self.keys = tuple(mx.concatenate([a, b]) for a, b in zip(k1, k2, strict=True))
+        self.values = tuple(mx.concatenate([a, b]) for a, b in zip(v1, v2, strict=True))
+        self.offset = mx.concatenate([o1, o2])
+        self.left_padding = mx.concatenate([l1, l2])
+        self._idx = max_idx
+
+    def extract(self, idx: int) -> RowQuantizedKVCache:
+        """Row ``idx`` as a :class:`RowQuantizedKVCache` holding exactly its tokens."""
+        row = RowQuantizedKVCache(group_size=self.group_size, bits=self.bits)
+        if self.keys is None:
+            return row
+        mx.eval(self.left_padding)
+        padding = self.left_padding.tolist()[idx]
+        if padding >= self._idx:
+            return row
+        row.keys, row.values = tree_map(
+            lambda x: mx.contiguous(x[idx : idx + 1, :, padding : self._idx]),
+            (self.keys, self.values),
+        )
+        row.offset = self._idx - padding
+        return row
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> BatchQuantizedKVCache:
+        """One batch of the per-row quantized caches ``caches`` (any ``QuantizedKVCache``,
+        empty ones included), each left-padded to the longest.
+
+        Raises:
+            ValueError: if a layer is not a ``QuantizedKVCache`` or the rows differ in
+                bits or group size.
+        """
+        first = caches[0]
+        for c in caches:
+            if not isinstance(c, QuantizedKVCache):
+                raise ValueError(
+                    f"BatchQuantizedKVCache merges QuantizedKVCache rows, got {type(c).__name__}"
+                )
+            if (c.bits, c.group_size) != (first.bits, first.group_size):
+                raise ValueError(
+                    "BatchQuantizedKVCache merges rows of one bits/group size, got "
+                    f"{first.bits}/{first.group_size} and {c.bits}/{c.group_size}"
+                )
+        lengths = [c.offset if c.keys is not None else 0 for c in caches]
+        longest = max(lengths)
+        if longest == 0:
+            return cls(first.bits, first.group_size, [0] * len(caches))
+        padding = [longest - n for n in lengths]
+        ref = next(c for c, n in zip(caches, lengths, strict=True) if n > 0)
+        B = len(caches)
+
+        def blank(x: mx.array) -> mx.array:
+            return mx.zeros((B, x.shape[1], longest, x.shape[3]), x.dtype)
+
+        keys = tuple(blank(x) for x in ref.keys)
+        values = tuple(blank(x) for x in ref.values)
+        for i, (p, n, c) in enumerate(zip(padding, lengths, caches, strict=True)):
+            if n == 0:
+                continue
+            for a, x in zip(keys, c.keys, strict=True):
+                a[i : i + 1, :, p : p + n] = x[..., :n, :]
+            for a, x in zip(values, c.values, strict=True):
+                a[i : i + 1, :, p : p + n] = x[..., :n, :]
+        cache = cls(first.bits, first.group_size, padding)
+        cache.keys, cache.values = keys, values
+        cache.offset = cache.offset + longest
+        cache._idx = longest
+        return cache
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return tree_reduce(lambda a, x: a + x.nbytes, (self.keys, self.values), 0)
+
+
+# --------------------------------------------------------------------------- rotating + keep
+class RowRotatingKVCache(RotatingKVCache):
+    """One sequence's rotating KV cache: mlx-lm's ``RotatingKVCache(max_size, keep)``
+    (same state, same solo behaviour) that ``merge``-s into a
+    :class:`BatchKeepRotatingKVCache`, which honours ``keep`` (mlx-lm's own
+    ``RotatingKVCache.merge`` builds a ``BatchRotatingKVCache``, which drops it).
+
+    Raises:
+        ValueError: unless ``0 <= keep < max_size``.
+    """
+
+    def __init__(self, max_size: int, keep: int = 0) -> None:
+        if not 0 <= keep < max_size:
+            raise ValueError(f"keep must be in [0, max_size={max_size}), got {keep}")
+        super().__init__(max_size, keep)
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> BatchKeepRotatingKVCache:
+        return BatchKeepRotatingKVCache.merge(caches)
+
+
+class BatchKeepRotatingKVCache(_BaseCache):
+    """A batch of ``RotatingKVCache(max_size, keep)`` rows, ``keep`` per row (0 allowed).
+
+    What each row attends to is what mlx-lm's solo ``RotatingKVCache(max_size, keep)``
+    gives it for the same chunks: before each update of S tokens a row that holds T >=
+    max_size tokens forgets all but its first ``keep`` and its last ``max_size - 1 - keep``
+    tokens; query i of the update then sees, of [kept tokens, the new ones up to itself],
+    the last ``max_size`` (a decode step sees everything kept; a long prefill chunk's
+    later queries lose the first tokens too, as solo). The rule depends only on T, so a
+    row gives the same tokens whatever was batched beside it.
+
+    Layout (one buffer, own code because rows are left-padded differently, so the kept
+    tokens are not one column range): ``keys``/``values`` (B, kv_heads, sink + capacity,
+    head_dim) whose first ``sink`` = max(keep) columns hold each row's first tokens
+    (column j: token j) and whose other columns (the tail) hold the rows' latest tokens,
+    right-justified, in temporal order, or as a ring (``_idx`` the next slot) while
+    decoding; ``pos`` (B, 1, columns, 1) int32 is each column's token position (-1: none),
+    from which ``make_mask`` builds the (B, 1, N, columns) boolean mask. Attention does
+    not depend on the order of the stored keys (RoPE is already applied), only on the
+    mask. ``offset`` (B,) int32: tokens per row (negative while left padding is fed).
+
+    Memory per layer: sink + max_size - min(keep) columns (+ the chunk while prefilling).
+
+    Args:
+        max_size: tokens a row keeps (mlx-lm's ``max_size``, the load option max_kv_size).
+        keep: tokens kept from each row's start: one int for all rows, or one per row.
+        left_padding: per row, padding tokens its first prefill starts with.
+
+    Raises:
+        ValueError: unless ``0 <= keep < max_size`` for every row.
+    """
+
+    step = 256
+
+    def __init__(self, max_size: int, keep: int | Sequence[int], left_padding: list[int]) -> None:
+        keeps = [keep] * len(left_padding) if isinstance(keep, int) else list(keep)
+        if len(keeps) != len(left_padding):
+            raise ValueError(f"{len(keeps)} keep values for {len(left_padding)} rows")
+        if any(not 0 <= k < max_size for k in keeps):
+            raise ValueError(f"keep must be in [0, max_size={max_size}), got {keeps}")
+        self.max_size = max_size
+        self.keep = keeps
+        self.keys = self.values = self.pos = None
+        self._sink = max(keeps, default=0)
+        self._offs = [-p for p in left_padding]
+        self._ends: list[int] | None = None  # a ragged prefill's end position per row
+        self._aligned = True  # every row's tail ends at its last stored column
+        self._w = 0  # tail columns in use
+        self._cap = 0  # tail columns allocated
+        self._ring = False
+        self._idx = 0  # ring mode: the tail slot the next token overwrites
+        self._offset_arr: mx.array | None = None
+
+    # ---- host-side bookkeeping (offsets are known on the host: no device sync per step)
+    @property
+    def offset(self) -> mx.array:
+        if self._offset_arr is None:
+            self._offset_arr = mx.array(self._offs, dtype=mx.int32)
+        return self._offset_arr
+
+    def _set_offs(self, offs: list[int]) -> None:
+        self._offs = offs
+        self._offset_arr = None
+
+    @property
+    def _capacity(self) -> int:
+        """Tail columns a decoding row needs: its last max_size - keep tokens."""
+        return self.max_size - min(self.keep)
+
+    # ---- the one layout transform, shared by update_and_fetch and make_mask
+    def _new_pos(self, S: int) -> mx.array:
+        """(B, 1, S, 1) int32 positions of the next S tokens (-1 for padding)."""
+        base = mx.array(self._offs, dtype=mx.int32)[:, None] + mx.arange(S, dtype=mx.int32)
+        valid = base >= 0
+        if self._ends is not None:
+            valid = valid & (base < mx.array(self._ends, dtype=mx.int32)[:, None])
+        return mx.where(valid, base, -1)[:, None, :, None]
+
+    def _sink_needs_write(self, S: int) -> bool:
+        return self._sink > 0 and any(
+            o < k and o + S > 0 for o, k in zip(self._offs, self.keep, strict=True)
+        )
+
+    def _sink_written(self, sinks: list, news: list, S: int) -> list:
+        """The sink columns after the S new tokens ``news`` whose positions are < keep."""
+        j = mx.arange(self._sink, dtype=mx.int32)[None]
+        i = j - mx.array(self._offs, dtype=mx.int32)[:, None]
+        cond = (i >= 0) & (i < S) & (j < mx.array(self.keep, dtype=mx.int32)[:, None])
+        if self._ends is not None:
+            cond = cond & (j < mx.array(self._ends, dtype=mx.int32)[:, None])
+        take = mx.clip(i, 0, S - 1)[:, None, :, None]
+        cond = cond[:, None, :, None]
+        return [
+            mx.where(cond, mx.take_along_axis(n, take, axis=2), s)
+            for s, n in zip(sinks, news, strict=True)
+        ]
+
+    @staticmethod
+    def _blank(like: mx.array, rows: int, n: int, fill: int) -> mx.array:
+        return mx.full((rows, like.shape[1], n, like.shape[3]), fill, like.dtype)
+
+    @staticmethod
+    def _put(buf: mx.array, col: int, x: mx.array, inplace: bool) -> mx.array:
+        if inplace:
+            buf[..., col : col + x.shape[2], :] = x
+            return buf
+        return mx.concatenate([buf[..., :col, :], x, buf[..., col + x.shape[2] :, :]], axis=2)
+
+    def _apply(self, bufs: list, news: list, fills: list, commit: bool) -> tuple[list, list]:
+        """The buffers after storing the S new columns ``news`` (parallel to ``bufs``:
+        keys, values, pos; or pos alone) and the slices of them attention reads.
+        With ``commit`` the host state moves on and in-place writes are allowed; without,
+        nothing of ``self`` changes (``make_mask`` predicts the layout)."""
+        S = news[0].shape[2]
+        Ks, C, B = self._sink, self._capacity, len(self._offs)
+        w, cap, ring, idx = self._w, self._cap, self._ring, self._idx
+        aligned = self._aligned
+        write_sink = self._sink_needs_write(S)
+        if bufs[0] is None:  # first tokens
+            sinks = [self._blank(n, B, Ks, f) for n, f in zip(news, fills, strict=True)]
+            if write_sink:
+                sinks = self._sink_written(sinks, news, S)
+            out = [mx.concatenate([s, n], axis=2) for s, n in zip(sinks, news, strict=True)]
+            w = cap = S
+            aligned = self._ends is None
+        elif S == 1 and self._ends is None and (ring or w < C):
+            # Decode: write the token into the ring, or into the growing tail.
+            out = list(bufs)
+            if write_sink:
+                sinks = self._sink_written([b[..., :Ks, :] for b in out], news, S)
+                out = [self._put(b, 0, s, commit) for b, s in zip(out, sinks, strict=True)]
+            if ring:
+                out = [self._put(b, Ks + idx, n, commit) for b, n in zip(out, news, strict=True)]
+                idx = (idx + 1) % cap
+            else:
+                if w == cap:
+                    grow = min(self.step, C - cap)
+                    out = [
+                        mx.concatenate([b, self._blank(b, B, grow, f)], axis=2)
+                        for b, f in zip(out, fills, strict=True)
+                    ]
+                    cap += grow
+                out = [self._put(b, Ks + w, n, commit) for b, n in zip(out, news, strict=True)]
+                w += 1
+                if w == C:
+                    out = [b[..., : Ks + C, :] for b in out]
+                    cap, ring, idx = C, True, 0
+        else:
+            # A chunk (or the first decode step after one): forget what no row needs any
+            # more, then append the new columns.
+            sinks = [b[..., :Ks, :] for b in bufs]
+            if write_sink:
+                sinks = self._sink_written(sinks, news, S)
+            if ring:
+                tails = [mx.roll(b[..., Ks:, :], -idx, axis=2) for b in bufs]
+            else:
+                tails = [b[..., Ks : Ks + w, :] for b in bufs]
+            if aligned:
+                # Right-justified rows: the last C - (S == 1) columns hold every token any
+                # row may still see (max_size - 1 - keep) and what extract returns
+                # (max_size - keep).
+                kept = min(w, C - 1 if S == 1 and self._ends is None else C)
+                tails = [t[..., w - kept :, :] for t in tails]
+                w = kept
+            out = [mx.concatenate(parts, axis=2) for parts in zip(sinks, tails, news, strict=True)]
+            w = cap = w + S
+            ring, idx = False, 0
+            if S == 1 and self._ends is None and w == C:
+                ring = True
+            aligned = aligned and self._ends is None
+        if commit:
+            self._w, self._cap, self._ring, self._idx = w, cap, ring, idx
+            self._aligned = aligned
+        visible = out if w == cap else [b[..., : Ks + w, :] for b in out]
+        return out, visible
+
+    # ---- the cache interface
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store (B, kv_heads, S, head_dim) keys and values; return the stored ones,
+        (B, kv_heads, columns, head_dim), to be read with ``make_mask``'s mask."""
+        S = keys.shape[2]
+        news = [keys, values, self._new_pos(S)]
+        bufs = [self.keys, self.values, self.pos]
+        out, visible = self._apply(bufs, news, [0, 0, -1], commit=True)
+        self.keys, self.values, self.pos = out
+        self._set_offs([o + S for o in self._offs])
+        return visible[0], visible[1]
+
+    def make_mask(
+        self, N: int, window_size: int | None = None, return_array: bool = False, **kwargs
+    ) -> mx.array:
+        """The (B, 1, N, columns) boolean mask of the next update of N tokens.
+
+        Raises:
+            ValueError: for a ``window_size`` other than ``max_size`` (sliding-window
+                layers have their own cache).
+        """
+        if window_size is not None and window_size != self.max_size:
+            raise ValueError(
+                f"BatchKeepRotatingKVCache masks a window of max_size={self.max_size}, "
+                f"not {window_size}"
+            )
+        _, (pos,) = self._apply([self.pos], [self._new_pos(N)], [-1], commit=False)
+        M = self.max_size
+        offs = mx.array(self._offs, dtype=mx.int32)
+        before = mx.maximum(offs, 0)  # tokens held before this update
+        if self._ends is not None:
+            before = mx.minimum(before, mx.array(self._ends, dtype=mx.int32))
+        # Tokens the solo cache forgot before the update (between keep and the tail).
+        dropped = mx.maximum(before - M + 1, 0)[:, None, None, None]
+        keep = mx.array(self.keep, dtype=mx.int32)[:, None, None, None]
+        q = (offs[:, None] + mx.arange(N, dtype=mx.int32))[:, None, :, None]
+        r = pos[:, :, :, 0][:, :, None, :]
+        held = r >= 0
+        tail = held & (r >= keep + dropped) & (r <= q) & (r > q - M)
+        sink = held & (r <= q - dropped) & (r > q - dropped - M)
+        is_sink = mx.arange(r.shape[-1]) < self._sink
+        return mx.where(is_sink, sink, tail)
+
+    def prepare(
+        self,
+        *,
+        left_padding: list[int] | None = None,
+        lengths: list[int] | None = None,
+        right_padding: list[int] | None = None,
+    ) -> None:
+        """Before a prefill: ``left_padding`` (empty cache only) or a ragged chunk's
+        ``lengths`` and ``right_padding`` (tokens past a row's length are padding).
+
+        Raises:
+            ValueError: ``left_padding`` on a cache that holds tokens.
+        """
+        if left_padding is not None:
+            if self.keys is not None:
+                raise ValueError("left padding can only be added to an empty cache")
+            self._set_offs([o - p for o, p in zip(self._offs, left_padding, strict=True)])
+        if right_padding is not None and max(right_padding) > 0:
+            self._ends = [o + n for o, n in zip(self._offs, lengths, strict=True)]
+
+    def finalize(self) -> None:
+        """After a ragged prefill: roll each row's padding columns to the tail's left."""
+        if self._ends is None:
+            return
+        shift = [max(0, o - e) for o, e in zip(self._offs, self._ends, strict=True)]
+        if self.keys is not None and max(shift) > 0:
+            Ks, w = self._sink, self._w
+            roll = mx.array(shift, dtype=mx.int32)[:, None]
+            self.keys, self.values, self.pos = (
+                mx.concatenate(
+                    [b[..., :Ks, :], dynamic_roll(b[..., Ks : Ks + w, :], roll, axis=2)], axis=2
+                )
+                for b in (self.keys, self.values, self.pos)
+            )
+            self._cap = w
+        self._set_offs([min(o, e) for o, e in zip(self._offs, self._ends, strict=True)])
+        self._ends = None
+        self._aligned = True
+
+    def _linearize(self) -> None:
+        """Tail in temporal order, right-justified, no spare columns."""
+        if self.keys is None or not (self._ring or self._w < self._cap):
+            return
+        Ks, w, ring, idx = self._sink, self._w, self._ring, self._idx
+
+        def fix(b: mx.array) -> mx.array:
+            if ring:
+                return mx.concatenate(
+                    [b[..., :Ks, :], mx.roll(b[..., Ks:, :], -idx, axis=2)], axis=2
+                )
+            return b[..., : Ks + w, :]
+
+        self.keys, self.values, self.pos = (fix(b) for b in (self.keys, self.values, self.pos))
+        self._cap, self._ring, self._idx = w, False, 0
+
+    @property
+    def state(self) -> tuple:
+        return self.keys, self.values, self.pos
+
+    def filter(self, batch_indices: list[int]) -> None:
+        """Keep only the rows ``batch_indices`` (in that order), in place."""
+        if self.keys is not None:
+            self.keys, self.values, self.pos = (
+                b[batch_indices] for b in (self.keys, self.values, self.pos)
+            )
+        self.keep = [self.keep[i] for i in batch_indices]
+        self._set_offs([self._offs[i] for i in batch_indices])
+        if self._ends is not None:
+            self._ends = [self._ends[i] for i in batch_indices]
+
+    def extend(self, other: BatchKeepRotatingKVCache) -> None:
+        """Append ``other``'s rows, in place (``other`` is left in temporal order).
+
+        Raises:
+            ValueError: if ``other`` is not a ``BatchKeepRotatingKVCache`` of the same
+                ``max_size``. RuntimeError: during a ragged prefill (before ``finalize``).
+        """
+        if not isinstance(other, BatchKeepRotatingKVCache) or other.max_size != self.max_size:
+            raise ValueError(
+                f"cannot extend a BatchKeepRotatingKVCache (max_size {self.max_size}) "
+                f"with {type(other).__name__}"
+            )
+        if self._ends is not None or other._ends is not None:
+            raise RuntimeError("extend during a ragged prefill (call finalize first)")
+        Ks = max(self._sink, other._sink)
+        if self.keys is not None or other.keys is not None:
+            self._linearize()
+            other._linearize()
+            W = max(self._w, other._w)
+            ref = self if self.keys is not None else other
+
+            def padded(c: BatchKeepRotatingKVCache) -> list:
+                rows = len(c.keep)
+                out = []
+                for b, r, f in zip(
+                    (c.keys, c.values, c.pos),
+                    (ref.keys, ref.values, ref.pos),
+                    (0, 0, -1),
+                    strict=True,
+                ):
+                    if b is None:
+                        out.append(self._blank(r, rows, Ks + W, f))
+                        continue
+                    parts = [
+                        b[..., : c._sink, :],
+                        self._blank(r, rows, Ks - c._sink, f),
+                        self._blank(r, rows, W - c._w, f),
+                        b[..., c._sink :, :],
+                    ]
+                    out.append(mx.concatenate(parts, axis=2))
+                return out
+
+            self.keys, self.values, self.pos = (
+                mx.concatenate([a, b]) for a, b in zip(padded(self), padded(other), strict=True)
+            )
+            self._w = self._cap = W
+            self._ring, self._idx, self._aligned = False, 0, True
+        self._sink = Ks
+        self.keep = self.keep + other.keep
+        self._set_offs(self._offs + other._offs)
+
+    def extract(self, idx: int) -> RowRotatingKVCache:
+        """Row ``idx`` as the :class:`RowRotatingKVCache` mlx-lm's solo cache would hold
+        after the same tokens: its first ``keep`` tokens then its latest ones, in temporal
+        order (all T tokens while T < max_size; keep + (max_size - keep) = max_size once
+        T >= max_size).
+
+        Raises:
+            RuntimeError: during a ragged prefill, or if a token the row needs is missing
+                (a bug).
+        """
+        if self._ends is not None:
+            raise RuntimeError("extract during a ragged prefill (call finalize first)")
+        K, M, T = self.keep[idx], self.max_size, self._offs[idx]
+        row = RowRotatingKVCache(M, K)
+        if self.keys is None or T <= 0:
+            return row
+        Ks = self._sink
+        pos = self.pos[idx, 0, :, 0].tolist()
+        sink_cols = {p: c for c, p in enumerate(pos[:Ks]) if p >= 0}
+        tail_cols = {p: Ks + c for c, p in enumerate(pos[Ks:]) if p >= 0}
+        first = K if T < M else T - (M - K)
+        try:
+            cols = [sink_cols[j] for j in range(min(K, T))]
+            cols += [tail_cols[p] for p in range(first, T)]
+        except KeyError as exc:
+            raise RuntimeError(f"row {idx} lost token {exc} it still needs") from exc
+        take = mx.array(cols, dtype=mx.int32)
+        row.keys = mx.take(self.keys[idx : idx + 1], take, axis=2)
+        row.values = mx.take(self.values[idx : idx + 1], take, axis=2)
+        row.offset = T
+        row._idx = len(cols)
+        return row
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any]) -> BatchKeepRotatingKVCache:
+        """One batch of per-row ``RotatingKVCache`` rows (any keep, empty ones included).
+
+        Raises:
+            ValueError: if a layer is not a ``RotatingKVCache``, ``max_size`` differs, or a
+                row's keep is not in [0, max_size).
+        """
+        M = caches[0].max_size if isinstance(caches[0], RotatingKVCache) else None
+        for c in caches:
+            if not isinstance(c, RotatingKVCache) or c.max_size != M:
+                raise ValueError(
+                    "BatchKeepRotatingKVCache merges RotatingKVCache rows of one max_size, "
+                    f"got {type(c).__name__} (max_size {getattr(c, 'max_size', None)})"
+                )
+        cache = cls(M, [c.keep for c in caches], [0] * len(caches))
+        rows = []
+        for c in caches:
+            if c.keys is None or c.offset <= 0:
+                rows.append(None)
+                continue
+            k, v = c._temporal_order(c.keys), c._temporal_order(c.values)
+            n, T, K = k.shape[2], c.offset, c.keep
+            n_sink = min(K, n)
+            n_tail = min(n - n_sink, M - K)
+            rows.append((k, v, n, T, n_sink, n_tail))
+        cache._set_offs([max(c.offset, 0) if c.keys is not None else 0 for c in caches])
+        if all(r is None for r in rows):
+            return cache
+        Ks = cache._sink
+        W = max(r[5] for r in rows if r is not None)
+        ref = next(r for r in rows if r is not None)
+        B = len(caches)
+        keys = mx.zeros((B, ref[0].shape[1], Ks + W, ref[0].shape[3]), ref[0].dtype)
+        values = mx.zeros((B, ref[1].shape[1], Ks + W, ref[1].shape[3]), ref[1].dtype)
+        pos = mx.full((B, 1, Ks + W, 1), -1, mx.int32)
+        for i, r in enumerate(rows):
+            if r is None:
+                continue
+            k, v, n, T, n_sink, n_tail = r
+            keys[i : i + 1, :, :n_sink] = k[..., :n_sink, :]
+            values[i : i + 1, :, :n_sink] = v[..., :n_sink, :]
+            pos[i : i + 1, :, :n_sink] = mx.arange(n_sink, dtype=mx.int32)[None, None, :, None]
+            if n_tail:
+                at = Ks + W - n_tail
+                keys[i : i + 1, :, at:] = k[..., n - n_tail :, :]
+                values[i : i + 1, :, at:] = v[..., n - n_tail :, :]
+                tail_pos = mx.arange(T - n_tail, T, dtype=mx.int32)
+                pos[i : i + 1, :, at:] = tail_pos[None, None, :, None]
+        cache.keys, cache.values, cache.pos = keys, values, pos
+        cache._w = cache._cap = W
+        return cache
+
+    def is_trimmable(self) -> bool:
+        return self._ends is None and all(o < self.max_size for o in self._offs)
+
+    def trim(self, n: int) -> int:
+        """Drop every row's last ``n`` tokens (at most the shortest row's count), while
+        no row has forgotten any (``is_trimmable``). Returns the tokens trimmed."""
+        n = min([n] + [max(o, 0) for o in self._offs])
+        if n <= 0 or not self.is_trimmable():
+            return 0
+        if self.keys is not None:
+            self._linearize()
+            after = mx.array([o - n for o in self._offs], dtype=mx.int32)[:, None, None, None]
+            self.pos = mx.where(self.pos >= after, -1, self.pos)
+            cut = min(n, self._w)
+            end = self.keys.shape[2] - cut
+            self.keys, self.values, self.pos = (
+                b[..., :end, :] for b in (self.keys, self.values, self.pos)
+            )
+            self._w = self._cap = self._w - cut
+        self._set_offs([o - n for o in self._offs])
+        return n
+
+    def size(self) -> int:
+        return max((min(max(o, 0), self.max_size) for o in self._offs), default=0)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes + self.pos.nbytes
+
+
+# --------------------------------------------------------------------------- rows
+def row_cache(
+    model: Any,
+    *,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    max_kv_size: int | None = None,
+    keep: int = 0,
+) -> list:
+    """One new sequence's empty per-layer cache for ``BatchGenerator.insert(caches=[...])``.
+
+    - ``kv_bits`` set: a :class:`RowQuantizedKVCache` per layer (merging into
+      :class:`BatchQuantizedKVCache`).
+    - ``max_kv_size`` and ``keep`` > 0: a :class:`RowRotatingKVCache(max_kv_size, keep)`
+      per layer (merging into :class:`BatchKeepRotatingKVCache`).
+    - otherwise what ``BatchGenerator`` makes itself: ``make_prompt_cache(model,
+      max_kv_size)`` (mlx-lm's ``KVCache`` / ``RotatingKVCache`` / the model's
+      ``make_cache``, merging into mlx-lm's batch classes). Note that such rows and the
+      rows above merge into different batch classes: one ``BatchGenerator`` batch must
+      not mix them (``extend`` of one batch class by another fails).
+
+    Raises:
+        ValueError: ``kv_bits`` not in (2, 3, 4, 5, 6, 8) or ``kv_group_size`` not in
+            (32, 64, 128); ``kv_bits`` together with ``max_kv_size`` (mlx-lm has no
+            quantized rotating cache); ``keep`` < 0 or ``keep`` >= ``max_kv_size``;
+            ``max_kv_size`` < 1; or a model whose own cache (``make_cache``) has layers
+            other than plain ``KVCache`` (sliding-window ``RotatingKVCache`` layers,
+            e.g. Gemma 3 and gpt-oss; ``ArraysCache``/``MambaCache`` state, e.g. Mamba,
+            Qwen3.5's linear attention, LFM2's convolutions; ``CacheList``;
+            ``ChunkedKVCache``), which cannot be quantized or rotated that way.
+    """
+    if max_kv_size is not None and max_kv_size < 1:
+        raise ValueError(f"max_kv_size must be >= 1, got {max_kv_size}")
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, got {keep}")
+    rotate = max_kv_size is not None and keep > 0
+    if kv_bits is None and not rotate:
+        return make_prompt_cache(model, max_kv_size)
+    if kv_bits is not None:
+        if kv_bits not in KV_BITS:
+            raise ValueError(f"kv_bits must be one of {KV_BITS}, got {kv_bits}")
+        if kv_group_size not in GROUP_SIZES:
+            raise ValueError(f"kv_group_size must be one of {GROUP_SIZES}, got {kv_group_size}")
+        if max_kv_size is not None:
+            raise ValueError(
+                "kv_bits and max_kv_size together: mlx-lm has no quantized rotating KV cache"
+            )
+    elif keep >= max_kv_size:
+        raise ValueError(f"keep ({keep}) must be smaller than max_kv_size ({max_kv_size})")
+    layers = make_prompt_cache(model)
+    other = sorted({type(c).__name__ for c in layers if type(c) is not KVCache})
+    if other:
+        what = f"{kv_bits}-bit quantized" if kv_bits is not None else "rotated with keep"
+        raise ValueError(
+            f"this model's cache has {', '.join(other)} layers, which cannot be {what} "
+            "in a batch (only plain KVCache layers can)"
+        )
+    if kv_bits is not None:
+        return [RowQuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in layers]
+    return [RowRotatingKVCache(max_kv_size, keep) for _ in layers]
+
+
+def as_rows(kv: list) -> list:
+    """``kv`` with each layer of mlx-lm's own ``QuantizedKVCache``, or ``RotatingKVCache``
+    with keep > 0, replaced by a shallow copy of the per-row class (same state), so a
+    cache made outside the batch (``generate_step``, an older prompt-cache entry) merges
+    into this module's batch classes; other layers are kept as they are."""
+    out = []
+    for layer in kv:
+        cls = None
+        if type(layer) is QuantizedKVCache:
+            cls = RowQuantizedKVCache
+        elif type(layer) is RotatingKVCache and layer.keep > 0:
+            cls = RowRotatingKVCache
+        if cls is not None:
+            layer = copy.copy(layer)
+            layer.__class__ = cls
+        out.append(layer)
+    return out
+
+
+# mlx-lm's load_prompt_cache (the disk tier's reader) finds each layer's class by name in
+# mlx_lm.models.cache: adding the per-row classes there (new names only) lets a saved row
+# load back as itself, so it still merges.
+for _cls in (RowQuantizedKVCache, RowRotatingKVCache):
+    vars(_mlx_cache).setdefault(_cls.__name__, _cls)
