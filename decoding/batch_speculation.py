@@ -197,7 +197,7 @@ class HoleyBatchKVCache(BatchKVCache):
 def speculable(layers: Sequence[Any]) -> bool:
     """Whether draft entries can be dropped per row from every layer of a batch cache
     (plain attention layers; rotating, recurrent and quantized layers cannot)."""
-    return bool(layers) and all(isinstance(c, BatchKVCache) for c in layers)
+    return bool(layers) and all(type(c) in (BatchKVCache, HoleyBatchKVCache) for c in layers)
 
 
 class StepCosts:

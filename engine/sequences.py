@@ -7,9 +7,12 @@ A `Runner` holds sequences of one kind and decodes one token for each per `step`
   With ``speculative:ngram`` or a draft model its decode half is
   `decoding.batch_speculation`'s `SpeculativeBatch` (per-row drafts verified for all
   rows in one pass).
-- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: a quantized KV cache, a
-  rotating cache with NKeep), each one of mlx-lm's step generators, stepped in turn
-  with the batch.
+  Its rows' caches are `caches.batch_kv`'s quantized (``kv_bits``) or rotating-with-
+  NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
+- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: ``kv_bits`` or NKeep on
+  a model whose cache layers are not all plain attention (sliding windows, recurrent
+  state), or ``quantized_kv_start`` > 0), each one of mlx-lm's step generators,
+  stepped in turn with the batch.
 
 Both answer the same calls (`start`, `step`, `release`, `drop`, `mirror_step`, `rows`,
 `nbytes`), so the scheduler never asks which kind a job is (TGI's `Batch` interface over
@@ -32,6 +35,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from caches.batch_kv import as_rows, row_cache
 from decoding.batch_speculation import DraftedModel, SpeculativeBatch
 from decoding.ngram_spec import NgramStats, ngram_generate_step
 from engine.checkpoints import Checkpoints, split
@@ -65,11 +69,50 @@ def stops_at_eos(params: GenerationParams) -> bool:
     return not params.ignore_eos or params.constraint is not None
 
 
-def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
-    """Whether a request must run outside the batch: mlx-lm's batch merges only plain
-    and rotating caches without NKeep, and quantizes no KV."""
+def row_kind(loaded: LoadedModel) -> str:
+    """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
+    ``max_kv_size``), "own" (`caches.batch_kv`'s quantized or rotating rows), or
+    "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
+    quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
+    sequence's whole cache once it holds that many tokens, one representation per
+    sequence, while a batch layer holds one for all its rows)."""
     p = loaded.params
-    return p.kv_bits is not None or (p.max_kv_size is not None and bool(params.keep))
+    if p.kv_bits is None and p.max_kv_size is None:
+        return "default"
+    if p.kv_bits is not None and p.quantized_kv_start > 0:
+        return "none"
+    try:
+        _rows(loaded, keep=0)
+    except ValueError:
+        return "none"
+    return "own"
+
+
+def _rows(loaded: LoadedModel, keep: int) -> list:
+    """One sequence's empty `caches.batch_kv` rows (target layers, then the draft's)."""
+    p = loaded.params
+    if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
+        keep = min(keep or 4, p.max_kv_size - 1)
+
+    def rows(model: Any) -> list:
+        return row_cache(
+            model,
+            kv_bits=p.kv_bits,
+            kv_group_size=p.kv_group_size,
+            max_kv_size=p.max_kv_size,
+            keep=keep,
+        )
+
+    return rows(loaded.model) + (rows(loaded.draft) if loaded.draft is not None else [])
+
+
+def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
+    """Whether a request must run outside the batch: quantized KV or NKeep where the
+    batch has no rows for them (`row_kind` "none"). Without NKeep a ``max_kv_size``
+    request there runs in the batch on mlx-lm's own cache."""
+    if row_kind(loaded) != "none":
+        return False
+    return loaded.params.kv_bits is not None or bool(params.keep)
 
 
 def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
@@ -103,6 +146,7 @@ class BatchRunner:
         self._drafting: dict[int, tuple[int, NgramStats]] = {}
         self._eos_ids = eos_ids
         self._eos_stops = StopSequences([(t,) for t in sorted(eos_ids)])
+        self._own_rows = row_kind(loaded) == "own"
         self._uids: set[int] = set()
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
@@ -159,6 +203,12 @@ class BatchRunner:
         """KV bytes of the running batch."""
         return self._gen.prompt_cache_nbytes if self._uids and self._gen is not None else 0
 
+    def row_cache(self, params: GenerationParams) -> list | None:
+        """A new sequence's empty KV cache for this batch: `caches.batch_kv`'s quantized
+        rows (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
+        mlx-lm's 4 when 0), the draft model's after the target's; None: mlx-lm's own."""
+        return _rows(self.loaded, params.keep) if self._own_rows else None
+
     def start(
         self,
         job: Job,
@@ -168,6 +218,9 @@ class BatchRunner:
         processors: list,
         diverges: int,
     ) -> int:
+        kv = lookup.kv
+        if self._own_rows:  # a stored entry may be of mlx-lm's classes (an older run)
+            kv = as_rows(kv) if kv is not None else self.row_cache(job.params)
         segments = [lookup.rest]
         if self.checkpoints.batched and job.params.cache_write:
             job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
@@ -177,7 +230,7 @@ class BatchRunner:
         (uid,) = self._gen.insert_segments(
             [segments],
             max_tokens=[job.max_tokens],
-            caches=[lookup.kv] if lookup.kv is not None else None,
+            caches=[kv] if kv is not None else None,
             all_tokens=[ids[: lookup.cached_tokens]],
             samplers=[sampler],
             logits_processors=[processors],

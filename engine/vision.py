@@ -225,7 +225,9 @@ class VisionRunner:
             # Never resume inside an image's tokens (the key ids make this unlikely).
             kv, done, job.cached_tokens = None, 0, 0
         if kv is None:
-            kv = make_prompt_cache(self.loaded.model, p.max_kv_size)
+            kv = self.batch.row_cache(job.params) or make_prompt_cache(
+                self.loaded.model, p.max_kv_size
+            )
         stop = len(ids) - 1
         snapshots: list[int] = []
         if job.params.cache_write and vision.cacheable and self.checkpoints.takes(kv):

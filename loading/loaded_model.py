@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from decoding import grammar, parsers
 from errors import ModelLoadError
@@ -166,11 +167,33 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
     if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
         cpu_fuse.transform(model)
     draft = _load_draft(params, tokenizer) if params.draft_model else None
+    for m in (model, draft):
+        if m is not None:
+            _check_kv_quantization(params, m)
     loaded = LoadedModel.build(model, tokenizer, params, draft=draft, cpu_mode=cpu_mode)
     # llguidance's view of the vocabulary takes ~2 s to build and needs no MLX: build
     # it off this thread, so the first constrained request does not stall the batch.
     threading.Thread(target=_warm_grammar, args=(tokenizer,), daemon=True).start()
     return loaded
+
+
+def _check_kv_quantization(params: LoadParams, model: Any) -> None:
+    """ModelLoadError when ``kv_bits`` asks to quantize a rotating KV cache (``max_kv_size``,
+    or a model's sliding-window layers): mlx-lm has no quantized rotating cache, and each
+    request would fail at its first step instead."""
+    if params.kv_bits is None:
+        return
+    if params.max_kv_size is not None:
+        raise ModelLoadError(
+            "option kv_bits (or CacheTypeKey/CacheTypeValue) cannot be combined with "
+            "max_kv_size: mlx-lm has no quantized rotating KV cache; drop one of them"
+        )
+    if any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(model)):
+        raise ModelLoadError(
+            "option kv_bits (or CacheTypeKey/CacheTypeValue): this model's sliding-window "
+            "layers keep a rotating KV cache, which mlx-lm cannot quantize; load it "
+            "without KV quantization"
+        )
 
 
 def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
