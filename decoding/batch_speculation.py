@@ -223,7 +223,10 @@ class StepCosts:
         self._mix(self.plain, rows, seconds)
 
     def observe_verify(self, rows: int, width: int, seconds: float) -> None:
-        self._mix(self.verify, (rows, width), seconds)
+        # Never cheaper than a single-token step (a timing net of the plain step it
+        # waited for can read 0 or less on a noisy host).
+        floor = max(self.plain.get(rows, 0.0), 1e-6)
+        self._mix(self.verify, (rows, width), max(seconds, floor))
 
     def width(self, rows: int, lengths: Sequence[int], rates: Sequence[float]) -> int:
         """Draft tokens per row for this step (0: a plain step), given each row's draft
@@ -469,7 +472,7 @@ class SpeculativeBatch(GenerationBatch):
         seconds = time.perf_counter() - start
         if after_plain:  # the pass also waited for the plain step queued before it
             seconds -= self.costs.plain.get(rows, 0.0)
-        self.costs.observe_verify(rows, k + 1, max(seconds, 0.0))
+        self.costs.observe_verify(rows, k + 1, seconds)
         self._after_plain = False
         return responses
 

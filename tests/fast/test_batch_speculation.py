@@ -99,6 +99,16 @@ def test_cost_model_chooses_the_width_that_pays():
     assert StepCosts(timed=False).width(4, [2, 5, 0, 0], [0.0] * 4) == 5  # ranks agree
 
 
+def test_cost_model_survives_a_zero_measurement():
+    # A verify pass right after a plain step is timed minus that step's own estimate,
+    # which a noisy host can make 0 or less: the choice must still be made.
+    costs = StepCosts()
+    costs.observe_plain(2, 0.05)
+    costs.observe_verify(2, 4, 0.0)
+    costs.observe_verify(2, 4, -0.01)
+    assert costs.width(2, [3, 3], [0.9, 0.9]) == 3
+
+
 def test_gate_backs_off_after_misses_and_widens_after_hits():
     tokens = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     gate = DraftGate(8, 3, tokens)
