@@ -194,6 +194,12 @@ class HoleyBatchKVCache(BatchKVCache):
         return cache
 
 
+def position_free(processor: Any) -> bool:
+    """Whether a logits processor ignores the token history (so one call may process
+    several positions' logits, (n, V)): it says so with ``position_free = True``."""
+    return getattr(processor, "position_free", False) is True
+
+
 def speculable(layers: Sequence[Any]) -> bool:
     """Whether draft entries can be dropped per row from every layer of a batch cache
     (plain attention layers; rotating, recurrent and quantized layers cannot)."""
@@ -228,15 +234,26 @@ class StepCosts:
         floor = max(self.plain.get(rows, 0.0), 1e-6)
         self._mix(self.verify, (rows, width), max(seconds, floor))
 
+    def _ratio(self, rows: int, k: int) -> float:
+        """Verify / single-token cost of k drafts at ``rows`` rows before it is measured:
+        as measured at the nearest batch size with both figures, else the prior."""
+        known = [
+            (abs(r - rows), v / self.plain[r])
+            for (r, w), v in self.verify.items()
+            if w == k + 1 and r in self.plain
+        ]
+        return min(known)[1] if known else 1 + PRIOR_SLOPE * k
+
     def width(self, rows: int, lengths: Sequence[int], rates: Sequence[float]) -> int:
         """Draft tokens per row for this step (0: a plain step), given each row's draft
         length and expected kept fraction: the width whose verify pass is expected to
         yield the most tokens per second, if that beats a single-token step.
 
         Untimed: the longest draft. Before a single-token step at this batch size has
-        been measured: 0. A width never measured for this batch size is first
-        assumed to cost 1 + PRIOR_SLOPE * width single-token steps; a choice of a plain
-        step over it is overruled every EXPLORE_EVERY times, to measure it.
+        been measured: 0. A width never measured at this batch size costs what it did
+        relative to a single-token step at the nearest batch size, else the prior
+        1 + PRIOR_SLOPE * k; a choice of a plain step over it is overruled every
+        EXPLORE_EVERY times, to measure it.
         """
         longest = max(lengths, default=0)
         if not self.timed or longest == 0:
@@ -249,7 +266,7 @@ class StepCosts:
         for k in sorted(set(lengths) - {0}):
             verify = self.verify.get((rows, k + 1))
             if verify is None:
-                verify = plain * (1 + PRIOR_SLOPE * k)
+                verify = plain * self._ratio(rows, k)
                 unmeasured = k if unmeasured is None else unmeasured
             gain = sum(r * min(n, k) for n, r in zip(lengths, rates, strict=True))
             if (rows + gain) / verify > best_rate:
@@ -427,9 +444,20 @@ class SpeculativeBatch(GenerationBatch):
         else:
             logits = self.model(inputs, cache=self.prompt_cache)
         samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
+        # Greedy rows whose processors ignore the history (a logit bias, the EOS ban) are
+        # processed for all positions at once; others position by position (`_sample_row`).
         fast = [
-            s is greedy_sampler and not self.logits_processors[i] for i, s in enumerate(samplers)
+            s is greedy_sampler and all(position_free(p) for p in self.logits_processors[i] or ())
+            for i, s in enumerate(samplers)
         ]
+        if any(fast[i] and self.logits_processors[i] for i in range(rows)):
+            per_row = []
+            for i in range(rows):
+                row = logits[i]
+                for processor in (self.logits_processors[i] or ()) if fast[i] else ():
+                    row = processor(None, row)
+                per_row.append(row)
+            logits = mx.stack(per_row)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, k+1, V)
         picks = mx.argmax(logprobs, axis=-1) if any(fast) else None
         mx.eval(pending, *([picks] if picks is not None else []))

@@ -178,6 +178,9 @@ def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
     def logit_bias(_tokens: mx.array, logits: mx.array) -> mx.array:
         return logits.at[:, ids].add(values.astype(logits.dtype))
 
+    # The history is ignored: several positions' (n, V) logits may go in one call
+    # (`batch_speculation.position_free`).
+    logit_bias.position_free = True
     return logit_bias
 
 

@@ -148,14 +148,24 @@ def test_greedy_identical_alone_and_in_a_mixed_batch(smol):
 
 
 def test_timed_choice_keeps_the_output(smol):
-    """With the cost model deciding (as in a single-process server), output is the same."""
+    """With the cost model deciding (as in a single-process server), output is the same;
+    also for a row whose processors ignore the history (IgnoreEOS and a LogitBias, which
+    the verify pass applies to all positions at once)."""
     model, tok = smol
     n = 30
+    params = dataclasses.replace(
+        generation_params(pb.PredictOptions()), ignore_eos=True, logit_bias={11: -1.5}
+    )
+    biased = sampling.make_logits_processors(params, tok)
+    assert all(batch_speculation.position_free(p) for p in biased)
     run = Run(model, timed=True)
     a, b = run.add(ids_of(tok, PLANETS), n), run.add(ids_of(tok, NO_REPEAT), n)
+    c = run.add(ids_of(tok, PLANETS), n, processors=biased)
     out = run.all()
     assert out[a] == reference(model, ids_of(tok, PLANETS), n)
     assert out[b] == reference(model, ids_of(tok, NO_REPEAT), n)
+    assert out[c] == reference(model, ids_of(tok, PLANETS), n, processors=biased)
+    assert run.stats[c].accepted > 0
 
 
 def test_max_tokens_and_stops_inside_accepted_drafts(smol):
