@@ -8,7 +8,9 @@ of the session (``server`` fixture). The units without a group:
 tests/fast/test_distributed.py.
 
 Generations are kept to a few tokens: on a shared 2-core machine every collective waits
-for the scheduler, and a tensor-parallel step has two per layer.
+for the scheduler, and a tensor-parallel step has two per layer. The failure tests (a rank
+killed or hung mid-stream) need no particular output, so their groups serve a tiny
+3-layer llama (``tiny_llama``) instead of the 30-layer SmolLM2: quicker to load and to step.
 """
 
 from __future__ import annotations
@@ -140,6 +142,100 @@ def cluster(server):
     assert codes == [0], group.logs()  # mlx.launch: every rank stopped cleanly
 
 
+# ------------------------------------------------------------------ integration: failures
+# The groups of their own come first: the shared ``cluster`` (module scope) lives until the
+# end of the module, and even idle its ranks sync every 0.1 s (~0.4 of a core), which
+# would slow the other groups down on a 2-core machine.
+WATCHDOG = 5  # seconds: --distributed-timeout of the hung-rank group (tiny-model steps: ms)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 3-layer llama whose 6 heads and 3 KV heads split over the 3 ranks (the failure
+    tests' model; tests/distributed/test_worker_protocol.py serves the same one)."""
+    return tiny_models.split_model(tmp_path_factory.mktemp("llama"), "llama", heads=6, kv_heads=3)
+
+
+def _stream_until_error(stub, req, on_first) -> tuple[grpc.StatusCode, float, str]:
+    """Stream ``req``; call ``on_first`` after the first reply; return the error's code,
+    the seconds from ``on_first`` to the error, and its details."""
+    stream = stub.PredictStream(req, timeout=300)
+    t0 = None
+    try:
+        for _ in stream:
+            if t0 is None:
+                on_first()
+                t0 = time.monotonic()
+    except grpc.RpcError as exc:
+        return exc.code(), time.monotonic() - (t0 or time.monotonic()), exc.details()
+    raise AssertionError("the stream ended without an error")
+
+
+def _assert_exits_to_be_restarted(group: Cluster) -> None:
+    """Rank 0 ends itself with status 1 (a broken group cannot serve again): LocalAI's
+    loader recreates a backend whose Health fails once its process is gone
+    (pkg/model/loader.go), so nobody has to restart it by hand."""
+    assert wait_until(lambda: group.procs[0].poll() is not None, 30), group.logs()
+    assert group.procs[0].returncode == 1, group.logs()
+    assert "exiting with status 1" in group.logs()
+
+
+def test_a_killed_rank_fails_the_stream_with_unavailable_and_rank_0_reports_it(tiny_llama):
+    group = Cluster("--model", str(tiny_llama), launcher=False)
+    try:
+        group.wait_state(StatusResponse.READY)
+        pids = group.pids()
+        req = greedy("Once upon a time", tokens=400, IgnoreEOS=True)
+        code, seconds, details = _stream_until_error(
+            group.stub, req, lambda: os.kill(pids[2], signal.SIGKILL)
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert seconds < 30, seconds  # the ring backend raises as soon as the socket closes
+        assert "lost the distributed group" in details
+        _assert_exits_to_be_restarted(group)
+    finally:
+        codes = group.stop()
+    # Rank 0 exits 1 by itself; rank 1 waited on rank 0 and leaves when it goes.
+    assert codes == [1, 1, -signal.SIGKILL], group.logs()
+
+
+def test_a_hung_rank_is_caught_by_the_watchdog(tiny_llama):
+    # --grace 1: rank 0's engine thread stays stuck in the hung collective, so its stop
+    # always waits the whole grace before exiting 1 (default 5 s).
+    args = ("--model", str(tiny_llama), "--distributed-timeout", str(WATCHDOG), "--grace", "1")
+    group = Cluster(*args, launcher=False)
+    try:
+        group.wait_state(StatusResponse.READY)
+        pids = group.pids()
+        req = greedy("Once upon a time", tokens=400, IgnoreEOS=True)
+        code, seconds, details = _stream_until_error(
+            group.stub, req, lambda: os.kill(pids[1], signal.SIGSTOP)
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert f"waited more than {WATCHDOG}s" in details
+        assert seconds < 60, seconds
+        _assert_exits_to_be_restarted(group)
+        os.kill(pids[1], signal.SIGKILL)  # the hung rank never exits by itself
+    finally:
+        group.stop()
+
+
+# ------------------------------------------------------------------ a backend alone
+def test_backend_without_a_launcher_explains_how_to_start_a_group(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMI"))}
+    args = ["--addr", "127.0.0.1:0", "--distributed", "tensor", "--distributed-backend", "ring"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "backend.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "mlx.launch" in proc.stderr
+
+
 # ------------------------------------------------------------------ integration: healthy
 @needs_launcher
 def test_status_reports_group_size_and_each_ranks_weights(cluster, server):
@@ -184,9 +280,10 @@ def test_requests_decoded_together_match_a_single_process_and_a_cancel_leaves_no
     wait_until(lambda: status(cluster.stub)["requests_running"] == 0, 60, interval=0.2)
     assert status(cluster.stub)["requests_running"] == 0
     # The group still agrees after the cancellation (the followers dropped it too), and
-    # every rank's prompt cache serves the repeated prompt.
-    again = cluster.stub.Predict(requests[1], timeout=300)
-    assert again.message == want[1].message
+    # every rank's prompt cache serves the repeated prompt (2 tokens show the agreement).
+    repeat = greedy("The tallest mountain on Earth is", tokens=2)
+    again = cluster.stub.Predict(repeat, timeout=300)
+    assert again.message == server.stub.Predict(repeat).message and again.tokens == 2
 
 
 @needs_launcher
@@ -229,81 +326,3 @@ def test_pipeline_mode_splits_the_layers_and_matches_one_process(cluster, tmp_pa
         timeout=300,
     )
     assert got.message.decode("utf-8") == want
-
-
-# ------------------------------------------------------------------ integration: failures
-def _stream_until_error(stub, req, on_first) -> tuple[grpc.StatusCode, float, str]:
-    """Stream ``req``; call ``on_first`` after the first reply; return the error's code,
-    the seconds from ``on_first`` to the error, and its details."""
-    stream = stub.PredictStream(req, timeout=300)
-    t0 = None
-    try:
-        for _ in stream:
-            if t0 is None:
-                on_first()
-                t0 = time.monotonic()
-    except grpc.RpcError as exc:
-        return exc.code(), time.monotonic() - (t0 or time.monotonic()), exc.details()
-    raise AssertionError("the stream ended without an error")
-
-
-def _assert_exits_to_be_restarted(group: Cluster) -> None:
-    """Rank 0 ends itself with status 1 (a broken group cannot serve again): LocalAI's
-    loader recreates a backend whose Health fails once its process is gone
-    (pkg/model/loader.go), so nobody has to restart it by hand."""
-    assert wait_until(lambda: group.procs[0].poll() is not None, 30), group.logs()
-    assert group.procs[0].returncode == 1, group.logs()
-    assert "exiting with status 1" in group.logs()
-
-
-def test_a_killed_rank_fails_the_stream_with_unavailable_and_rank_0_reports_it():
-    group = Cluster("--model", "embedded", launcher=False)
-    try:
-        group.wait_state(StatusResponse.READY)
-        pids = group.pids()
-        req = greedy("Once upon a time", tokens=200, IgnoreEOS=True)
-        code, seconds, details = _stream_until_error(
-            group.stub, req, lambda: os.kill(pids[2], signal.SIGKILL)
-        )
-        assert code == grpc.StatusCode.UNAVAILABLE, details
-        assert seconds < 30, seconds  # the ring backend raises as soon as the socket closes
-        assert "lost the distributed group" in details
-        _assert_exits_to_be_restarted(group)
-    finally:
-        codes = group.stop()
-    # Rank 0 exits 1 by itself; rank 1 waited on rank 0 and leaves when it goes.
-    assert codes == [1, 1, -signal.SIGKILL], group.logs()
-
-
-def test_a_hung_rank_is_caught_by_the_watchdog():
-    group = Cluster("--model", "embedded", "--distributed-timeout", "15", launcher=False)
-    try:
-        group.wait_state(StatusResponse.READY)
-        pids = group.pids()
-        req = greedy("Once upon a time", tokens=200, IgnoreEOS=True)
-        code, seconds, details = _stream_until_error(
-            group.stub, req, lambda: os.kill(pids[1], signal.SIGSTOP)
-        )
-        assert code == grpc.StatusCode.UNAVAILABLE, details
-        assert "waited more than 15s" in details
-        assert seconds < 60, seconds
-        _assert_exits_to_be_restarted(group)
-        os.kill(pids[1], signal.SIGKILL)  # the hung rank never exits by itself
-    finally:
-        group.stop()
-
-
-# ------------------------------------------------------------------ a backend alone
-def test_backend_without_a_launcher_explains_how_to_start_a_group(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMI"))}
-    args = ["--addr", "127.0.0.1:0", "--distributed", "tensor", "--distributed-backend", "ring"]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "backend.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "mlx.launch" in proc.stderr
