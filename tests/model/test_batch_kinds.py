@@ -89,13 +89,13 @@ def _alone_and_batched(srv: InProcessServer, prompt: str, n: int, **fields) -> R
         (("speculative:ngram",), {}, {}),
         ((), {"DraftModel": GGUF}, {}),
         (("kv_bits:4",), {}, {}),
-        (("max_kv_size:64",), {}, {"NKeep": 8}),
+        (("max_kv_size:40",), {}, {"NKeep": 8}),
     ],
     ids=["ngram", "draft_model", "kv_bits", "nkeep"],
 )
 def test_kind_runs_in_the_batch_with_its_alone_output(srv, options, fields, request_fields):
     _load(srv, GGUF, *options, **fields)
-    n = 24 if "NKeep" not in request_fields else 48  # past the 64-token window
+    n = 16 if "NKeep" not in request_fields else 24  # past the 40-token window
     rows = _alone_and_batched(srv, REPEAT, n, **request_fields)
     assert rows.batch == 3 and rows.solo == 0, (rows.batch, rows.solo)
     metrics = srv.stub.GetMetrics(backend_pb2.MetricsRequest())
