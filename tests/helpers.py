@@ -8,8 +8,7 @@
 - Waiting: ``wait_until`` (poll a condition with a deadline; the one place tests sleep
   to wait for something), ``free_ports``.
 - KV caches: ``token_kv`` (a real mlx-lm cache holding known values) and ``held``;
-  ``greedy_ids`` (a model's own greedy continuation, token by token with a KV cache),
-  ``greedy_ids_together`` (the same for several prompts at once, one CPU stream each).
+  ``greedy_ids`` (a model's own greedy continuation, token by token with a KV cache).
 - ``ROOT``, ``LINUX``, ``REFERENCE`` (tests/data/smollm2-reference.json).
 """
 
@@ -192,33 +191,3 @@ def greedy_ids(model, prompt_ids: list[int], n: int) -> tuple[list[int], list[in
         if len(out) < n:
             logits = model(mx.array([[token]]), cache=cache)[0, -1]
     return top5, out
-
-
-def greedy_ids_together(
-    model, prompts: list[list[int]], n: int
-) -> list[tuple[list[int], list[int]]]:
-    """``greedy_ids`` of each prompt, the same ops on the same inputs (so the same ids), the
-    prompts decoded side by side, each on a CPU stream of its own: MLX runs each stream on
-    a thread, so a model whose CPU kernels use one core (a quantized one) decodes on every
-    core. Every step evaluates all prompts' forward passes together."""
-    streams = [mx.new_stream(mx.cpu) for _ in prompts]
-    caches = [make_prompt_cache(model) for _ in prompts]
-
-    def forward(inputs: list[list[int]]) -> list[mx.array]:
-        logits = []
-        for ids, stream, cache in zip(inputs, streams, caches, strict=True):
-            with mx.stream(stream):
-                logits.append(model(mx.array([ids]), cache=cache)[0, -1])
-        mx.eval(logits)
-        return logits
-
-    logits = forward(prompts)
-    top5 = [mx.argsort(-x)[:5].tolist() for x in logits]
-    outs: list[list[int]] = [[] for _ in prompts]
-    for step in range(n):
-        tokens = [int(mx.argmax(x).item()) for x in logits]
-        for out, token in zip(outs, tokens, strict=True):
-            out.append(token)
-        if step < n - 1:
-            logits = forward([[t] for t in tokens])
-    return list(zip(top5, outs, strict=True))

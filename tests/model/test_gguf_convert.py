@@ -3,9 +3,6 @@
 The embedded GGUF is converted once per module (into the default cache dir, so re-runs are
 fast; set LOCALAI_MLX_CACHE_DIR to move it) and checked for token ids, next-token top-5 and
 a 40-token greedy continuation against tests/data/smollm2-reference.json (``REFERENCE``).
-The model is checked as loaded (quantized): MLX's CPU kernels run such a model on one core
-at ~0.1 s a token, so the four cases decode side by side, each on a CPU stream of its own
-(``reference_decodes``), which the second core of a 2-core machine runs meanwhile.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from helpers import REFERENCE, greedy_ids_together
+from helpers import REFERENCE, greedy_ids
 
 from loading import gguf_convert, model_loader
 
@@ -27,24 +24,12 @@ def smollm2() -> tuple:
     return model_loader.load_model(str(model_loader.embedded_model_path()))
 
 
-@pytest.fixture(scope="module")
-def reference_decodes(smollm2: tuple) -> dict[str, tuple[list[int], list[int]]]:
-    """Per case name: (top 5 after the prompt, 40 greedy tokens) of the converted model, as
-    ``helpers.greedy_ids`` gives them, the four cases decoded together on four CPU streams."""
-    model, tokenizer = smollm2
-    cases = REFERENCE["cases"]
-    prompts = [tokenizer.encode(c["prompt"], add_special_tokens=False) for c in cases]
-    decodes = greedy_ids_together(model, prompts, len(cases[0]["greedy_40"]))
-    return {c["name"]: d for c, d in zip(cases, decodes, strict=True)}
-
-
 @pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["name"])
-def test_reference_outputs(smollm2: tuple, reference_decodes: dict, case: dict) -> None:
-    _, tokenizer = smollm2
+def test_reference_outputs(smollm2: tuple, case: dict) -> None:
+    model, tokenizer = smollm2
     ids = tokenizer.encode(case["prompt"], add_special_tokens=False)
     assert ids == case["prompt_ids"]
-    top5, greedy = reference_decodes[case["name"]]
-    assert len(case["greedy_40"]) == 40
+    top5, greedy = greedy_ids(model, ids, len(case["greedy_40"]))
     assert top5 == case["next_token_top5"]
     assert greedy == case["greedy_40"]
 
