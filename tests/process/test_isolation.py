@@ -1,11 +1,13 @@
 """No request can hurt another (issue 12), over real gRPC with the embedded SmolLM2.
 
 Every case runs while innocent greedy streams go on in other threads (`Innocents`): each
-streams a 40-token greedy completion again and again until the case ends, and every one of
+streams a 20-token greedy completion again and again until the case ends, and every one of
 those completions must equal the text the same request gives alone (computed first, on
-the same server). The hostile requests: deeply nested JSON in every JSON field, a 45 MB
-prompt, a 1 MB grammar, too many or too slow Score candidates, broken model files, a
-client that stops reading, a grammar matching nothing, and a bounded soak of mixed churn.
+the same server). Short completions, repeated, keep them running beside the hostile
+request just the same, and each block ends (and each reference is made) sooner. The
+hostile requests: deeply nested JSON in every JSON field, a 45 MB prompt, a 1 MB grammar,
+too many or too slow Score candidates, broken model files, a client that stops reading, a
+grammar matching nothing, and a bounded soak of mixed churn.
 
 Timing is only checked loosely (a generous bound on Health, and a ratio measured within
 one test for Score's cancellation); throughput targets belong in bench/.
@@ -31,7 +33,7 @@ from loading import model_loader
 from tasks import scoring
 
 PROMPTS = ("The capital of France is", "Once upon a time, in a small village,", "def add(a, b):")
-INNOCENT_TOKENS = 40
+INNOCENT_TOKENS = 20
 CALL_TIMEOUT = 60.0  # seconds; a hang fails the test with DEADLINE_EXCEEDED
 HEALTH_BOUND = 5.0  # seconds: a sanity bound only (the README promises milliseconds)
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -262,6 +264,9 @@ def test_huge_grammar_is_refused_in_one_line(server, refs, alternatives):
 
 
 # -- 4: Score bounded and cancellable ---------------------------------------------------
+SCORED = 32
+
+
 def _candidates(n: int, tag: str) -> list[str]:
     return [f" {tag} {i}: the old mill by the river turned all day" for i in range(n)]
 
@@ -274,9 +279,10 @@ def test_score_is_bounded_and_stops_when_its_caller_leaves(server, refs):
         prompt=prompt, candidates=_candidates(scoring.MAX_SCORE_CANDIDATES + 344, "x")
     )
     assert len(too_many.candidates) == 600
-    full = backend_pb2.ScoreRequest(prompt=prompt, candidates=_candidates(64, "first"))
+    # 32 candidates: several seconds here, many times what a 5-token Predict takes.
+    full = backend_pb2.ScoreRequest(prompt=prompt, candidates=_candidates(SCORED, "first"))
     # The same work with other candidates (so no cache helps) and a 1 s deadline.
-    cut = backend_pb2.ScoreRequest(prompt=prompt, candidates=_candidates(64, "second"))
+    cut = backend_pb2.ScoreRequest(prompt=prompt, candidates=_candidates(SCORED, "second"))
     # The full cost, with innocent streams beside it: between candidates the engine steps
     # the running batch and admits new requests, so the streams go on (exactly) meanwhile.
     with Innocents(stub, refs) as innocents:
@@ -285,7 +291,7 @@ def test_score_is_bounded_and_stops_when_its_caller_leaves(server, refs):
         t_full = time.monotonic() - t0
         during = sum(len(v) for v in innocents.outputs.values())
     assert during >= 2, "no innocent stream finished while the Score ran"
-    assert len(scored.candidates) == 64
+    assert len(scored.candidates) == SCORED
     assert all(c.num_tokens >= 10 and c.log_prob < 0 for c in scored.candidates)
     with Innocents(stub, refs):
         assert_refused(
