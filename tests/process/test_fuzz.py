@@ -11,7 +11,10 @@ huge Tokens, a foreign ModelIdentity, JSON nested past the depth bound or oversi
 Tools, LogitBias, Metadata values and Messages' tool_calls...), so that both the refusals
 and the paths that reach the model are exercised. The server is this module's own: loaded
 with ContextSize 24 and option max_tokens:2, so generations stay a few tokens long even
-when Tokens is huge (it is capped to the context left after the prompt).
+when Tokens is huge (it is capped to the context left after the prompt). Its model is the
+tiny 2-layer llama of tests/tiny_models.py (random weights, the embedded SmolLM2's
+tokenizer and chat template): the requests reach a real model through the same paths, and
+the ~200 that do cost a fraction of a 30-layer forward pass each.
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ import time
 
 import grpc
 import pytest
+import tiny_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import backend_pb2
 from clients.server_process import ServerProcess
-from loading import model_loader
 
 CONTEXT = 24
 DEFAULT_TOKENS = 2  # the load option max_tokens
@@ -253,11 +256,12 @@ def check_reply(req: backend_pb2.PredictOptions, reply: backend_pb2.Reply) -> st
 
 
 @pytest.fixture(scope="module")
-def fuzz_server():
+def fuzz_server(tmp_path_factory):
+    model = tiny_models.build("llama", tmp_path_factory.mktemp("tiny_models"))
     srv = ServerProcess(entry="run.sh")
     try:
         load = backend_pb2.ModelOptions(
-            Model=str(model_loader.embedded_model_path()),
+            Model=str(model),
             ContextSize=CONTEXT,
             Options=[f"max_tokens:{DEFAULT_TOKENS}"],
         )
