@@ -128,7 +128,8 @@ def test_prompt_cache_reuses_prefix_and_keeps_output(stub):
 
 
 def test_health_and_status_answer_fast_during_long_generation(stub):
-    req = greedy(STORY, tokens=200)
+    # 80 tokens outlast the 40 probes (~2 s) here; the reply is awaited to the last token.
+    req = greedy(STORY, tokens=80)
     done = threading.Event()
     result = {}
 
@@ -157,7 +158,7 @@ def test_health_and_status_answer_fast_during_long_generation(stub):
     assert latencies[len(latencies) // 2] < 0.1  # median
     # A shared 2-core box adds scheduler spikes; the bulk must still be fast.
     assert latencies[int(len(latencies) * 0.9)] < 0.25
-    assert result["reply"].tokens == 200
+    assert result["reply"].tokens == req.Tokens
 
 
 def test_status_reports_memory(stub):
