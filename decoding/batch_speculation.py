@@ -1,9 +1,12 @@
-"""Speculative decoding inside the continuous batch: per-row n-gram drafts, one verify pass.
+"""The decode half of the continuous batch: a leaner step, and speculative decoding.
 
-`SpeculativeBatch` replaces mlx-lm's `GenerationBatch` (the decode half of its
-`BatchGenerator`) for a model loaded with ``speculative:ngram``. At each step every row
-that wants to speculate proposes up to k draft tokens (`decoding.ngram_spec.DraftGate`:
-prompt lookup, with the solo path's back-off and width rules); if any row has a draft
+`LeanBatch` is mlx-lm's `GenerationBatch` without the log-softmax no row reads.
+
+`SpeculativeBatch` (a `LeanBatch`) replaces it for a model loaded with
+``speculative:ngram`` or a draft model (`DraftedModel`). At each step every row that
+wants to speculate proposes up to k draft tokens (`decoding.ngram_spec.DraftGate`:
+prompt lookup, with the solo path's back-off and width rules; or the draft model's
+greedy tokens); if any row has a draft
 and the step's cost model (`StepCosts`) says the wider pass pays, the target model runs
 once on ``[pending token, d1..dK]`` for *all* rows (rows without a draft are padded and
 accept nothing), each row keeps its longest agreeing prefix plus one token sampled by
@@ -312,7 +315,50 @@ class SpecResponse(GenerationBatch.Response):
     drafted: bool = False
 
 
-class SpeculativeBatch(GenerationBatch):
+class LeanBatch(GenerationBatch):
+    """mlx-lm's `GenerationBatch` whose step skips the log-softmax over the vocabulary
+    when no row needs it: every row greedy (mlx-lm's argmax sampler), without logits
+    processors, and not in ``wants_logprobs`` (uids whose logprobs are read). The token is
+    then argmax of the logits themselves (the log-softmax only subtracts a per-row
+    constant) and the step's logprobs are None. `mlx_lm.server` pays for it on every
+    step: ~1% of a step at one row, ~2% at eight (BENCHMARKS G's profile).
+    """
+
+    wants_logprobs: set[int]
+
+    @classmethod
+    def install(cls, gen: BatchGenerator) -> LeanBatch:
+        """Put an empty batch of this class in ``gen`` as its generation batch."""
+        batch = cls.empty(gen.model, gen.sampler)
+        batch.wants_logprobs = set()
+        # BatchGenerator builds its generation batch itself and has no hook for its step.
+        gen._generation_batch = batch
+        return batch
+
+    def _step(self) -> tuple[list[int], list[Any]]:
+        samplers = self.samplers or [self.fallback_sampler] * len(self.uids)
+        if (
+            any(self.logits_processors)
+            or not all((s or self.fallback_sampler) is greedy_sampler for s in samplers)
+            or not self.wants_logprobs.isdisjoint(self.uids)
+        ):
+            return super()._step()
+        # GenerationBatch._step without the log-softmax (same pipelining: the next step
+        # is queued before this one's tokens are read).
+        self._current_tokens = inputs = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        self._next_tokens = mx.argmax(logits, axis=-1)
+        self._next_logprobs = [None] * len(self.uids)
+        mx.async_eval(self._next_tokens)
+        mx.eval(inputs)
+        current = inputs.tolist()
+        for tokens, t in zip(self.tokens, current, strict=True):
+            tokens.append(t)
+        return current, self._current_logprobs
+
+
+class SpeculativeBatch(LeanBatch):
     """mlx-lm's `GenerationBatch` with n-gram speculation per row (see the module doc).
 
     Made by `install`; ``drafting`` maps the uid of a sequence that drafts to (its most
@@ -333,15 +379,13 @@ class SpeculativeBatch(GenerationBatch):
         """Put an empty `SpeculativeBatch` in ``gen`` as its generation batch. Drafts come
         from n-gram lookup, or from the draft model when ``gen.model`` is a
         `DraftedModel` (greedy drafts; ``ngram_max`` unused)."""
-        batch = cls.empty(gen.model, gen.sampler)
+        batch = super().install(gen)
         batch.drafter = gen.model if isinstance(gen.model, DraftedModel) else None
         batch.drafting = drafting
         batch.ngram_max = ngram_max
         batch.costs = StepCosts(timed)
         batch.gates = []  # DraftGate or None per row
         batch._after_plain = False
-        # BatchGenerator builds its generation batch itself and has no hook for its step.
-        gen._generation_batch = batch
         return batch
 
     # -- rows joining and leaving ----------------------------------------------------

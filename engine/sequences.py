@@ -36,7 +36,7 @@ from mlx_lm.generate import (
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from caches.batch_kv import as_rows, row_cache
-from decoding.batch_speculation import DraftedModel, SpeculativeBatch
+from decoding.batch_speculation import DraftedModel, LeanBatch, SpeculativeBatch
 from decoding.ngram_spec import NgramStats, ngram_generate_step
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
@@ -171,9 +171,11 @@ class BatchRunner:
             max_kv_size=p.max_kv_size,
         )
         if self.drafts:  # distributed ranks must take the same steps: no timing there
-            SpeculativeBatch.install(
+            self._steps = SpeculativeBatch.install(
                 self._gen, self._drafting, p.ngram_size, timed=self.checkpoints.single_process
             )
+        else:
+            self._steps = LeanBatch.install(self._gen)
         self._forget_all()
 
     def close(self) -> None:
@@ -184,12 +186,14 @@ class BatchRunner:
 
     def _forget_all(self) -> None:
         self._drafting.clear()
+        self._steps.wants_logprobs.clear()
         self._uids.clear()
         self._decoding.clear()
         self._prefilled.clear()
 
     def _forget(self, uid: int) -> None:
         self._drafting.pop(uid, None)
+        self._steps.wants_logprobs.discard(uid)
         self._uids.discard(uid)
         self._decoding.discard(uid)
         self._prefilled.pop(uid, None)
@@ -236,6 +240,8 @@ class BatchRunner:
             logits_processors=[processors],
             stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
         )
+        if job.params.logprobs:
+            self._steps.wants_logprobs.add(uid)
         if self.drafts:
             job.spec_stats = NgramStats()
             width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
@@ -258,6 +264,8 @@ class BatchRunner:
             logits_processors=[processors],
             stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
         )
+        if job.params.logprobs:
+            self._steps.wants_logprobs.add(uid)
         self._uids.add(uid)
         return uid
 

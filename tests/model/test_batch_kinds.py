@@ -11,6 +11,7 @@ cannot quantize at all (Gemma 3's sliding-window layers) is refused at LoadModel
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,3 +119,23 @@ def test_quantized_tiny_family_and_the_solo_fallback(srv, model_root):
         )
     )
     assert not res.success and "sliding-window" in res.message
+
+
+def test_logprobs_beside_rows_that_skip_them(srv):
+    """Greedy rows without logprobs skip the log-softmax (`LeanBatch`); a row that asks for
+    logprobs in the same batch still gets them, equal to its alone reply."""
+    _load(srv, GGUF)
+    req = greedy(REPEAT, tokens=8, Logprobs=2)
+    alone = srv.stub.Predict(req)
+    assert alone.logprobs
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(srv.stub.Predict, r) for r in (greedy(OTHERS[0], tokens=24), req)]
+        futures.append(pool.submit(srv.stub.Predict, greedy(OTHERS[1], tokens=24)))
+        replies = [f.result() for f in futures]
+    assert replies[1].message == alone.message
+    # The same tokens and log-probabilities (a batch's matmuls round differently).
+    got, want = json.loads(replies[1].logprobs), json.loads(alone.logprobs)
+    assert [t["token"] for t in got["content"]] == [t["token"] for t in want["content"]]
+    for g, w in zip(got["content"], want["content"], strict=True):
+        assert g["logprob"] == pytest.approx(w["logprob"], abs=1e-3)
+    assert not replies[0].logprobs
