@@ -226,7 +226,14 @@ class BatchRunner:
         if self._own_rows:  # a stored entry may be of mlx-lm's classes (an older run)
             kv = as_rows(kv) if kv is not None else self.row_cache(job.params)
         segments = [lookup.rest]
-        if self.checkpoints.batched and job.params.cache_write:
+        # Checkpoints: the model's batch cache needs them, or this row's own layers do (a
+        # rotating row cannot be trimmed once past its window).
+        p = self.loaded.params
+        takes = self.checkpoints.batched or (
+            self._own_rows
+            and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
+        )
+        if takes and job.params.cache_write:
             job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
             segments = split(ids, lookup.cached_tokens, job.snapshots)
         # Segments: mlx-lm's batch prefill stops exactly at each boundary (one chunk of at

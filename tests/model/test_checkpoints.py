@@ -262,8 +262,9 @@ def test_snapshots_are_kept_as_prefixes_counted_and_evicted(model_root) -> None:
         cache.insert("m", [1, 2], token_kv([1, 2, 3], n_layers=1), checkpoint=True)
 
 
-def test_solo_sequences_take_checkpoints_too(srv, model_root) -> None:
-    """A rotating cache with NKeep runs solo; its system-boundary snapshot still serves."""
+def test_rotating_rows_with_nkeep_take_checkpoints_too(srv, model_root) -> None:
+    """A rotating cache with NKeep (batch rows of `caches.batch_kv`, solo before): its
+    system-boundary snapshot serves the next prompt with the same system message."""
     from mlx_lm.models.cache import RotatingKVCache
 
     _load(srv, tiny_models.build("llama", model_root), ("max_kv_size:128",))
