@@ -34,6 +34,7 @@ PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = PLANETS_LINE * 4 + "Mercury, Venus,"
 COLOURS = "red, green, blue, red, green, blue, red, green, blue, red, green,"
 NO_REPEAT = "Quick zebras jump; vexed fog whirls over pink cliffs."
+N = 20  # tokens per sequence where a test compares with `reference` (shared, computed once)
 
 
 class Run:
@@ -124,7 +125,7 @@ def test_greedy_identical_alone_and_in_a_mixed_batch(smol):
     model, tok = smol
     prompts = {"planets": ids_of(tok, PLANETS), "no_repeat": ids_of(tok, NO_REPEAT)}
     prompts["chat"] = chat(tok)
-    n = 24
+    n = N
     expected = {name: reference(model, ids, n) for name, ids in prompts.items()}
     run = Run(model)  # alone
     uid = run.add(prompts["planets"], n)
@@ -150,7 +151,7 @@ def test_timed_choice_keeps_the_output(smol):
     also for a row whose processors ignore the history (IgnoreEOS and a LogitBias, which
     the verify pass applies to all positions at once)."""
     model, tok = smol
-    n = 30
+    n = N
     params = dataclasses.replace(
         generation_params(pb.PredictOptions()), ignore_eos=True, logit_bias={11: -1.5}
     )
@@ -224,24 +225,24 @@ def test_a_row_leaving_mid_verify_hands_over_exactly_its_tokens(smol):
 
 def test_rows_joining_a_batch_with_holes_and_compaction(smol, monkeypatch):
     model, tok = smol
-    n = 20
-    texts = [PLANETS, NO_REPEAT, COLOURS, PLANETS_LINE * 2]
-    expected = [reference(model, ids_of(tok, t), n) for t in texts]
+    n = N
+    texts = [ids_of(tok, t) for t in (PLANETS, NO_REPEAT, COLOURS)] + [chat(tok)]
+    expected = [reference(model, t, n) for t in texts]
     for compact in (False, True):
         if compact:  # compact after every verify step that left a hole
             monkeypatch.setattr(batch_speculation, "MIN_HOLES", 0)
             monkeypatch.setattr(batch_speculation, "HOLE_FRACTION", 10**9)
         run = Run(model)
-        uids = [run.add(ids_of(tok, t), n) for t in texts[:2]]
+        uids = [run.add(t, n) for t in texts[:2]]
         holes = None
         for _ in range(12):
             run.step()
             for layer in run.gen._generation_batch.prompt_cache[:1]:
                 holes = holes or (layer.holes if any(layer.holes or ()) else None)
-        uids.append(run.add(ids_of(tok, texts[2]), n))  # joins a batch with holes
+        uids.append(run.add(texts[2], n))  # joins a batch with holes
         for _ in range(5):
             run.step()
-        uids.append(run.add(ids_of(tok, texts[3]), n))
+        uids.append(run.add(texts[3], n))
         out = run.all()
         assert [out[u] for u in uids] == expected, compact
         # Rows kept different numbers of draft tokens: holes, unless compacted at once.
@@ -255,8 +256,8 @@ def test_cached_prefix_is_searched(smol):
     kv = [KVCache() for _ in model.layers]
     model(mx.array(ids[:cut])[None], cache=kv)
     run = Run(model)
-    uid = run.add(ids[cut:], 20, kv=kv, ctx=ids[:cut])
-    assert run.all()[uid] == reference(model, ids, 20)
+    uid = run.add(ids[cut:], N, kv=kv, ctx=ids[:cut])
+    assert run.all()[uid] == reference(model, ids, N)
     assert run.stats[uid].accepted > 0
 
 
@@ -281,7 +282,7 @@ def test_draft_model_drafts_in_the_batch(smol, tmp_path):
     """A draft model's greedy drafts, verified per row: the model as its own draft (almost
     every draft kept) and a random tiny llama with the same vocabulary (almost none)."""
     model, tok = smol
-    n = 16
+    n = N
     prompts = [chat(tok)]
     expected = [reference(model, p, n) for p in prompts]
     tiny_llama, _ = load_model(str(tiny_models.build("llama", tmp_path)))
@@ -308,7 +309,7 @@ def test_seeded_sampling_same_tokens_alone_batched_and_plain(smol):
     def sampler():
         return sampling.SeededSampler(temperature=0.7, seed=1234, top_p=0.95, top_k=40)
 
-    n = 20
+    n = N
     expected = reference(model, ids, n, sampler=sampler())
     run = Run(model)
     uid = run.add(ids, n, sampler=sampler())
@@ -336,7 +337,7 @@ class Recorder:
 def test_processors_see_the_plain_decoding_histories(smol):
     model, tok = smol
     ids = ids_of(tok, PLANETS)
-    n = 24
+    n = N
 
     def processors(recorder):
         params = dataclasses.replace(
