@@ -2,7 +2,11 @@
 
 The embedded GGUF is converted once per module (into the default cache dir, so re-runs are
 fast; set LOCALAI_MLX_CACHE_DIR to move it) and checked for token ids, next-token top-5 and
-a 40-token greedy continuation against tests/data/smollm2-reference.json (``REFERENCE``).
+a 40-token greedy continuation against tests/data/smollm2-reference.json (``REFERENCE``):
+every case on the converted model as the engine serves it (the tier's ``smol``: dense
+float32 weights dequantized from the converted ones under the suite's fast BLAS, quantized
+on Metal), and one case on the converted model as loaded, through MLX's quantized kernels
+(on the CPU they take ~0.15 s a token: 10-15 s a case).
 """
 
 from __future__ import annotations
@@ -24,14 +28,24 @@ def smollm2() -> tuple:
     return model_loader.load_model(str(model_loader.embedded_model_path()))
 
 
-@pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["name"])
-def test_reference_outputs(smollm2: tuple, case: dict) -> None:
-    model, tokenizer = smollm2
+def _check_case(model, tokenizer, case: dict) -> None:
     ids = tokenizer.encode(case["prompt"], add_special_tokens=False)
     assert ids == case["prompt_ids"]
     top5, greedy = greedy_ids(model, ids, len(case["greedy_40"]))
     assert top5 == case["next_token_top5"]
     assert greedy == case["greedy_40"]
+
+
+@pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["name"])
+def test_reference_outputs(smol: tuple, case: dict) -> None:
+    """The converted model as the engine prepares it (tests/model/conftest.py ``smol``)."""
+    _check_case(*smol, case)
+
+
+def test_reference_output_through_the_quantized_kernels(smollm2: tuple) -> None:
+    """The converted model as loaded: quantized, every projection through MLX's quantized
+    matmul (the plain case)."""
+    _check_case(*smollm2, next(c for c in REFERENCE["cases"] if c["name"] == "plain"))
 
 
 def test_converted_tokenizer_metadata(smollm2: tuple) -> None:
