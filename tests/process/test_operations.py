@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import tiny_models
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
@@ -283,12 +284,15 @@ CONTEXT = 24
 
 
 @pytest.fixture(scope="module")
-def small_server():
-    """A second model server of this module: ContextSize 24, default max_tokens 2."""
+def small_server(tmp_path_factory):
+    """A second model server of this module: ContextSize 24, default max_tokens 2. Its
+    model is the tiny 2-layer llama of tests/tiny_models.py (the embedded tokenizer): these
+    limits are the tokenizer's and the context's, not the weights'."""
+    model = tiny_models.build("llama", tmp_path_factory.mktemp("tiny_models"))
     srv = ServerProcess(entry="run.sh")
     try:
         load = backend_pb2.ModelOptions(
-            Model=embedded(), ContextSize=CONTEXT, Options=["max_tokens:2"]
+            Model=str(model), ContextSize=CONTEXT, Options=["max_tokens:2"]
         )
         res = srv.stub.LoadModel(load)
         assert res.success, res.message
