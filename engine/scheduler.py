@@ -30,7 +30,7 @@ from engine.checkpoints import Checkpoints
 from engine.jobs import Job
 from engine.memory import MemoryBudget
 from engine.metrics import NULL, Recorder
-from engine.sequences import BatchRunner, SoloRunner, Token, needs_solo
+from engine.sequences import BatchRunner, SoloRunner, Token
 from engine.vision import VisionRunner, cache_tokens
 from errors import (
     BackendError,
@@ -337,7 +337,7 @@ class Scheduler:
                 raise InvalidArgument("PredictOptions.Images: this model serves text only")
             job.runner = self._vision
         else:
-            job.runner = self._solo if needs_solo(loaded, params) else self._batch
+            job.runner = self._batch if self._batch.holds(params) else self._solo
         job.uid = job.runner.start(job, ids, lookup, sampler, processors, diverges)
         self.active[job.uid] = job
         self.group.joined(job, ids)

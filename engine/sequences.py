@@ -9,7 +9,7 @@ A `Runner` holds sequences of one kind and decodes one token for each per `step`
   rows in one pass).
   Its rows' caches are `caches.batch_kv`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
-- `SoloRunner`: sequences the batch cannot hold (`needs_solo`: ``kv_bits`` or NKeep on
+- `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
   state), or ``quantized_kv_start`` > 0), each one of mlx-lm's step generators,
   stepped in turn with the batch.
@@ -106,15 +106,6 @@ def _rows(loaded: LoadedModel, keep: int) -> list:
     return rows(loaded.model) + (rows(loaded.draft) if loaded.draft is not None else [])
 
 
-def needs_solo(loaded: LoadedModel, params: GenerationParams) -> bool:
-    """Whether a request must run outside the batch: quantized KV or NKeep where the
-    batch has no rows for them (`row_kind` "none"). Without NKeep a ``max_kv_size``
-    request there runs in the batch on mlx-lm's own cache."""
-    if row_kind(loaded) != "none":
-        return False
-    return loaded.params.kv_bits is not None or bool(params.keep)
-
-
 def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
     """A solo sequence's empty KV cache, plus the draft model's layers. With
     ``max_kv_size``: rotating layers of that many tokens keeping the first ``keep`` (NKeep;
@@ -146,7 +137,8 @@ class BatchRunner:
         self._drafting: dict[int, tuple[int, NgramStats]] = {}
         self._eos_ids = eos_ids
         self._eos_stops = StopSequences([(t,) for t in sorted(eos_ids)])
-        self._own_rows = row_kind(loaded) == "own"
+        self.row_kind = row_kind(loaded)  # decided once per load
+        self._own_rows = self.row_kind == "own"
         self._uids: set[int] = set()
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
@@ -206,6 +198,14 @@ class BatchRunner:
     def nbytes(self) -> int:
         """KV bytes of the running batch."""
         return self._gen.prompt_cache_nbytes if self._uids and self._gen is not None else 0
+
+    def holds(self, params: GenerationParams) -> bool:
+        """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
+        NKeep where the batch has no rows for them (`row_kind` "none"). Without NKeep a
+        ``max_kv_size`` request there runs in the batch on mlx-lm's own cache."""
+        if self.row_kind != "none":
+            return True
+        return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
         """A new sequence's empty KV cache for this batch: `caches.batch_kv`'s quantized
