@@ -9,6 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 import tiny_models
+from inprocess import InProcessServer
 from mlx_lm import tokenizer_utils
 
 from loading import cpu_fast_path, model_loader
@@ -37,3 +38,20 @@ def smol():
 def smollm():
     """The embedded SmolLM2's tokenizer (its GGUF converted once, then cached)."""
     return tokenizer_utils.load(tiny_models.tokenizer_dir())
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory) -> Path:
+    """Where `tiny_models.build` writes the tiny models (each built once per session)."""
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="module")
+def srv():
+    """A real Engine behind real gRPC in this process (`inprocess.InProcessServer`), no
+    model loaded; one per module."""
+    s = InProcessServer()
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import tiny_models
@@ -27,20 +26,6 @@ from loading.model_loader import embedded_model_path
 GGUF = str(embedded_model_path())
 REPEAT = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n" * 3 + "Mercury,"
 OTHERS = ["Once upon a time, in a quiet village,", "The three primary colours are"]
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = InProcessServer()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def model_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny_models")
 
 
 def _load(srv: InProcessServer, model: str, *options: str, **fields) -> None:

@@ -54,20 +54,6 @@ def _lcp(a, b) -> int:
     return n
 
 
-@pytest.fixture(scope="session")
-def model_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny_models")
-
-
-@pytest.fixture(scope="module")
-def srv():
-    s = InProcessServer()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 def _load(srv: InProcessServer, path: Path, options: tuple[str, ...] = ()) -> None:
     res = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=str(path), Options=list(options)))
     assert res.success, res.message

@@ -261,11 +261,11 @@ def test_cached_prefix_is_searched(smol):
     assert run.stats[uid].accepted > 0
 
 
-def test_other_cache_families_identical(tmp_path):
+def test_other_cache_families_identical(model_root):
     """Families whose caches cannot drop entries per row (rotating, recurrent) stay in
     the batch without drafting; plain attention families verify drafts."""
     for family in ("llama", "gemma3_text", "mamba2"):
-        model, tok = load_model(str(tiny_models.build(family, tmp_path)))
+        model, tok = load_model(str(tiny_models.build(family, model_root)))
         prompts = [ids_of(tok, PLANETS), ids_of(tok, COLOURS)]
         run = Run(model)
         uids = [run.add(p, 24) for p in prompts]
@@ -278,14 +278,14 @@ def test_other_cache_families_identical(tmp_path):
             assert verified == 0, family
 
 
-def test_draft_model_drafts_in_the_batch(smol, tmp_path):
+def test_draft_model_drafts_in_the_batch(smol, model_root):
     """A draft model's greedy drafts, verified per row: the model as its own draft (almost
     every draft kept) and a random tiny llama with the same vocabulary (almost none)."""
     model, tok = smol
     n = N
     prompts = [chat(tok)]
     expected = [reference(model, p, n) for p in prompts]
-    tiny_llama, _ = load_model(str(tiny_models.build("llama", tmp_path)))
+    tiny_llama, _ = load_model(str(tiny_models.build("llama", model_root)))
     for draft, good in ((model, True), (tiny_llama, False)):
         run = Run(DraftedModel(model, draft), width=3)
         uids = [run.add(p, n) for p in prompts]
