@@ -10,25 +10,28 @@ Threads: the recording methods are called from the engine thread (and the servic
 event loop for errors); each is a few locked additions, with no I/O and nothing that
 waits on another thread. The endpoint serves from its own thread and reads only this
 module's values: gauges are pushed (``set_load``, ``set_memory``), never pulled from
-the engine or MLX. Each ``Metrics`` has a private ``CollectorRegistry``, so several can
-live in one process (tests). The endpoint has no authentication (the gRPC bearer token
-does not cover it): a bare port binds 127.0.0.1.
+the engine or MLX. It is one thread whatever the number of connections (an asyncio
+loop; an idle connection is closed after ``IDLE_TIMEOUT``). Each ``Metrics`` has a
+private ``CollectorRegistry``, so several can live in one process (tests). The endpoint
+has no authentication (the gRPC bearer token does not cover it): a bare port binds
+127.0.0.1.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
 import socket
-import socketserver
 import threading
 from collections.abc import Mapping
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -120,40 +123,108 @@ def _join(host: str, port: int) -> str:
 
 
 # ---------------------------------------------------------------------- endpoint
-POLL_SECONDS = 0.05  # how often the server loop looks for stop(): stop takes about this
+# Own server, not prometheus_client's start_http_server: that one starts a thread per
+# connection with no idle timeout (300 idle connections: 300 threads). Here one thread
+# runs an asyncio loop; an idle connection costs a socket, never a thread, and is closed
+# after IDLE_TIMEOUT or when MAX_IDLE newer ones wait. The reply is prometheus_client's
+# own exposition (``choose_encoder``: text format or OpenMetrics, as the scraper asks).
+IDLE_TIMEOUT = 10.0  # seconds a connection may take to send its request or read the reply
+MAX_IDLE = 64  # connections waiting for their request at once; the oldest goes first
+MAX_HEAD = 16 * 1024  # bytes of request line and headers
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server, a thread per scrape, without http.server's reverse DNS lookup
-    of the bound address at start (``getfqdn``, slow where DNS is not answering)."""
+class _Endpoint:
+    """``/metrics`` of ``registry`` over HTTP/1.1 on ``host:port`` (IPv4 or IPv6, as the
+    name resolves), served from one daemon thread. Raises OSError when binding fails."""
 
-    daemon_threads = True  # a hung scraper never holds up stop()
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        family, *_, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        self.sock = socket.create_server(sockaddr[:2], family=family)
+        self.address = (str(self.sock.getsockname()[0]), int(self.sock.getsockname()[1]))
+        self.registry = registry
+        self.loop = asyncio.new_event_loop()
+        self.stopping = asyncio.Event()
+        self.open: set[asyncio.Task] = set()  # one task per connection
+        self.idle: dict[asyncio.Task, None] = {}  # those waiting for a request, oldest first
+        self.thread = threading.Thread(target=self._run, name="metrics-http", daemon=True)
+        self.thread.start()
 
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-        self.setup_environ()
+    def stop(self, timeout: float) -> None:
+        """Close the socket and end the thread (waits up to ``timeout`` seconds)."""
+        with contextlib.suppress(RuntimeError):  # the loop has already ended
+            self.loop.call_soon_threadsafe(self.stopping.set)
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_until_complete(self._serve())
+        finally:
+            self.loop.close()
+            self.sock.close()
+
+    async def _serve(self) -> None:
+        server = await asyncio.start_server(self._answer, sock=self.sock, limit=MAX_HEAD)
+        async with server:
+            await self.stopping.wait()
+        for task in self.open:
+            task.cancel()
+        await asyncio.gather(*self.open, return_exceptions=True)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.open.add(task)
+        self.idle[task] = None
+        while len(self.idle) > MAX_IDLE:  # too many wait: drop the oldest
+            oldest = next(iter(self.idle))
+            del self.idle[oldest]
+            oldest.cancel()
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT)
+            finally:
+                self.idle.pop(task, None)
+            writer.write(self._reply(head))
+            await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
+        except (
+            TimeoutError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            pass  # idle too long, closed early, or a head over MAX_HEAD: drop it
+        finally:
+            writer.close()
+            self.open.discard(task)
+
+    def _reply(self, head: bytes) -> bytes:
+        """The whole HTTP response to a request ``head`` (any path answers)."""
+        lines = head.decode("latin-1").split("\r\n")
+        method = lines[0].split(" ", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return _response(
+                "405 Method Not Allowed", "text/plain", b"GET only\n", "Allow: GET, HEAD\r\n"
+            )
+        accept = ""
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "accept":
+                accept = value.strip()
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(self.registry)
+        return _response("200 OK", content_type, body, head_only=method == "HEAD")
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # no line per scrape
-        pass
-
-
-def _serve(host: str, port: int, registry: CollectorRegistry) -> tuple[_Server, threading.Thread]:
-    """A started HTTP server of ``registry`` on ``host:port`` (IPv4 or IPv6, as the
-    name resolves) and its daemon thread. Raises OSError."""
-    family, *_, sockaddr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    server_class = type("_Server", (_Server,), {"address_family": family})
-    server = server_class(sockaddr[:2], _QuietHandler)
-    server.set_app(make_wsgi_app(registry))
-    thread = threading.Thread(
-        target=server.serve_forever, args=(POLL_SECONDS,), name="metrics-http", daemon=True
+def _response(
+    status: str, content_type: str, body: bytes, extra: str = "", head_only: bool = False
+) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
     )
-    thread.start()
-    return server, thread
+    return head.encode("latin-1") + (b"" if head_only else body)
 
 
 # ---------------------------------------------------------------------- metrics
@@ -302,7 +373,7 @@ class Metrics:
         }
         self._totals: dict[tuple[str, str], int] = {}  # cache_totals' last readings
         self._totals_lock = threading.Lock()
-        self._server: Any = None
+        self._endpoint: _Endpoint | None = None
         self._thread: threading.Thread | None = None
         self.address: tuple[str, int] | None = None  # (host, port) bound once serving
 
@@ -311,19 +382,18 @@ class Metrics:
         """Serve the registry over HTTP on ``host:port`` from a daemon thread; returns
         the bound ``(host, port)`` (port 0 picks a free one). Raises OSError saying
         which address could not be bound, RuntimeError when already serving."""
-        if self._server is not None:
-            raise RuntimeError(f"metrics already served on {_join(*self.address)}")
+        if self._endpoint is not None:
+            raise RuntimeError(f"metrics already served on {_join(*self._endpoint.address)}")
         try:
-            server, thread = _serve(host, port, self.registry)
+            self._endpoint = _Endpoint(self.registry, host, port)
         except OSError as exc:
             raise OSError(
                 exc.errno,
                 f"cannot serve metrics on {_join(host, port)}: {exc.strerror or exc}; "
                 "choose another --metrics-addr (port 0 picks a free one)",
             ) from exc
-        self._server, self._thread = server, thread
-        bound = server.server_address
-        self.address = (str(bound[0]), int(bound[1]))
+        self._thread = self._endpoint.thread
+        self.address = self._endpoint.address
         return self.address
 
     @property
@@ -333,14 +403,10 @@ class Metrics:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Shut the endpoint down and close its socket (waits up to ``timeout`` seconds
-        for its thread; scrapes in progress are not waited for); idempotent."""
-        server, thread, self._server = self._server, self._thread, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout)
+        for its thread; connections still open are dropped); idempotent."""
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.stop(timeout)
 
     # ------------------------------------------------------------------ requests
     def request_started(self, queue_s: float) -> None:

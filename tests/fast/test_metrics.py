@@ -249,6 +249,56 @@ def test_stop_closes_the_endpoint():
         urllib.request.urlopen(url, timeout=2)
 
 
+def test_idle_connections_take_no_thread_and_the_endpoint_still_answers(served, monkeypatch):
+    """300 connections that send nothing (issue 32: 300 threads before): the endpoint
+    stays one thread, keeps at most MAX_IDLE of them (the oldest are closed), and a
+    scrape still answers."""
+    monkeypatch.setattr(metrics_mod, "MAX_IDLE", 16)
+    threads_before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(served.address, timeout=5))
+        assert "localai_mlx_requests_running" in scrape(served)
+        assert threading.active_count() <= threads_before  # no thread per connection
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""  # the oldest idle connection was closed
+        idle[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := idle[-1].recv(65536):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"localai_mlx_generation_tokens_total" in reply
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_an_idle_connection_is_closed_after_the_timeout(served, monkeypatch):
+    monkeypatch.setattr(metrics_mod, "IDLE_TIMEOUT", 0.2)
+    with socket.create_connection(served.address, timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # the headers never end
+        assert sock.recv(1) == b""  # closed by the server, without a reply
+
+
+def test_openmetrics_head_and_other_methods(served):
+    served.request_finished(1.0, "stop", 3, 0, "memory", 2)
+    accept = "application/openmetrics-text; version=1.0.0"
+    req = urllib.request.Request(served.url, headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=5) as reply:
+        assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = reply.read().decode()
+    assert "localai_mlx_generation_tokens_total 2.0" in text and text.endswith("# EOF\n")
+    head = urllib.request.Request(served.url, method="HEAD")
+    with urllib.request.urlopen(head, timeout=5) as reply:
+        assert reply.status == 200 and reply.read() == b""
+        assert int(reply.headers["Content-Length"]) > 0
+    post = urllib.request.Request(served.url, data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(post, timeout=5)
+    assert err.value.code == 405
+
+
 def test_start_twice_and_busy_port():
     m = Metrics()
     m.start("127.0.0.1", 0)
