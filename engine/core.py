@@ -296,14 +296,25 @@ class Engine:
                 f"backend serves '{serving}'"
             )
 
+    def facts(self) -> status_mod.EngineFacts:
+        """What `engine.status` reads, taken now from any thread (counts under the lock)."""
+        sched = self.scheduler
+        with self.counts_lock:
+            running = len(sched.active) if sched is not None else 0
+            waiting = (len(sched.waiting) if sched is not None else 0) + self.queued
+        return status_mod.EngineFacts(
+            sched, self.loaded, self.group, self.alive, running, waiting,
+            self.mlx_memory_reading, self.last_metrics.draft_tokens_accepted,
+        )  # fmt: skip
+
     def status(self) -> StatusSnapshot:
         """A snapshot safe to take from any thread, without waiting for the engine
         (`engine.status.snapshot`)."""
-        return status_mod.snapshot(self)
+        return status_mod.snapshot(self.facts())
 
     def info(self) -> dict:
         """Engine facts for operators (GetMetrics; `engine.status.info`)."""
-        return status_mod.info(self)
+        return status_mod.info(self.facts())
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel all work, free the model and end the engine thread."""
@@ -415,7 +426,7 @@ class Engine:
         self._memory_at = now
         self.mlx_memory_reading = status_mod.mlx_memory()
         if self.metrics.enabled:
-            status_mod.push_gauges(self)
+            status_mod.push_gauges(self.facts(), self.metrics)
 
     # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:

@@ -1,12 +1,15 @@
 """What Status, GetMetrics and the Prometheus gauges report about an engine.
 
-Read from any thread without waiting for the engine thread: plain attributes, counts taken
-under the engine's count lock, and the MLX memory reading the engine thread last took.
+Each function takes ``EngineFacts``, the values it reads, which the engine takes from any
+thread without waiting for the engine thread (``Engine.facts``: plain attributes, counts
+taken under its count lock, the MLX memory reading the engine thread last took); this
+module never imports the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,7 +19,23 @@ from caches import prompt_tiers
 from params import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE
 
 if TYPE_CHECKING:
-    from engine.core import Engine
+    from engine.metrics import Recorder
+    from engine.scheduler import GroupHooks, Scheduler
+    from loading.loaded_model import LoadedModel
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What this module reads of an engine, taken at one moment (``Engine.facts``)."""
+
+    scheduler: Scheduler | None
+    loaded: LoadedModel | None
+    group: GroupHooks
+    alive: bool  # the engine thread runs and was not stopped
+    running: int  # requests in the batch or solo (taken under the engine's count lock)
+    waiting: int  # requests queued: in the scheduler and not yet seen by the engine thread
+    mlx_memory: Mapping[str, int]  # the engine thread's last reading (``mlx_memory``)
+    draft_tokens_accepted: int  # of the last finished request
 
 
 @dataclass(frozen=True)
@@ -29,16 +48,14 @@ class StatusSnapshot:
     memory: dict[str, int] = field(default_factory=dict)
 
 
-def snapshot(engine: Engine) -> StatusSnapshot:
-    """A snapshot safe to take from any thread, without waiting for the engine.
+def snapshot(engine: EngineFacts) -> StatusSnapshot:
+    """What Status reports of ``engine``.
 
     MLX memory figures come from the engine thread's last reading (taken after every
     operation and, while busy, every ``MEMORY_SNAPSHOT_INTERVAL`` seconds).
     """
     sched = engine.scheduler
-    with engine.counts_lock:
-        running = len(sched.active) if sched is not None else 0
-        waiting = (len(sched.waiting) if sched is not None else 0) + engine.queued
+    running, waiting = engine.running, engine.waiting
     if engine.group.failed:
         state = "ERROR"
     elif engine.loaded is None:
@@ -59,13 +76,13 @@ def snapshot(engine: Engine) -> StatusSnapshot:
         **({"vision_cache": loaded.vision.features_nbytes} if loaded and loaded.vision else {}),
         # memory_budget, memory_reserved (KV of running sequences), memory_free
         **(sched.memory.status() if sched is not None else {}),
-        **engine.mlx_memory_reading,
+        **engine.mlx_memory,
         **engine.group.memory(),  # distributed: group_size, weights_rank_<i>
     }
     return StatusSnapshot(state, running, waiting, memory)
 
 
-def info(engine: Engine) -> dict:
+def info(engine: EngineFacts) -> dict:
     """Engine facts for operators (GetMetrics): model, CPU weight mode, BLAS, batch, cache."""
     snap = snapshot(engine)
     sched = engine.scheduler
@@ -83,24 +100,25 @@ def info(engine: Engine) -> dict:
         "kv_bits": p.kv_bits if p else None,
         "draft_model": bool(loaded is not None and loaded.draft is not None),
         "speculative": (p.speculative or ("draft" if p.draft_model else "")) if p else "",
-        "last_request_draft_tokens_accepted": engine.last_metrics.draft_tokens_accepted,
+        "last_request_draft_tokens_accepted": engine.draft_tokens_accepted,
         "blas": loaded.blas if loaded is not None else None,
         "vision_cache": loaded.vision.cache_info() if loaded and loaded.vision else None,
         "prompt_cache": (
-            dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(engine.scheduler.cache))
-            if stats is not None
+            dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(sched.cache))
+            if sched is not None and stats is not None
             else None
         ),
         "distributed": engine.group.info(),
     }
 
 
-def push_gauges(engine: Engine) -> None:
-    """Status's figures to the Prometheus gauges (the endpoint never asks the engine)."""
+def push_gauges(engine: EngineFacts, metrics: Recorder) -> None:
+    """Status's figures to the Prometheus gauges of ``metrics`` (the endpoint never asks
+    the engine)."""
     snap = snapshot(engine)
     mem = snap.memory
-    engine.metrics.set_load(snap.running, snap.waiting)
-    engine.metrics.set_memory(
+    metrics.set_load(snap.running, snap.waiting)
+    metrics.set_memory(
         weights=mem["weights"],
         kv=mem["kv_active"],
         prompt_cache=mem["prompt_cache"],
@@ -111,10 +129,10 @@ def push_gauges(engine: Engine) -> None:
     )
     sched = engine.scheduler
     if sched is not None:
-        engine.metrics.cache_totals("memory", evictions=sched.cache.stats().evictions)
+        metrics.cache_totals("memory", evictions=sched.cache.stats().evictions)
         disk = prompt_tiers.disk_info(sched.cache)
         evicted = sum(d.get("evictions", 0) for d in disk.values())
-        engine.metrics.cache_totals("disk", evictions=evicted)
+        metrics.cache_totals("disk", evictions=evicted)
 
 
 def mlx_memory() -> dict[str, int]:
