@@ -14,8 +14,11 @@ What lives where:
 - ``group.py``: joining a group: ``init_group`` (``mlx.launch``), ``GroupSpec`` /
   ``group_spec`` (hostfiles), the rendezvous, ``Joiner``, LocalAI's environment names,
   the join timeout; MLX only when joining.
-- ``coordinator.py``: ``Coordinator``, rank 0's ``GroupHooks`` over MLX collectives
-  (plans, replicated calls, load agreements), the watchdog, ``GroupLost``.
+- ``collectives.py``: ``Collectives``, the group's MLX collectives (step plans, load
+  agreements, one shared integer) and its failure (``GroupLost``); used by the
+  coordinator and by the split step alike.
+- ``coordinator.py``: ``Coordinator``, rank 0's ``GroupHooks`` (plans, replicated
+  calls, loads), the watchdog.
 - ``sharding.py``: splitting a model (``check_split``, tensor / pipeline, the
   vocabulary-parallel embedding, sharded dequantizing) and loading each rank's part
   through the one loader (``ShardStep``, the loader's split step).

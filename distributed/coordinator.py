@@ -7,12 +7,8 @@ each engine operation (replicated ones become the plan's ``Call`` and run on eve
 rank), ``close`` at shutdown. The followers (``distributed/follower.py``) ``receive``
 those plans through it; every rank loads its part of a model through ``load``.
 
-A message is an ``all_sum`` of a header (payload length, flags) and then of the pickled
-payload as uint8 (``distributed/plan.py``), as ``mlx_lm.server`` shares requests.
-Collectives are issued on mlx-lm's ``generation_stream``, the stream the model's own
-collectives run on: ``BatchGenerator`` starts the next step asynchronously, and ops on
-one stream run in order, so a plan never overtakes (or interleaves with) a step's
-collectives.
+The collectives themselves (plans, load agreements) are ``Collectives``
+(``distributed/collectives.py``), which the split step of a load uses too.
 
 Failure: a collective that raises (the ring backend raises when a peer's socket closes)
 or a step that outlives the watchdog's timeout (a hung rank) marks the group failed.
@@ -33,12 +29,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import mlx.core as mx
-import numpy as np
-from mlx_lm.generate import generation_stream
-
-from distributed import plan as wire
 from distributed import sharding
+from distributed.collectives import Collectives, GroupLost
 from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan
 from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
 from engine.jobs import Job
@@ -62,13 +54,8 @@ LOAD_TIMEOUT = 3600.0  # seconds a replicated load (GGUF conversion included) ma
 HEARTBEAT = 0.1
 NAP = 0.8  # followers nap this fraction of HEARTBEAT, to be waiting when rank 0 syncs
 SHUTDOWN_TIMEOUT = 5.0  # seconds rank 0 waits to tell the others to exit
-_STATUS_BYTES = 1024  # per-rank record of a load agreement: weights (int64), error text
 # As a single process does (engine/model_host.py): UNAVAILABLE, gRPC's retryable code.
 _REPLACED = "the model is being replaced by LoadModel; retry the request"
-
-
-class GroupLost(Unavailable):
-    """A rank is gone or hung: the group cannot serve until it is restarted."""
 
 
 def _lost_peer(exc: BaseException) -> bool:
@@ -100,13 +87,12 @@ class Coordinator(GroupHooks):
             raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"the distributed timeout must be a positive number, got {timeout}")
-        self.group = group
-        self.rank, self.size = group.rank(), group.size()
-        self.leader = self.rank == 0
+        self.net = Collectives(group)
+        self.group, self.rank, self.size = group, self.net.rank, self.net.size
+        self.leader = self.net.leader
         self.mode = mode
         self.timeout = timeout
         self.heartbeat = min(heartbeat, timeout / 2)
-        self.failed: str | None = None  # why the group broke; None while healthy
         self.weights: list[int] = [0] * self.size  # bytes of weights per rank (last load)
         self.model_mode = ""  # how the loaded model is split: "tensor" or "pipeline"
         self._journal: list[Op] = []
@@ -119,10 +105,14 @@ class Coordinator(GroupHooks):
         self._engine = engine
         threading.Thread(target=self._watch, name="mlx-dist-watchdog", daemon=True).start()
 
+    @property
+    def failed(self) -> str | None:  # type: ignore[override]
+        """Why the group broke; None while healthy."""
+        return self.net.failed
+
     def check(self) -> None:
         """Raise GroupLost (UNAVAILABLE) once the group has failed."""
-        if self.failed:
-            raise GroupLost(self.failed)
+        self.net.check()
 
     def pin_seed(self, params: GenerationParams) -> GenerationParams:
         """``params`` with a concrete seed, so every rank's sampler draws the same tokens."""
@@ -156,7 +146,7 @@ class Coordinator(GroupHooks):
         self.check()
         ops = self._take_journal()
         self._arm(self.timeout)
-        self._collective(self._exchange, Plan(ops, step, idle=idle and not step and not ops))
+        self.net.broadcast_plan(Plan(ops, step, idle=idle and not step and not ops))
         self._arm(self.timeout)  # the step that follows gets the same allowance
 
     def run(self, op: str, args: tuple, local: Callable[..., Any]) -> Any:
@@ -175,7 +165,7 @@ class Coordinator(GroupHooks):
         ops = self._take_journal()
         self._arm(LOAD_TIMEOUT if op == LOAD else self.timeout)
         try:
-            self._collective(self._exchange, Plan(ops, False, Call(op, tuple(args))))
+            self.net.broadcast_plan(Plan(ops, False, Call(op, tuple(args))))
             if op == LOAD:
                 return self.load(self._engine.host, args[0])
             result = local(*args)
@@ -191,7 +181,7 @@ class Coordinator(GroupHooks):
             return
         self._arm(SHUTDOWN_TIMEOUT)
         try:
-            self._exchange(Plan(call=Call(SHUTDOWN)))
+            self.net.exchange(Plan(call=Call(SHUTDOWN)))
         except Exception as exc:  # a rank already gone: nothing left to tell
             logger.warning("could not tell the other ranks to stop: %s", exc)
         self._deadline = None
@@ -233,7 +223,7 @@ class Coordinator(GroupHooks):
     # ------------------------------------------------------------------ every rank
     def receive(self) -> Plan:
         """A follower: wait for rank 0's next plan. Raises GroupLost when a rank is lost."""
-        return self._collective(self._exchange, None)
+        return self.net.broadcast_plan(None)
 
     def load(
         self,
@@ -254,7 +244,7 @@ class Coordinator(GroupHooks):
         params = dataclasses.replace(params, step_budget_ms=0)
         try:
             loaded, self.weights = sharding.load(
-                self, params, lambda: host.unload(Unavailable(_REPLACED))
+                self.net, params, mode, lambda: host.unload(Unavailable(_REPLACED))
             )
         except ModelLoadError:
             if host.loaded is None:
@@ -271,89 +261,12 @@ class Coordinator(GroupHooks):
             ", ".join(f"{w / 1e6:.1f}" for w in self.weights),
         )
 
-    def broadcast_int(self, value: int) -> int:
-        """Rank 0's ``value`` on every rank (the others pass anything)."""
-        mine = value if self.leader else 0
-
-        def share() -> int:
-            summed = mx.distributed.all_sum(
-                mx.array([mine], dtype=mx.int32), group=self.group, stream=generation_stream
-            )
-            return int(summed.item())
-
-        return self._collective(share)
-
-    def agree(self, error: str, weights: int) -> list[tuple[str, int]]:
-        """All ranks share (error, weight bytes); raises ModelLoadError if any failed."""
-        record = np.zeros(_STATUS_BYTES, dtype=np.uint8)
-        text = error.encode("utf-8")[: _STATUS_BYTES - 16]
-        record[:8] = np.frombuffer(np.int64(weights).tobytes(), dtype=np.uint8)
-        record[8:12] = np.frombuffer(np.uint32(len(text)).tobytes(), dtype=np.uint8)
-        record[16 : 16 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-
-        def gather() -> np.ndarray:
-            out = mx.distributed.all_gather(
-                mx.array(record), group=self.group, stream=generation_stream
-            )
-            return np.array(out).reshape(self.size, _STATUS_BYTES)
-
-        rows = self._collective(gather)
-        results = []
-        for row in rows:
-            length = int(np.frombuffer(row[8:12].tobytes(), dtype=np.uint32)[0])
-            text = row[16 : 16 + length].tobytes().decode("utf-8", errors="replace")
-            results.append((text, int(np.frombuffer(row[:8].tobytes(), dtype=np.int64)[0])))
-        failures = [(r, text) for r, (text, _) in enumerate(results) if text]
-        if failures:
-            texts = {text for _, text in failures}
-            if len(texts) == 1 and len(failures) == self.size:
-                message = texts.pop()  # the usual case: the same reason on every rank
-            else:
-                message = "; ".join(f"rank {r}: {text}" for r, text in failures)
-            raise ModelLoadError(message)
-        return results
-
     # ------------------------------------------------------------------ plumbing
-    def _exchange(self, plan: Plan | None) -> Plan:
-        """Broadcast ``plan`` from rank 0 (followers pass None and get it back)."""
-        if self.leader:
-            payload, flags = wire.encode(plan)
-            header = [len(payload), flags]
-        else:
-            payload, header = b"", [0, 0]
-        summed = mx.distributed.all_sum(
-            mx.array(header, dtype=mx.int32), group=self.group, stream=generation_stream
-        )
-        size, flags = summed.tolist()
-        if size:
-            data = (
-                mx.array(np.frombuffer(payload, dtype=np.uint8))
-                if self.leader
-                else mx.zeros((size,), dtype=mx.uint8)
-            )
-            data = mx.distributed.all_sum(data, group=self.group, stream=generation_stream)
-            mx.eval(data)  # rank 0 too: a collective only runs when evaluated
-            if not self.leader:
-                payload = np.array(data).tobytes()
-        if self.leader:
-            return plan
-        return wire.decode(payload, flags)
-
-    def _collective(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a collective; a failure (a lost peer) marks the group failed."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}")
-            raise GroupLost(self.failed) from exc
-
     def _arm(self, allowance: float) -> None:
         self._deadline = (time.monotonic() + allowance, allowance)
 
     def _mark_failed(self, reason: str) -> None:
-        if not self.failed:
-            self.failed = reason
-            logger.error("rank %d: %s", self.rank, reason)
+        self.net.mark_failed(reason)
 
     def _watch(self) -> None:
         """Rank 0's watchdog: a step or collective past its deadline fails the group."""

@@ -5,7 +5,7 @@ for a few architectures, the vocabulary rows of the embedding and output head:
 ``shard_vocab``), or pipeline through ``model.model.pipeline(group)``; ``check_split``
 says why a model cannot be split before any weight is read.
 
-How each rank loads its part (``load``): through the one loader,
+How each rank loads its part (``load``, over the group's ``Collectives``): through the one loader,
 ``loading.loaded_model.load``, with ``ShardStep`` as its split step, the only
 difference from a single process. The loader builds the model lazily; the step checks
 the split, keeps this rank's part and prepares it for the CPU in the weight mode rank 0
@@ -35,8 +35,8 @@ from loading import cpu_fast_path, loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
 
-if TYPE_CHECKING:  # the coordinator calls load(); only its type is named here
-    from distributed.coordinator import Coordinator
+if TYPE_CHECKING:
+    from distributed.collectives import Collectives
 
 logger = logging.getLogger("localai.mlx.distributed")
 
@@ -63,19 +63,19 @@ class ShardStep:
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        net: Collectives,
         params: LoadParams,
         mode: str,
         release: Callable[[], None],
     ) -> None:
-        self.coordinator = coordinator
+        self.net = net
         self.params = params
         self.mode = mode
         self.release = release
         self.stage = 0  # collectives passed: 1 the split is agreed on, 2 CPU mode shared
 
     def __call__(self, model: Any) -> str:
-        c = self.coordinator
+        c = self.net
         error = ""
         try:
             check_split(model, self.mode, c.size)
@@ -105,13 +105,13 @@ class ShardStep:
     def agree_split(self, error: str) -> None:
         """First agreement: every rank could build the model and split it."""
         self.stage = 1
-        self.coordinator.agree(error, 0)
+        self.net.agree(error, 0)
 
     def share_cpu_mode(self, cpu_mode: str) -> str:
         """Rank 0's CPU weight mode on every rank ("" when rank 0 failed)."""
         self.stage = 2
-        mine = _CPU_MODES.index(cpu_mode) if self.coordinator.leader else 0
-        return _CPU_MODES[self.coordinator.broadcast_int(mine)]
+        mine = _CPU_MODES.index(cpu_mode) if self.net.leader else 0
+        return _CPU_MODES[self.net.broadcast_int(mine)]
 
     def finish(self, error: str) -> None:
         """The collectives a rank whose load failed (``error``) has not reached yet."""
@@ -122,17 +122,17 @@ class ShardStep:
 
 
 def load(
-    coordinator: Coordinator, params: LoadParams, release: Callable[[], None]
+    net: Collectives, params: LoadParams, mode: str, release: Callable[[], None]
 ) -> tuple[LoadedModel, list[int]]:
-    """Every rank: this rank's part of the model ``params`` names, loaded by the one
-    loader with ``ShardStep``; and the weight bytes of every rank's part.
+    """Every rank: this rank's part of the model ``params`` names, split in ``mode``
+    ("tensor" or "pipeline") and loaded by the one loader with ``ShardStep``; and the
+    weight bytes of every rank's part.
 
     ``release`` drops the current model once every rank could split the new one.
     Raises ``ModelLoadError`` naming the reason (and the ranks, when they differ); a
     refused split leaves the current model serving on every rank.
     """
-    mode = params.distributed_mode or coordinator.mode
-    step = ShardStep(coordinator, params, mode, release)
+    step = ShardStep(net, params, mode, release)
     loaded: LoadedModel | None = None
     error = ""
     try:
@@ -157,7 +157,7 @@ def load(
         gc.collect()
         mx.clear_cache()
     weights = loaded.weights_bytes if loaded is not None else 0
-    results = coordinator.agree(error, weights)  # on failure every rank drops its part
+    results = net.agree(error, weights)  # on failure every rank drops its part
     return loaded, [w for _, w in results]
 
 
