@@ -1,0 +1,122 @@
+"""No import circle among the project's own modules.
+
+The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and
+``from ... import`` of a project module counts, at module level, inside functions (a lazy
+import only hides a circle from the interpreter) and under ``TYPE_CHECKING`` (a circle in
+the types is one in the design). A package's ``__init__`` is not counted as imported by
+its own submodules' imports (Python runs it first, but it only names its parts).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import ROOT
+
+GENERATED = ("backend_pb2.py", "backend_pb2_grpc.py")
+
+
+def project_modules() -> dict[str, Path]:
+    """{dotted name: file} of the top-level modules and packages (not tests, not .venv)."""
+    modules: dict[str, Path] = {}
+    for path in sorted(ROOT.glob("*.py")):
+        if path.name not in GENERATED:
+            modules[path.stem] = path
+    for init in sorted(ROOT.glob("*/__init__.py")):
+        package = init.parent
+        if package.name in ("tests", ".venv") or package.name.startswith("."):
+            continue
+        for path in sorted(package.rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that module ``name`` (file ``path``) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        # The longest project module that ``target`` names (a.b.c -> a.b when c is a name).
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                add(full if full in modules else base)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    # Known edges, one of each import form: the reader sees what it must.
+    assert "engine.status" in graph["engine.core"]  # from engine import status as ...
+    assert "distributed.collectives" in graph["distributed.sharding"]  # under TYPE_CHECKING
+    assert "errors" in graph["engine.core"]  # from errors import ...
+    assert "backend" in graph and "edge.startup" in graph
+
+
+def test_cycles_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_among_our_modules():
+    circles = cycles(import_graph())
+    assert not circles, "import circles (cut each one): " + "; ".join(
+        " <-> ".join(c) for c in circles
+    )
