@@ -3,14 +3,15 @@
 Owns: telling a hub id from a path (``parse_hub_id``: ``owner/name``, and the URL forms
 LocalAI writes or passes through: ``https://huggingface.co/owner/name[/tree/REV]``,
 ``hf.co/owner/name``, ``huggingface://owner/name[@REV]``, ``hf://owner/name``), reading the
-hub settings in effect now (``settings``: endpoint, cache directory and offline flag exactly
-as ``huggingface_hub.constants`` resolves them from ``HF_ENDPOINT``, ``HF_HUB_CACHE`` /
-``HUGGINGFACE_HUB_CACHE`` / ``HF_HOME`` / ``XDG_CACHE_HOME``, ``HF_HUB_OFFLINE``; plus
-whether a token is set), looking a repo up in the local cache without any network
-(``cached``), and downloading it with ``huggingface_hub`` (``download``) while logging
-progress (files, bytes, rate). Every failure is a ``model_loader.ModelLoadError``
-whose message says the cause and what to change (repo not found, gated or private,
-offline with nothing cached, network unreachable, disk full, ...), never a traceback.
+hub settings in effect now (``settings``: endpoint, cache directory and offline flag read
+from ``HF_ENDPOINT``, ``HF_HUB_CACHE`` / ``HUGGINGFACE_HUB_CACHE`` / ``HF_HOME`` /
+``XDG_CACHE_HOME``, ``HF_HUB_OFFLINE`` with huggingface_hub's precedence, and passed to
+its functions explicitly; plus whether a token is set), looking a repo up in the local
+cache without any network (``cached``), and downloading it with ``huggingface_hub``
+(``download``) while logging progress (files, bytes, rate). Every failure is a
+``model_loader.ModelLoadError`` whose message says the cause and what to change (repo
+not found, gated or private, offline with nothing cached, network unreachable, disk
+full, ...), never a traceback.
 
 What is fetched for a repo is mlx-lm's own list (``mlx_lm.utils.DEFAULT_ALLOW_PATTERNS``:
 config and tokenizer JSON, ``model*.safetensors``, ``*.py``, ``tokenizer.model``,
@@ -24,8 +25,6 @@ cached file list, so an interrupted download is never found "cached" half-writte
 from __future__ import annotations
 
 import errno
-import functools
-import importlib.util
 import io
 import logging
 import os
@@ -58,7 +57,7 @@ _WEB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
 _SCHEMES = ("huggingface://", "hf://")
 # For messages: huggingface_hub's order (its constants.py); LocalAI sets the last two.
 _CACHE_VARS = "huggingface_hub takes it before HUGGINGFACE_HUB_CACHE and HF_HOME"
-_HF_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "XDG_CACHE_HOME")
+_DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's, without HF_ENDPOINT
 
 
 @dataclass(frozen=True)
@@ -157,33 +156,17 @@ def _revision(rev: str) -> str | None:
     return None if rev == "main" else rev
 
 
-def hub_constants() -> Any:
-    """``huggingface_hub.constants`` as that module resolves the current environment.
-
-    huggingface_hub reads its environment variables once, at import; this evaluates its
-    own code again on the current environment (a private copy, cached per environment,
-    never registered in ``sys.modules``), so the precedence is always huggingface_hub's:
-    ``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, then ``HF_HOME``/hub, then
-    ``XDG_CACHE_HOME``/huggingface/hub.
-    """
-    return _constants_for(_hf_environment())
-
-
-def _hf_environment() -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_HF_ENV_PREFIXES)))
-
-
-@functools.lru_cache(maxsize=8)
-def _constants_for(environment: tuple[tuple[str, str], ...]) -> Any:
-    # `environment` is the cache key only: the module reads os.environ, which holds it now.
-    spec = importlib.util.find_spec("huggingface_hub.constants")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def settings() -> HubSettings:
-    """The hub settings in effect now, resolved by huggingface_hub (``hub_constants``).
+    """The hub settings in effect now, read from the environment as huggingface_hub does.
+
+    huggingface_hub reads its variables once, at import (``huggingface_hub.constants``),
+    and its functions take ``endpoint`` and ``cache_dir``: this module reads the current
+    environment with its precedence and passes both explicitly. Endpoint: ``HF_ENDPOINT``
+    (default https://huggingface.co). Cache: ``HF_HUB_CACHE``, then
+    ``HUGGINGFACE_HUB_CACHE``, then ``HF_HOME``/hub, then ``XDG_CACHE_HOME``/huggingface/hub
+    (``~`` and ``$VARS`` expanded). Offline: ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``
+    set to 1, ON, YES or TRUE. tests/fast/test_localai_inputs.py checks these against a
+    fresh huggingface_hub.
 
     LocalAI sets ``HF_HOME``, ``TRANSFORMERS_CACHE`` and ``HUGGINGFACE_HUB_CACHE`` to its
     models directory when they are unset (pkg/model/initializers.go, spawnGRPCModel), so
@@ -191,14 +174,23 @@ def settings() -> HubSettings:
     wins over ``HF_HOME``), where huggingface_hub itself would look.
     """
     from huggingface_hub import get_token
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
 
-    constants = hub_constants()
+    env = os.environ
+    xdg = env.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    home = _expand(env.get("HF_HOME", os.path.join(xdg, "huggingface")))
+    cache = env.get("HF_HUB_CACHE", env.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub")))
+    offline = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
     return HubSettings(
-        endpoint=str(constants.ENDPOINT).rstrip("/"),
-        cache_dir=Path(constants.HF_HUB_CACHE),
-        offline=bool(constants.HF_HUB_OFFLINE),
+        endpoint=env.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/"),
+        cache_dir=Path(_expand(cache)),
+        offline=offline.upper() in ENV_VARS_TRUE_VALUES,
         has_token=bool(get_token()),
     )
+
+
+def _expand(path: str) -> str:
+    return os.path.expandvars(os.path.expanduser(path))
 
 
 def _allow_patterns() -> list[str]:

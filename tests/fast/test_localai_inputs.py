@@ -181,6 +181,35 @@ def test_offline_and_endpoint_follow_the_environment(clean_hf_env) -> None:
     assert not hub.settings().offline
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HF_ENDPOINT": "http://127.0.0.1:9/", "TRANSFORMERS_OFFLINE": "yes"},
+        {"HF_HUB_OFFLINE": "On", "HF_HUB_CACHE": "~/hf-cache-$HF_TEST_SUFFIX"},
+        {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"},
+    ],
+)
+def test_endpoint_offline_and_cache_agree_with_a_fresh_huggingface_hub(clean_hf_env, env):
+    """settings() reads the environment itself (huggingface_hub reads it once, at import):
+    what it finds is what a huggingface_hub imported under that environment finds."""
+    env = {**env, "HF_TEST_SUFFIX": "x"}
+    for name in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        clean_hf_env.delenv(name, raising=False)
+    for name, value in env.items():
+        clean_hf_env.setenv(name, value)
+    clean = {k: v for k, v in os.environ.items() if k not in _HF_VARS}
+    code = (
+        "from huggingface_hub import constants as c; "
+        "print(c.ENDPOINT, c.HF_HUB_OFFLINE, c.HF_HUB_CACHE, sep='\\n')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True
+    )
+    endpoint, offline, cache = out.stdout.splitlines()
+    cfg = hub.settings()
+    assert (cfg.endpoint, str(cfg.offline), str(cfg.cache_dir)) == (endpoint, offline, cache)
+
+
 def test_the_environment_now_decides_not_the_one_at_import(monkeypatch, tmp_path) -> None:
     """huggingface_hub read its variables at import; a later change (LocalAI sets them before
     the backend starts, tests after) is still what decides, and going back reads the old."""
