@@ -1,6 +1,8 @@
 """Continuous batching and cancellation over real gRPC: the real SmolLM2 server (session
 fixture) checks that batching changes no output and that cancelled streams leave nothing
-behind."""
+behind. Outputs are compared with the same request decoded alone and, for the reference
+prompt, with its pinned greedy continuation (tests/data/smollm2-reference.json), so a
+batch and a solo run that were wrong alike still fail."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from helpers import counts, greedy, wait_idle
+from helpers import REFERENCE, counts, greedy, wait_idle, wait_until
 
 import backend_pb2
 
@@ -22,13 +24,22 @@ PROMPTS = [
     "Cats and dogs are",
     "Once upon a time in a faraway land",
 ]
+PLAIN = next(c for c in REFERENCE["cases"] if c["name"] == "plain")
+BUSY = backend_pb2.StatusResponse.BUSY
+
+
+def reference_text(stub) -> str:
+    """The pinned 40-token greedy continuation of ``PLAIN``'s prompt, as text."""
+    return stub.Detokenize(backend_pb2.DetokenizeRequest(tokens=PLAIN["greedy_40"])).content
 
 
 def test_eight_concurrent_greedy_requests_match_their_solo_output(stub):
-    alone = [stub.Predict(greedy(p, tokens=16)).message for p in PROMPTS]
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        together = list(pool.map(lambda p: stub.Predict(greedy(p, tokens=16)).message, PROMPTS))
+    requests = [greedy(PLAIN["prompt"], tokens=40)] + [greedy(p, tokens=16) for p in PROMPTS[:7]]
+    alone = [stub.Predict(r).message for r in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda r: stub.Predict(r).message, requests))
     assert together == alone
+    assert together[0].decode("utf-8") == reference_text(stub)  # batched, still the reference
     assert all(len(m) > 10 for m in alone)
 
 
@@ -53,9 +64,10 @@ def test_cancelling_twenty_streams_leaves_server_clean(stub):
     wait_idle(stub)
     before = stub.Status(backend_pb2.HealthMessage()).memory.breakdown
     calls = [stub.PredictStream(greedy(f"Story number {i}: the", tokens=400)) for i in range(20)]
-    next(calls[0])  # generation is under way
-    state, running, waiting = counts(stub)
-    assert state == backend_pb2.StatusResponse.BUSY and running == 8 and waiting == 12
+    next(calls[0])  # generation is under way; the other streams may still be arriving
+    assert wait_until(lambda: counts(stub) == (BUSY, 8, 12), timeout=60), (
+        f"expected 8 running and 12 waiting, got {counts(stub)}"
+    )
     for call in calls:
         call.cancel()
     for call in calls:
@@ -68,9 +80,7 @@ def test_cancelling_twenty_streams_leaves_server_clean(stub):
     # Active memory is back to idle, apart from KV kept on purpose in the prompt cache.
     kept = after["prompt_cache"] - before["prompt_cache"]
     assert after["mlx_active"] <= before["mlx_active"] + kept + 64 * 2**20
-    # The next request is served correctly.
-    assert (
-        stub.Predict(greedy(PROMPTS[0], tokens=16)).message
-        == stub.Predict(greedy(PROMPTS[0], tokens=16)).message
-    )
+    # The next request is served correctly: its pinned greedy continuation.
+    reply = stub.Predict(greedy(PLAIN["prompt"], tokens=40))
+    assert reply.message.decode("utf-8") == reference_text(stub) and reply.tokens == 40
     assert stub.Health(backend_pb2.HealthMessage()).message == b"OK"
