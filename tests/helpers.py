@@ -10,10 +10,16 @@
 - KV caches: ``token_kv`` (a real mlx-lm cache holding known values) and ``held``;
   ``greedy_ids`` (a model's own greedy continuation, token by token with a KV cache).
 - ``ROOT``, ``LINUX``, ``REFERENCE`` (tests/data/smollm2-reference.json).
+- Shared by a fast test module and its counterpart in another tier (a test module never
+  imports another): ``AUTH_TOKEN``, ``DISK_FP`` / ``file_names`` (disk tier),
+  ``write_hostfile`` (distributed), ``param_bytes`` / ``batch_tokens`` (CPU fusing), and the
+  grammar cases ``GRAMMAR_FIELD``, ``PERSON``, ``YES_NO``, ``parse_constraint``,
+  ``gbnf_alternatives``, ``assert_one_clean_line``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import random
@@ -26,6 +32,7 @@ from typing import TypeVar
 
 import grpc
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 import backend_pb2
@@ -191,3 +198,81 @@ def greedy_ids(model, prompt_ids: list[int], n: int) -> tuple[list[int], list[in
         if len(out) < n:
             logits = model(mx.array([[token]]), cache=cache)[0, -1]
     return top5, out
+
+
+# --------------------------------------------------------------------------- shared by tiers
+AUTH_TOKEN = "s3cret-token-0123456789"  # the bearer token the operations tests set
+DISK_FP = "0123456789abcdef:" + "a" * 32  # a model fingerprint for the prompt disk tier
+
+
+def file_names(directory: Path) -> list[str]:
+    """The names in ``directory``, sorted."""
+    return sorted(p.name for p in directory.iterdir())
+
+
+def write_hostfile(directory: Path, ranks: int, name: str = "hosts.json") -> Path:
+    """A LocalAI ring hostfile: a JSON array, entry i = rank i's "ip:port"."""
+    path = directory / name
+    path.write_text(json.dumps([f"127.0.0.1:{p}" for p in free_ports(ranks)]))
+    return path
+
+
+def param_bytes(model) -> tuple[int, int]:
+    """(bytes, count) of a model's parameters."""
+    flat = tree_flatten(model.parameters())
+    return sum(v.nbytes for _, v in flat), len(flat)
+
+
+def batch_tokens(model, prompts: list[list[int]], n: int = 24) -> dict[int, list[int]]:
+    """Greedy tokens of ``prompts`` decoded together by mlx-lm's BatchGenerator
+    (different prompt lengths: left padding, per-sequence rotary offsets)."""
+    from mlx_lm.generate import BatchGenerator
+
+    k = len(prompts)
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=k, prefill_batch_size=k)
+    uids = gen.insert(prompts, max_tokens=[n] * k)
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(200):
+        _, responses = gen.next()
+        for r in responses:
+            out[r.uid].append(r.token)
+        if all(len(v) == n for v in out.values()):
+            break
+    gen.close()
+    return {i: out[u] for i, u in enumerate(uids)}
+
+
+GRAMMAR_FIELD = "PredictOptions.Grammar"  # how grammar errors name the request field
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},  # bounded so sampled runs finish
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+YES_NO = 'root ::= "yes" | "no"'
+
+
+def parse_constraint(text: str, metadata: dict[str, str]):
+    """Read a request's constraint and validate it fully (bytes), as the servicer does
+    before queueing: ``read_constraint`` then ``validate_constraint``."""
+    from decoding import grammar
+    from parsing import constraint as reading
+
+    c = reading.read_constraint(text, metadata)
+    asyncio.run(grammar.validate_constraint(c))
+    return c
+
+
+def gbnf_alternatives(n: int) -> str:
+    """A GBNF grammar of ``n`` alternatives "w0" | "w1" | ..."""
+    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
+
+
+def assert_one_clean_line(message: str) -> None:
+    """``message`` is one line without a panic, backtrace or grammar dump."""
+    assert "\n" not in message and "\r" not in message
+    for junk in ("panicked", "backtrace", "stack backtrace", "<state>", "<grammar>", " | "):
+        assert junk not in message.lower(), message

@@ -19,12 +19,11 @@ from pathlib import Path
 import grpc
 import pytest
 import tiny_models
-from helpers import ROOT, greedy, wait_until
+from helpers import ROOT, greedy, wait_until, write_hostfile
 
 import backend_pb2
 from clients.server_process import ServerProcess
 from distributed import group as joining
-from tests.fast.test_worker_protocol import _hostfile
 
 WORKERS = 2
 TOKENS = 4
@@ -60,7 +59,7 @@ class Group:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self.hostfile = _hostfile(directory, WORKERS + 1)
+        self.hostfile = write_hostfile(directory, WORKERS + 1)
         self.worker_logs = [directory / f"worker{r}.log" for r in range(1, WORKERS + 1)]
         self.workers = [
             _start_worker(self.hostfile, r, self.worker_logs[r - 1], "--join-timeout", "300")
@@ -107,7 +106,7 @@ def group(tmp_path_factory):
 
 # ------------------------------------------------------------------ real processes
 def test_a_worker_with_no_rank_0_gives_up_after_its_timeout(tmp_path):
-    hostfile = _hostfile(tmp_path, 2)
+    hostfile = write_hostfile(tmp_path, 2)
     log = tmp_path / "alone.log"
     proc = _start_worker(hostfile, 1, log, "--join-timeout", "3")
     assert _stop([proc], timeout=60) == [1], log.read_text()
@@ -117,7 +116,7 @@ def test_a_worker_with_no_rank_0_gives_up_after_its_timeout(tmp_path):
 
 
 def test_worker_arguments_are_checked(tmp_path):
-    hostfile = _hostfile(tmp_path, 2)
+    hostfile = write_hostfile(tmp_path, 2)
     log = tmp_path / "bad.log"
     procs = [
         _start_worker(hostfile, 0, log),  # rank 0 is not a worker
@@ -130,7 +129,7 @@ def test_worker_arguments_are_checked(tmp_path):
 
 
 def test_rank_0_without_its_workers_fails_the_load_clearly(tmp_path, models):
-    hostfile = _hostfile(tmp_path, 2)
+    hostfile = write_hostfile(tmp_path, 2)
     srv = ServerProcess(env={joining.JOIN_TIMEOUT_ENV: "2"})
     try:
         result = srv.stub.LoadModel(
@@ -148,7 +147,7 @@ def test_rank_0_without_its_workers_fails_the_load_clearly(tmp_path, models):
 
 def test_local_ais_p2p_mlx_worker_command_is_refused(tmp_path):
     """`local-ai worker p2p-mlx` runs `run.sh --worker --backend ring --hostfile F --rank 0`."""
-    hostfile = _hostfile(tmp_path, 2)
+    hostfile = write_hostfile(tmp_path, 2)
     log = tmp_path / "p2p.log"
     assert _stop([_start_worker(hostfile, 0, log)], timeout=60) == [2]
     text = log.read_text()
@@ -159,7 +158,7 @@ def test_local_ais_p2p_mlx_worker_command_is_refused(tmp_path):
 def test_a_plain_backend_with_an_inherited_hostfile_loads_alone(tmp_path, models):
     """What `local-ai run --p2p` does to every backend it spawns: the model loads in one
     process (a join would fail here: no worker runs, and the join timeout is 2 s)."""
-    hostfile = _hostfile(tmp_path, 2)
+    hostfile = write_hostfile(tmp_path, 2)
     srv = ServerProcess(env={joining.HOSTFILE_ENV: str(hostfile), joining.JOIN_TIMEOUT_ENV: "2"})
     try:
         result = srv.stub.LoadModel(
@@ -197,7 +196,7 @@ def test_group_serves_like_one_process_across_free_and_model_changes(group, mode
     assert got.message.decode() == want_qwen2
 
     # The group of a process is fixed: another hostfile is refused, the model keeps serving.
-    other = _hostfile(group.dir, WORKERS + 1, "other.json")
+    other = write_hostfile(group.dir, WORKERS + 1, "other.json")
     refused = group.stub.LoadModel(
         backend_pb2.ModelOptions(Model=str(qwen2), Options=[f"hostfile:{other}"]), timeout=60
     )

@@ -8,36 +8,14 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from helpers import batch_tokens, param_bytes
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import BatchGenerator, generate_step
+from mlx_lm.generate import generate_step
 from mlx_lm.utils import _get_classes
 
 import backend_pb2 as pb
 from loading import cpu_fuse
 from params import load_params
-
-
-def _param_bytes(model) -> tuple[int, int]:
-    flat = tree_flatten(model.parameters())
-    return sum(v.nbytes for _, v in flat), len(flat)
-
-
-def _batch_tokens(model, prompts: list[list[int]], n: int = 24) -> dict[int, list[int]]:
-    """Greedy tokens of ``prompts`` decoded together by BatchGenerator (different prompt
-    lengths: left padding, per-sequence rotary offsets)."""
-    k = len(prompts)
-    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=k, prefill_batch_size=k)
-    uids = gen.insert(prompts, max_tokens=[n] * k)
-    out: dict[int, list[int]] = {u: [] for u in uids}
-    for _ in range(200):
-        _, responses = gen.next()
-        for r in responses:
-            out[r.uid].append(r.token)
-        if all(len(v) == n for v in out.values()):
-            break
-    gen.close()
-    return {i: out[u] for i, u in enumerate(uids)}
-
 
 # --- family matrix: tiny random-weight models ----------------------------------------
 
@@ -78,11 +56,11 @@ def _tiny_pair(model_type: str, extra: dict):
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_family_matrix_identical(model_type):
     plain, fused = _tiny_pair(model_type, FAMILIES[model_type])
-    before = _param_bytes(plain)[0]
+    before = param_bytes(plain)[0]
     counts = cpu_fuse.transform(fused)
     assert counts["projections"] == 2 and counts["compiled"] >= 5
     assert cpu_fuse.fuse_projections(fused, mlp=True) == 2  # gate/up too (off by default)
-    assert _param_bytes(fused)[0] == before
+    assert param_bytes(fused)[0] == before
     x = mx.array([[1, 5, 9, 33, 2, 77, 4]])
     a, b = plain(x), fused(x)
     assert mx.abs(a - b).max().item() < 1e-4
@@ -91,7 +69,7 @@ def test_family_matrix_identical(model_type):
     got = [t for t, _ in generate_step(ids, fused, max_tokens=12)]
     assert got == want
     prompts = [[3, 8, 21, 5], [7, 1, 2, 90, 11, 6, 40], [12, 13]]
-    assert _batch_tokens(fused, prompts, 8) == _batch_tokens(plain, prompts, 8)
+    assert batch_tokens(fused, prompts, 8) == batch_tokens(plain, prompts, 8)
 
 
 def test_unknown_architecture_skipped():

@@ -13,32 +13,18 @@ import json
 import re
 
 import pytest
+from helpers import (
+    GRAMMAR_FIELD,
+    PERSON,
+    YES_NO,
+    assert_one_clean_line,
+    gbnf_alternatives,
+    parse_constraint,
+)
 
 from decoding import grammar
 from parsing import constraint as reading
 from parsing.constraint import Constraint
-
-
-def parse_constraint(text: str, metadata: dict[str, str]) -> Constraint | None:
-    """Read a request's constraint and validate it fully (bytes), as the servicer does
-    before queueing: `read_constraint` then `validate_constraint`."""
-    c = reading.read_constraint(text, metadata)
-    asyncio.run(grammar.validate_constraint(c))
-    return c
-
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},  # bounded so sampled runs finish
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-
-YES_NO = 'root ::= "yes" | "no"'
-
 
 # --- parse_constraint ---------------------------------------------------------------------
 
@@ -120,18 +106,8 @@ def test_invalid_input_is_a_value_error_naming_the_field(grammar_text, metadata,
 # --- bounds, validation off the event loop, clean errors ------------------------------------
 
 
-def alternatives(n: int) -> str:
-    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
-
-
-def assert_one_clean_line(message: str) -> None:
-    assert "\n" not in message and "\r" not in message
-    for junk in ("panicked", "backtrace", "stack backtrace", "<state>", "<grammar>", " | "):
-        assert junk not in message.lower(), message
-
-
 def test_a_1mb_grammar_of_100k_alternatives_is_refused_by_the_size_bound() -> None:
-    huge = alternatives(100_000)
+    huge = gbnf_alternatives(100_000)
     assert len(huge.encode()) > 1_000_000
     expected = f"PredictOptions.Grammar is {len(huge.encode())} bytes; the limit is 65536 bytes"
     assert reading.MAX_GRAMMAR_BYTES == 65536
@@ -141,10 +117,7 @@ def test_a_1mb_grammar_of_100k_alternatives_is_refused_by_the_size_bound() -> No
         reading.read_constraint(huge, {})
     # Built directly (not read from a request): the compile paths check the bound too.
     with pytest.raises(ValueError, match=re.escape(expected)):
-        asyncio.run(grammar.validate_constraint(Constraint("gbnf", huge, GRAMMAR)))
-
-
-GRAMMAR = "PredictOptions.Grammar"
+        asyncio.run(grammar.validate_constraint(Constraint("gbnf", huge, GRAMMAR_FIELD)))
 
 
 def test_the_empty_string_grammar_is_not_refused() -> None:
@@ -169,8 +142,8 @@ def nested_schema(levels: int) -> str:
             "deeper than 64",
         ),
         ('{"a":' * 3000 + "1" + "}" * 3000, {}, "PredictOptions.Grammar", "deeper than 64"),
-        ("root ::= " + "(" * 150 + '"a"' + ")" * 150, {}, GRAMMAR, "deeper than 100"),
-        ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, {}, GRAMMAR, "parentheses deeper"),
+        ("root ::= " + "(" * 150 + '"a"' + ")" * 150, {}, GRAMMAR_FIELD, "deeper than 100"),
+        ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, {}, GRAMMAR_FIELD, "parentheses deeper"),
     ],
 )
 def test_deep_nesting_is_a_clean_value_error(grammar_text, metadata, field, message) -> None:
@@ -188,7 +161,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
         reading.check_json_bounds('{"a": ["\\\\"]}', "x", max_depth=1)
     # Parentheses in GBNF strings, classes and comments do not count either.
     text = 'root ::= "(((" [(] "a" # ((((\n' * 1 + 'x ::= "\\"((("'
-    reading.check_grammar_bounds(text.replace("(((", "(" * 300), GRAMMAR)
+    reading.check_grammar_bounds(text.replace("(((", "(" * 300), GRAMMAR_FIELD)
 
 
 def test_real_llguidance_errors_come_out_as_one_line() -> None:

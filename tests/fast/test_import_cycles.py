@@ -1,4 +1,4 @@
-"""No import circle among the project's own modules.
+"""No import circle among the project's own modules; no test module imports another.
 
 The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and
 ``from ... import`` of a project module counts, at module level, inside functions (a lazy
@@ -120,3 +120,22 @@ def test_no_import_circle_among_our_modules():
     assert not circles, "import circles (cut each one): " + "; ".join(
         " <-> ".join(c) for c in circles
     )
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by test modules live in tests/helpers.py (or a tier's conftest.py),
+    not in a test module that another one imports."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                if name.rpartition(".")[2].startswith("test_"):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, offenders

@@ -8,13 +8,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from helpers import wait_until
+from helpers import AUTH_TOKEN, wait_until
 
 import backend_pb2
 import params
 from edge import interceptors, lifecycle
-
-TOKEN = "s3cret-token-0123456789"
 
 
 # --------------------------------------------------------------------------- unit: ops
@@ -60,19 +58,22 @@ def test_log_levels_accept_localai_names():
 
 
 def test_auth_interceptor_header_rules():
-    auth = interceptors.AuthInterceptor(TOKEN)
-    assert auth.authorized([("authorization", f"Bearer {TOKEN}")])
-    assert auth.authorized([("x-other", "1"), ("authorization", f"bearer {TOKEN}")])
-    assert auth.authorized([("authorization", f"Bearer {TOKEN}".encode())])
+    auth = interceptors.AuthInterceptor(AUTH_TOKEN)
+    assert auth.authorized([("authorization", f"Bearer {AUTH_TOKEN}")])
+    assert auth.authorized([("x-other", "1"), ("authorization", f"bearer {AUTH_TOKEN}")])
+    assert auth.authorized([("authorization", f"Bearer {AUTH_TOKEN}".encode())])
     for bad in (
         None,
         [],
-        [("authorization", TOKEN)],  # no scheme
-        [("authorization", f"Basic {TOKEN}")],
-        [("authorization", f"Bearer {TOKEN}x")],
-        [("authorization", f"Bearer {TOKEN[:-1]}")],
+        [("authorization", AUTH_TOKEN)],  # no scheme
+        [("authorization", f"Basic {AUTH_TOKEN}")],
+        [("authorization", f"Bearer {AUTH_TOKEN}x")],
+        [("authorization", f"Bearer {AUTH_TOKEN[:-1]}")],
         [("authorization", "Bearer ")],
-        [("authorization", "Bearer wrong"), ("authorization", f"Bearer {TOKEN}")],  # first wins
+        [
+            ("authorization", "Bearer wrong"),
+            ("authorization", f"Bearer {AUTH_TOKEN}"),
+        ],  # first wins
     ):
         assert not auth.authorized(bad), bad
     kinds = [

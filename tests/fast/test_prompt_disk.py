@@ -16,13 +16,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from helpers import held
+from helpers import DISK_FP, file_names, held
 from helpers import token_kv as any_token_kv
 
 from caches import prompt_disk
 from caches.prompt_disk import DiskCache, model_fingerprint, safe_cache_dir
 
-FP = "0123456789abcdef:" + "a" * 32
 HEADS, DIM, LAYERS = 2, 8, 2
 # Entries of known values: 2 heads of 8 float16 numbers per token in each of 2 layers.
 token_kv = functools.partial(any_token_kv, n_layers=LAYERS, heads=HEADS, dim=DIM, dtype=mx.float16)
@@ -33,10 +32,6 @@ def entry_size(n_tokens):
     return n_tokens * HEADS * DIM * 2 * 2 * LAYERS  # keys+values, float16
 
 
-def files(d: Path):
-    return sorted(p.name for p in d.iterdir())
-
-
 def put_all(cache: DiskCache, *seqs):
     for s in seqs:
         assert cache.put(s, token_kv(s))
@@ -45,7 +40,7 @@ def put_all(cache: DiskCache, *seqs):
 
 # --------------------------------------------------------------------------- matching
 def test_prefix_trim_and_min_tokens(tmp_path):
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(cache, [1, 2, 3], [5, 6, 7, 8, 9])
     hit = cache.lookup([1, 2, 3, 4])
     assert (hit.cached_len, hit.tokens, held(hit.kv)) == (3, (1, 2, 3), [1, 2, 3])
@@ -63,9 +58,9 @@ def test_prefix_trim_and_min_tokens(tmp_path):
 
 
 def test_longer_trimmable_entry_replaces_its_prefixes(tmp_path):
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(cache, [1, 2], [1, 2, 3, 4])
-    assert len(cache) == 1 and len(files(tmp_path)) == 1
+    assert len(cache) == 1 and len(file_names(tmp_path)) == 1
     assert cache.lookup([1, 2, 3, 4, 5]).tokens == (1, 2, 3, 4)
     cache.close()
 
@@ -78,7 +73,7 @@ def _only_file(d: Path) -> Path:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_damaged_file_is_skipped_once_and_deleted(tmp_path, caplog, damage):
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(cache, [1, 2, 3, 4])
     cache.close()
     path = _only_file(tmp_path)
@@ -89,7 +84,7 @@ def test_damaged_file_is_skipped_once_and_deleted(tmp_path, caplog, damage):
         data = data[: len(data) - 37]
     path.write_bytes(bytes(data))
 
-    restarted = DiskCache(tmp_path, 1 << 20, FP)
+    restarted = DiskCache(tmp_path, 1 << 20, DISK_FP)
     assert len(restarted) == 1  # the header alone looks fine
     with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
         assert restarted.lookup([1, 2, 3, 4, 5]) is None
@@ -107,20 +102,20 @@ def test_garbage_header_is_deleted_at_start(tmp_path, caplog):
     other = tmp_path / "notes.txt"  # not ours: never touched
     other.write_text("keep me")
     with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
-        cache = DiskCache(tmp_path, 1 << 20, FP)
+        cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     assert not bad.exists() and other.read_text() == "keep me"
     assert "unreadable header" in caplog.text and cache.stats().corrupt == 1
     cache.close()
 
 
 def test_renamed_file_with_other_tokens_is_refused(tmp_path):
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(cache, [1, 2, 3])
     cache.close()
     path = _only_file(tmp_path)
     path.rename(tmp_path / f"{'f' * 32}-{path.name.split('-')[1]}")
-    again = DiskCache(tmp_path, 1 << 20, FP)
-    assert len(again) == 0 and files(tmp_path) == []
+    again = DiskCache(tmp_path, 1 << 20, DISK_FP)
+    assert len(again) == 0 and file_names(tmp_path) == []
     again.close()
 
 
@@ -132,14 +127,14 @@ def test_other_fingerprint_is_never_used_and_stale_ones_are_removed(tmp_path):
     # Another model / settings (other lineage): kept for it, never used here.
     b = DiskCache(tmp_path, 1 << 20, "2222222222222222:" + "a" * 32)
     assert b.lookup([1, 2, 3, 4]) is None and len(b) == 0
-    assert b.stats().entries == 1 and len(files(tmp_path)) == 1
+    assert b.stats().entries == 1 and len(file_names(tmp_path)) == 1
     put_all(b, [1, 2, 3])
     b.close()
-    assert len(files(tmp_path)) == 2
+    assert len(file_names(tmp_path)) == 2
     # The same model path and settings with changed files: certainly stale.
     c = DiskCache(tmp_path, 1 << 20, "1111111111111111:" + "b" * 32)
     assert c.lookup([1, 2, 3, 4]) is None
-    assert c.stats().entries == 1 and len(files(tmp_path)) == 1
+    assert c.stats().entries == 1 and len(file_names(tmp_path)) == 1
     c.close()
     # b's entry is still b's.
     b2 = DiskCache(tmp_path, 1 << 20, "2222222222222222:" + "a" * 32)
@@ -150,11 +145,11 @@ def test_other_fingerprint_is_never_used_and_stale_ones_are_removed(tmp_path):
 def test_format_versions(tmp_path, monkeypatch):
     for version in (0, 2):
         monkeypatch.setattr(prompt_disk, "FORMAT_VERSION", version)
-        w = DiskCache(tmp_path, 1 << 20, FP)
+        w = DiskCache(tmp_path, 1 << 20, DISK_FP)
         put_all(w, [version + 1, 9])
         w.close()
     monkeypatch.undo()
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     # Version 0 is older: removed. Version 2 is unknown (newer): kept, never used.
     assert len(cache) == 0 and cache.stats().entries == 1
     assert cache.lookup([3, 9, 9]) is None and cache.lookup([1, 9, 9]) is None
@@ -193,7 +188,7 @@ def test_unwritable_directory_serves_on(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with caplog.at_level(logging.ERROR, logger="localai.mlx.caches.prompt_disk"):
-        cache = DiskCache(blocker / "cache", 1 << 20, FP)  # root can't mkdir under a file
+        cache = DiskCache(blocker / "cache", 1 << 20, DISK_FP)  # root can't mkdir under a file
         assert not cache.put([1, 2], token_kv([1, 2]))
         assert cache.lookup([1, 2, 3]) is None
     assert not cache.stats().writable
@@ -203,7 +198,7 @@ def test_unwritable_directory_serves_on(tmp_path, caplog):
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
 def test_full_or_read_only_disk_stops_writing_once(tmp_path, caplog, monkeypatch, code):
-    cache = DiskCache(tmp_path, 1 << 20, FP)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(cache, [1, 2, 3])
 
     def fail(fd, data):
@@ -218,24 +213,24 @@ def test_full_or_read_only_disk_stops_writing_once(tmp_path, caplog, monkeypatch
     assert (st.writable, st.write_errors, st.writes) == (False, 1, 1)
     assert os.strerror(code) in caplog.text
     assert sum("no more entries" in r.getMessage() for r in caplog.records) == 1
-    assert len(files(tmp_path)) == 1  # the temporary file was removed
+    assert len(file_names(tmp_path)) == 1  # the temporary file was removed
     assert cache.lookup([1, 2, 3, 4]).cached_len == 3  # reading goes on
     cache.close()
 
 
 def test_read_only_cache_reads_and_never_writes(tmp_path):
-    w = DiskCache(tmp_path, 1 << 20, FP)
+    w = DiskCache(tmp_path, 1 << 20, DISK_FP)
     put_all(w, [1, 2, 3])
     w.close()
     before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    ro = DiskCache(tmp_path, 1 << 20, FP, read_only=True)
+    ro = DiskCache(tmp_path, 1 << 20, DISK_FP, read_only=True)
     assert not ro.put([4, 5], token_kv([4, 5]))
     assert ro.lookup([1, 2, 3, 4]).cached_len == 3
     path = _only_file(tmp_path)
     path.write_bytes(path.read_bytes()[:-8])
-    ro2 = DiskCache(tmp_path, 1 << 20, FP, read_only=True)
+    ro2 = DiskCache(tmp_path, 1 << 20, DISK_FP, read_only=True)
     assert ro2.lookup([1, 2, 3, 4]) is None and path.exists()  # skipped, not deleted
-    assert list(before) == files(tmp_path)
+    assert list(before) == file_names(tmp_path)
     ro.close()
     ro2.close()
 
@@ -249,7 +244,7 @@ def test_full_queue_drops_without_blocking(tmp_path, caplog, monkeypatch):
         real(fd, data)
 
     monkeypatch.setattr(prompt_disk, "_write_all", slow)
-    cache = DiskCache(tmp_path, 1 << 20, FP, queue_size=1)
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP, queue_size=1)
     with caplog.at_level(logging.WARNING, logger="localai.mlx.caches.prompt_disk"):
         results = [cache.put([i, i + 1], token_kv([i, i + 1])) for i in range(1, 20, 2)]
     gate.set()
@@ -263,13 +258,13 @@ def test_full_queue_drops_without_blocking(tmp_path, caplog, monkeypatch):
 # --------------------------------------------------------------------------- budget
 def test_lru_eviction_by_budget_survives_restart(tmp_path):
     a, b, c, d, e = ([i, i, i, i] for i in range(1, 6))
-    probe = DiskCache(tmp_path / "probe", 1 << 20, FP)
+    probe = DiskCache(tmp_path / "probe", 1 << 20, DISK_FP)
     put_all(probe, a)
     size = probe.stats().nbytes  # every 4-token entry has this size
     probe.close()
     assert size > entry_size(4)  # tensor data plus the header
     budget = 3 * size + size // 2
-    cache = DiskCache(tmp_path, budget, FP)
+    cache = DiskCache(tmp_path, budget, DISK_FP)
     put_all(cache, a, b, c)
     assert len(cache) == 3 and cache.stats().nbytes == 3 * size
     assert cache.lookup([*a, 0]) is not None  # a is now the most recently used
@@ -277,7 +272,7 @@ def test_lru_eviction_by_budget_survives_restart(tmp_path):
     assert cache.lookup([*b, 0]) is None and cache.stats().evictions == 1
     cache.close()
     # The order survives a restart: c is now the oldest.
-    again = DiskCache(tmp_path, budget, FP)
+    again = DiskCache(tmp_path, budget, DISK_FP)
     assert again.stats().nbytes == 3 * size
     put_all(again, e)
     assert again.lookup([*c, 0]) is None
@@ -285,10 +280,10 @@ def test_lru_eviction_by_budget_survives_restart(tmp_path):
     assert again.stats().evictions == 1
     again.close()
     # A smaller budget at start-up evicts down to it; a zero budget stores nothing.
-    small = DiskCache(tmp_path, size, FP)
+    small = DiskCache(tmp_path, size, DISK_FP)
     assert len(small) == 1 and small.stats().evictions == 2
     small.close()
-    assert DiskCache(tmp_path, 0, FP).put(a, token_kv(a)) is False
+    assert DiskCache(tmp_path, 0, DISK_FP).put(a, token_kv(a)) is False
 
 
 # --------------------------------------------------------------------------- directory
@@ -308,6 +303,6 @@ def test_safe_cache_dir(tmp_path):
     with pytest.raises(ValueError, match="model directory is empty"):
         safe_cache_dir("cache", "")
     with pytest.raises(ValueError, match="max_bytes"):
-        DiskCache(tmp_path, -1, FP)
+        DiskCache(tmp_path, -1, DISK_FP)
     with pytest.raises(ValueError, match="fingerprint"):
         DiskCache(tmp_path, 1, "")

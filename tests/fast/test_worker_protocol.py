@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
-from helpers import free_ports
+from helpers import write_hostfile
 
 import backend_pb2
 import params
 from distributed import group as joining
 from distributed import worker
-
-
-def _hostfile(directory: Path, ranks: int, name: str = "hosts.json") -> Path:
-    """A LocalAI ring hostfile: a JSON array, entry i = rank i's "ip:port"."""
-    path = directory / name
-    path.write_text(json.dumps([f"127.0.0.1:{p}" for p in free_ports(ranks)]))
-    return path
 
 
 # ------------------------------------------------------------------ without processes
@@ -41,7 +33,7 @@ def test_load_options_name_the_group_and_are_validated():
 
 
 def test_hostfiles_are_checked_before_any_rank_waits(tmp_path):
-    ring = _hostfile(tmp_path, 3)
+    ring = write_hostfile(tmp_path, 3)
     spec = joining.group_spec(str(ring), "ring", 2)
     assert (spec.size, spec.rank, spec.backend) == (3, 2, "ring")
     with pytest.raises(ValueError, match=r"rank 3 is outside hostfile .* ranks 0\.\.2"):
@@ -123,7 +115,7 @@ class _Engine:
 
 def test_rank_0_owns_its_engine_and_an_inherited_hostfile_leaves_it_alone(tmp_path):
     engine = _Engine()
-    start = worker.StartSettings(env_hostfile=str(_hostfile(tmp_path, 2)), installed_as="mlx")
+    start = worker.StartSettings(env_hostfile=str(write_hostfile(tmp_path, 2)), installed_as="mlx")
     rank0 = worker.JoinOnLoad(start, engine=engine)
     load = params.load_params(backend_pb2.ModelOptions(Model="m"))
     asyncio.run(rank0.load(load))

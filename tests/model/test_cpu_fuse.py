@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from helpers import batch_tokens, param_bytes
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 
 import backend_pb2 as pb
 from loading import cpu_fast_path, cpu_fuse, model_loader
 from params import load_params
-from tests.fast.test_cpu_fuse import _batch_tokens, _param_bytes
 
 PROMPTS = (
     "Write a short poem about the sea.",
@@ -41,8 +41,8 @@ def dense_pair():
 
 def test_weights_replaced_not_doubled(dense_pair):
     plain, fused, _ = dense_pair
-    plain_bytes, plain_count = _param_bytes(plain)
-    fused_bytes, fused_count = _param_bytes(fused)
+    plain_bytes, plain_count = param_bytes(plain)
+    fused_bytes, fused_count = param_bytes(fused)
     assert fused_bytes == plain_bytes
     # 30 layers: 3 projection matrices become 1 fused one per layer
     assert plain_count - fused_count == 2 * len(plain.layers)
@@ -77,7 +77,7 @@ def test_greedy_identical_batch_1(dense_pair):
 def test_greedy_identical_batch_of_4(dense_pair):
     plain, fused, tok = dense_pair
     prompts = [tok.encode(p) for p in PROMPTS]
-    want, got = _batch_tokens(plain, prompts), _batch_tokens(fused, prompts)
+    want, got = batch_tokens(plain, prompts), batch_tokens(fused, prompts)
     assert all(len(v) == 24 for v in want.values())
     assert got == want
 

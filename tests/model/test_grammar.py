@@ -18,7 +18,15 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import gen_params
+from helpers import (
+    GRAMMAR_FIELD,
+    PERSON,
+    YES_NO,
+    assert_one_clean_line,
+    gbnf_alternatives,
+    gen_params,
+    parse_constraint,
+)
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -26,14 +34,6 @@ from decoding import grammar, sampling
 from decoding.grammar import make_constraint_processor
 from parsing import constraint as reading
 from parsing.constraint import Constraint
-from tests.fast.test_grammar import (
-    GRAMMAR,
-    PERSON,
-    YES_NO,
-    alternatives,
-    assert_one_clean_line,
-    parse_constraint,
-)
 
 # LocalAI's JSON-mode grammar (pkg/functions, a port of llama.cpp's old json.gbnf).
 JSON_GBNF = r"""root   ::= object
@@ -282,9 +282,9 @@ def test_yes_no_through_the_non_batched_generate_step(smol) -> None:
 
 # --- bounds on the real tokenizer ------------------------------------------------------------
 def test_a_moderately_large_grammar_still_compiles_and_constrains(tok) -> None:
-    text = alternatives(1500)  # ~14 KB, under llguidance's 2,000 alternatives per rule
+    text = gbnf_alternatives(1500)  # ~14 KB, under llguidance's 2,000 alternatives per rule
     c = parse_constraint(text, {})
-    assert c == Constraint("gbnf", text, GRAMMAR)
+    assert c == Constraint("gbnf", text, GRAMMAR_FIELD)
     asyncio.run(grammar.validate_constraint(c))
     proc = make_constraint_processor(c, tok)
     first = allowed(proc(mx.array([1]), mx.zeros((1, len(tok)))))
@@ -299,7 +299,7 @@ def test_a_moderately_large_grammar_still_compiles_and_constrains(tok) -> None:
 
 def test_a_rule_wider_than_llguidance_parses_is_refused_before_decoding(tok) -> None:
     with pytest.raises(ValueError, match=r"^PredictOptions\.Grammar is not .*max is 2000") as err:
-        parse_constraint(alternatives(3000), {})
+        parse_constraint(gbnf_alternatives(3000), {})
     assert_one_clean_line(str(err.value))
 
 
@@ -312,7 +312,7 @@ def test_a_grammar_matching_no_string_is_refused(tok, text) -> None:
     with pytest.raises(ValueError, match=match):
         parse_constraint(text, {})
     c = reading.read_constraint(text, {})  # reading alone does not compile
-    assert c == Constraint("gbnf", text, GRAMMAR)
+    assert c == Constraint("gbnf", text, GRAMMAR_FIELD)
     with pytest.raises(ValueError, match=match):
         asyncio.run(grammar.validate_constraint(c))
     with pytest.raises(ValueError, match=match):

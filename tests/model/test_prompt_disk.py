@@ -4,11 +4,11 @@ prompt and its follow-up after a restart exactly like a cold run."""
 from __future__ import annotations
 
 import mlx.core as mx
+from helpers import DISK_FP
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
 
 from caches.prompt_disk import DiskCache
-from tests.fast.test_prompt_disk import FP
 
 
 def greedy_tokens(model, prompt, kv, n):
@@ -31,7 +31,7 @@ def test_restart_serves_the_prompt_and_its_follow_up_like_cold(smol, tmp_path):
     assert kv[0].offset == len(seq)
     originals = [c.keys_and_values() for c in kv]
 
-    first = DiskCache(tmp_path, 1 << 30, FP)
+    first = DiskCache(tmp_path, 1 << 30, DISK_FP)
     assert first.put(seq, kv)
     assert first.flush(60)
     first.close()
@@ -39,9 +39,9 @@ def test_restart_serves_the_prompt_and_its_follow_up_like_cold(smol, tmp_path):
     # mlx-lm's own loader reads the file too, with our metadata.
     (path,) = tmp_path.glob("*.safetensors")
     _, meta = load_prompt_cache(str(path), return_metadata=True)
-    assert meta["fingerprint"] == FP and meta["tokens"] == ",".join(map(str, seq))
+    assert meta["fingerprint"] == DISK_FP and meta["tokens"] == ",".join(map(str, seq))
 
-    restarted = DiskCache(tmp_path, 1 << 30, FP)  # a new process would see the same
+    restarted = DiskCache(tmp_path, 1 << 30, DISK_FP)  # a new process would see the same
     assert len(restarted) == 1
     # The same prompt: the longer entry is trimmed to all but the last prompt token.
     hit = restarted.lookup(prompt)

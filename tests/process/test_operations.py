@@ -25,13 +25,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from helpers import REFERENCE, ROOT, code_of, wait_until
+from helpers import AUTH_TOKEN, REFERENCE, ROOT, code_of, wait_until
 
 import backend_pb2
 from clients.server_process import ServerProcess
 from edge import interceptors, lifecycle
 from loading import model_loader
-from tests.fast.test_operations import TOKEN
 
 PLAIN = next(c for c in REFERENCE["cases"] if c["name"] == "plain")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -74,7 +73,7 @@ class _AddMetadata(
     intercept_stream_stream = intercept_stream_unary
 
 
-def bearer(token: str = TOKEN) -> list[tuple[str, str]]:
+def bearer(token: str = AUTH_TOKEN) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
@@ -100,7 +99,7 @@ def process_gone(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def auth_server():
     """run.sh with a token; no model. Env level "error" and --log-level debug: flag wins."""
-    env = {interceptors.AUTH_TOKEN_ENV: TOKEN, lifecycle.LOG_LEVEL_ENV: "error"}
+    env = {interceptors.AUTH_TOKEN_ENV: AUTH_TOKEN, lifecycle.LOG_LEVEL_ENV: "error"}
     srv = ServerProcess("--log-level", "debug", entry="run.sh", env=env)
     try:
         yield srv
@@ -127,7 +126,12 @@ def test_auth_required_on_unary_and_streaming_rpcs(auth_server):
         }
 
     unauth = grpc.StatusCode.UNAUTHENTICATED
-    for metadata in (None, bearer("guess-42"), [("authorization", TOKEN)], bearer(TOKEN + " ")):
+    for metadata in (
+        None,
+        bearer("guess-42"),
+        [("authorization", AUTH_TOKEN)],
+        bearer(AUTH_TOKEN + " "),
+    ):
         assert codes(metadata) == {unauth}, metadata
     assert stub.Health(hello, metadata=bearer()).message == b"OK"
     assert stub.Status(hello, metadata=bearer()).state == backend_pb2.StatusResponse.UNINITIALIZED
@@ -143,7 +147,7 @@ def test_auth_required_on_unary_and_streaming_rpcs(auth_server):
     assert "bearer-token auth on" in logs
     # --log-level debug beat LOCALAI_LOG_LEVEL=error: the denials are logged at DEBUG.
     assert "DEBUG localai.mlx.edge.interceptors: denied /backend.Backend/Health" in logs
-    assert TOKEN not in logs and "guess-42" not in logs
+    assert AUTH_TOKEN not in logs and "guess-42" not in logs
 
 
 def test_reflection_needs_the_token_when_auth_is_on(auth_server):

@@ -7,10 +7,9 @@ import subprocess
 import sys
 import textwrap
 
-from helpers import ROOT, wait_until
+from helpers import DISK_FP, ROOT, file_names, wait_until
 
 from caches.prompt_disk import DiskCache
-from tests.fast.test_prompt_disk import FP, files
 
 # --------------------------------------------------------------------------- crashes
 CHILD = textwrap.dedent(
@@ -39,7 +38,11 @@ CHILD = textwrap.dedent(
 def test_sigkill_in_the_middle_of_a_write_leaves_no_entry(tmp_path):
     cache_dir, marker = tmp_path / "cache", tmp_path / "half-written"
     script = CHILD.format(
-        root=str(ROOT), tests=str(ROOT / "tests"), marker=str(marker), dir=str(cache_dir), fp=FP
+        root=str(ROOT),
+        tests=str(ROOT / "tests"),
+        marker=str(marker),
+        dir=str(cache_dir),
+        fp=DISK_FP,
     )
     child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     try:
@@ -51,7 +54,7 @@ def test_sigkill_in_the_middle_of_a_write_leaves_no_entry(tmp_path):
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(30)
-    restarted = DiskCache(cache_dir, 1 << 30, FP)
+    restarted = DiskCache(cache_dir, 1 << 30, DISK_FP)
     assert len(restarted) == 0 and restarted.lookup(list(range(1, 401))) is None
-    assert files(cache_dir) == []  # the dead writer's temporary file is gone
+    assert file_names(cache_dir) == []  # the dead writer's temporary file is gone
     restarted.close()
