@@ -3,7 +3,7 @@ signals and graceful stop, distributed roles.
 
 ``main()`` is what ``backend.py`` runs (LocalAI starts ``backend.py --addr HOST:PORT``);
 ``serve()`` runs one server until SIGTERM/SIGINT. Holds no request logic: the servicer
-(``backend.py``) and the engine do that.
+(``edge/servicer.py``) and the engine do that.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
 
-if TYPE_CHECKING:  # distributed imports MLX; only its types are named here
+if TYPE_CHECKING:  # a single process never imports distributed; only its types are named here
     from distributed.coordinator import Coordinator
     from distributed.worker import JoinOnLoad, StartSettings
 
@@ -277,7 +277,7 @@ def _join_group(args: argparse.Namespace) -> Coordinator | None:
     """``--distributed``: join the MLX group; ranks other than 0 follow rank 0 and exit
     here (0 when rank 0 stopped them, 1 when the group broke). Returns rank 0's
     coordinator, or None for a group of one process."""
-    # Imports MLX, which backend.py otherwise leaves to the engine.
+    # Only here: a single process never imports the distributed package.
     from distributed import coordinator as coordinators
     from distributed import follower, group
 
@@ -368,7 +368,7 @@ def _run_worker(args: argparse.Namespace) -> None:
     """``--worker``: join the hostfile's group as rank ``--rank`` and follow rank 0;
     exits 2 on bad arguments (``--rank 0`` included: what ``local-ai worker p2p-mlx``
     runs), 1 when the group could not form or broke, 0 when rank 0 stopped it."""
-    # Imports MLX, which backend.py otherwise leaves to the engine.
+    # Only here: a single process never imports the distributed package.
     from distributed import group, worker
 
     try:
