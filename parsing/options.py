@@ -60,6 +60,16 @@ def on_off(
     raise ValueError(f"not an on/off word: {value!r}")
 
 
+def env_on(environ: Mapping[str, str], name: str, default: bool = True) -> bool:
+    """The on/off environment variable ``name`` (`on_off`); unset, auto or a value that
+    is no on/off word gives ``default``: a typo in the environment never stops a start."""
+    try:
+        value = on_off(environ.get(name), default)
+    except ValueError:
+        return default
+    return default if value is None else value
+
+
 # --- built-in defaults ----------------------------------------------------------------
 DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
@@ -425,14 +435,8 @@ _READERS: dict[str, Callable[[str, str, Option], Any]] = {
 
 
 def _env_default(o: Option, environ: Mapping[str, str]) -> Any:
-    """The default of ``o``, from its environment variable when it has one: on unless the
-    variable holds an off word (an unreadable value keeps the built-in default)."""
-    if not o.env:
-        return o.default
-    try:
-        return on_off(environ.get(o.env), o.default)
-    except ValueError:
-        return o.default
+    """The default of ``o``, from its environment variable when it has one (`env_on`)."""
+    return env_on(environ, o.env, o.default) if o.env else o.default
 
 
 @dataclass(frozen=True)
