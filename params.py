@@ -58,29 +58,12 @@ LoraBase (35)         | must be empty: not supported on MLX
 CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_k q5_0 q5_1
 CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
 DraftModel (39)       | no speculative decoding          | a model the loader resolves
-Options (62)          | none; "key:value", see `parse_options`
+Options (62)          | none; "key:value", see `parsing/options.py`
 
-Options keys read here (others stay in `LoadParams.options` for other modules):
-max_cache_entries (int >= 1, default 10), max_cache_bytes (int > 0 or "8GiB"-style
-size, default None = unbounded), max_kv_size (int > 0, default None = unbounded),
-max_pending_events (int >= 1, default jobs.DEFAULT_MAX_PENDING_EVENTS = 4096),
-trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_token /
-cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
-max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
-min_p, top_k, xtc_threshold ([0, 0.5]), xtc_probability ([0, 1]), repetition_penalty,
-repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random);
-kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
-quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
-8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
-the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
-reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1),
-prompt_checkpoint_interval (tokens, >= 0, default 0 = off: on models whose KV cannot be
-trimmed (sliding-window, hybrid, SSM), also snapshot the prefill every that many tokens;
-each snapshot costs the KV/state of its prefix and counts against max_cache_bytes /
-max_cache_entries).
-prompt_cache_dir (a directory for the prompt cache's disk tier, created if missing; relative
-to ModelPath when relative; default none) and prompt_cache_disk_bytes (its budget, int > 0 or
-"10GiB"-style size, default 10 GiB = DEFAULT_PROMPT_CACHE_DISK_BYTES).
+Load options (`ModelOptions.Options`, "key:value"): the one list is the table `OPTIONS` in
+`parsing/options.py` (key, kind, bounds, default, doc, environment variable); the README's
+list is generated from it. `load_params` reads them once per LoadModel
+(`parsing.options.read_options`) into `LoadParams` fields; nothing reads them again.
 
 Prompt cache on disk (`prompt_tiers`): the directory is option prompt_cache_dir when set (it
 wins, the request's PromptCachePath is then ignored), else PromptCachePath, which LocalAI

@@ -214,11 +214,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_pending_events", "int", "undelivered stream replies before a client that "
            "stopped reading is ended", lo=1, shown="4096", group=_BATCH),
     Option("warmup", "switch", "run the request path once at LoadModel, so the first "
-           "request does not pay for kernel compilation", default=True, env=WARMUP_ENV,
+           "request does not pay for kernel compilation (~12 s of LoadModel on 2 CPU cores "
+           "in a fresh container, 0.7 s once MLX's kernel cache in `$TMPDIR` is warm; "
+           "Health answers meanwhile)", default=True, env=WARMUP_ENV,
            group=_BATCH),
     # speculative decoding
     Option("speculative", "choice", "`ngram`: draft-free prompt-lookup speculation; "
-           "`draft`: the `DraftModel` (implied by it)", choices=("", *SPECULATIVE),
+           "`draft`: the `DraftModel` (implied by it); greedy output unchanged, sampled "
+           "output from the same distribution", choices=("", *SPECULATIVE),
            default="", shown="off", group=_SPEC),
     Option("num_draft_tokens", "int", "draft tokens per step (default `NDraft`)", lo=1,
            hi=64, shown="3; 8 with `speculative:ngram`", group=_SPEC, field=False),
@@ -240,9 +243,12 @@ OPTIONS: tuple[Option, ...] = (
            "(L2), false = -1 (none), 0 max-abs, 1 taxicab, p > 2 p-norm",
            aliases=("embd_normalize",), default=2, shown="true (L2)", group=_EMBED),
     # output parsing and reasoning
-    Option("tool_parser", "text", "a vLLM tool-parser name, overriding mlx-lm's choice "
-           "(unknown: a warning)", default="", shown="detected", group=_PARSE),
-    Option("reasoning_parser", "text", "a vLLM reasoning-parser name (unknown: a warning)",
+    Option("tool_parser", "text", "a vLLM tool-parser name, as LocalAI's importer writes "
+           "it (the table is in `decoding/parsers.py`), overriding what mlx-lm detects from "
+           "the chat template; a name with no MLX equivalent, or unknown, logs a warning "
+           "and keeps mlx-lm's: never a failed load", default="", shown="detected",
+           group=_PARSE),
+    Option("reasoning_parser", "text", "a vLLM reasoning-parser name (as `tool_parser`)",
            default="", shown="detected", group=_PARSE),
     Option("reasoning_budget", "int", "reasoning tokens per request (overridden by "
            "`Metadata` `reasoning_budget`); 0 also turns thinking off", lo=-1,
@@ -532,12 +538,35 @@ def options_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+README_BEGIN = (
+    "<!-- options table: generated from parsing/options.py; edit the table there, then run\n"
+    "     python -m parsing.options --readme README.md -->\n"
+)
+README_END = "<!-- end of the options table -->\n"
+
+
+def readme_with_table(text: str) -> str:
+    """``text`` (the README) with the part between its two markers replaced by
+    `options_markdown` (blank lines around it). ValueError when the markers are missing."""
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError("the README lacks the markers of the options table")
+    start += len(README_BEGIN)
+    return text[:start] + "\n" + options_markdown() + "\n" + text[end:]
+
+
 def main(argv: list[str]) -> int:
-    if argv != ["--markdown"]:
-        print("usage: python -m parsing.options --markdown", file=sys.stderr)
-        return 2
-    sys.stdout.write(options_markdown())
-    return 0
+    if argv == ["--markdown"]:
+        sys.stdout.write(options_markdown())
+        return 0
+    if len(argv) == 2 and argv[0] == "--readme":
+        with open(argv[1], encoding="utf-8") as f:
+            text = f.read()
+        with open(argv[1], "w", encoding="utf-8") as f:
+            f.write(readme_with_table(text))
+        return 0
+    print("usage: python -m parsing.options --markdown | --readme README.md", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
