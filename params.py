@@ -178,11 +178,10 @@ class LoadParams:
     `context_size` 0 means the model's own. `max_cache_bytes` / `max_kv_size` None
     mean unbounded. `tokenizer_config` goes to mlx-lm's `load(tokenizer_config=...)`
     and is empty unless options set tokens or trust_remote_code is on. `defaults` holds
-    validated sampling defaults under canonical keys (`temperature`, not `temp`).
-    `options` is every entry as given, typed (`parse_options`): the record of what was
-    asked, read by nothing else (every option is read once, into a field here); treat
-    both dicts as read-only. The fields named after an option are documented in its
-    table entry (`parsing.options.OPTIONS`).
+    validated sampling defaults under canonical keys (`temperature`, not `temp`); treat
+    both dicts as read-only. Every load option is read once, into a field here (the raw
+    entries are not kept, so nothing parses them again); the fields named after an option
+    are documented in its table entry (`parsing.options.OPTIONS`).
     """
 
     model: str
@@ -195,7 +194,6 @@ class LoadParams:
     max_kv_size: int | None
     tokenizer_config: dict[str, Any]
     defaults: dict[str, Any]
-    options: dict[str, Any]
     # Option keys the table (`parsing.options.OPTIONS`) lacks: LocalAI passes options meant
     # for other backends too, so they are a warning at load (`engine.model_host`).
     unknown_options: tuple[str, ...] = ()
@@ -342,7 +340,6 @@ def load_params(req: Any) -> LoadParams:
         defaults={
             o.key: value[o.key] for o in OPTIONS if o.group == SAMPLING and o.key in read.given
         },
-        options=dict(read.typed),
         unknown_options=read.unknown,
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,

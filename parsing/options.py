@@ -5,7 +5,7 @@ default (what absence means), one-line doc and, where one sets the default, its
 environment variable. `read_options` is generated from the table: one pass over the
 entries reads and checks every known key and lists the unknown ones (a warning at load,
 never an error: LocalAI passes options meant for other backends too). The README's
-option list is generated from it too (``python -m parsing.options --markdown``;
+option list is generated from it too (``python -m parsing.options --readme README.md``;
 tests/fast/test_options.py fails when the two drift). ``params.load_params`` turns the
 result into ``LoadParams``; options that interact (``temp``/``temperature``, ``kv_bits``
 with ``CacheTypeKey``, ``num_draft_tokens`` with ``speculative``) are resolved there.
@@ -448,12 +448,11 @@ def _env_default(o: Option, environ: Mapping[str, str]) -> Any:
 @dataclass(frozen=True)
 class ReadOptions:
     """What `read_options` found: ``values`` has every key of `OPTIONS` (checked, or the
-    default), ``given`` the keys set (by the key or an alias), ``typed`` every entry as
-    `parse_options` types it, ``unknown`` the keys no option of the table has."""
+    default), ``given`` the keys set (by the key or an alias), ``unknown`` the keys no
+    option of the table has."""
 
     values: Mapping[str, Any]
     given: frozenset[str]
-    typed: Mapping[str, Any]
     unknown: tuple[str, ...]
 
 
@@ -482,7 +481,7 @@ def read_options(
             values[o.key] = _READERS[o.kind](name, raw[name], o)
             given.add(o.key)
     unknown = tuple(sorted(k for k in raw if k not in KNOWN_KEYS))
-    return ReadOptions(values, frozenset(given), {k: typed(v) for k, v in raw.items()}, unknown)
+    return ReadOptions(values, frozenset(given), unknown)
 
 
 # --- the README's list ------------------------------------------------------------------
