@@ -58,29 +58,12 @@ LoraBase (35)         | must be empty: not supported on MLX
 CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_k q5_0 q5_1
 CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
 DraftModel (39)       | no speculative decoding          | a model the loader resolves
-Options (62)          | none; "key:value", see `parse_options`
+Options (62)          | none; "key:value", see `parsing/options.py`
 
-Options keys read here (others stay in `LoadParams.options` for other modules):
-max_cache_entries (int >= 1, default 10), max_cache_bytes (int > 0 or "8GiB"-style
-size, default None = unbounded), max_kv_size (int > 0, default None = unbounded),
-max_pending_events (int >= 1, default jobs.DEFAULT_MAX_PENDING_EVENTS = 4096),
-trust_remote_code (bool), eos_token / pad_token / bos_token / unk_token / sep_token /
-cls_token / mask_token (raw strings, for the tokenizer), and the sampling defaults
-max_tokens (>= 1), temp / temperature (temperature wins when both are given), top_p,
-min_p, top_k, xtc_threshold ([0, 0.5]), xtc_probability ([0, 1]), repetition_penalty,
-repetition_context_size, presence_penalty, frequency_penalty, seed (<= 0 = random);
-kv_bits (2-6 or 8; wins over CacheTypeKey/Value), kv_group_size (default 64),
-quantized_kv_start (tokens before quantizing, default 0), num_draft_tokens ([1, 64], default 3;
-8 with speculative:ngram), speculative (ngram: draft-free prompt-lookup speculation; draft:
-the DraftModel, also implied by DraftModel), ngram_size ([1, 16], default 3),
-reasoning_budget (reasoning tokens, >= -1; -1 unlimited, 0 thinking off; default -1),
-prompt_checkpoint_interval (tokens, >= 0, default 0 = off: on models whose KV cannot be
-trimmed (sliding-window, hybrid, SSM), also snapshot the prefill every that many tokens;
-each snapshot costs the KV/state of its prefix and counts against max_cache_bytes /
-max_cache_entries).
-prompt_cache_dir (a directory for the prompt cache's disk tier, created if missing; relative
-to ModelPath when relative; default none) and prompt_cache_disk_bytes (its budget, int > 0 or
-"10GiB"-style size, default 10 GiB = DEFAULT_PROMPT_CACHE_DISK_BYTES).
+Load options (`ModelOptions.Options`, "key:value"): the one list is the table `OPTIONS` in
+`parsing/options.py` (key, kind, bounds, default, doc, environment variable); the README's
+list is generated from it. `load_params` reads them once per LoadModel
+(`parsing.options.read_options`) into `LoadParams` fields; nothing reads them again.
 
 Prompt cache on disk (`prompt_tiers`): the directory is option prompt_cache_dir when set (it
 wins, the request's PromptCachePath is then ignored), else PromptCachePath, which LocalAI
@@ -96,10 +79,8 @@ request); "10" parsed as float 10.0 (here: int first).
 
 from __future__ import annotations
 
-import math
 import os
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -108,6 +89,32 @@ from caches import prompt_disk_format
 from parsing import images as images_mod
 from parsing import jsonfield
 from parsing.constraint import Constraint, read_constraint
+from parsing.options import (
+    DEFAULT_MAX_BATCH_SIZE as DEFAULT_MAX_BATCH_SIZE,  # re-exported: engine/status.py
+)
+from parsing.options import (
+    DEFAULT_MAX_QUEUE as DEFAULT_MAX_QUEUE,  # re-exported: engine/status.py
+)
+from parsing.options import (
+    DEFAULT_NGRAM_DRAFT_TOKENS,
+    DEFAULT_NGRAM_SIZE,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_PREFILL_STEP,
+    DEFAULT_PROMPT_CACHE_DISK_BYTES,
+    DEFAULT_STEP_BUDGET_MS,
+    OPTIONS,
+    SAMPLING,
+    TOKENIZER_OPTION_KEYS,
+    UNLIMITED_REASONING,
+    read_options,
+)
+from parsing.options import check_float as _check_float
+from parsing.options import check_int as _check_int
+from parsing.options import (
+    embd_normalize_code as embd_normalize_code,  # re-exported: tasks/embedding.py
+)
+from parsing.options import is_number as _is_number
+from parsing.options import parse_options as parse_options  # re-exported
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
@@ -115,41 +122,12 @@ UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the contex
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
-DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
-DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
-
-UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
-DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
-# N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
-# accepted (ngram_spec.py), so a wider cap pays on repetitive text and costs little elsewhere.
-DEFAULT_NGRAM_DRAFT_TOKENS = 8
-DEFAULT_NGRAM_SIZE = 3  # longest n-gram looked up for drafts (option ngram_size)
-DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
-DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
-DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
-# Milliseconds one batch step may take while others decode (option ``step_budget_ms``): the
-# bound of their inter-token latency while a long prompt prefills (issue: a 3,000-token
-# prompt froze running streams for 6-8 s on 2 CPU cores with full 512-token chunks).
-DEFAULT_STEP_BUDGET_MS = 750
-EMBEDDING_POOLINGS = ("mean", "last", "none")  # option embedding_pooling
-DISTRIBUTED_MODES = ("tensor", "pipeline")  # option distributed_mode
-DISTRIBUTED_BACKENDS = ("ring", "jaccl")  # option distributed_backend (LocalAI's worker mode)
 # llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
 KV_CACHE_TYPES = {
     "": None, "f32": None, "f16": None, "bf16": None,
     "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4,
 }  # fmt: skip
-
-TOKENIZER_OPTION_KEYS = (
-    "eos_token",
-    "pad_token",
-    "bos_token",
-    "unk_token",
-    "sep_token",
-    "cls_token",
-    "mask_token",
-)
 
 
 @dataclass(frozen=True)
@@ -200,8 +178,10 @@ class LoadParams:
     `context_size` 0 means the model's own. `max_cache_bytes` / `max_kv_size` None
     mean unbounded. `tokenizer_config` goes to mlx-lm's `load(tokenizer_config=...)`
     and is empty unless options set tokens or trust_remote_code is on. `defaults` holds
-    validated sampling defaults under canonical keys (`temperature`, not `temp`).
-    `options` is every parsed option; treat both dicts as read-only.
+    validated sampling defaults under canonical keys (`temperature`, not `temp`); treat
+    both dicts as read-only. Every load option is read once, into a field here (the raw
+    entries are not kept, so nothing parses them again); the fields named after an option
+    are documented in its table entry (`parsing.options.OPTIONS`).
     """
 
     model: str
@@ -214,9 +194,8 @@ class LoadParams:
     max_kv_size: int | None
     tokenizer_config: dict[str, Any]
     defaults: dict[str, Any]
-    options: dict[str, Any]
-    # Option keys nothing here reads: LocalAI passes options meant for other backends
-    # too, so they are a warning at load (`engine.model_host`), never an error.
+    # Option keys the table (`parsing.options.OPTIONS`) lacks: LocalAI passes options meant
+    # for other backends too, so they are a warning at load (`engine.model_host`).
     unknown_options: tuple[str, ...] = ()
     kv_bits: int | None = None  # quantized KV cache bits (CacheTypeKey/Value or kv_bits)
     kv_group_size: int = 64  # option kv_group_size
@@ -262,192 +241,16 @@ class LoadParams:
     max_pending_events: int | None = None
     prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
     cpu_fuse: bool = True  # option cpu_fuse: false skips cpu_fuse.transform (dense CPU path)
+    # The options of vision-language models (vision, max_images, vision_cache_entries...).
+    vision: images_mod.VisionOptions = field(default_factory=images_mod.VisionOptions)
 
 
-def _split_options(entries: Iterable[str]) -> Iterator[tuple[str, str]]:
-    for entry in entries:
-        if ":" not in entry:
-            continue
-        key, value = entry.split(":", 1)
-        key = key.strip()
-        if key:
-            yield key, value.strip()
-
-
-def _typed(value: str) -> bool | int | float | str:
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    for convert in (int, float):
-        try:
-            return convert(value)
-        except ValueError:
-            pass
-    return value
-
-
-def parse_options(entries: Iterable[str]) -> dict[str, Any]:
-    """Parse `ModelOptions.Options` ("key:value" strings) into a dict.
-
-    Split at the first colon ("a:b:c" -> {"a": "b:c"}); key and value are stripped.
-    Values become bool for true/false (any case), else int, else float, else stay
-    strings. Entries without a colon or with an empty key are skipped; a repeated key
-    keeps its last value. Never raises.
-    """
-    return {key: _typed(value) for key, value in _split_options(entries)}
-
-
-# --- validation helpers -----------------------------------------------------------
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# --- load options (the table: parsing/options.py) ----------------------------------
 
 
 def _f32(value: float) -> float:
     # Proto floats are float32: 0.9 arrives as 0.8999999761...; 7 digits give it back.
     return float(f"{value:.7g}")
-
-
-def _check_float(
-    name: str, value: float, lo: float | None = None, hi: float | None = None
-) -> float:
-    if (
-        not math.isfinite(value)
-        or (lo is not None and value < lo)
-        or (hi is not None and value > hi)
-    ):
-        lo_s = "-inf" if lo is None else f"{lo:g}"
-        hi_s = "inf" if hi is None else f"{hi:g}"
-        raise ValueError(f"{name} must be a finite number in [{lo_s}, {hi_s}], got {value!r}")
-    return value
-
-
-def _check_int(name: str, value: int, lo: int, hi: int | None = None) -> int:
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
-    return value
-
-
-def _option_float(
-    options: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None
-) -> float | None:
-    if key not in options:
-        return None
-    value = options[key]
-    if not _is_number(value):
-        raise ValueError(f"option {key} must be a number, got {value!r}")
-    return _check_float(f"option {key}", float(value), lo, hi)
-
-
-def _option_int(options: dict[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
-    if key not in options:
-        return None
-    value = options[key]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # "8e9" parses as float
-    if not _is_number(value) or not isinstance(value, int):
-        raise ValueError(f"option {key} must be an integer, got {value!r}")
-    return _check_int(f"option {key}", value, lo, hi)
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def _option_size(options: dict[str, Any], key: str) -> int | None:
-    """A positive byte count: an int, or a string like "512MB" / "8GiB" (KB=1000, KiB=1024)."""
-    value = options.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        match = _SIZE_RE.match(value)
-        if not match:
-            raise ValueError(
-                f"option {key} must be a positive byte count like 1073741824 or "
-                f'"8GiB", got {value!r}'
-            )
-        number, unit, binary = match.groups()
-        base = 1024 if binary else 1000
-        value = float(number) * base ** " kmgt".index(unit.lower() or " ")
-        return _check_int(f"option {key}", int(value), 1)
-    return _option_int(options, key, 1)
-
-
-def _option_bool(options: dict[str, Any], key: str) -> bool:
-    value = options.get(key, False)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise ValueError(f"option {key} must be true or false, got {value!r}")
-
-
-def _option_default(value: int | None, default: int) -> int:
-    return default if value is None else value
-
-
-_AUTO, _ON, _OFF = ("auto", ""), ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def _option_auto_bool(
-    options: dict[str, Any], key: str, synonyms: tuple[str, str] = ("", "")
-) -> bool | None:
-    """True / False / None (auto) from true|false|yes|no|on|off|1|0|auto; ``synonyms``
-    are one more (true, false) pair of words, e.g. ("dense", "quantized")."""
-    value = options.get(key)
-    if value is None or isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _AUTO:
-        return None
-    on, off = (*_ON, synonyms[0]), (*_OFF, synonyms[1])
-    if text in on or text in off:
-        return text in on
-    raise ValueError(f"option {key} must be auto, true or false, got {value!r}")
-
-
-WARMUP_ENV = "LOCALAI_MLX_WARMUP"  # the default of option warmup (the test suite turns it off)
-
-
-def _env_on(name: str) -> bool:
-    """An on/off environment variable, on unless it says false/0/no/off."""
-    return os.environ.get(name, "").strip().lower() not in ("false", "0", "no", "off")
-
-
-def _option_on(options: dict[str, Any], key: str, default: bool = True) -> bool:
-    value = _option_auto_bool(options, key)
-    return default if value is None else value
-
-
-def _option_choice(
-    options: dict[str, Any], key: str, choices: tuple[str, ...], default: str
-) -> str:
-    value = options.get(key, default)
-    if value not in choices:
-        named = ", ".join(c for c in choices if c)
-        raise ValueError(f"option {key} must be one of {named}, got {value!r}")
-    return value
-
-
-def _option_path(raw: dict[str, str], key: str) -> str:
-    """A file path option, as written (no number or bool conversion); "" when absent.
-
-    Raises ValueError naming the option when it is present but empty.
-    """
-    if key not in raw:
-        return ""
-    value = raw[key].strip()
-    if not value:
-        raise ValueError(f"option {key} needs a file path, e.g. {key}:/path/to/hosts.json")
-    return value
-
-
-def _parser_name(options: dict[str, Any], key: str) -> str:
-    """LocalAI's parser hint (vLLM's names, as its importer writes them), stripped; never an
-    error: a name with no MLX equivalent, or unknown, is a warning at load
-    (`parsers.apply_parser_overrides`), since LocalAI passes options meant for other
-    backends too."""
-    return str(options.get(key, "")).strip()
 
 
 def _top_k(value: int, defaults: dict[str, Any]) -> int:
@@ -457,50 +260,6 @@ def _top_k(value: int, defaults: dict[str, Any]) -> int:
     if value > 0:
         return value
     return 0 if value < 0 else int(defaults.get("top_k", 0))
-
-
-def embd_normalize_code(value: Any) -> int:
-    """llama.cpp's ``embd_normalize`` code (-1 none, 0 max-abs, 1 taxicab, 2 L2, p > 2
-    p-norm) of ``value``: true = 2, false = -1, or the integer code. ValueError naming
-    option embedding_normalize otherwise."""
-    if isinstance(value, bool):
-        return 2 if value else -1
-    if isinstance(value, int) and value >= -1:
-        return value
-    raise ValueError(
-        "option embedding_normalize must be true/false or an integer >= -1 (-1 none, "
-        f"0 max-abs, 1 taxicab, 2 L2, p > 2 p-norm), got {value!r}"
-    )
-
-
-def _embedding_normalize(options: dict[str, Any]) -> int:
-    """Option ``embedding_normalize`` (llama.cpp's alias ``embd_normalize`` too, as LocalAI
-    reads it) as an `embd_normalize_code`."""
-    return embd_normalize_code(
-        options.get("embedding_normalize", options.get("embd_normalize", True))
-    )
-
-
-def _sampling_defaults(options: dict[str, Any]) -> dict[str, Any]:
-    """Validated sampling defaults from options, under canonical keys; absent keys omitted."""
-    temperature = _option_float(options, "temperature", 0.0)
-    if temperature is None:
-        temperature = _option_float(options, "temp", 0.0)
-    found: dict[str, Any] = {
-        "max_tokens": _option_int(options, "max_tokens", 1),
-        "temperature": temperature,
-        "top_p": _option_float(options, "top_p", 0.0, 1.0),
-        "min_p": _option_float(options, "min_p", 0.0, 1.0),
-        "top_k": _option_int(options, "top_k", 0),
-        "xtc_threshold": _option_float(options, "xtc_threshold", 0.0, 0.5),
-        "xtc_probability": _option_float(options, "xtc_probability", 0.0, 1.0),
-        "repetition_penalty": _option_float(options, "repetition_penalty", 0.0),
-        "repetition_context_size": _option_int(options, "repetition_context_size", 1),
-        "presence_penalty": _option_float(options, "presence_penalty"),
-        "frequency_penalty": _option_float(options, "frequency_penalty"),
-        "seed": _option_int(options, "seed", -(2**63)),
-    }
-    return {key: value for key, value in found.items() if value is not None}
 
 
 def _lora_params(req: Any) -> tuple[str, float]:
@@ -539,128 +298,66 @@ def _lora_params(req: Any) -> tuple[str, float]:
 
 
 def load_params(req: Any) -> LoadParams:
-    """Read a `backend_pb2.ModelOptions` into `LoadParams`.
+    """Read a `backend_pb2.ModelOptions` into `LoadParams`: the one reading of the load
+    options per LoadModel (`parsing.options.read_options`, from the table `OPTIONS`).
 
-    Raises ValueError naming the field or option: negative ContextSize,
-    max_cache_entries < 1, non-positive max_cache_bytes / max_kv_size, non-bool
-    trust_remote_code, and any out-of-range sampling default (see the module table);
-    LoraScale(s) negative or not finite, more than one adapter, or a LoraBase.
+    Raises ValueError naming the field or option: negative ContextSize, any option
+    outside what its table entry accepts, speculative:draft without a DraftModel (or
+    ngram with one), kv_bits 7 or a CacheTypeKey/Value MLX lacks; LoraScale(s) negative
+    or not finite, more than one adapter, or a LoraBase.
     """
     _refuse(req, _REFUSED_LOAD, "ModelOptions")
-    options = _Reads(parse_options(req.Options))
     # Load-level fields that map onto options, when the options do not set them already.
+    fallbacks = {}
     if req.Seed > 0:
-        options.setdefault("seed", req.Seed)
+        fallbacks["seed"] = str(req.Seed)
     if req.NBatch > 0:
-        options.setdefault("prefill_step_size", req.NBatch)
-    raw = _Reads(_split_options(req.Options))
+        fallbacks["prefill_step_size"] = str(req.NBatch)
+    read = read_options(req.Options, fallbacks)
+    value = read.values
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
-    trust_remote_code = bool(req.TrustRemoteCode) or _option_bool(options, "trust_remote_code")
-    max_cache_entries = _option_int(options, "max_cache_entries", 1)
-
-    tokenizer_config: dict[str, Any] = {k: raw[k] for k in TOKENIZER_OPTION_KEYS if k in raw}
+    trust_remote_code = bool(req.TrustRemoteCode) or value["trust_remote_code"]
+    tokenizer_config: dict[str, Any] = {
+        k: value[k] for k in TOKENIZER_OPTION_KEYS if k in read.given
+    }
     if trust_remote_code:
         tokenizer_config["trust_remote_code"] = True
 
     lora_adapter, lora_scale = _lora_params(req)
-    speculative = _option_choice(options, "speculative", ("", "ngram", "draft"), "")
+    speculative = value["speculative"]
     if speculative == "draft" and not req.DraftModel:
         raise ValueError("option speculative:draft needs ModelOptions.DraftModel")
     if speculative == "ngram" and req.DraftModel:
         raise ValueError("option speculative:ngram needs no DraftModel; set one or the other")
-    params = LoadParams(
-        max_batch_size=_option_int(options, "max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE,
-        max_queue=_option_default(_option_int(options, "max_queue", 0), DEFAULT_MAX_QUEUE),
-        prefill_step_size=(_option_int(options, "prefill_step_size", 1) or DEFAULT_PREFILL_STEP),
-        step_budget_ms=_option_default(
-            _option_int(options, "step_budget_ms", 0), DEFAULT_STEP_BUDGET_MS
-        ),
-        warmup=_option_on(options, "warmup", _env_on(WARMUP_ENV)),
-        memory_budget=(
-            0
-            if options.get("memory_budget") in (0, "0")
-            else _option_size(options, "memory_budget")
-        ),
-        cpu_dequantize=_option_auto_bool(options, "cpu_dequantize", ("dense", "quantized")),
-        cpu_dequantize_budget=_option_size(options, "cpu_dequantize_budget"),
-        embedding_pooling=_option_choice(options, "embedding_pooling", EMBEDDING_POOLINGS, "mean"),
-        embedding_normalize=_embedding_normalize(options),
-        distributed_mode=_option_choice(options, "distributed_mode", ("", *DISTRIBUTED_MODES), ""),
-        distributed_vocab=_option_on(options, "distributed_vocab"),
-        hostfile=_option_path(raw, "hostfile"),
-        distributed_backend=_option_choice(
-            {k: str(raw[k]).strip().lower() for k in ("distributed_backend",) if k in raw},
-            "distributed_backend",
-            ("", *DISTRIBUTED_BACKENDS),
-            "",
-        ),
-        cpu_fuse=_option_on(options, "cpu_fuse"),
-        tool_parser=_parser_name(options, "tool_parser"),
-        reasoning_parser=_parser_name(options, "reasoning_parser"),
-        reasoning_budget=_option_default(
-            _option_int(options, "reasoning_budget", UNLIMITED_REASONING), UNLIMITED_REASONING
-        ),
-        prompt_checkpoint_interval=_option_int(options, "prompt_checkpoint_interval", 0) or 0,
-        lora_adapter=lora_adapter,
-        lora_scale=lora_scale,
-        kv_bits=_kv_bits(req, options),
-        kv_group_size=_option_int(options, "kv_group_size", 1) or 64,
-        quantized_kv_start=_option_int(options, "quantized_kv_start", 0) or 0,
-        draft_model=req.DraftModel,
-        num_draft_tokens=_option_int(options, "num_draft_tokens", 1, 64)
-        or (DEFAULT_NGRAM_DRAFT_TOKENS if speculative == "ngram" else DEFAULT_NUM_DRAFT_TOKENS),
-        speculative=speculative,
-        ngram_size=_option_int(options, "ngram_size", 1, 16) or DEFAULT_NGRAM_SIZE,
+    return LoadParams(
+        **{o.key: value[o.key] for o in OPTIONS if o.field},
         model=req.Model,
         model_file=req.ModelFile,
         model_path=req.ModelPath,
         context_size=context_size,
         trust_remote_code=trust_remote_code,
-        max_cache_entries=(
-            DEFAULT_MAX_CACHE_ENTRIES if max_cache_entries is None else max_cache_entries
-        ),
-        max_cache_bytes=_option_size(options, "max_cache_bytes"),
-        max_kv_size=_option_int(options, "max_kv_size", 1),
-        prompt_cache_dir=_prompt_cache_option(raw.get("prompt_cache_dir", ""), req.ModelPath),
-        prompt_cache_disk_bytes=(
-            _option_size(options, "prompt_cache_disk_bytes") or DEFAULT_PROMPT_CACHE_DISK_BYTES
-        ),
-        max_pending_events=_option_int(options, "max_pending_events", 1),
         tokenizer_config=tokenizer_config,
-        defaults=_sampling_defaults(options),
-        options=dict(options),
+        defaults={
+            o.key: value[o.key] for o in OPTIONS if o.group == SAMPLING and o.key in read.given
+        },
+        unknown_options=read.unknown,
+        lora_adapter=lora_adapter,
+        lora_scale=lora_scale,
+        kv_bits=_kv_bits(req, value["kv_bits"]),
+        draft_model=req.DraftModel,
+        num_draft_tokens=value["num_draft_tokens"]
+        or (DEFAULT_NGRAM_DRAFT_TOKENS if speculative == "ngram" else DEFAULT_NUM_DRAFT_TOKENS),
+        prompt_cache_dir=_prompt_cache_option(value["prompt_cache_dir"], req.ModelPath),
+        vision=images_mod.VisionOptions(
+            on=value["vision"],
+            limits=images_mod.ImageLimits(
+                value["max_images"], value["max_image_bytes"], value["max_image_pixels"]
+            ),
+            max_pixels=value["vision_max_pixels"],
+            cache_entries=value["vision_cache_entries"],
+            cache_bytes=value["vision_cache_bytes"],
+        ),
     )
-    read = options.read | raw.read | LATER_OPTION_KEYS
-    unknown = tuple(sorted(k for k in raw if k not in read))
-    return replace(params, unknown_options=unknown) if unknown else params
-
-
-class _Reads(dict):
-    """A dict that remembers which keys were asked for (to tell unknown options)."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.read: set[str] = set()
-
-    def __getitem__(self, key: str) -> Any:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.read.add(str(key))
-        return super().__contains__(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().get(key, default)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().setdefault(key, default)
-
-
-# Option keys read after LoadModel from `LoadParams.options` (not by `load_params`).
-LATER_OPTION_KEYS: frozenset[str] = frozenset(images_mod.VISION_OPTIONS)
 
 
 def _prompt_cache_option(value: str, model_path: str) -> str:
@@ -689,9 +386,8 @@ def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
         raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 
 
-def _kv_bits(req: Any, options: dict[str, Any]) -> int | None:
+def _kv_bits(req: Any, bits: int | None) -> int | None:
     """KV quantization bits from option kv_bits, else CacheTypeKey/CacheTypeValue."""
-    bits = _option_int(options, "kv_bits", 2, 8)
     if bits is not None:
         if bits == 7:
             raise ValueError("option kv_bits must be one of 2, 3, 4, 5, 6, 8, got 7")
@@ -1027,7 +723,7 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     tools = parse_tools(req.Tools)
     images: tuple[images_mod.ImageData, ...] = ()
     if req.Images:
-        limits = images_mod.image_limits(load.options if load is not None else None)
+        limits = load.vision.limits if load is not None else images_mod.ImageLimits()
         images = images_mod.read_images(req.Images, limits.max_images, limits.max_bytes)
     if not (req.UseTokenizerTemplate and req.Messages):
         return PromptSpec(prompt=req.Prompt, tools=tools, images=images)

@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from parsing.options import env_on
+
 logger = logging.getLogger("localai.mlx." + __name__)
 
 PARENT_WATCH_ENV = "LOCALAI_BACKEND_PARENT_WATCH"
 PARENT_WATCH_INTERVAL_ENV = "LOCALAI_BACKEND_PARENT_WATCH_INTERVAL"
 LOG_LEVEL_ENV = "LOCALAI_LOG_LEVEL"
 DEFAULT_PARENT_WATCH_INTERVAL = 2.0  # seconds, as LocalAI's own backends
-_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 
 
 # --------------------------------------------------------------------------- durations
@@ -85,7 +86,7 @@ def parent_watch_interval(environ: Mapping[str, str] = os.environ) -> float | No
     ``LOCALAI_BACKEND_PARENT_WATCH_INTERVAL`` logs a warning and uses 2 s: a typo must
     not stop the backend from starting.
     """
-    if environ.get(PARENT_WATCH_ENV, "").strip().lower() in _FALSE_WORDS:
+    if not env_on(environ, PARENT_WATCH_ENV):
         return None
     raw = environ.get(PARENT_WATCH_INTERVAL_ENV, "").strip()
     if not raw:

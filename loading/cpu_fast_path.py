@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parsing.options import AUTO_WORDS, OFF_WORDS, on_off
+
 logger = logging.getLogger("localai.mlx.cpu_fast_path")
 
 #: Environment variable overriding the BLAS to preload: unset/"auto" = the MKL that
@@ -58,9 +60,6 @@ FAST_GFLOPS = 20.0
 # nothing from the system); LP64 because MLX passes 32-bit integers to BLAS/LAPACK.
 _MKL_ENV = {"MKL_THREADING_LAYER": "INTEL", "MKL_INTERFACE_LAYER": "LP64"}
 
-_TRUE = {"true", "1", "yes", "on", "dense"}
-_FALSE = {"false", "0", "no", "off", "quantized"}
-_AUTO = {"auto", ""}
 
 _warned_slow = False
 _load_report: BlasReport | None = None  # prepare_for_cpu's check, once per process
@@ -114,9 +113,9 @@ def _preload_libraries() -> list[Path]:
     if not sys.platform.startswith("linux"):
         return []
     override = os.environ.get(BLAS_ENV, "auto").strip()
-    if override.lower() in {"none", "off", "0", "false"}:
+    if override.lower() in ("none", *OFF_WORDS):
         return []
-    if override.lower() not in _AUTO:
+    if override.lower() not in AUTO_WORDS:
         path = Path(override).expanduser()
         if not path.is_file():
             logger.warning("%s=%s is not a file; using the bundled BLAS", BLAS_ENV, override)
@@ -266,17 +265,10 @@ def check_blas(size: int = 512) -> BlasReport:
 
 def _parse_option(option: str | bool | None) -> bool | None:
     """True = dense, False = quantized, None = auto. Raises ValueError naming the option."""
-    if option is None or isinstance(option, bool):
-        return option
-    if isinstance(option, str):
-        text = option.strip().lower()
-        if text in _AUTO:
-            return None
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-    raise ValueError(f"cpu_dequantize must be auto, true or false; got {option!r}")
+    try:
+        return on_off(option, None, ("dense", "quantized"))
+    except ValueError:
+        raise ValueError(f"cpu_dequantize must be auto, true or false; got {option!r}") from None
 
 
 def choose_cpu_mode(

@@ -152,7 +152,7 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
         adapter_path=params.lora_adapter,
         lora_scale=params.lora_scale,
         lazy=split is not None,
-        vision_options=params.options,
+        vision_options=params.vision,
         vision_off=vision.text_only_reason(params, distributed=split is not None),
     )
     if split is not None:

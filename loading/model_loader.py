@@ -253,12 +253,12 @@ def load_model(
     adapter_path: str = "",
     lora_scale: float = 0.0,
     lazy: bool = False,
-    vision_options: dict[str, Any] | None = None,
+    vision_options: vision.VisionOptions | None = None,
     vision_off: str = "",
 ) -> tuple[Any, Any]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
 
-    ``vision_options``: the load options, when a vision-language model may load with its
+    ``vision_options``: the vision load options, when a vision-language model may load with its
     vision part (``vision.load``: an ``LMView`` over mlx-vlm's model, images served);
     ``vision_off`` says why it may not ("" = it may), and such a model then loads
     text-only through mlx-lm, as any model does when ``vision_options`` is None.

@@ -46,15 +46,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from errors import ModelLoadError
-from parsing.images import ImageLimits, image_limits
+from parsing.images import ImageLimits, VisionOptions
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 # What LocalAI writes where an image goes (templates.DefaultMultiMediaMarker), and what
 # ModelMetadata reports as this backend's marker, so LocalAI leaves it as it is.
 MEDIA_MARKER = "<__media__>"
-VISION_CACHE_ENTRIES = 32  # images whose vision-tower output is kept (vision_cache_entries)
-VISION_CACHE_BYTES = 512 << 20  # bytes those may hold (option vision_cache_bytes)
 
 
 @dataclass(frozen=True)
@@ -226,14 +224,16 @@ class VisionParts:
     processor's per-call resize options (option ``vision_max_pixels``).
     """
 
-    def __init__(self, model: Any, processor: Any, directory: Path, options: dict) -> None:
+    def __init__(
+        self, model: Any, processor: Any, directory: Path, options: VisionOptions
+    ) -> None:
         import mlx_vlm
 
         self.model = model
         self.processor = processor
         config = model.config
         self.model_type = str(config.model_type)
-        self.limits: ImageLimits = image_limits(options)
+        self.limits: ImageLimits = options.limits
         tokenizer = getattr(processor, "tokenizer", processor)
         image_token = getattr(processor, "image_token", None) or getattr(
             tokenizer, "image_token", None
@@ -255,13 +255,8 @@ class VisionParts:
         self.image_token_id = token_id
         self.mrope = hasattr(model.language_model, "get_rope_index")
         self.size_kwargs: dict[str, int] = {}
-        max_pixels = options.get("vision_max_pixels")
-        if max_pixels is not None:
-            if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-                raise ModelLoadError(
-                    f"option vision_max_pixels must be an integer >= 1, got {max_pixels!r}"
-                )
-            self.size_kwargs["max_pixels"] = max_pixels
+        if options.max_pixels is not None:
+            self.size_kwargs["max_pixels"] = options.max_pixels
         blob = json.dumps(
             [
                 mlx_vlm.__version__ if hasattr(mlx_vlm, "__version__") else "",
@@ -275,12 +270,7 @@ class VisionParts:
         self.merge_size = int(
             getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1
         )
-        entries = options.get("vision_cache_entries", VISION_CACHE_ENTRIES)
-        cache_bytes = options.get("vision_cache_bytes", VISION_CACHE_BYTES)
-        for key, value in (("vision_cache_entries", entries), ("vision_cache_bytes", cache_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ModelLoadError(f"option {key} must be an integer >= 0, got {value!r}")
-        self.cache_entries, self.cache_bytes = entries, cache_bytes
+        self.cache_entries, self.cache_bytes = options.cache_entries, options.cache_bytes
         # Engine thread only: image digest -> evaluated vision features, least recent first.
         self.features: OrderedDict[str, mx.array] = OrderedDict()
         self.features_nbytes = 0
@@ -432,9 +422,7 @@ def view_of(vlm: Any, parts: VisionParts | None) -> LMView:
 def text_only_reason(params: Any, distributed: bool) -> str:
     """Why a vision-language model loads text-only with these load parameters ("" = it
     does not)."""
-    options = params.options
-    value = options.get("vision", True)
-    if value is False or str(value).strip().lower() in ("false", "off", "no", "0"):
+    if not params.vision.on:
         return "the option vision:false"
     if distributed:
         return "distributed mode"
@@ -455,7 +443,7 @@ def load(
     tokenizer_config: dict[str, Any],
     trust_remote_code: bool,
     lazy: bool,
-    options: dict[str, Any],
+    options: VisionOptions,
 ) -> tuple[LMView, Any]:
     """Load the vision-language model in ``directory``: (``LMView``, mlx-lm tokenizer).
     Raises ModelLoadError naming the cause (and the option vision:false, which serves

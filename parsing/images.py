@@ -29,16 +29,8 @@ MAX_IMAGES = 16  # images per request (load option max_images)
 MAX_IMAGE_BYTES = 20 << 20  # bytes of one image file, after base64 decoding
 MAX_IMAGE_PIXELS = 40_000_000  # width x height decoded (load option max_image_pixels)
 FORMATS = ("PNG", "JPEG", "WEBP")
-# Load options of vision models: read here (image_limits) and by loading/vision.py.
-VISION_OPTIONS = (
-    "max_images",
-    "max_image_bytes",
-    "max_image_pixels",
-    "vision",
-    "vision_max_pixels",
-    "vision_cache_entries",
-    "vision_cache_bytes",
-)
+VISION_CACHE_ENTRIES = 32  # images whose vision-tower output is kept (vision_cache_entries)
+VISION_CACHE_BYTES = 512 << 20  # bytes those may hold (option vision_cache_bytes)
 
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 _URL = re.compile(r"^(https?|ftp|file|s3|gs|hf|huggingface)://", re.IGNORECASE)
@@ -175,22 +167,16 @@ class ImageLimits:
     max_pixels: int = MAX_IMAGE_PIXELS
 
 
-def image_limits(options: dict[str, Any] | None) -> ImageLimits:
-    """`ImageLimits` from parsed load options; ValueError naming a bad option (each must be
-    an integer >= 1)."""
-    options = options or {}
-    values = {}
-    for key, name in (
-        ("max_images", "max_images"),
-        ("max_image_bytes", "max_bytes"),
-        ("max_image_pixels", "max_pixels"),
-    ):
-        if key not in options:
-            continue
-        value = options[key]
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"option {key} must be an integer >= 1, got {value!r}")
-        values[name] = value
-    return ImageLimits(**values)
+@dataclass(frozen=True)
+class VisionOptions:
+    """The load options of vision-language models, read once at load (`params.load_params`):
+    ``on`` (option ``vision``; false serves the model text-only), ``limits`` (the bounds of
+    a request's images), ``max_pixels`` (option ``vision_max_pixels``: the processor's
+    resize bound; None = the processor's own), ``cache_entries`` / ``cache_bytes``
+    (options ``vision_cache_entries`` / ``vision_cache_bytes``: the vision-feature cache)."""
+
+    on: bool = True
+    limits: ImageLimits = ImageLimits()
+    max_pixels: int | None = None
+    cache_entries: int = VISION_CACHE_ENTRIES
+    cache_bytes: int = VISION_CACHE_BYTES

@@ -97,9 +97,27 @@ def test_alpha_and_grey_images_decode_to_rgb():
 
 
 def test_limits_come_from_load_options():
-    assert images.image_limits({"max_images": 2}).max_images == 2
-    with pytest.raises(ValueError, match="option max_image_pixels"):
-        images.image_limits({"max_image_pixels": 0})
+    def vision(*options: str) -> images.VisionOptions:
+        return params.load_params(pb.ModelOptions(Model="m", Options=list(options))).vision
+
+    assert vision() == images.VisionOptions()  # the defaults
+    assert vision().limits == images.ImageLimits(16, 20 << 20, 40_000_000)
+    got = vision("max_images:2", "max_image_bytes:1e6", "max_image_pixels:4096")
+    assert got.limits == images.ImageLimits(2, 10**6, 4096)
+    got = vision("vision:off", "vision_max_pixels:1024", "vision_cache_entries:0")
+    assert (got.on, got.max_pixels, got.cache_entries) == (False, 1024, 0)
+    assert vision("vision_cache_bytes:0").cache_bytes == 0
+    # Checked at load (once), whatever the model: each names the option.
+    for bad in (
+        "max_image_pixels:0",
+        "max_images:1.5",
+        "vision_max_pixels:0",
+        "vision_cache_entries:-1",
+        "vision_cache_bytes:true",
+        "vision:maybe",
+    ):
+        with pytest.raises(ValueError, match=f"option {bad.split(':')[0]} "):
+            vision(bad)
 
 
 # --------------------------------------------------------------------------- the request

@@ -317,7 +317,7 @@ def test_load_defaults() -> None:
     assert lp.max_kv_size is None
     assert lp.tokenizer_config == {}
     assert lp.defaults == {}
-    assert lp.options == {}
+    assert lp.unknown_options == ()
 
 
 def test_load_reads_options() -> None:
@@ -336,7 +336,7 @@ def test_load_reads_options() -> None:
     assert lp.max_kv_size == 4096
     # token options keep their raw text, even when it looks like a bool
     assert lp.tokenizer_config == {"eos_token": "<|im_end|>", "pad_token": "true"}
-    assert lp.options["cpu_dequantize"] is True
+    assert lp.cpu_dequantize is True
 
 
 @pytest.mark.parametrize(
@@ -437,7 +437,7 @@ def test_refused_load_fields_name_themselves(fields, name):
 
 def test_load_seed_and_nbatch_fill_options_unless_set():
     lp = load_params(pb.ModelOptions(Model="m", Seed=7, NBatch=256))
-    assert lp.defaults["seed"] == 7 and lp.options["prefill_step_size"] == 256
+    assert lp.defaults["seed"] == 7 and lp.prefill_step_size == 256
     lp = load_params(pb.ModelOptions(Model="m", Seed=7, Options=["seed:9"]))
     assert lp.defaults["seed"] == 9
     assert generation_params(pb.PredictOptions(Prompt="x"), lp).seed == 9
