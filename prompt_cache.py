@@ -41,6 +41,8 @@ from mlx_lm.models.cache import (
     can_trim_prompt_cache,
 )
 
+from seam import kv as seam_kv
+
 __all__ = [
     "CacheLookup",
     "CacheStats",
@@ -132,9 +134,8 @@ def _held_tokens(layer: Any) -> int | None:
     if isinstance(layer, ChunkedKVCache):
         return layer.offset - layer.start_position
     if isinstance(layer, RotatingKVCache):
-        # Below its buffer's length a rotating cache has not wrapped: position i is token i.
-        # (mlx-lm has no public read of the write position: `_idx` is the only one.)
-        return layer.offset if layer._idx == layer.offset else None
+        # Until it wraps around, a rotating cache writes at ``offset``: position i is token i.
+        return layer.offset if seam_kv.rotating_write_position(layer) == layer.offset else None
     return None
 
 

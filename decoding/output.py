@@ -33,14 +33,11 @@ from functools import cache
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.tokenizer_utils import (
-    BPEStreamingDetokenizer,
-    NaiveStreamingDetokenizer,
-    SPMStreamingDetokenizer,
-)
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
+from seam import tokenizer as seam_tokenizer
 
 __all__ = [
     "Delta",
@@ -143,35 +140,6 @@ class _TextRouter:
         return 0
 
 
-class _Utf8NaiveDetokenizer(NaiveStreamingDetokenizer):
-    """mlx-lm's naive detokenizer, except that a newline never commits a character that is
-    still incomplete: upstream drops its bytes ("\\n\\xc3" then "\\xa9" gives "\\n\\ufffd")."""
-
-    @property
-    def text(self) -> str:
-        if self._current_tokens:
-            current = self._tokenizer.decode(self._current_tokens)
-            incomplete = current.endswith("\ufffd")
-            if incomplete:
-                current = current.rstrip("\ufffd")
-            elif self._clean_spaces and current.endswith(" "):
-                current = current[:-1]
-            self._current_text = current
-            if current.endswith("\n") and not incomplete:
-                self._text += current
-                self._current_tokens.clear()
-                self._current_text = ""
-        return self._text + self._current_text
-
-
-class _ExactBPEDetokenizer(BPEStreamingDetokenizer):
-    """mlx-lm's BPE detokenizer without its SPM-style trim of the first leading space: our
-    text must equal ``tokenizer.decode(ids)`` (a completion of "The capital is" is " Paris")."""
-
-    def _maybe_trim_space(self, current_text: str) -> str:
-        return current_text
-
-
 def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
@@ -241,11 +209,8 @@ class OutputPipeline:
         if top_logprobs is not None and top_logprobs < 0:
             raise ValueError(f"top_logprobs must be None or >= 0, got {top_logprobs}")
         self._tok = tokenizer
-        self._detok = tokenizer.detokenizer  # a fresh copy per call
-        if type(self._detok) is NaiveStreamingDetokenizer:
-            self._detok.__class__ = _Utf8NaiveDetokenizer  # our copy; the subclass adds no state
-        elif type(self._detok) is BPEStreamingDetokenizer:
-            self._detok.__class__ = _ExactBPEDetokenizer  # likewise: no added state
+        # A fresh copy per call, with two fixes (seam.tokenizer.exact_detokenizer).
+        self._detok = seam_tokenizer.exact_detokenizer(tokenizer.detokenizer)
         self._eos = frozenset(tokenizer.eos_token_ids)
         self._top_n = None if top_logprobs is None else min(top_logprobs, MAX_TOP_LOGPROBS)
         self._temperature = float(temperature)

@@ -3,8 +3,8 @@
 LocalAI's importer writes `Options` `tool_parser:NAME` and `reasoning_parser:NAME` (vLLM's
 names, from LocalAI's core/config/parser_defaults.json via core/gallery/importers/mlx.go)
 into model files. `apply_parser_overrides` makes them override what mlx-lm inferred from the
-chat template, by setting the TokenizerWrapper's tool parser, tool-call markers, think markers
-and (Harmony) response format, so that `output.OutputPipeline` routes text by them.
+chat template: it returns a TokenizerWrapper with their tool parser, tool-call markers, think
+markers and (Harmony) response format, so that `output.OutputPipeline` routes text by them.
 
 A name never fails the load: LocalAI passes options meant for other backends too. A vLLM name
 with no MLX equivalent, or a name in no table, logs a warning and leaves what mlx-lm detected
@@ -58,6 +58,7 @@ from typing import Any
 import regex
 
 from decoding.tool_calls import ToolParser
+from seam import tokenizer as seam_tokenizer
 
 __all__ = [
     "HARMONY_FORMAT",
@@ -303,10 +304,6 @@ def resolve_reasoning_markers(name: str) -> tuple[str, str] | None:
     return REASONING_PARSERS.get(_normal(name))
 
 
-def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
-
-
 def _fallback(option: str, name: str, table: Mapping[str, Any], detected: str) -> None:
     """Warn that ``name`` changes nothing: what mlx-lm detected (``detected``) stays."""
     if _normal(name) in table:
@@ -333,15 +330,16 @@ def _detected_think(tokenizer: Any) -> str:
 
 def apply_parser_overrides(
     tokenizer: Any, tool_parser: str = "", reasoning_parser: str = ""
-) -> None:
-    """Override an mlx-lm `TokenizerWrapper`'s tool parser and think markers in place.
+) -> Any:
+    """An mlx-lm `TokenizerWrapper` like ``tokenizer`` with LocalAI's parser hints applied.
 
     tool_parser / reasoning_parser: vLLM names ("" leaves that part as mlx-lm inferred it).
-    Sets what `TokenizerWrapper` exposes as tool_parser, tool_call_start/end (and their token
-    ids), has_tool_calling, think_start/end (and token ids), has_thinking, and for Harmony
-    (openai / openai_gptoss) the response format (response_transitions). A name with no MLX
-    equivalent, or unknown, logs a warning and leaves that part as mlx-lm inferred it; this
-    never raises for a name.
+    The new wrapper (built by `seam.tokenizer.rebuild`, through the wrapper's constructor)
+    has the hinted tool_parser, tool_call_start/end (and their token ids), think_start/end
+    (and token ids), and for Harmony (openai / openai_gptoss) the response format
+    (response_transitions); ``tokenizer`` itself is not changed, and is returned as it is
+    when nothing applies. A name with no MLX equivalent, or unknown, logs a warning and
+    leaves that part as mlx-lm inferred it; this never raises for a name.
     """
     tool = think = None
     formats = []
@@ -358,20 +356,14 @@ def apply_parser_overrides(
                 "reasoning_parser", reasoning_parser, REASONING_PARSERS, _detected_think(tokenizer)
             )
         formats.append(channels)
-    # TokenizerWrapper keeps these in private attributes behind read-only properties.
-    if tool is not None:
-        parser, start, end = tool
-        tokenizer._tool_parser = parser
-        tokenizer._tool_call_start = start
-        tokenizer._tool_call_end = end
-        tokenizer._tool_call_start_tokens = _encode(tokenizer, start)
-        tokenizer._tool_call_end_tokens = _encode(tokenizer, end)
-    if think is not None:
-        start, end = think
-        tokenizer._think_start = start
-        tokenizer._think_end = end
-        tokenizer._think_start_tokens = _encode(tokenizer, start)
-        tokenizer._think_end_tokens = _encode(tokenizer, end)
     channels = next((f for f in formats if f is not None), None)
-    if channels is not None:
-        tokenizer._response_format = channels
+    if channels is not None and not seam_tokenizer.takes_response_format():
+        logger.warning(
+            "this mlx-lm's tokenizer has no response formats: the %s channels are not "
+            "routed (content only)",
+            tool_parser if RESPONSE_FORMATS.get(_normal(tool_parser)) else reasoning_parser,
+        )
+        channels = None
+    if tool is None and think is None and channels is None:
+        return tokenizer
+    return seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)

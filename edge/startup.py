@@ -30,6 +30,7 @@ from engine import metrics as metrics_mod
 from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
+from seam import contract as seam_contract
 
 if TYPE_CHECKING:  # a single process never imports distributed; only its types are named here
     from distributed.coordinator import Coordinator
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.INFO))
     if bad_env_level:
         logger.warning("%s: %s; using info", lifecycle.LOG_LEVEL_ENV, bad_env_level)
+    seam_contract.check_at_startup()  # versions warn; a missing private member exits 2
     interval = lifecycle.parent_watch_interval()
     watcher = (
         None if interval is None else lifecycle.ParentWatcher(interval, initial_ppid=parent_pid)

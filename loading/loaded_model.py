@@ -86,7 +86,9 @@ class LoadedModel:
         """Derive the record's facts from a prepared model (weights, context, BLAS); apply
         LocalAI's parser hints (options tool_parser / reasoning_parser) to the tokenizer."""
         if params.tool_parser or params.reasoning_parser:
-            parsers.apply_parser_overrides(tokenizer, params.tool_parser, params.reasoning_parser)
+            tokenizer = parsers.apply_parser_overrides(
+                tokenizer, params.tool_parser, params.reasoning_parser
+            )
         blas = None
         if mx.default_device().type == mx.DeviceType.cpu:
             report = cpu_fast_path.blas_report()

@@ -36,7 +36,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ import mlx.nn as nn
 
 from errors import ModelLoadError
 from parsing.images import ImageLimits, VisionOptions
+from seam import vision as seam_vision
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -160,40 +160,6 @@ def vision_config(directory: Path) -> dict | None:
 
 
 # --------------------------------------------------------------------------- processor
-_numpy_threads = threading.local()
-
-
-def _numpy_on_workers(processor: Any) -> None:
-    """mlx-vlm's processors end with ``to_mlx`` (their module's global): on the prompt
-    worker threads (`numpy_outputs`) leave the numpy arrays as they are, so no MLX array
-    is made off the engine thread. Installed once per processor module, at load."""
-    import sys
-
-    for cls in type(processor).__mro__:
-        module = sys.modules.get(cls.__module__)
-        original = getattr(module, "to_mlx", None)
-        if original is None or getattr(original, "_numpy_aware", False):
-            continue
-
-        def to_mlx(data: dict, _original=original) -> dict:
-            if getattr(_numpy_threads, "active", False):
-                return dict(data)
-            return _original(data)
-
-        to_mlx._numpy_aware = True  # type: ignore[attr-defined]
-        module.to_mlx = to_mlx
-
-
-class numpy_outputs:
-    """Context: processor calls on this thread return numpy arrays (see `_numpy_on_workers`)."""
-
-    def __enter__(self) -> None:
-        _numpy_threads.active = True
-
-    def __exit__(self, *exc: object) -> None:
-        _numpy_threads.active = False
-
-
 class _QuietTemplateKwargs(logging.Filter):
     """transformers warns on every image request that mlx-vlm's template arguments (e.g.
     its enable_thinking default) are not the processor's: noise, not a fault."""
@@ -284,7 +250,7 @@ class VisionParts:
             tokenizer.pad_token = tokenizer.eos_token  # as mlx-vlm's prepare_inputs does
         for component in (processor, getattr(processor, "image_processor", None)):
             if component is not None:
-                _numpy_on_workers(component)
+                seam_vision.numpy_on_workers(component)
         quiet = logging.getLogger("transformers.processing_utils")
         if _QUIET not in quiet.filters:
             quiet.addFilter(_QUIET)
@@ -305,7 +271,7 @@ class VisionParts:
         attention_mask, pixel_values and the family's extras (e.g. image_grid_thw)."""
         from mlx_vlm.utils import process_inputs
 
-        with numpy_outputs():
+        with seam_vision.numpy_outputs():
             out = process_inputs(
                 self.processor,
                 prompts=[text],
@@ -485,7 +451,8 @@ def load(
         template = getattr(processor, "chat_template", None)
         if isinstance(template, str) and template:
             # Text-only chats render with the processor's template (chat_template.json).
-            tokenizer._tokenizer.chat_template = template
+            # (The wrapper sets both on the Hugging Face tokenizer it wraps.)
+            tokenizer.chat_template = template
             tokenizer.has_chat_template = True
     view = view_of(vlm, parts)
     logger.info(

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -280,9 +279,8 @@ def test_every_localai_tool_parser_name_maps_to_a_parser(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(LOCALAI_REASONING_PARSERS))
 def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> None:
     assert resolve_reasoning_markers(name) == LOCALAI_REASONING_PARSERS[name]
-    t = copy.copy(tok)
     with caplog.at_level("WARNING"):
-        apply_parser_overrides(t, reasoning_parser=name)
+        t = apply_parser_overrides(tok, reasoning_parser=name)
     assert "keeping what mlx-lm detected" not in caplog.text
     if name == "openai_gptoss":
         assert t.response_transitions == HARMONY_FORMAT["transitions"]
@@ -304,9 +302,8 @@ def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasonin
     lp = params.load_params(
         pb.ModelOptions(Model="m", Options=[f"tool_parser:{tool}", f"reasoning_parser:{reasoning}"])
     )
-    t = copy.copy(tok)
     with caplog.at_level("WARNING", logger="localai.mlx.decoding.parsers"):
-        apply_parser_overrides(t, lp.tool_parser, lp.reasoning_parser)
+        t = apply_parser_overrides(tok, lp.tool_parser, lp.reasoning_parser)
     assert (
         why in caplog.text and "keeping what mlx-lm detected from the chat template" in caplog.text
     )
@@ -319,8 +316,7 @@ def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasonin
 
 # --------------------------------------------------------------------------- scripted outputs
 def _route(tok, tool: str, reasoning: str, text: str):
-    t = copy.copy(tok)
-    apply_parser_overrides(t, tool, reasoning)
+    t = apply_parser_overrides(tok, tool, reasoning)
     pipe = OutputPipeline(t)
     deltas = [pipe.feed(i) for i in t.encode(text, add_special_tokens=False)]
     deltas.append(pipe.finish("stop"))

@@ -6,8 +6,6 @@ names warn, listing the known ones.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
@@ -36,25 +34,23 @@ def run(tok, text: str):
 )
 def test_unknown_names_warn_listing_the_known_ones(call, option, smollm, caplog):
     assert call("no_such_parser") is None
-    tok = copy.copy(smollm)
     with caplog.at_level("WARNING", logger="localai.mlx.decoding.parsers"):
-        apply_parser_overrides(tok, **{option: "no_such_parser"})
+        tok = apply_parser_overrides(smollm, **{option: "no_such_parser"})
+    assert tok is smollm  # nothing applies: the loaded wrapper, unchanged
     msg = caplog.text
     assert f"unknown {option} 'no_such_parser'" in msg and "mlx-lm detected" in msg
     assert ("hermes" in msg and "llama3_json" in msg) or ("qwen3" in msg and "gemma4" in msg)
 
 
 def test_unknown_name_changes_only_its_part(smollm):
-    tok = copy.copy(smollm)
-    apply_parser_overrides(tok, "hermes", "nope")  # a warning, no error
+    tok = apply_parser_overrides(smollm, "hermes", "nope")  # a warning, no error
     assert tok.tool_parser is json_tools.parse_tool_call
     assert tok.think_start == smollm.think_start and not tok.has_thinking
 
 
 def test_overrides_set_the_wrappers_attributes(smollm):
     assert not smollm.has_tool_calling and not smollm.has_thinking  # SmolLM2: nothing inferred
-    tok = copy.copy(smollm)
-    apply_parser_overrides(tok, "qwen3_coder", "qwen3")
+    tok = apply_parser_overrides(smollm, "qwen3_coder", "qwen3")
     assert tok.has_tool_calling and tok.tool_parser is qwen3_coder.parse_tool_call
     assert (tok.tool_call_start, tok.tool_call_end) == ("<tool_call>", "</tool_call>")
     assert tok.decode(list(tok.tool_call_start_tokens)) == "<tool_call>"
@@ -74,8 +70,7 @@ def test_pipeline_routes_the_overriding_markers(smollm):
     pipe, _ = run(smollm, text)
     assert pipe.content == text and pipe.tool_calls == []  # nothing inferred: all content
 
-    tok = copy.copy(smollm)
-    apply_parser_overrides(tok, "hermes", "deepseek_r1")
+    tok = apply_parser_overrides(smollm, "hermes", "deepseek_r1")
     pipe, deltas = run(tok, text)
     assert (pipe.reasoning, pipe.content) == ("plan", "Sure")
     assert [(c.name, c.arguments) for c in pipe.tool_calls] == [("f", '{"a": 1}')]
@@ -83,8 +78,7 @@ def test_pipeline_routes_the_overriding_markers(smollm):
 
 
 def test_mistral_markers_route_reasoning_and_calls_to_the_end(smollm):
-    tok = copy.copy(smollm)
-    apply_parser_overrides(tok, "mistral", "mistral")
+    tok = apply_parser_overrides(smollm, "mistral", "mistral")
     text = '[THINK]hmm[/THINK]Ok<think>x</think>[TOOL_CALLS]f[ARGS]{"a": 1}'
     pipe, _ = run(tok, text)
     # Only the override's markers count: "<think>" is plain text for this model.

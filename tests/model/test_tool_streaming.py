@@ -9,7 +9,6 @@ final arguments; whole-only formats send each call as one piece; malformed marku
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 
@@ -26,17 +25,16 @@ from mlx_lm.tool_parsers import (
 from decoding.output import OutputPipeline
 from decoding.parsers import apply_parser_overrides
 from decoding.tool_calls import ToolCall, ToolCallDelta, merge_tool_call_deltas
+from seam import tokenizer as seam_tokenizer
 
 
 def with_parser(base, module=None, *, vllm: str = ""):
     """A copy of the tokenizer wrapper using an mlx-lm parser module or a vLLM parser name."""
-    tok = copy.copy(base)
     if vllm:
-        apply_parser_overrides(tok, vllm, "")
-    else:
-        tok._tool_parser = module.parse_tool_call
-        tok._tool_call_start, tok._tool_call_end = module.tool_call_start, module.tool_call_end
-    return tok
+        return apply_parser_overrides(base, vllm, "")
+    return seam_tokenizer.rebuild(
+        base, tool=(module.parse_tool_call, module.tool_call_start, module.tool_call_end)
+    )
 
 
 def stream(tok, text: str, tools=None, reason: str = "stop"):
