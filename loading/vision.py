@@ -190,9 +190,7 @@ class VisionParts:
     processor's per-call resize options (option ``vision_max_pixels``).
     """
 
-    def __init__(
-        self, model: Any, processor: Any, directory: Path, options: VisionOptions
-    ) -> None:
+    def __init__(self, model: Any, processor: Any, directory: Path, options: VisionOptions) -> None:
         import mlx_vlm
 
         self.model = model
