@@ -146,8 +146,8 @@ class _Endpoint:
         self.registry = registry
         self.loop = asyncio.new_event_loop()
         self.stopping = asyncio.Event()
-        self.open: set[asyncio.Task] = set()  # one task per connection
-        self.idle: dict[asyncio.Task, None] = {}  # those waiting for a request, oldest first
+        self.open: dict[asyncio.StreamWriter, asyncio.Task] = {}  # a task per connection
+        self.idle: dict[asyncio.StreamWriter, None] = {}  # waiting for a request, oldest first
         self.thread = threading.Thread(target=self._run, name="metrics-http", daemon=True)
         self.thread.start()
 
@@ -168,24 +168,25 @@ class _Endpoint:
         server = await asyncio.start_server(self._answer, sock=self.sock, limit=MAX_HEAD)
         async with server:
             await self.stopping.wait()
-        for task in self.open:
-            task.cancel()
-        await asyncio.gather(*self.open, return_exceptions=True)
+        tasks = list(self.open.values())
+        for writer in list(self.open):
+            writer.close()  # the handler's read or write ends; it returns
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self.open.add(task)
-        self.idle[task] = None
-        while len(self.idle) > MAX_IDLE:  # too many wait: drop the oldest
+        self.open[writer] = task
+        self.idle[writer] = None
+        while len(self.idle) > MAX_IDLE:  # too many wait: close the oldest (its read ends)
             oldest = next(iter(self.idle))
             del self.idle[oldest]
-            oldest.cancel()
+            oldest.close()
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT)
             finally:
-                self.idle.pop(task, None)
+                self.idle.pop(writer, None)
             writer.write(self._reply(head))
             await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
         except (
@@ -197,7 +198,7 @@ class _Endpoint:
             pass  # idle too long, closed early, or a head over MAX_HEAD: drop it
         finally:
             writer.close()
-            self.open.discard(task)
+            self.open.pop(writer, None)
 
     def _reply(self, head: bytes) -> bytes:
         """The whole HTTP response to a request ``head`` (any path answers)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import socket
 import threading
 import urllib.error
@@ -249,7 +250,9 @@ def test_stop_closes_the_endpoint():
         urllib.request.urlopen(url, timeout=2)
 
 
-def test_idle_connections_take_no_thread_and_the_endpoint_still_answers(served, monkeypatch):
+def test_idle_connections_take_no_thread_and_the_endpoint_still_answers(
+    served, monkeypatch, caplog
+):
     """300 connections that send nothing (issue 32: 300 threads before): the endpoint
     stays one thread, keeps at most MAX_IDLE of them (the oldest are closed), and a
     scrape still answers."""
@@ -272,6 +275,10 @@ def test_idle_connections_take_no_thread_and_the_endpoint_still_answers(served, 
     finally:
         for sock in idle:
             sock.close()
+    served.stop()  # with connections still open on its side: they are closed, not leaked
+    assert not served._thread.is_alive()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]  # closing them logged nothing
 
 
 def test_an_idle_connection_is_closed_after_the_timeout(served, monkeypatch):
