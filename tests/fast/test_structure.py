@@ -1,4 +1,5 @@
-"""No import circle among the project's own modules; no test module imports another.
+"""No import circle among the project's own modules; no test module imports another; no
+class over MAX_CLASS_LINES lines.
 
 The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and
 ``from ... import`` of a project module counts, at module level, inside functions (a lazy
@@ -139,3 +140,18 @@ def test_no_test_module_imports_another():
                 if name.rpartition(".")[2].startswith("test_"):
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, offenders
+
+
+#: The longest a class of ours may be (issue 29): past it, split it by job.
+MAX_CLASS_LINES = 400
+
+
+def test_no_class_is_over_400_lines() -> None:
+    long = []
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, "split these classes by job: " + "; ".join(long)
