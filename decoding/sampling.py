@@ -184,6 +184,17 @@ def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
     return logit_bias
 
 
+def check_logit_bias(params: GenerationParams, tokenizer: object) -> None:
+    """ValueError naming LogitBias when one of its ids is outside ``tokenizer``'s vocabulary
+    (the prepare step's check, `engine.prepare`)."""
+    vocab = _vocab_size(tokenizer)
+    bad = [i for i in params.logit_bias or () if vocab is not None and i >= vocab]
+    if bad:
+        raise ValueError(
+            f"PredictOptions.LogitBias token ids must be in [0, {vocab}), got {bad[:5]}"
+        )
+
+
 def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[LogitsProcessor]:
     """Build the logits processors for one request, in application order.
 
@@ -193,17 +204,11 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
     0 or 1.0), presence penalty, frequency penalty; the penalties look at the last
     `repetition_context_size` tokens (mlx-lm's `make_*_penalty`).
 
-    The tokenizer gives the vocabulary size (to check LogitBias ids) and the EOS ids
-    (for ignore_eos). Raises ValueError naming LogitBias for an id >= vocabulary size.
+    The tokenizer gives the EOS ids (for ignore_eos). LogitBias ids were checked against
+    the vocabulary when the request was prepared (`check_logit_bias`).
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
-        vocab = _vocab_size(tokenizer)
-        bad = [i for i in params.logit_bias if vocab is not None and i >= vocab]
-        if bad:
-            raise ValueError(
-                f"PredictOptions.LogitBias token ids must be in [0, {vocab}), got {bad[:5]}"
-            )
         processors.append(_bias_processor(params.logit_bias))
     if params.ignore_eos:
         # As llama.cpp does: EOS can never be sampled, so generation runs to max_tokens.

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 import backend_pb2
 import backend_pb2_grpc
 from edge import interceptors, lifecycle
-from edge.servicer import BackendServicer
+from edge.servicer import BackendServicer, HostedEngine
 from engine import metrics as metrics_mod
 from engine.core import Engine
 from errors import Unavailable
@@ -49,7 +49,7 @@ async def serve(
     grace: float = 5.0,
     parent_watch: lifecycle.ParentWatcher | None = None,
     coordinator: Coordinator | None = None,
-    engine: Engine | JoinOnLoad | None = None,
+    engine: HostedEngine | None = None,
     metrics: metrics_mod.Recorder = metrics_mod.NULL,
 ) -> tuple[int, bool]:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
@@ -86,9 +86,10 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     if engine is None:
-        engine = Engine(metrics=metrics) if coordinator is None else Engine(coordinator, metrics)
-    if coordinator is not None:
-        coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
+        own = Engine(metrics=metrics) if coordinator is None else Engine(coordinator, metrics)
+        if coordinator is not None:
+            coordinator.attach(own)  # distributed rank 0: every step is shared with the group
+        engine = own
     known = set(threading.enumerate())
     engine.start()
     engine_threads = [t for t in threading.enumerate() if t not in known]

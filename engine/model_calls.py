@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from caches.prompt_tiers import PromptTiers
 from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
-from prompt_cache import PromptCache
 from tasks import embedding, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -83,7 +83,7 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
 
 def score(
     loaded: LoadedModel,
-    cache: PromptCache | None,
+    cache: PromptTiers | None,
     prompt: str,
     candidates: list[str],
     include_token_logprobs: bool,

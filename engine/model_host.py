@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from caches import prompt_tiers
+from caches.prompt_tiers import PromptTiers
 from engine import memory, model_calls, warmup
 from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
@@ -23,7 +24,6 @@ from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from prompt_cache import PromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -103,7 +103,7 @@ class ModelHost:
         self.serve(LoadedModel.build(model, tokenizer, params))
 
     def serve(
-        self, loaded: LoadedModel, cache: PromptCache | None = None, fingerprint: str | None = None
+        self, loaded: LoadedModel, cache: PromptTiers | None = None, fingerprint: str | None = None
     ) -> None:
         """Serve ``loaded``; ``cache``: a prompt cache of one's own, else memory + disk
         tiers (``fingerprint`` None: memory only)."""
@@ -158,7 +158,7 @@ class ModelHost:
         if self.scheduler is not None:
             self.scheduler.fail_all(error)
             self.scheduler.close()
-            prompt_tiers.close(self.scheduler.cache)  # flush the disk tier's writes
+            self.scheduler.cache.close()  # flush the disk tier's writes
         had_model = self.loaded is not None
         self.scheduler = None
         self.loaded = None
