@@ -898,7 +898,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
         cache_write=not req.PromptCacheRO,
         prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),
-        # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
+        # Bounds and JSON only here; compiling is `grammar.compile_constraint` (engine.prepare).
         constraint=read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),
     )

@@ -44,20 +44,24 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 
+from decoding import arrays
 from parsing.constraint import Constraint
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in its stubs only
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 # JSON output on one line in json.dumps' default style (", " and ": "), which models see
 # most. Flexible whitespace would let a sampled small model emit newlines until max_tokens.
 # A schema's own "x-guidance" options override these.
-JSON_OPTIONS: dict[str, Any] = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
@@ -408,7 +412,7 @@ class ConstraintProcessor:
             self._seen = length
         elif length > self._seen:
             # Forces the previously sampled token to the CPU: the grammar needs it now.
-            self._consume(flat[self._seen :].tolist())
+            self._consume(arrays.ints(flat[self._seen :]))
             self._seen = length
         elif length < self._seen:
             raise RuntimeError(

@@ -111,7 +111,8 @@ class SeededSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         self._key, xtc_key, draw_key = mx.random.split(self._key, 3)
         if 0.0 < self.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self._top_p)
+            # mlx-lm annotates a float; an array (no host sync per step) works the same.
+            logprobs = apply_top_p(logprobs, self._top_p)  # type: ignore[arg-type]
         if self.min_p > 0.0:
             # mlx-lm's apply_min_p needs a Python float (it validates and takes its log),
             # so the same rule is written here on an array: keep p >= min_p * max p.
@@ -180,7 +181,7 @@ def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
 
     # The history is ignored: several positions' (n, V) logits may go in one call
     # (`batch_speculation.position_free`).
-    logit_bias.position_free = True
+    logit_bias.position_free = True  # type: ignore[attr-defined]  # a function attribute
     return logit_bias
 
 

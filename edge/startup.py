@@ -170,7 +170,8 @@ async def serve(
     # engine thread.
     await loop.run_in_executor(None, engine.stop)
     # Let the engine's OS thread finish its native cleanup before Python finalizes.
-    await lifecycle.os_threads_gone([t.native_id for t in engine_threads if not t.is_alive()], 5.0)
+    gone = [t.native_id for t in engine_threads if not t.is_alive() and t.native_id is not None]
+    await lifecycle.os_threads_gone(gone, 5.0)
     stuck = [t.name for t in engine_threads if t.is_alive()]
     if stuck:
         logger.warning("still running after stop: %s", ", ".join(stuck))

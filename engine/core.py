@@ -388,17 +388,28 @@ class Engine:
         Distributed followers call it directly for the operations rank 0 replicates.
         """
         host = self.host
-        return {
+
+        def score(
+            prompt: str, candidates: list[str], include: bool, stable_prefix_len: int = 0
+        ) -> list[scoring.CandidateResult]:
+            stop = self._interleave.should_stop()
+            return host.score(prompt, candidates, include, stable_prefix_len, should_stop=stop)
+
+        def embed(text: str, token_ids: list[int]) -> embedding.EmbeddingOutput:
+            return host.embed(text, token_ids, should_stop=self._interleave.should_stop())
+
+        ops: dict[str, Callable[..., Any]] = {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: lambda *args: host.score(*args, should_stop=self._interleave.should_stop()),
-            EMBED: lambda *args: host.embed(*args, should_stop=self._interleave.should_stop()),
+            SCORE: score,
+            EMBED: embed,
             INSTALL: host.install_built,
             ATTACH: self._attach,
             TOKENIZE: host.tokenize,
             DETOKENIZE: host.detokenize,
             METADATA: host.metadata,
-        }[op]
+        }
+        return ops[op]
 
     def _snapshot_memory(self, throttle: bool = False) -> None:
         now = time.monotonic()

@@ -131,7 +131,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        self.server_name, self.server_port = self.server_address[:2]  # type: ignore[assignment]
         self.setup_environ()
 
 
@@ -311,7 +311,7 @@ class Metrics:
         """Serve the registry over HTTP on ``host:port`` from a daemon thread; returns
         the bound ``(host, port)`` (port 0 picks a free one). Raises OSError saying
         which address could not be bound, RuntimeError when already serving."""
-        if self._server is not None:
+        if self._server is not None and self.address is not None:
             raise RuntimeError(f"metrics already served on {_join(*self.address)}")
         try:
             server, thread = _serve(host, port, self.registry)

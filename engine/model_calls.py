@@ -89,7 +89,7 @@ def score(
     include_token_logprobs: bool,
     should_stop: Callable[[], bool] | None = None,
     stable_prefix_len: int = 0,
-) -> list:
+) -> list[scoring.CandidateResult]:
     """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``
     (``stable_prefix_len``: characters of the prompt later requests share)."""
     p = loaded.params
@@ -117,13 +117,23 @@ def embed(
 ) -> embedding.EmbeddingOutput:
     """`embedding.embed` (or `embed_tokens` when ``token_ids``) with the load options."""
     p = loaded.params
-    kw = dict(
+    if token_ids:
+        return embedding.embed_tokens(
+            loaded.model,
+            token_ids,
+            pooling=p.embedding_pooling,
+            normalize=p.embedding_normalize,
+            context_len=loaded.context_len,
+            step=p.prefill_step_size,
+            should_stop=should_stop,
+        )
+    return embedding.embed(
+        loaded.model,
+        loaded.tokenizer,
+        text,
         pooling=p.embedding_pooling,
         normalize=p.embedding_normalize,
         context_len=loaded.context_len,
         step=p.prefill_step_size,
         should_stop=should_stop,
     )
-    if token_ids:
-        return embedding.embed_tokens(loaded.model, token_ids, **kw)
-    return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)

@@ -24,6 +24,8 @@ from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
+from tasks.embedding import EmbeddingOutput
+from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -192,12 +194,14 @@ class ModelHost:
         include: bool,
         stable_prefix_len: int = 0,
         should_stop: Callable[[], bool] | None = None,
-    ) -> list:
+    ) -> list[CandidateResult]:
         loaded = self.require()
         cache = self.scheduler.cache if self.scheduler is not None else None
         return model_calls.score(
             loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
         )
 
-    def embed(self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None):
+    def embed(
+        self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None
+    ) -> EmbeddingOutput:
         return model_calls.embed(self.require(), text, token_ids, should_stop)

@@ -364,10 +364,13 @@ class Scheduler:
         job.t_last = now
         job.tokens += 1
         job.drafted += t.drafted
-        delta = job.pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
+        pipeline = job.pipeline
+        if pipeline is None:  # set at admission: a job without one was never admitted here
+            raise BackendError(f"request {job.uid} decoded before it was admitted")
+        delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
         if t.finish is not None:
             self.retire(job, t.finish, delta, t.kv)
-        elif job.pipeline.stopped:
+        elif pipeline.stopped:
             self.retire(job, "stop", delta)
         elif delta:
             job.emit(job.event(delta))
@@ -378,7 +381,7 @@ class Scheduler:
         job: Job,
         reason: str,
         delta: Delta | None = None,
-        kv: tuple | None = None,
+        kv: Handover | None = None,
         error: BackendError | None = None,
     ) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output.
@@ -443,7 +446,8 @@ class Scheduler:
             self._on_metrics(
                 RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted)
             )
-        drafting = job.runner is not None and job.runner.drafts
+        runner = job.runner
+        drafting = runner is not None and runner.drafts
         finish = outcome if outcome in ("stop", "length", "cancelled") else None
         self.metrics.request_finished(
             now - job.submitted,
@@ -453,8 +457,8 @@ class Scheduler:
             "disk" if job.disk_hit else "memory",
             job.tokens,
         )
-        if drafting:
-            self.metrics.speculation(job.runner.proposed(job), job.drafted)
+        if drafting and runner is not None:
+            self.metrics.speculation(runner.proposed(job), job.drafted)
         logger.info(
             "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
             job.params.correlation_id or "-",

@@ -87,8 +87,8 @@ def info(engine: Engine) -> dict:
         "blas": loaded.blas if loaded is not None else None,
         "vision_cache": loaded.vision.cache_info() if loaded and loaded.vision else None,
         "prompt_cache": (
-            dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(engine.scheduler.cache))
-            if stats is not None
+            dict(dataclasses.asdict(stats), disk=prompt_tiers.disk_info(sched.cache))
+            if stats is not None and sched is not None
             else None
         ),
         "distributed": engine.group.info(),

@@ -197,8 +197,8 @@ def render(spec: PromptSpec, parts: Any, n: int) -> str:
                 )
             return spec.prompt.replace(MEDIA_MARKER, parts.family.placeholder)
         # As LocalAI's mlx-vlm backend: the prompt as one user message, images with it.
-        kwargs = {"tools": spec.template_tools} if spec.template_tools else {}
-        return _template(parts, [{"role": "user", "content": spec.prompt}], n, **kwargs)
+        tools = {"tools": spec.template_tools} if spec.template_tools else {}
+        return _template(parts, [{"role": "user", "content": spec.prompt}], n, **tools)
     messages = [copy.deepcopy(dict(m)) for m in spec.messages]
     placed, last_user = 0, -1
     for i, message in enumerate(messages):

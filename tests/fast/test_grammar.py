@@ -225,5 +225,3 @@ def test_clean_error_strips_panics_backtraces_and_listings() -> None:
     assert grammar.clean_error(state) == "NoExtensionBias"
     assert len(grammar.clean_error("x" * 5000)) == grammar.MAX_ERROR_CHARS
     assert grammar.clean_error("\n \n") == "unknown error"
-
-

@@ -20,11 +20,11 @@ from inprocess import InProcessServer
 import backend_pb2
 from decoding.output import Delta
 from edge.servicer import LOAD_SUCCESS_MESSAGE
+from engine import prepare
 from engine.jobs import Event
 from engine.metrics import Metrics
 from engine.scheduler import RequestMetrics
 from engine.status import StatusSnapshot
-from engine import prepare
 from errors import (
     FailedPrecondition,
     InvalidArgument,
