@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,8 +25,12 @@ from params import GenerationRequest
 if TYPE_CHECKING:
     from decoding.output import OutputPipeline
     from engine.prepare import PreparedRequest
-    from engine.runner import Runner
     from engine.vision_prompt import VisionPrompt
+
+# A sequence's KV cache: one mlx-lm cache object per layer (the draft model's after the
+# target's); with the tokens it holds, what a runner hands to the prompt cache.
+KV = list[Any]
+Handover = tuple[KV, Sequence[int]]
 
 # Undelivered events one job may accumulate (about one per generated token) before the
 # scheduler ends it: a client that has not read for this many tokens is not reading.
@@ -56,6 +60,27 @@ class Event:
     @property
     def final(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+
+class JobRunner(Protocol):
+    """What a job knows of the runner decoding it: the part of `engine.runner.Runner`
+    that retiring, failing and logging it use (here, so that runner imports jobs and not
+    the other way round)."""
+
+    # Whether its sequences speculate (draft tokens); `proposed` counts them.
+    drafts: bool
+
+    def release(self, job: Job) -> Handover | None:
+        """Take ``job``'s sequence out: its KV and tokens for the prompt cache."""
+        ...
+
+    def drop(self, job: Job) -> None:
+        """Take ``job``'s sequence out, discarding its KV."""
+        ...
+
+    def proposed(self, job: Job) -> int:
+        """Draft tokens ``job`` sent to verification."""
+        ...
 
 
 class DraftStats(Protocol):
@@ -120,7 +145,7 @@ class Job:
         self.t_last = 0.0  # when the latest token was decoded (inter-token latency)
         self.max_tokens = self.params.max_tokens if max_tokens is None else max_tokens
         self.kv_tokens = 0  # tokens its KV may reach; what the memory budget reserved
-        self.runner: Runner | None = None  # the runner decoding it, once started
+        self.runner: JobRunner | None = None  # the runner decoding it, once started
         self.drafted = 0  # tokens accepted from a draft
         self.spec_stats: DraftStats | None = None  # of a speculative run
         self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.jobs import KV, Handover, Job, JobRunner
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from engine.jobs import Job
     from engine.step_budget import PrefillBudget
     from params import GenerationParams
     from prompt_cache import CacheLookup
@@ -26,10 +27,7 @@ if TYPE_CHECKING:
     Sampler = Callable[[mx.array], mx.array]
     LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
-# A sequence's KV cache: one mlx-lm cache object per layer (the draft model's after the
-# target's), and the tokens it holds, as handed to the prompt cache.
-KV = list[Any]
-Handover = tuple[KV, Sequence[int]]
+__all__ = ["KV", "Batch", "Handover", "Runner", "Token"]
 
 
 class Token(Protocol):
@@ -56,11 +54,9 @@ class Token(Protocol):
     def error(self) -> Any: ...
 
 
-class Runner(Protocol):
-    """Sequences of one kind, stepped together by the scheduler (module doc)."""
-
-    # Whether its sequences speculate (draft tokens); `proposed` counts them.
-    drafts: bool
+class Runner(JobRunner, Protocol):
+    """Sequences of one kind, stepped together by the scheduler (module doc); with
+    `JobRunner`'s ``drafts``, ``release``, ``drop`` and ``proposed``."""
 
     @property
     def rows(self) -> int:
@@ -95,24 +91,12 @@ class Runner(Protocol):
         ended itself, by uid."""
         ...
 
-    def release(self, job: Job) -> Handover | None:
-        """Take ``job``'s sequence out: its KV and tokens for the prompt cache."""
-        ...
-
-    def drop(self, job: Job) -> None:
-        """Take ``job``'s sequence out, discarding its KV."""
-        ...
-
     def reset(self) -> None:
         """Drop every sequence: fresh and empty (after a failed step)."""
         ...
 
     def close(self) -> None:
         """Drop every sequence for good (the model is being unloaded)."""
-        ...
-
-    def proposed(self, job: Job) -> int:
-        """Draft tokens ``job`` sent to verification."""
         ...
 
 
