@@ -45,9 +45,11 @@ def check_text(text: str, loaded: LoadedModel) -> None:
 
 
 def max_tokens(loaded: LoadedModel, prompt_len: int, requested: int) -> int:
-    """What a prompt of ``prompt_len`` tokens may generate: ``requested``, capped to the
-    room the context leaves (InvalidArgument when the prompt fills it) or, for a rotating
-    cache that never fills, to MAX_TOKENS_CAP (so Tokens -1 still ends somewhere)."""
+    """What a prompt of ``prompt_len`` tokens may generate (the one cap of Tokens):
+    ``requested``, at most MAX_TOKENS_CAP (so Tokens -1 still ends somewhere on a rotating
+    cache, which never fills) and at most the room the context leaves (InvalidArgument
+    when the prompt fills it)."""
+    cap = min(requested, MAX_TOKENS_CAP)
     context = context_bound(loaded)
     if context:
         if prompt_len >= context:
@@ -55,8 +57,8 @@ def max_tokens(loaded: LoadedModel, prompt_len: int, requested: int) -> int:
                 f"the prompt is {prompt_len} tokens but the context holds {context}: "
                 "shorten the prompt or raise ContextSize"
             )
-        return min(requested, context - prompt_len)
-    return min(requested, MAX_TOKENS_CAP)
+        return min(cap, context - prompt_len)
+    return cap
 
 
 def kv_tokens(loaded: LoadedModel, prompt_len: int, max_tokens: int) -> int:

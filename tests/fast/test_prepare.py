@@ -69,6 +69,8 @@ def test_the_tokens_cap_is_the_room_the_context_leaves(tok) -> None:
     assert fit.max_tokens(loaded, 3, 100) == 7
     assert fit.max_tokens(loaded, 3, 5) == 5
     assert fit.max_tokens(loaded, 9, 100) == 1
+    big = served(tok, context=10**6)
+    assert fit.max_tokens(big, 3, 10**9) == params.MAX_TOKENS_CAP  # the absolute cap too
     with pytest.raises(InvalidArgument, match="the prompt is 10 tokens but the context holds 10"):
         fit.max_tokens(loaded, 10, 1)
     # A rotating cache never fills: Tokens -1 (UNTIL_CONTEXT_FULL) still ends somewhere.
