@@ -73,8 +73,9 @@ test-fast: install-test
 	$(PY) -m pytest -q tests/fast
 endif
 
+# ruff, then mypy (its configuration, the folders it checks: pyproject.toml's [tool.mypy]).
 lint: install-test
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m mypy
 
 bench: install
 	$(PY) bench/run_all.py

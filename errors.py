@@ -1,9 +1,13 @@
 """Domain errors that cross from the engine to the gRPC edge.
 
 Each class names the gRPC status code the servicer answers with (by name, so this module
-and the engine never import grpc). Messages say what to change. A plain ``ValueError`` is
-a bad request field wherever it is raised; ``as_backend_error`` is the one place that says
-so.
+and the engine never import grpc). Messages say what to change.
+
+A request is wrong only where it is read: the parsing layer and the prepare step
+(`engine.prepare`) turn their ``ValueError`` into ``InvalidArgument``, as do the checks of a
+Score or Embedding request. Anywhere else a plain ``ValueError`` (raised inside mlx-lm, say)
+is a fault of the server: INTERNAL, with its message. ``as_backend_error`` is the one place
+that maps an exception to a domain error.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ class BackendError(Exception):
     status = "INTERNAL"
 
 
-class InvalidArgument(BackendError):
-    """The request itself is wrong (bad field value, prompt too long, bad JSON)."""
+class InvalidArgument(BackendError, ValueError):
+    """The request itself is wrong (bad field value, prompt too long, bad JSON). Also a
+    ``ValueError``: what the request layers raise, for callers that check for one."""
 
     status = "INVALID_ARGUMENT"
 
@@ -61,10 +66,15 @@ class ModelLoadError(BackendError):
 
 
 def as_backend_error(exc: BaseException) -> BackendError:
-    """The domain error for ``exc``: itself when it is one, INVALID_ARGUMENT for a
-    ``ValueError`` (a field the client must change), INTERNAL for anything else."""
+    """The domain error for ``exc``: itself when it is one, else INTERNAL with its type and
+    message (a ``ValueError`` too: the request layers raise ``InvalidArgument``)."""
     if isinstance(exc, BackendError):
         return exc
-    if isinstance(exc, ValueError):
-        return InvalidArgument(str(exc))
     return BackendError(f"{type(exc).__name__}: {exc}")
+
+
+def invalid_argument(exc: ValueError) -> InvalidArgument:
+    """``exc``, raised while reading a request, as the INVALID_ARGUMENT it is."""
+    if isinstance(exc, InvalidArgument):
+        return exc
+    return InvalidArgument(str(exc))

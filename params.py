@@ -117,7 +117,7 @@ from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
-MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here (the engine caps to context)
+MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (engine.fit)
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
@@ -136,8 +136,9 @@ class GenerationParams:
 
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
-    mean "disabled". `max_tokens` is in tokens, already capped to MAX_TOKENS_CAP but not
-    yet to the context. `seed` None means a fresh random seed.
+    mean "disabled". `max_tokens` is in tokens, as requested (UNTIL_CONTEXT_FULL for -1);
+    the prepare step caps it, once (`engine.fit.max_tokens`). `seed` None means a fresh
+    random seed.
     """
 
     max_tokens: int
@@ -550,7 +551,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         max_tokens = UNTIL_CONTEXT_FULL
     else:
         tokens = _check_int("PredictOptions.Tokens", req.Tokens, 0)
-        max_tokens = min(int(pick(tokens, "max_tokens", DEFAULT_MAX_TOKENS)), MAX_TOKENS_CAP)
+        max_tokens = int(pick(tokens, "max_tokens", DEFAULT_MAX_TOKENS))
     temperature = _check_float("PredictOptions.Temperature", _f32(req.Temperature), 0.0)
     top_p = _check_float("PredictOptions.TopP", _f32(req.TopP), 0.0, 1.0)
     min_p = _check_float("PredictOptions.MinP", _f32(req.MinP), 0.0, 1.0)
@@ -594,7 +595,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
         cache_write=not req.PromptCacheRO,
         prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),
-        # Bounds and JSON only here; compiling is `grammar.validate_constraint`, off the loop.
+        # Bounds and JSON only here; compiling is `grammar.compile_constraint` (engine.prepare).
         constraint=read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),
     )

@@ -100,13 +100,15 @@ class CacheLookup:
     holds (0 on a miss). ``rest`` is ``tokens[cached_tokens:]``, the tokens still to
     prefill; never empty, so the model always has a token to produce logits from.
     ``kind``: "exact", "shorter", "checkpoint" or "trimmed" on a hit (see
-    :class:`CacheStats`), "" on a miss.
+    :class:`CacheStats`), "" on a miss. ``disk_hit``: a disk tier served it
+    (``caches.prompt_tiers``).
     """
 
     kv: list | None
     cached_tokens: int
     rest: list[int]
     kind: str = field(default="", compare=False)
+    disk_hit: bool = False
 
 
 @dataclass
@@ -338,12 +340,13 @@ class PromptCache:
                 default=0,
             )
 
-    def fetch(self, model_key: str, tokens: Sequence[int]) -> CacheLookup:
+    def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
         """Find the cached KV that saves the most prefill for ``tokens``.
 
         Args:
             model_key: identifies the model (and anything else that changes the KV).
             tokens: the whole prompt's token ids.
+            disk_dir: a disk tier's directory; none here (memory only): ignored.
 
         Returns:
             A :class:`CacheLookup`: on a hit, a trimmed private deep copy holding
@@ -394,9 +397,16 @@ class PromptCache:
             return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
 
     def insert(
-        self, model_key: str, tokens: Sequence[int], kv: list, *, checkpoint: bool = False
+        self,
+        model_key: str,
+        tokens: Sequence[int],
+        kv: list,
+        disk_dir: str = "",
+        *,
+        checkpoint: bool = False,
     ) -> None:
-        """Store ``kv`` as the KV cache of ``tokens`` under ``model_key``.
+        """Store ``kv`` as the KV cache of ``tokens`` under ``model_key`` (``disk_dir``:
+        a disk tier's directory; memory only here, ignored).
 
         ``checkpoint``: ``kv`` is a snapshot taken while prefilling (counted apart in
         :meth:`stats`; a later hit on it counts as a "checkpoint" hit). Entries that
@@ -531,6 +541,18 @@ class PromptCache:
         """Number of stored entries."""
         with self._lock:
             return len(self._entries)
+
+    # Memory only: no disk tier to close or report (``caches.prompt_tiers.PromptTiers``).
+    def close(self) -> None:
+        """Nothing to flush."""
+
+    def disk_memory(self) -> dict[str, int]:
+        """Status entries of the disk tiers: none."""
+        return {"prompt_cache_disk": 0, "prompt_cache_disk_entries": 0}
+
+    def disk_stats(self) -> dict[str, dict]:
+        """GetMetrics' per-directory disk stats: none."""
+        return {}
 
     def _snapshot(self) -> list[tuple[str, tuple[int, ...], Any]]:
         """For tests: (model key, tokens, stored kv) per entry, least recently used

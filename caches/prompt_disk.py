@@ -41,7 +41,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from caches import prompt_disk_format as fmt
 from caches.prompt_disk_format import FORMAT_VERSION, model_fingerprint, safe_cache_dir
@@ -279,7 +279,7 @@ class _Index:
             name = self._by_key.get(key)
             return self._entries.get(name) if name else None
 
-    def snapshot(self) -> dict[str, int | float]:
+    def snapshot(self) -> dict[str, Any]:
         """Entries, usable entries, bytes and every counter, taken at one instant."""
         with self._lock:
             return {
@@ -393,7 +393,7 @@ class _Index:
             return
         self._nbytes -= entry.nbytes
         key = fmt.name_key(name)
-        if self._by_key.get(key) == name:
+        if key is not None and self._by_key.get(key) == name:
             del self._by_key[key]
         if delete:
             self.unlink(self.directory / name)

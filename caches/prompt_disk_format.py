@@ -213,9 +213,9 @@ def model_fingerprint(model_dir_or_files: str | os.PathLike | Iterable, extra: d
     paths = sorted(str(p.resolve()) for p, _ in files)
     lineage = hashlib.sha256(json.dumps([paths, extra_json]).encode()).hexdigest()[:16]
     idents = [_file_identity(p, content=c) for p, c in sorted(files, key=lambda x: str(x[0]))]
+    mlx_version = mx.__version__  # type: ignore[attr-defined]  # not in mlx's stubs
     blob = json.dumps(
-        [FORMAT_VERSION, idents, extra_json, mx.__version__, mlx_lm.__version__],
-        sort_keys=True,
+        [FORMAT_VERSION, idents, extra_json, mlx_version, mlx_lm.__version__], sort_keys=True
     )
     return f"{lineage}:{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
 
@@ -242,7 +242,10 @@ def name_key(name: str) -> str | None:
 
 def name_checksum(name: str) -> str:
     """The SHA-256 (hex) an entry file's name carries. ``name`` must be an entry's."""
-    return _NAME_RE.match(name).group(2)
+    m = _NAME_RE.match(name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a prompt cache entry's name")
+    return m.group(2)
 
 
 def tmp_name(pid: int, token: str) -> str:
@@ -293,7 +296,8 @@ def serialise(
         "tokens": ",".join(map(str, tokens)),
         "trimmable": "1" if trimmable else "0",
     }
-    save_prompt_cache(buf, kv, meta)
+    # mlx-lm annotates a file name; mx.save_safetensors takes a file object too.
+    save_prompt_cache(buf, kv, meta)  # type: ignore[arg-type]
     # getbuffer: no second copy of the bytes on the caller's thread.
     return buf.getbuffer(), trimmable
 

@@ -23,15 +23,14 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from caches.prompt_disk import DiskCache, model_fingerprint
 from prompt_cache import CacheLookup, CacheStats, PromptCache, trim_exactly
 
-__all__ = ["MAX_DISK_DIRS", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
+__all__ = ["MAX_DISK_DIRS", "PromptTiers", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -39,11 +38,58 @@ MAX_DISK_DIRS = 4  # directories open at once; each has a writer thread and an i
 _CLOSE_TIMEOUT = 4.0  # seconds to finish queued writes at unload (Engine.stop joins for 5)
 
 
-@dataclass
-class TieredLookup(CacheLookup):
-    """A :class:`CacheLookup` that also says whether the disk tier served it."""
+TieredLookup = CacheLookup  # its ``disk_hit`` says whether the disk tier served it
 
-    disk_hit: bool = False
+
+class PromptTiers(Protocol):
+    """A prompt cache as the engine uses it (scheduler, checkpoints, Status): the memory
+    tier alone (``prompt_cache.PromptCache``) or with disk tiers (``TieredPromptCache``).
+    ``disk_dir``: the request's disk-tier directory ("" = memory only; ignored without
+    disk tiers)."""
+
+    def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
+        """The cached KV that saves the most prefill for ``tokens``."""
+        ...
+
+    def insert(
+        self,
+        model_key: str,
+        tokens: Sequence[int],
+        kv: list,
+        disk_dir: str = "",
+        *,
+        checkpoint: bool = False,
+    ) -> None:
+        """Store ``kv``, which holds exactly ``tokens``."""
+        ...
+
+    def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int: ...
+    def trim_to(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> int:
+        """Evict from memory until within the bounds; returns the entries evicted."""
+        ...
+
+    def clear(self) -> None:
+        """Empty the memory tier."""
+        ...
+
+    def close(self) -> None:
+        """Flush and stop the disk tiers (the model is being unloaded)."""
+        ...
+
+    def stats(self) -> CacheStats: ...
+    def disk_memory(self) -> dict[str, int]:
+        """Status entries of the disk tiers (zeros without)."""
+        ...
+
+    def disk_stats(self) -> dict[str, dict]:
+        """GetMetrics' per-directory disk stats ({} without)."""
+        ...
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def checkpoint_nbytes(self) -> int: ...
+    def __len__(self) -> int: ...
 
 
 def load_fingerprint(params: Any, cpu_mode: str = "", distributed: str = "") -> str:
@@ -145,13 +191,13 @@ class TieredPromptCache:
             self._disks[key] = cache
         return cache
 
-    def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> TieredLookup:
+    def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
         """``PromptCache.fetch``, then, unless memory already serves all but the last
         token, the disk tier of ``disk_dir`` for a longer match: a disk hit is copied
         into memory and returned trimmed to the tokens it serves (``disk_hit`` True).
         Raises ValueError for empty ``tokens``."""
         hit = self.memory.fetch(model_key, tokens)
-        lookup = TieredLookup(hit.kv, hit.cached_tokens, hit.rest)
+        lookup = CacheLookup(hit.kv, hit.cached_tokens, hit.rest)
         disk = self.disk(disk_dir)
         if disk is None or hit.cached_tokens >= len(tokens) - 1:
             return lookup
@@ -164,7 +210,7 @@ class TieredPromptCache:
             logger.debug("prompt disk cache: a hit failed to trim; using the memory tier")
             return lookup
         toks = list(map(int, tokens))
-        return TieredLookup(found.kv, found.cached_len, toks[found.cached_len :], disk_hit=True)
+        return CacheLookup(found.kv, found.cached_len, toks[found.cached_len :], disk_hit=True)
 
     def insert(
         self,
@@ -261,26 +307,13 @@ def for_model(loaded: Any, fingerprint: str | None) -> TieredPromptCache:
     return TieredPromptCache(memory, fingerprint, p.prompt_cache_disk_bytes, p.prompt_cache_dir)
 
 
-def disk_memory(cache: Any) -> dict[str, int]:
-    """Status entries of ``cache``'s disk tiers (zeros for a memory-only cache)."""
-    if isinstance(cache, TieredPromptCache):
-        return cache.disk_memory()
-    return {"prompt_cache_disk": 0, "prompt_cache_disk_entries": 0}
+def disk_memory(cache: PromptTiers | None) -> dict[str, int]:
+    """Status entries of ``cache``'s disk tiers (zeros without a cache)."""
+    if cache is None:
+        return {"prompt_cache_disk": 0, "prompt_cache_disk_entries": 0}
+    return cache.disk_memory()
 
 
-def disk_info(cache: Any) -> dict[str, dict]:
+def disk_info(cache: PromptTiers) -> dict[str, dict]:
     """GetMetrics' per-directory disk stats of ``cache`` ({} when it has none)."""
-    return cache.disk_stats() if isinstance(cache, TieredPromptCache) else {}
-
-
-def close(cache: Any) -> None:
-    """Flush and close ``cache``'s disk tiers (nothing for a memory-only cache)."""
-    if isinstance(cache, TieredPromptCache):
-        cache.close()
-
-
-def disk_args(cache: Any, params: Any) -> tuple[str, ...]:
-    """A request's disk-tier directory (``params.prompt_cache_dir``) as the extra argument
-    of ``cache.fetch``/``insert``: empty for a memory-only cache or no directory."""
-    d = params.prompt_cache_dir
-    return (d,) if d and isinstance(cache, TieredPromptCache) else ()
+    return cache.disk_stats()

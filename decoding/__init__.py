@@ -8,4 +8,5 @@
   draft model's drafts per row, one verify pass, per-row rejection).
 - ``output``: the output pipeline: UTF-8, stop sequences, reasoning/content/tool deltas, logprobs.
 - ``tool_calls``: streaming tool-call parsing; ``parsers``: which mlx-lm parser a model uses.
+- ``arrays``: small MLX arrays' values, typed.
 """

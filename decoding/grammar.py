@@ -27,18 +27,15 @@ alternatives costs 1.5 s in the pure-Python GBNF-to-Lark converter (holding the 
 to validate and 9.2 s to compile against SmolLM2's tokenizer, and then fails with a Rust
 panic (`grammar.symbols.len() < u16::MAX`) carrying a backtrace. So every constraint is
 first held to cheap bounds (`parsing.constraint`: every `Constraint` obeys them by
-construction), then validated off the event loop (`validate_constraint`, on a small
-dedicated thread pool with a time bound; llguidance's compile drops the GIL: a 30,000
+construction), then validated off the event loop (`compile_constraint`, in the prepare step on its
+worker pool, with a time bound; llguidance's compile drops the GIL: a 30,000
 alternative validation in a thread left the main thread's 1 ms sleeps at most 4 ms apart).
 Error texts are one line without panic or backtrace text (`clean_error`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import copy
-import functools
 import hashlib
 import logging
 import re
@@ -47,20 +44,24 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 
+from decoding import arrays
 from parsing.constraint import Constraint
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in its stubs only
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 # JSON output on one line in json.dumps' default style (", " and ": "), which models see
 # most. Flexible whitespace would let a sampled small model emit newlines until max_tokens.
 # A schema's own "x-guidance" options override these.
-JSON_OPTIONS: dict[str, Any] = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
@@ -69,10 +70,8 @@ COMPILED_CACHE_SIZE = 64  # compiled grammars kept per tokenizer (LRU)
 
 # Steps of the validation walk (see `_walk`): bytes fed to the grammar after its first mask.
 VALIDATE_WALK_BYTES = 8
-# Default time bound (seconds) of `validate_constraint`.
+# Time bound (seconds) of compiling one request's constraint (`engine.prepare`).
 VALIDATE_TIMEOUT_S = 10.0
-# Threads validating constraints off the event loop; more requests wait their turn.
-VALIDATE_THREADS = 2
 # Validations remembered (by kind and source digest), so a repeated grammar costs nothing.
 VALIDATED_CACHE_SIZE = 256
 # Longest error text taken from llguidance (characters); the rest is cut.
@@ -243,51 +242,33 @@ def _walk(constraint: Constraint, matcher: llguidance.LLMatcher, vocab: int = 25
             raise _matcher_error(constraint, matcher)  # type: ignore[misc]
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+def compile_constraint(constraint: Constraint | None, tokenizer: Any = None) -> None:
+    """Validate a constraint read by `parsing.constraint.read_constraint` (the prepare
+    step's, `engine.prepare`, on its worker pool; llguidance drops the GIL while compiling).
 
+    Checks: the grammar or schema compiles, and it matches at least one string. With
+    `tokenizer` (the loaded model's), it is compiled for that tokenizer and kept, so the
+    sequence's processor (`make_constraint_processor`) reuses that one compile; without,
+    it is compiled for single bytes. None is accepted and does nothing. The prepare step
+    bounds its time (`timeout_error`).
 
-def _validation_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=VALIDATE_THREADS, thread_name_prefix="grammar-validate"
-            )
-        return _pool
-
-
-async def validate_constraint(
-    constraint: Constraint | None, tokenizer: Any = None, timeout_s: float = VALIDATE_TIMEOUT_S
-) -> None:
-    """Validate a constraint read by `parsing.constraint.read_constraint`, off the event
-    loop; await it before queueing the request.
-
-    Runs on a dedicated pool of VALIDATE_THREADS threads (llguidance drops the GIL while
-    compiling, so the loop keeps serving Health and other requests). Checks: the grammar
-    or schema compiles, and it matches at least one string. With `tokenizer` (the loaded
-    model's), it is compiled for that tokenizer and kept, so the sequence's processor
-    (`make_constraint_processor`) reuses that one compile; without, it is compiled for
-    single bytes. `timeout_s`: seconds to wait, including any wait for a free thread; on
-    expiry the request is refused (a compile already running finishes in the background;
-    one not yet started is dropped). None is accepted and does nothing.
-
-    Raises ValueError naming `constraint.field`: invalid, matching no string, not a fast
-    tokenizer, or not validated within `timeout_s` (INVALID_ARGUMENT at the edge).
+    Raises ValueError naming `constraint.field`: invalid, matching no string, or not a
+    fast tokenizer.
     """
     if constraint is None:
         return
     if tokenizer is None:
-        work = functools.partial(_validate, constraint)
+        _validate(constraint)
     else:
-        work = functools.partial(_compiled_matcher, constraint, tokenizer)
-    future = asyncio.get_running_loop().run_in_executor(_validation_pool(), work)
-    try:
-        await asyncio.wait_for(future, timeout_s)
-    except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on
-        raise ValueError(
-            f"{constraint.field}: the {_what(constraint)} did not compile within "
-            f"{timeout_s:g} s: simplify it"
-        ) from None
+        _compiled_matcher(constraint, tokenizer)
+
+
+def timeout_error(constraint: Constraint, timeout_s: float) -> ValueError:
+    """The error of a constraint not compiled within ``timeout_s`` seconds."""
+    return ValueError(
+        f"{constraint.field}: the {_what(constraint)} did not compile within "
+        f"{timeout_s:g} s: simplify it"
+    )
 
 
 # --- compiling, cached per tokenizer -----------------------------------------------------
@@ -431,7 +412,7 @@ class ConstraintProcessor:
             self._seen = length
         elif length > self._seen:
             # Forces the previously sampled token to the CPU: the grammar needs it now.
-            self._consume(flat[self._seen :].tolist())
+            self._consume(arrays.ints(flat[self._seen :]))
             self._seen = length
         elif length < self._seen:
             raise RuntimeError(

@@ -36,6 +36,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
+from decoding import arrays
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -120,9 +121,12 @@ class _TextRouter:
         held, self._held = self._held, ""
         return held
 
+    def _current_edges(self) -> tuple[tuple[str, str | None], ...]:
+        return self._edges.get(self.state, ()) if self.state is not None else ()
+
     def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
         best = None
-        for pattern, dst in self._edges.get(self.state, ()):
+        for pattern, dst in self._current_edges():
             start = buf.find(pattern, pos)
             if start >= 0:
                 key = (start + len(pattern), start)  # ends first, then longest
@@ -131,7 +135,7 @@ class _TextRouter:
         return None if best is None else (best[0][1], best[1], best[2])
 
     def _partial_suffix(self, buf: str, pos: int) -> int:
-        patterns = [p for p, _ in self._edges.get(self.state, ())]
+        patterns = [p for p, _ in self._current_edges()]
         longest = min(max((len(p) for p in patterns), default=1) - 1, len(buf) - pos)
         for k in range(longest, 0, -1):
             tail = buf[-k:]
@@ -256,7 +260,7 @@ class OutputPipeline:
         self.generated_tokens += 1
         if token in self._eos:
             return Delta()
-        entries = ()
+        entries: tuple[dict, ...] = ()
         if self._top_n is not None and logprobs is not None:
             entries = (self._logprob_entry(token, logprobs),)
         self._detok.add_token(token)
@@ -343,10 +347,11 @@ class OutputPipeline:
         if n > 0:
             idx = mx.argpartition(-lp, kth=n - 1)[:n]
             pairs = sorted(
-                zip(lp[idx].tolist(), idx.tolist(), strict=True), key=lambda p: (-p[0], p[1])
+                zip(arrays.floats(lp[idx]), arrays.ints(idx), strict=True),
+                key=lambda p: (-p[0], p[1]),
             )
             top = [self._alternative(i, v) for v, i in pairs]
-        entry = self._alternative(token, lp[token].item())
+        entry = self._alternative(token, arrays.scalar(lp[token]))
         entry["top_logprobs"] = top
         return entry
 

@@ -83,8 +83,9 @@ def _json_list_parser(text: str, tools: Any = None) -> Any:
     return json.loads(text.strip())
 
 
-_json_object_parser.tool_stream_format = "json_tools"  # read by tool_calls.stream_format
-_json_list_parser.tool_stream_format = "json_list"
+# Read by tool_calls.stream_format (a function attribute, which mypy cannot declare).
+_json_object_parser.tool_stream_format = "json_tools"  # type: ignore[attr-defined]
+_json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
 
 _DECODER = json.JSONDecoder()
 LLAMA_JSON_START = '{"name"'

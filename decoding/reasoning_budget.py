@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 
+from decoding import arrays
 from prompt_cache import common_prefix
 
 __all__ = ["UNLIMITED", "ReasoningBudgetProcessor", "make_budget_processor"]
@@ -32,7 +33,7 @@ _OVERLAP = 70
 
 class _State(NamedTuple):
     inside: bool  # inside a reasoning block after these tokens
-    count: int  # reasoning tokens generated so far (markers excluded)
+    spent: int  # reasoning tokens generated so far (markers excluded)
     force: int | None  # index in the end marker of the token the next call forces
     done: bool  # the end marker was forced completely: never interfere again
 
@@ -96,7 +97,7 @@ class ReasoningBudgetProcessor:
     @property
     def reasoning_tokens(self) -> int:
         """Reasoning tokens counted so far (for the sequence as last seen)."""
-        return self._states[-1].count
+        return self._states[-1].spent
 
     @property
     def done(self) -> bool:
@@ -135,11 +136,11 @@ class ReasoningBudgetProcessor:
             )
         known = len(self._tokens)
         lo = max(0, min(known, n) - _OVERLAP)
-        fresh = flat[self._origin + lo :].tolist() if n > lo else []
+        fresh = arrays.ints(flat[self._origin + lo :]) if n > lo else []
         same = lo + common_prefix(self._tokens[lo:], fresh)
         if same == lo and lo > 0 and known > lo and fresh and fresh[0] != self._tokens[lo]:
             # Changed before the window too: replay from the start (never seen in mlx-lm).
-            lo, fresh = 0, flat[self._origin :].tolist()
+            lo, fresh = 0, arrays.ints(flat[self._origin :])
             same = common_prefix(self._tokens, fresh)
         del self._tokens[same:]
         del self._states[same + 1 :]

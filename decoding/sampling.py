@@ -111,7 +111,8 @@ class SeededSampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         self._key, xtc_key, draw_key = mx.random.split(self._key, 3)
         if 0.0 < self.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, self._top_p)
+            # mlx-lm annotates a float; an array (no host sync per step) works the same.
+            logprobs = apply_top_p(logprobs, self._top_p)  # type: ignore[arg-type]
         if self.min_p > 0.0:
             # mlx-lm's apply_min_p needs a Python float (it validates and takes its log),
             # so the same rule is written here on an array: keep p >= min_p * max p.
@@ -180,8 +181,19 @@ def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
 
     # The history is ignored: several positions' (n, V) logits may go in one call
     # (`batch_speculation.position_free`).
-    logit_bias.position_free = True
+    logit_bias.position_free = True  # type: ignore[attr-defined]  # a function attribute
     return logit_bias
+
+
+def check_logit_bias(params: GenerationParams, tokenizer: object) -> None:
+    """ValueError naming LogitBias when one of its ids is outside ``tokenizer``'s vocabulary
+    (the prepare step's check, `engine.prepare`)."""
+    vocab = _vocab_size(tokenizer)
+    bad = [i for i in params.logit_bias or () if vocab is not None and i >= vocab]
+    if bad:
+        raise ValueError(
+            f"PredictOptions.LogitBias token ids must be in [0, {vocab}), got {bad[:5]}"
+        )
 
 
 def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[LogitsProcessor]:
@@ -193,17 +205,11 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
     0 or 1.0), presence penalty, frequency penalty; the penalties look at the last
     `repetition_context_size` tokens (mlx-lm's `make_*_penalty`).
 
-    The tokenizer gives the vocabulary size (to check LogitBias ids) and the EOS ids
-    (for ignore_eos). Raises ValueError naming LogitBias for an id >= vocabulary size.
+    The tokenizer gives the EOS ids (for ignore_eos). LogitBias ids were checked against
+    the vocabulary when the request was prepared (`check_logit_bias`).
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
-        vocab = _vocab_size(tokenizer)
-        bad = [i for i in params.logit_bias if vocab is not None and i >= vocab]
-        if bad:
-            raise ValueError(
-                f"PredictOptions.LogitBias token ids must be in [0, {vocab}), got {bad[:5]}"
-            )
         processors.append(_bias_processor(params.logit_bias))
     if params.ignore_eos:
         # As llama.cpp does: EOS can never be sampled, so generation runs to max_tokens.

@@ -120,7 +120,7 @@ def new_call_id() -> str:
 
 
 def parse_tool_block(
-    parser: ToolParser,
+    parser: ToolParser | None,
     text: str,
     tools: Sequence[dict] | None = None,
     first_index: int = 0,
@@ -132,6 +132,8 @@ def parse_tool_block(
     Raises ValueError when the text is not a well-formed call: the parser failed, a name is
     missing, or the arguments are not a JSON object. Nothing is returned partially.
     """
+    if parser is None:
+        raise ValueError("the model has no tool parser")
     try:
         parsed = parser(text, list(tools) if tools is not None else None)
     except Exception as exc:  # third-party parsers raise many kinds on malformed model text
@@ -298,7 +300,7 @@ class BlockStreamer:
     """
 
     def __init__(
-        self, parser: ToolParser, tools: Sequence[dict] | None = None, first_index: int = 0
+        self, parser: ToolParser | None, tools: Sequence[dict] | None = None, first_index: int = 0
     ) -> None:
         self._parser = parser
         self._tools = list(tools) if tools is not None else None
@@ -332,9 +334,9 @@ class BlockStreamer:
             return out
         try:
             if isinstance(self._spec, _JsonSpec):
-                self._step_json(out)
-            else:
-                self._step_xml(out)
+                self._step_json(out, self._spec)
+            elif isinstance(self._spec, _XmlSpec):
+                self._step_xml(out, self._spec)
         except Exception as exc:  # a parser raising on a probe: stop streaming, parse at the end
             logger.debug("tool call streaming stopped: %s: %s", type(exc).__name__, exc)
             self._state = "off"
@@ -348,8 +350,8 @@ class BlockStreamer:
         and the parsed calls from the first mismatch on are emitted whole under new indices.
         """
         out: list[ToolCallDelta] = []
-        xml = isinstance(self._spec, _XmlSpec)
-        if complete and xml and self._state == "between" and self._spec.call_close is None:
+        xml = self._spec if isinstance(self._spec, _XmlSpec) else None
+        if complete and xml is not None and self._state == "between" and xml.call_close is None:
             self._end_xml_call(out)  # the call ends with the block
         parsed: list[ToolCall] = []
         ok = complete
@@ -400,8 +402,7 @@ class BlockStreamer:
             return None
         return "partial" if m.partial else m
 
-    def _step_json(self, out: list[ToolCallDelta]) -> None:
-        spec = self._spec
+    def _step_json(self, out: list[ToolCallDelta], spec: _JsonSpec) -> None:
         while True:
             if self._state == "head":
                 pattern = spec.first if not self.calls else spec.following
@@ -448,8 +449,7 @@ class BlockStreamer:
             self.calls[-1].closed = True
             self._state = "head"
 
-    def _step_xml(self, out: list[ToolCallDelta]) -> None:
-        spec = self._spec
+    def _step_xml(self, out: list[ToolCallDelta], spec: _XmlSpec) -> None:
         while True:
             if self._state == "head":
                 m = self._match(spec.call_open)
@@ -494,9 +494,18 @@ class BlockStreamer:
             else:
                 return
 
+    @property
+    def _xml(self) -> _XmlSpec:
+        """The format of an XML-style block (only its paths ask)."""
+        if not isinstance(self._spec, _XmlSpec):
+            raise TypeError(f"not an XML-style tool-call format: {self._spec!r}")
+        return self._spec
+
     def _parse_call(self, text: str) -> dict:
         """Arguments of the current call's text with `text` standing for what comes next."""
-        synth = self._buf[self._call_start : self._value_start] + text + self._spec.synth_close
+        synth = self._buf[self._call_start : self._value_start] + text + self._xml.synth_close
+        if self._parser is None:  # never: the XML formats are read from the parser
+            raise ValueError("the model has no tool parser")
         parsed = self._parser(synth, self._tools)
         if isinstance(parsed, list):
             parsed = parsed[-1]
@@ -509,7 +518,7 @@ class BlockStreamer:
         """Decide whether this parameter's value streams char by char: only when the parser
         returns it as text unchanged (probed with two values that other types would convert)."""
         self._sent_value, self._value_started, self._key = None, False, ""
-        close = self._spec.value_close
+        close = self._xml.value_close
         try:
             probes = [list(self._parse_call(v + close).items())[-1] for v in ("1", "ab")]
         except Exception:
@@ -518,7 +527,7 @@ class BlockStreamer:
             self._key, self._sent_value = probes[0][0], ""
 
     def _stream_value(self, out: list[ToolCallDelta], visible: str) -> None:
-        if self._spec.trim == "nl":
+        if self._xml.trim == "nl":
             visible = visible[1:] if visible.startswith("\n") else visible
             visible = visible[:-1] if visible.endswith("\n") else visible
         else:
@@ -528,7 +537,7 @@ class BlockStreamer:
                 return
             self._args(out, ("{" if self._params == 0 else ", ") + _dumps(self._key) + ': "')
             self._value_started = True
-        new = visible[len(self._sent_value) :]
+        new = visible[len(self._sent_value or "") :]
         if new:
             self._args(out, _dumps(new)[1:-1])  # JSON escapes are per character
             self._sent_value = visible
@@ -537,9 +546,10 @@ class BlockStreamer:
         raw = self._buf[self._value_start : self._pos]
         key, value = list(self._parse_call(raw).items())[-1]
         if self._value_started:
-            if not (isinstance(value, str) and value.startswith(self._sent_value)):
+            sent = self._sent_value or ""
+            if not (isinstance(value, str) and value.startswith(sent)):
                 raise ValueError("streamed value differs from the parsed one")
-            self._args(out, _dumps(value[len(self._sent_value) :])[1:-1] + '"')
+            self._args(out, _dumps(value[len(sent) :])[1:-1] + '"')
         else:
             sep = "{" if self._params == 0 else ", "
             self._args(out, sep + _dumps(key) + ": " + _dumps(value))

@@ -44,7 +44,7 @@ class FollowerPromptCache(PromptCache):
         super().__init__(max_entries, max_bytes)
         self.expect: int | None = None
 
-    def fetch(self, model_key: str, tokens: Any) -> CacheLookup:
+    def fetch(self, model_key: str, tokens: Any, disk_dir: str = "") -> CacheLookup:
         want, self.expect = self.expect, None
         lookup = super().fetch(model_key, tokens)
         if want is None or lookup.cached_tokens == want:

@@ -39,8 +39,16 @@ from distributed.group import (
     group_spec,
 )
 from engine.core import Engine
-from errors import ModelLoadError
+from engine.jobs import Job
+from engine.metrics import Recorder
+from engine.model_calls import ModelMetadata
+from engine.scheduler import RequestMetrics
+from engine.status import StatusSnapshot
+from errors import BackendError, ModelLoadError
+from loading.loaded_model import LoadedModel
 from params import LoadParams
+from tasks.embedding import EmbeddingOutput
+from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx.distributed")
 
@@ -169,8 +177,8 @@ class JoinOnLoad:
     """Rank 0 of LocalAI's worker protocol: owns an ``Engine`` and joins its group at
     the LoadModel that asks for one (``decide``).
 
-    What the servicer is given: ``load`` is this class's, every other attribute is the
-    engine's (``submit``, ``serving``, ``status``, ... reach it unchanged). The first
+    What the servicer is given: ``load`` is this class's, every other call of the
+    servicer's (``submit``, ``serving``, ``status``, ...) is forwarded to the engine. The first
     load whose decision names a hostfile joins that group as rank 0 once, waiting up to
     ``join_timeout`` seconds for the workers, attaches a ``Coordinator`` (step timeout
     ``timeout`` seconds) and loads on every rank; every later load stays in that group.
@@ -195,11 +203,75 @@ class JoinOnLoad:
         self._join_lock: asyncio.Lock | None = None  # made on the event loop
         self._logged: set[str] = set()
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for names this object lacks: the engine's API, as the servicer calls it.
-        if name == "engine":
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    # -- the engine's API, as the servicer (`edge.servicer.ServedEngine`) and the server
+    # (`edge.startup.HostedEngine`) call it: the engine's own, but for `load`.
+    @property
+    def metrics(self) -> Recorder:
+        return self.engine.metrics
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        return self.engine.loaded
+
+    @property
+    def alive(self) -> bool:
+        return self.engine.alive
+
+    @property
+    def fatal(self) -> str | None:
+        return self.engine.fatal
+
+    @property
+    def last_metrics(self) -> RequestMetrics:
+        return self.engine.last_metrics
+
+    async def free(self) -> None:
+        await self.engine.free()
+
+    def serving(self, identity: str = "") -> LoadedModel:
+        return self.engine.serving(identity)
+
+    async def submit(self, message: Any, loaded: LoadedModel) -> Job:
+        return await self.engine.submit(message, loaded)
+
+    async def embed(self, text: str, token_ids: list[int], identity: str = "") -> EmbeddingOutput:
+        return await self.engine.embed(text, token_ids, identity)
+
+    async def score(
+        self,
+        prompt: str,
+        candidates: list[str],
+        include_token_logprobs: bool,
+        identity: str = "",
+        stable_prefix_len: int = 0,
+    ) -> list[CandidateResult]:
+        return await self.engine.score(
+            prompt, candidates, include_token_logprobs, identity, stable_prefix_len
+        )
+
+    async def tokenize(self, text: str, identity: str = "") -> list[int]:
+        return await self.engine.tokenize(text, identity)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self.engine.detokenize(ids)
+
+    async def metadata(self) -> ModelMetadata:
+        return await self.engine.metadata()
+
+    def status(self) -> StatusSnapshot:
+        return self.engine.status()
+
+    def info(self) -> dict[str, Any]:
+        return self.engine.info()
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.engine.stop(timeout)
+
+    def fail_from_outside(self, error: BackendError) -> None:
+        self.engine.fail_from_outside(error)
 
     async def load(self, params: LoadParams) -> None:
         decision = decide(params, self.start_settings)

@@ -1,7 +1,8 @@
 """The gRPC servicer of LocalAI's ``backend.Backend`` service.
 
-Each RPC is a short adapter: protobuf in, parsed values (``params``), a call on the
-``Engine`` (which owns the model and the MLX thread), protobuf out (``replies``).
+Each RPC is a short adapter: protobuf in, a call on the engine (``ServedEngine``: which
+owns the model and the MLX thread; a Predict request is parsed, compiled, rendered and
+tokenized in its one prepare step, ``engine.prepare``), protobuf out (``replies``).
 Predict and PredictStream share one path (``_generate``); Predict joins the same events
 that PredictStream sends. Domain errors map to gRPC status codes in one place
 (``_abort``).
@@ -9,11 +10,11 @@ that PredictStream sends. Domain errors map to gRPC status codes in one place
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -21,11 +22,17 @@ from grpc_health.v1 import health, health_pb2
 import backend_pb2
 import backend_pb2_grpc
 import params
-from decoding import grammar
 from edge.replies import Accumulator
-from engine.core import Engine
 from engine.jobs import Event
+from engine.metrics import Recorder
+from engine.model_calls import ModelMetadata
+from engine.scheduler import RequestMetrics
+from engine.status import StatusSnapshot
 from errors import BackendError, as_backend_error
+from loading.loaded_model import LoadedModel
+from params import LoadParams
+from tasks.embedding import EmbeddingOutput
+from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -33,10 +40,70 @@ HEALTH_SERVICE = "backend.Backend"
 LOAD_SUCCESS_MESSAGE = "MLX model loaded successfully"  # LocalAI's own test compares it
 
 
-class BackendServicer(backend_pb2_grpc.BackendServicer):
-    """The LocalAI ``backend.Backend`` service over one ``Engine``."""
+class JobHandle(Protocol):
+    """A submitted request, as the servicer reads it (`engine.jobs.Job`)."""
 
-    def __init__(self, engine: Engine, health_servicer: health.aio.HealthServicer | None = None):
+    def events(self) -> AsyncIterator[Event]:
+        """Its events, the last one final."""
+        ...
+
+    def cancel(self) -> None:
+        """End it now (the caller left); idempotent."""
+        ...
+
+
+class ServedEngine(Protocol):
+    """Exactly what the servicer calls on its engine: `engine.core.Engine`, or
+    `distributed.worker.JoinOnLoad` in front of one (which joins a group at LoadModel).
+    Errors are `errors.BackendError`s, mapped to gRPC codes in `_abort`."""
+
+    @property
+    def metrics(self) -> Recorder: ...
+    @property
+    def loaded(self) -> LoadedModel | None: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def last_metrics(self) -> RequestMetrics: ...
+    async def load(self, params: LoadParams) -> None: ...
+    async def free(self) -> None: ...
+    def serving(self, identity: str = "") -> LoadedModel: ...
+    async def submit(self, message: Any, loaded: LoadedModel) -> JobHandle: ...
+    async def embed(
+        self, text: str, token_ids: list[int], identity: str = ""
+    ) -> EmbeddingOutput: ...
+    async def score(
+        self,
+        prompt: str,
+        candidates: list[str],
+        include_token_logprobs: bool,
+        identity: str = "",
+        stable_prefix_len: int = 0,
+    ) -> list[CandidateResult]: ...
+    async def tokenize(self, text: str, identity: str = "") -> list[int]: ...
+    async def detokenize(self, ids: list[int]) -> str: ...
+    async def metadata(self) -> ModelMetadata: ...
+    def status(self) -> StatusSnapshot: ...
+    def info(self) -> dict[str, Any]: ...
+
+
+class HostedEngine(ServedEngine, Protocol):
+    """What the server (`edge.startup.serve`) also calls: start, stop, and the watchdog's
+    reason to stop and way to end every request."""
+
+    @property
+    def fatal(self) -> str | None: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None: ...
+    def fail_from_outside(self, error: BackendError) -> None: ...
+
+
+class BackendServicer(backend_pb2_grpc.BackendServicer):
+    """The LocalAI ``backend.Backend`` service over one engine."""
+
+    def __init__(
+        self, engine: ServedEngine, health_servicer: health.aio.HealthServicer | None = None
+    ) -> None:
         self.engine = engine
         self.health = health_servicer
 
@@ -99,22 +166,17 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 if event.delta or event.final:
                     yield acc.stream_reply(event)
 
-    async def _generate(self, request, context) -> AsyncIterator[Event]:
-        """Parse, submit and yield one request's events; cancels the job if the caller leaves."""
-        job = None
+    async def _generate(self, request, context) -> AsyncGenerator[Event, None]:
+        """Submit and yield one request's events; cancels the job if the caller leaves."""
         try:
             # Which model serves this request, read once; its identity is checked first,
             # as LocalAI's own backends do.
             loaded = self.engine.serving(request.ModelIdentity)
-            # Parsing decodes client JSON and reads bounds: off the event loop.
-            parsed = await asyncio.get_running_loop().run_in_executor(
-                None, params.parse_request, request, loaded.params
-            )
-            # Compiled once, for this model's tokenizer, bounded in time, on its own pool.
-            await grammar.validate_constraint(parsed.params.constraint, loaded.tokenizer)
-            job = await self.engine.submit(parsed, loaded)
-        except (ValueError, BackendError) as exc:
+            # One hop off the event loop: parse, compile, render, tokenize; then queued.
+            job = await self.engine.submit(request, loaded)
+        except Exception as exc:
             await self._abort(context, exc)
+            return
         try:
             async for event in job.events():
                 if event.error is not None:
@@ -224,5 +286,5 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     async def _call(self, context, fn, *args):
         try:
             return await fn(*args)
-        except (ValueError, BackendError) as exc:
+        except Exception as exc:
             await self._abort(context, exc)

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 import backend_pb2
 import backend_pb2_grpc
 from edge import interceptors, lifecycle
-from edge.servicer import BackendServicer
+from edge.servicer import BackendServicer, HostedEngine
 from engine import metrics as metrics_mod
 from engine.core import Engine
 from errors import Unavailable
@@ -50,7 +50,7 @@ async def serve(
     grace: float = 5.0,
     parent_watch: lifecycle.ParentWatcher | None = None,
     coordinator: Coordinator | None = None,
-    engine: Engine | JoinOnLoad | None = None,
+    engine: HostedEngine | None = None,
     metrics: metrics_mod.Recorder = metrics_mod.NULL,
 ) -> tuple[int, bool]:
     """Serve on ``address`` until SIGTERM/SIGINT; optionally preload ``model``.
@@ -87,9 +87,10 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     if engine is None:
-        engine = Engine(metrics=metrics) if coordinator is None else Engine(coordinator, metrics)
-    if coordinator is not None:
-        coordinator.attach(engine)  # distributed rank 0: every step is shared with the group
+        own = Engine(metrics=metrics) if coordinator is None else Engine(coordinator, metrics)
+        if coordinator is not None:
+            coordinator.attach(own)  # distributed rank 0: every step is shared with the group
+        engine = own
     known = set(threading.enumerate())
     engine.start()
     engine_threads = [t for t in threading.enumerate() if t not in known]
@@ -170,7 +171,8 @@ async def serve(
     # engine thread.
     await loop.run_in_executor(None, engine.stop)
     # Let the engine's OS thread finish its native cleanup before Python finalizes.
-    await lifecycle.os_threads_gone([t.native_id for t in engine_threads if not t.is_alive()], 5.0)
+    gone = [t.native_id for t in engine_threads if not t.is_alive() and t.native_id is not None]
+    await lifecycle.os_threads_gone(gone, 5.0)
     stuck = [t.name for t in engine_threads if t.is_alive()]
     if stuck:
         logger.warning("still running after stop: %s", ", ".join(stuck))

@@ -4,13 +4,16 @@
   reaches the thread (typed items); ``status``: what Status, GetMetrics and the gauges report.
 - ``scheduler``: the running set: admission (by count and by memory: ``memory``), retire,
   cancel, the prompt cache's lookups and inserts, the per-request log line.
-- ``sequences``: the kinds of running sequence behind one interface (the continuous batch,
-  solo runs); ``step_budget``: how much prefill one batch step may do; ``checkpoints``:
-  prefill snapshots for caches that cannot be trimmed.
+- ``runner``: the interface (``Runner``, ``Batch``) of the kinds of running sequence;
+  ``sequences``: those kinds (the continuous batch, solo runs); ``step_budget``: how much
+  prefill one batch step may do; ``checkpoints``: prefill snapshots for caches that cannot
+  be trimmed.
 - ``jobs``: ``Job``, one request in flight, and the events it sends back.
 - ``model_host``: the model slot: load, serve, unload; ``warmup``: the request path run once
   at LoadModel; ``model_calls``: tokenize, metadata, Score and Embedding on the loaded model.
-- ``prompt``: render and tokenize a request (on a worker thread, never MLX);
+- ``prepare``: a request's one trip to a worker pool before the engine (parse, constraint
+  compile, render, tokenize); ``fit``: whether it fits the context and the memory budget,
+  and its Tokens cap, each decided there once; ``prompt``: render and tokenize (never MLX);
   ``vision_prompt`` and ``vision``: image prompts (worker thread) and their prefill.
 - ``metrics``: the Prometheus series the engine reports to.
 """

@@ -25,10 +25,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from caches.prompt_tiers import disk_args
+from caches.prompt_tiers import PromptTiers
 from engine.jobs import Job
 from loading.loaded_model import LoadedModel
-from prompt_cache import PromptCache, needs_checkpoints
+from prompt_cache import needs_checkpoints
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -54,7 +54,7 @@ class Checkpoints:
     solo runs make for any model.
     """
 
-    def __init__(self, loaded: LoadedModel, cache: PromptCache, single_process: bool) -> None:
+    def __init__(self, loaded: LoadedModel, cache: PromptTiers, single_process: bool) -> None:
         self.loaded = loaded
         self.cache = cache
         self.single_process = single_process
@@ -114,7 +114,7 @@ class Checkpoints:
                 self.loaded.cache_key,
                 tokens,
                 kv,
-                *disk_args(self.cache, job.params),
+                job.params.prompt_cache_dir,
                 checkpoint=True,
             )
         except ValueError as exc:  # never serve a snapshot that is not exact

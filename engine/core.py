@@ -6,8 +6,10 @@ thread through one inbox queue: operations (load, free, score, ...) carry a
 ``concurrent.futures.Future``; generation requests arrive as ``Job`` objects and go to
 the ``Scheduler``, which decodes them together (continuous batching). Results travel
 back as values (``jobs.Event``; a future's result or exception), never as exceptions
-across threads. The engine receives parsed values only (``params.GenerationRequest``,
-``params.LoadParams``), never protobuf messages.
+across threads. A request reaches the thread after one prepare step on a worker pool
+(``engine.prepare``: parse, constraint compile, render, tokenize); the thread receives
+parsed values only (``params.GenerationRequest``, ``params.LoadParams``), never protobuf
+messages.
 
 The pattern follows mlx-lm's ``server.py`` (one generation thread, a request queue,
 per-request response queues, a stop flag checked every step).
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine import model_calls, model_host, vision_prompt
+from engine import model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -41,8 +43,8 @@ from errors import (
 )
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
-from params import GenerationRequest, LoadParams
-from tasks import scoring
+from params import LoadParams
+from tasks import embedding, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -55,27 +57,14 @@ REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
 MEMORY_SNAPSHOT_INTERVAL = 0.05  # seconds between MLX memory readings while busy
 
-_prompt_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_prompt_pool_lock = threading.Lock()
-
-
-def _prompt_workers() -> concurrent.futures.ThreadPoolExecutor:
-    """Where prompts are rendered and tokenized: off the event loop and off the engine
-    thread; made on first use, not at import."""
-    global _prompt_pool
-    with _prompt_pool_lock:
-        if _prompt_pool is None:
-            _prompt_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="prompt")
-        return _prompt_pool
-
 
 class Engine:
     """Owns the loaded model and the single MLX thread.
 
     Public methods are called from the asyncio event loop; none of them blocks it.
     Errors raised: ``FailedPrecondition`` (no model), ``ResourceExhausted`` (queue full),
-    ``NotFound`` (model identity mismatch), ``ValueError`` (a prompt the model cannot
-    take: INVALID_ARGUMENT at the edge), ``Unavailable`` (a lost distributed rank);
+    ``NotFound`` (model identity mismatch), ``InvalidArgument`` (a request the client
+    must change), ``Unavailable`` (a lost distributed rank);
     ``load`` raises ``ModelLoadError``.
     """
 
@@ -131,7 +120,7 @@ class Engine:
         self.group.check()  # Unavailable once a rank is lost
         if not self.alive:
             raise FailedPrecondition("the engine is stopped; restart the backend")
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         stop = threading.Event()  # set when the caller leaves (client gone, deadline passed)
         self._inbox.put(Call(op, args, fut, stop))
         try:
@@ -184,12 +173,12 @@ class Engine:
         include_token_logprobs: bool,
         identity: str = "",
         stable_prefix_len: int = 0,
-    ) -> list:
+    ) -> list[scoring.CandidateResult]:
         """Joint log-probability of each candidate continuation (scoring.score).
 
         ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
         requests share (a prefill checkpoint there on caches that cannot be trimmed).
-        Raises ValueError for too many or empty candidates before anything runs;
+        Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
         self.check_identity(identity)
@@ -198,7 +187,9 @@ class Engine:
             SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
         )
 
-    async def embed(self, text: str, token_ids: list[int], identity: str = ""):
+    async def embed(
+        self, text: str, token_ids: list[int], identity: str = ""
+    ) -> embedding.EmbeddingOutput:
         """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         self.check_identity(identity)
         return await self.call(EMBED, text, token_ids)
@@ -226,44 +217,34 @@ class Engine:
         self.check_identity(identity, loaded)
         return loaded
 
-    async def submit(self, request: GenerationRequest, loaded: LoadedModel) -> Job:
-        """Prepare ``request``'s prompt off the event loop and queue it for ``loaded``
-        (what ``serving`` returned); returns its Job.
+    async def submit(self, message: Any, loaded: LoadedModel) -> Job:
+        """Prepare the Predict request ``message`` for ``loaded`` (what ``serving``
+        returned) in one hop off the event loop (`engine.prepare`: parse, constraint
+        compile, render, tokenize, fit) and queue it; returns its Job.
 
-        Raises ValueError for a prompt the template refuses or the context cannot hold,
-        ResourceExhausted when ``max_batch_size + max_queue`` requests are already in
-        flight. Every error comes before the job is queued; a model replaced meanwhile
-        fails the job with FailedPrecondition when it is admitted.
+        Raises InvalidArgument for anything the request must change, ResourceExhausted
+        when ``max_batch_size + max_queue`` requests are already in flight or the memory
+        budget can never hold it. Every error comes before the job is queued; a model
+        replaced meanwhile fails the job when it is admitted. The engine thread receives
+        the parsed request only.
         """
         self._reserve(loaded)
-        # Prefill snapshots: models whose cache cannot be trimmed (scheduler.checkpointing).
-        sched = self.scheduler
-        checkpoints = sched is not None and sched.wants_boundaries
         try:
-            loop = asyncio.get_running_loop()
-            # Images are decoded and preprocessed here too (engine.vision_prompt).
-            prepared = await loop.run_in_executor(
-                _prompt_workers(),
-                vision_prompt.prepare,
-                request.prompt,
+            sched = self.scheduler
+            if sched is not None and sched.loaded is not loaded:
+                sched = None  # replaced meanwhile: admission refuses the job
+            intake = prepare.Intake(
                 loaded,
-                None if loaded.params.max_kv_size else loaded.context_len,
-                loaded.max_token_chars,
-                checkpoints,
+                memory=sched.memory if sched is not None else None,
+                boundaries=sched is not None and sched.wants_boundaries,
             )
-            if sched is not None:  # refused now when it could never fit the memory budget
-                sched.check_fits(len(prepared.token_ids), request.params.max_tokens)
-            job = Job(
-                request,
-                prepared.token_ids,
-                prepared.initial_state,
-                loop=loop,
+            prepared = await prepare.run(message, intake)
+            job = Job.prepared(
+                prepared,
+                loop=asyncio.get_running_loop(),
                 wake=self._wake,
-                model_serial=loaded.serial,
                 max_pending=loaded.params.max_pending_events or DEFAULT_MAX_PENDING_EVENTS,
-                checkpoints=prepared.checkpoints,
             )
-            job.vision = getattr(prepared, "vision", None)
         except BaseException:
             with self.counts_lock:
                 self.queued -= 1
@@ -312,7 +293,7 @@ class Engine:
         (`engine.status.snapshot`)."""
         return status_mod.snapshot(self.facts())
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """Engine facts for operators (GetMetrics; `engine.status.info`)."""
         return status_mod.info(self.facts())
 
@@ -354,29 +335,40 @@ class Engine:
                     item = self._inbox.next(block=False)
                 except queue.Empty:
                     item = None
-            sched = self.scheduler
-            try:
-                if sched is not None:
-                    sched.tick()
-                active = sched is not None and bool(sched.active)
-                idle = sched is None or not sched.busy
-                # Distributed: the other ranks apply this iteration's joins and leaves,
-                # then step with us; raises once a rank is lost.
-                self.group.sync(active, idle)
-                if active:
-                    sched.step()
-                self._snapshot_memory(throttle=sched is not None and sched.busy)
-            except Exception as exc:  # keep serving: fail the batch, not the process
-                fatal = self.group.abort(exc)
-                if fatal is not None:
-                    # Ranks cannot be resynchronized after a failed step: fail everything
-                    # and stop this thread (status ERROR).
-                    self.fail_everything(fatal)
-                    return
-                logger.exception("engine step failed")
-                if sched is not None:
-                    sched.fail_all(BackendError(f"generation failed: {exc}"))
-                    sched.reset_batch()
+            if not self._step():
+                return
+
+    def _step(self) -> bool:
+        """One step of the running set: reap and admit, then decode one token for every
+        active sequence; False when this thread must end (a failed distributed step).
+
+        The one step body: the main loop runs it, and so does a long call between its
+        chunks (`_Interleave`). A failed step fails the batch, not the process.
+        """
+        sched = self.scheduler
+        try:
+            if sched is not None:
+                sched.tick()
+            active = sched is not None and bool(sched.active)
+            idle = sched is None or not sched.busy
+            # Distributed: the other ranks apply this iteration's joins and leaves,
+            # then step with us; raises once a rank is lost.
+            self.group.sync(active, idle)
+            if active and sched is not None:
+                sched.step()
+            self._snapshot_memory(throttle=sched is not None and sched.busy)
+        except Exception as exc:  # keep serving: fail the batch, not the process
+            fatal = self.group.abort(exc)
+            if fatal is not None:
+                # Ranks cannot be resynchronized after a failed step: fail everything
+                # and stop this thread (status ERROR).
+                self.fail_everything(fatal)
+                return False
+            logger.exception("engine step failed")
+            if sched is not None:
+                sched.fail_all(BackendError(f"generation failed: {exc}"))
+                sched.reset_batch()
+        return True
 
     def _handle(self, item: Item) -> None:
         if isinstance(item, Call):
@@ -407,17 +399,28 @@ class Engine:
         Distributed followers call it directly for the operations rank 0 replicates.
         """
         host = self.host
-        return {
+
+        def score(
+            prompt: str, candidates: list[str], include: bool, stable_prefix_len: int = 0
+        ) -> list[scoring.CandidateResult]:
+            stop = self._interleave.should_stop()
+            return host.score(prompt, candidates, include, stable_prefix_len, should_stop=stop)
+
+        def embed(text: str, token_ids: list[int]) -> embedding.EmbeddingOutput:
+            return host.embed(text, token_ids, should_stop=self._interleave.should_stop())
+
+        ops: dict[str, Callable[..., Any]] = {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: lambda *args: host.score(*args, should_stop=self._interleave.should_stop()),
-            EMBED: lambda *args: host.embed(*args, should_stop=self._interleave.should_stop()),
+            SCORE: score,
+            EMBED: embed,
             INSTALL: host.install_built,
             ATTACH: self._attach,
             TOKENIZE: host.tokenize,
             DETOKENIZE: host.detokenize,
             METADATA: host.metadata,
-        }[op]
+        }
+        return ops[op]
 
     def _snapshot_memory(self, throttle: bool = False) -> None:
         now = time.monotonic()
@@ -486,8 +489,7 @@ class _Interleave:
 
     def _step(self) -> None:
         engine = self.engine
-        sched = engine.scheduler
-        if sched is None:
+        if engine.scheduler is None:
             return
         # New requests join now; other calls wait (in order) until this one has ended.
         for item in engine._inbox.arrived():
@@ -495,12 +497,4 @@ class _Interleave:
                 engine._handle(item)
             elif not isinstance(item, Wake):
                 engine._inbox.defer(item)
-        try:
-            sched.tick()
-            if sched.active:
-                sched.step()
-            engine._snapshot_memory(throttle=True)
-        except Exception as exc:  # as in the main loop: fail the batch, not the call
-            logger.exception("engine step failed")
-            sched.fail_all(BackendError(f"generation failed: {exc}"))
-            sched.reset_batch()
+        engine._step()  # single process only (`should_stop`): a failed step fails the batch

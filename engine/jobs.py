@@ -14,13 +14,23 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from decoding.output import Delta
 from errors import BackendError
 from params import GenerationRequest
+
+if TYPE_CHECKING:
+    from decoding.output import OutputPipeline
+    from engine.prepare import PreparedRequest
+    from engine.vision_prompt import VisionPrompt
+
+# A sequence's KV cache: one mlx-lm cache object per layer (the draft model's after the
+# target's); with the tokens it holds, what a runner hands to the prompt cache.
+KV = list[Any]
+Handover = tuple[KV, Sequence[int]]
 
 # Undelivered events one job may accumulate (about one per generated token) before the
 # scheduler ends it: a client that has not read for this many tokens is not reading.
@@ -52,6 +62,36 @@ class Event:
         return self.finish_reason is not None or self.error is not None
 
 
+class JobRunner(Protocol):
+    """What a job knows of the runner decoding it: the part of `engine.runner.Runner`
+    that retiring, failing and logging it use (here, so that runner imports jobs and not
+    the other way round)."""
+
+    # Whether its sequences speculate (draft tokens); `proposed` counts them.
+    drafts: bool
+
+    def release(self, job: Job) -> Handover | None:
+        """Take ``job``'s sequence out: its KV and tokens for the prompt cache."""
+        ...
+
+    def drop(self, job: Job) -> None:
+        """Take ``job``'s sequence out, discarding its KV."""
+        ...
+
+    def proposed(self, job: Job) -> int:
+        """Draft tokens ``job`` sent to verification."""
+        ...
+
+
+class DraftStats(Protocol):
+    """Counts of a speculating sequence (the n-gram drafts' `NgramStats`)."""
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens sent to verification."""
+        ...
+
+
 class Job:
     """One generation request: created on the event loop, run on the engine thread.
 
@@ -59,7 +99,9 @@ class Job:
     tokenizes, off the engine thread); ``initial_state`` the output pipeline's starting
     state; ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
     positions (ascending) where the scheduler may snapshot the prefill for later prompts
-    sharing that prefix (see `prompt.chat_boundary`). Iterate ``events()``
+    sharing that prefix (see `prompt.chat_boundary`); ``max_tokens`` what it may generate
+    (the prepare step's cap, `engine.fit.max_tokens`; default: the request's Tokens);
+    ``vision`` the image part of an image prompt. Iterate ``events()``
     on the event loop; call ``cancel()`` from anywhere (idempotent): the scheduler drops
     the sequence at its next step and keeps its KV in the prompt cache.
     """
@@ -75,6 +117,8 @@ class Job:
         model_serial: int = 0,
         max_pending: int = DEFAULT_MAX_PENDING_EVENTS,
         checkpoints: tuple[int, ...] = (),
+        max_tokens: int | None = None,
+        vision: VisionPrompt | None = None,
     ) -> None:
         self.request = request
         self.params = request.params
@@ -92,22 +136,47 @@ class Job:
         self.submitted = time.perf_counter()
         # Engine-thread state (the scheduler's).
         self.uid: int | None = None
-        self.pipeline: Any = None  # output.OutputPipeline once admitted
+        self.pipeline: OutputPipeline | None = None  # once admitted
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.tokens = 0
         self.t_admit = 0.0
         self.t_first: float | None = None
         self.t_last = 0.0  # when the latest token was decoded (inter-token latency)
-        self.max_tokens = self.params.max_tokens
+        self.max_tokens = self.params.max_tokens if max_tokens is None else max_tokens
         self.kv_tokens = 0  # tokens its KV may reach; what the memory budget reserved
-        self.runner: Any = None  # the engine.sequences runner decoding it, once started
+        self.runner: JobRunner | None = None  # the runner decoding it, once started
         self.drafted = 0  # tokens accepted from a draft
-        self.spec_stats: Any = None  # ngram_spec.NgramStats of an n-gram speculative run
+        self.spec_stats: DraftStats | None = None  # of a speculative run
         self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
-        self.vision: Any = None  # engine.vision_prompt.VisionPrompt of an image request
+        self.vision = vision
+        self.disk_hit = False  # its prompt came from the prompt cache's disk tier
         self.done = False  # the final event was sent; set once, under _done_lock
         self._done_lock = threading.Lock()
+
+    @classmethod
+    def prepared(
+        cls,
+        prepared: PreparedRequest,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        wake: Callable[[], None],
+        max_pending: int = DEFAULT_MAX_PENDING_EVENTS,
+    ) -> Job:
+        """The job of a request the prepare step made ready (`engine.prepare`)."""
+        prompt = prepared.prompt
+        return cls(
+            prepared.request,
+            prompt.token_ids,
+            prompt.initial_state,
+            loop=loop,
+            wake=wake,
+            model_serial=prepared.model_serial,
+            max_pending=max_pending,
+            checkpoints=prompt.checkpoints,
+            max_tokens=prepared.max_tokens,
+            vision=prepared.vision,
+        )
 
     # -- event-loop side ---------------------------------------------------------------
     def cancel(self) -> None:

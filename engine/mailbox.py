@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.jobs import Job
+from errors import BackendError
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Call:
 
     op: str
     args: tuple[Any, ...]
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future[Any]
     stop: threading.Event
 
 
@@ -55,7 +56,7 @@ class Mailbox:
     a call ran (`defer`) come out first, in order."""
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._deferred: deque[Item] = deque()
 
     def put(self, item: Item) -> None:
@@ -86,7 +87,7 @@ class Mailbox:
     def defer(self, item: Item) -> None:
         self._deferred.append(item)
 
-    def drain(self, error: BaseException, on_submit: Callable[[Submit], None]) -> None:
+    def drain(self, error: BackendError, on_submit: Callable[[Submit], None]) -> None:
         """Fail queued jobs (``on_submit`` first, for the engine's counts) and calls with
         ``error``; a stop request stays."""
         keep = []

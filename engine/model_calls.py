@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from caches.prompt_tiers import PromptTiers
 from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
-from prompt_cache import PromptCache
 from tasks import embedding, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -83,13 +83,13 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
 
 def score(
     loaded: LoadedModel,
-    cache: PromptCache | None,
+    cache: PromptTiers | None,
     prompt: str,
     candidates: list[str],
     include_token_logprobs: bool,
     should_stop: Callable[[], bool] | None = None,
     stable_prefix_len: int = 0,
-) -> list:
+) -> list[scoring.CandidateResult]:
     """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``
     (``stable_prefix_len``: characters of the prompt later requests share)."""
     p = loaded.params
@@ -117,13 +117,23 @@ def embed(
 ) -> embedding.EmbeddingOutput:
     """`embedding.embed` (or `embed_tokens` when ``token_ids``) with the load options."""
     p = loaded.params
-    kw = dict(
+    if token_ids:
+        return embedding.embed_tokens(
+            loaded.model,
+            token_ids,
+            pooling=p.embedding_pooling,
+            normalize=p.embedding_normalize,
+            context_len=loaded.context_len,
+            step=p.prefill_step_size,
+            should_stop=should_stop,
+        )
+    return embedding.embed(
+        loaded.model,
+        loaded.tokenizer,
+        text,
         pooling=p.embedding_pooling,
         normalize=p.embedding_normalize,
         context_len=loaded.context_len,
         step=p.prefill_step_size,
         should_stop=should_stop,
     )
-    if token_ids:
-        return embedding.embed_tokens(loaded.model, token_ids, **kw)
-    return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)

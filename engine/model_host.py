@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from caches import prompt_tiers
+from caches.prompt_tiers import PromptTiers
 from engine import memory, model_calls, warmup
 from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
@@ -23,7 +24,8 @@ from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from prompt_cache import PromptCache
+from tasks.embedding import EmbeddingOutput
+from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -103,7 +105,7 @@ class ModelHost:
         self.serve(LoadedModel.build(model, tokenizer, params))
 
     def serve(
-        self, loaded: LoadedModel, cache: PromptCache | None = None, fingerprint: str | None = None
+        self, loaded: LoadedModel, cache: PromptTiers | None = None, fingerprint: str | None = None
     ) -> None:
         """Serve ``loaded``; ``cache``: a prompt cache of one's own, else memory + disk
         tiers (``fingerprint`` None: memory only)."""
@@ -158,7 +160,7 @@ class ModelHost:
         if self.scheduler is not None:
             self.scheduler.fail_all(error)
             self.scheduler.close()
-            prompt_tiers.close(self.scheduler.cache)  # flush the disk tier's writes
+            self.scheduler.cache.close()  # flush the disk tier's writes
         had_model = self.loaded is not None
         self.scheduler = None
         self.loaded = None
@@ -192,12 +194,14 @@ class ModelHost:
         include: bool,
         stable_prefix_len: int = 0,
         should_stop: Callable[[], bool] | None = None,
-    ) -> list:
+    ) -> list[CandidateResult]:
         loaded = self.require()
         cache = self.scheduler.cache if self.scheduler is not None else None
         return model_calls.score(
             loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
         )
 
-    def embed(self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None):
+    def embed(
+        self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None
+    ) -> EmbeddingOutput:
         return model_calls.embed(self.require(), text, token_ids, should_stop)

@@ -1,10 +1,10 @@
 """Prompt preparation: a parsed `PromptSpec` -> rendered prompt text and token ids.
 
-Owns rendering the tokenizer's chat template, tokenizing without a doubled BOS, refusing a
-prompt that cannot fit the context before tokenizing all of it, and telling whether the
-prompt leaves the model inside an open think block. Reads no request message (the
-parsing layer, `params.py`, already did) and never touches MLX, so it may run on any
-thread: the servicer runs it on a worker thread, off the event loop and off the engine.
+Owns rendering the tokenizer's chat template, tokenizing without a doubled BOS, and telling
+whether the prompt leaves the model inside an open think block. Reads no request message
+(the parsing layer, `params.py`, already did) and never touches MLX, so it may run on any
+thread: the prepare step (`engine.prepare`) runs it on its worker pool, off the event loop
+and off the engine.
 
 Rules:
 - `spec.messages` None: `spec.prompt` is used as is. Otherwise the messages go through
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,41 +143,23 @@ def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) 
     return n if n < len(token_ids) - 1 else 0
 
 
-def check_fits(text: str, context_len: int | None, max_token_chars: int) -> None:
-    """Refuse, without tokenizing, a text that cannot fit `context_len` tokens.
-
-    Each token covers at most `max_token_chars` characters (the longest vocabulary entry),
-    so a text longer than `context_len * max_token_chars` characters has more tokens
-    than the context holds. Raises ValueError naming the prompt and the limit.
-    """
-    if not context_len or max_token_chars <= 0:
-        return
-    limit = context_len * max_token_chars
-    if len(text) > limit:
-        raise ValueError(
-            f"the prompt is {len(text)} characters, more than the {context_len}-token context "
-            f"can hold (at most {limit} characters at {max_token_chars} per token): shorten "
-            "the prompt or raise ContextSize"
-        )
-
-
 def prepare_prompt(
     spec: PromptSpec,
     tokenizer: Any,
-    context_len: int | None = None,
-    max_token_chars: int = 0,
+    check_text: Callable[[str], None] | None = None,
     checkpoints: bool = False,
 ) -> PreparedPrompt:
     """Render and tokenize `spec` for an mlx-lm `TokenizerWrapper`.
 
-    With `context_len` and `max_token_chars` (see `check_fits`), a prompt that cannot fit
-    is refused before tokenizing. `checkpoints`: also find the chat boundary
+    `check_text`: called with the rendered text before tokenizing, to refuse a prompt
+    that cannot fit (`engine.fit.check_text`). `checkpoints`: also find the chat boundary
     (`chat_boundary`; one more template render and tokenization) for models whose cache
     cannot be trimmed. Raises ValueError naming the field: Messages (template
     error), Prompt when the prompt gives no tokens at all or cannot fit.
     """
     text = render(spec, tokenizer)
-    check_fits(text, context_len, max_token_chars)
+    if check_text is not None:
+        check_text(text)
     token_ids = tuple(encode(tokenizer, text))
     if not token_ids:
         raise ValueError("PredictOptions.Prompt is empty: the prompt has no tokens")

@@ -22,26 +22,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from caches.prompt_tiers import disk_args
+from caches.prompt_tiers import PromptTiers
 from decoding import sampling
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
+from engine import fit
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
 from engine.memory import MemoryBudget
 from engine.metrics import NULL, Recorder
-from engine.sequences import BatchRunner, SoloRunner, Token
+from engine.runner import Batch, Handover, Runner, Token
+from engine.sequences import BatchRunner, SoloRunner
 from engine.vision import VisionRunner, cache_tokens
 from errors import (
     BackendError,
     Cancelled,
-    InvalidArgument,
     ResourceExhausted,
     Unavailable,
     as_backend_error,
 )
 from loading.loaded_model import LoadedModel
-from params import MAX_TOKENS_CAP, GenerationParams
+from params import GenerationParams
 from prompt_cache import PromptCache
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -123,7 +124,7 @@ class Scheduler:
     def __init__(
         self,
         loaded: LoadedModel,
-        cache: PromptCache | None = None,
+        cache: PromptTiers | None = None,
         group: GroupHooks = NO_GROUP,
         on_metrics: Callable[[RequestMetrics], None] = lambda m: None,
         on_idle: Callable[[], None] = lambda: None,
@@ -135,7 +136,7 @@ class Scheduler:
         self.memory = memory if memory is not None else MemoryBudget.off(loaded)
         self.params = loaded.params
         # "is None": an empty cache is falsy (it has a length), and a follower's own must stay.
-        self.cache = (
+        self.cache: PromptTiers = (
             cache
             if cache is not None
             else PromptCache(loaded.params.max_cache_entries, loaded.params.max_cache_bytes)
@@ -148,14 +149,18 @@ class Scheduler:
         self.kv_bytes = 0
         self.checkpoints = Checkpoints(loaded, self.cache, group.single_process)
         eos_ids = frozenset(loaded.tokenizer.eos_token_ids)
-        self._batch = BatchRunner(loaded, eos_ids, self.checkpoints)
-        self._solo = SoloRunner(loaded, eos_ids, self.checkpoints)
+        self._batch: Batch = BatchRunner(loaded, eos_ids, self.checkpoints)
+        self._solo: Runner = SoloRunner(loaded, eos_ids, self.checkpoints)
         # Image prompts (vision models): prefilled from embeddings, then handed to the batch
         # (first in the step, so a prompt joins the batch in the step it finishes).
-        self._vision = (
+        self._vision: Runner | None = (
             VisionRunner(loaded, self._batch, self.checkpoints) if loaded.vision else None
         )
-        self._runners = (*([self._vision] if self._vision else []), self._batch, self._solo)
+        self._runners: tuple[Runner, ...] = (
+            *([self._vision] if self._vision else []),
+            self._batch,
+            self._solo,
+        )
 
     @property
     def checkpointing(self) -> bool:
@@ -213,7 +218,8 @@ class Scheduler:
                 self.end(job, error=Cancelled("cancelled before it started"))
                 continue
             try:
-                job.max_tokens = self.max_tokens(len(job.prompt_ids), job.params.max_tokens)
+                if job.model_serial != self.loaded.serial:
+                    raise Unavailable("the model was replaced while the request waited; retry")
                 if not self._reserve(job):
                     break  # it waits, and those behind it too: admission is in order
                 self.waiting.popleft()
@@ -224,44 +230,16 @@ class Scheduler:
                 self.end(job, error=as_backend_error(exc))
         self._reserve_running()
 
-    def max_tokens(self, prompt_len: int, requested: int) -> int:
-        """What a prompt of ``prompt_len`` tokens may generate: ``requested``, capped to
-        the context (InvalidArgument when the prompt fills it) or, for a rotating cache
-        that never fills, to MAX_TOKENS_CAP (so Tokens -1 still ends somewhere)."""
-        context = self.loaded.context_len
-        if context and self.params.max_kv_size is None:
-            if prompt_len >= context:
-                raise InvalidArgument(
-                    f"the prompt is {prompt_len} tokens but the context holds {context}: "
-                    "shorten the prompt or raise ContextSize"
-                )
-            return min(requested, context - prompt_len)
-        return min(requested, MAX_TOKENS_CAP)
-
-    def check_fits(self, prompt_len: int, requested: int) -> None:
-        """ResourceExhausted, with the numbers, when a prompt of ``prompt_len`` tokens that
-        may generate ``requested`` can never fit the memory budget, even alone."""
-        tokens = self.kv_tokens(prompt_len, self.max_tokens(prompt_len, requested))
-        reason = self.memory.never_fits(tokens)
-        if reason is not None:
-            raise ResourceExhausted(reason)
-
-    def kv_tokens(self, prompt_len: int, max_tokens: int) -> int:
-        """Tokens a sequence's KV holds at its longest (a rotating cache: its window)."""
-        total = prompt_len + max_tokens
-        window = self.params.max_kv_size
-        return min(total, window) if window is not None else total
-
     # ------------------------------------------------------------------ memory
     def _reserve(self, job: Job) -> bool:
         """Whether ``job`` fits the memory budget beside the running sequences now,
         evicting prompt-cache entries (least recently used first) to make room; raises
-        ResourceExhausted when it never can. Reserves its KV when it fits."""
+        the prepare step refused those that never can (`fit.check_memory`). Reserves its
+        KV when it fits."""
         mem = self.memory
-        job.kv_tokens = self.kv_tokens(len(job.prompt_ids), job.max_tokens)
+        job.kv_tokens = fit.kv_tokens(self.loaded, len(job.prompt_ids), job.max_tokens)
         if not mem.enabled:
             return True
-        self.check_fits(len(job.prompt_ids), job.max_tokens)
         after = self._kv_cost([*self.active.values(), job])
         floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))
         if mem.room(after, self.cache.nbytes) < floor:
@@ -291,8 +269,6 @@ class Scheduler:
         self._batch.budget.memory_cap = max(mem.chunk_for(room), 1)
 
     def _admit(self, job: Job) -> None:
-        if job.model_serial != self.loaded.serial:
-            raise Unavailable("the model was replaced while the request waited; retry")
         job.t_admit = time.perf_counter()
         self.metrics.request_started(job.t_admit - job.submitted)
         ids = list(job.prompt_ids)
@@ -326,19 +302,22 @@ class Scheduler:
         diverges = (
             self.cache.longest_common_prefix(loaded.cache_key, ids) if self.wants_boundaries else 0
         )
-        lookup = self.cache.fetch(loaded.cache_key, ids, *disk_args(self.cache, params))
-        job.disk_hit = getattr(lookup, "disk_hit", False)  # disk tier: for the log line
+        lookup = self.cache.fetch(loaded.cache_key, ids, params.prompt_cache_dir)
+        job.disk_hit = lookup.disk_hit  # disk tier: for the log line
         self.metrics.cache_event(
             "hit" if lookup.cached_tokens else "miss", "disk" if job.disk_hit else "memory"
         )
         job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
-        if getattr(job, "vision", None) is not None:
+        runner: Runner
+        if job.vision is not None:
+            # Prepared for this model (its serial), which has a vision part (`fit.check_images`).
             if self._vision is None:  # the ids are cache keys: never feed them as tokens
-                raise InvalidArgument("PredictOptions.Images: this model serves text only")
-            job.runner = self._vision
+                raise BackendError("an image prompt reached a model without a vision part")
+            runner = self._vision
         else:
-            job.runner = self._batch if self._batch.holds(params) else self._solo
-        job.uid = job.runner.start(job, ids, lookup, sampler, processors, diverges)
+            runner = self._batch if self._batch.holds(params) else self._solo
+        job.runner = runner
+        job.uid = runner.start(job, ids, lookup, sampler, processors, diverges)
         self.active[job.uid] = job
         self.group.joined(job, ids)
 
@@ -353,13 +332,13 @@ class Scheduler:
                     self._on_token(token)
         self.kv_bytes = sum(runner.nbytes for runner in self._runners) if self.active else 0
 
-    def mirror_step(self) -> dict[int, tuple]:
+    def mirror_step(self) -> dict[int, Handover]:
         """A distributed follower's `step`: the same decode, no output.
 
         Returns {uid: (kv, tokens)} of the sequences the batch ended itself (EOS, max
         tokens), kept until rank 0 says when they leave.
         """
-        finished: dict[int, tuple] = {}
+        finished: dict[int, Handover] = {}
         for runner in self._runners:
             if runner.rows:
                 finished.update(runner.mirror_step())
@@ -385,10 +364,13 @@ class Scheduler:
         job.t_last = now
         job.tokens += 1
         job.drafted += t.drafted
-        delta = job.pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
+        pipeline = job.pipeline
+        if pipeline is None:  # set at admission: a job without one was never admitted here
+            raise BackendError(f"request {job.uid} decoded before it was admitted")
+        delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
         if t.finish is not None:
             self.retire(job, t.finish, delta, t.kv)
-        elif job.pipeline.stopped:
+        elif pipeline.stopped:
             self.retire(job, "stop", delta)
         elif delta:
             job.emit(job.event(delta))
@@ -399,7 +381,7 @@ class Scheduler:
         job: Job,
         reason: str,
         delta: Delta | None = None,
-        kv: tuple | None = None,
+        kv: Handover | None = None,
         error: BackendError | None = None,
     ) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output.
@@ -414,9 +396,7 @@ class Scheduler:
         tokens = cache_tokens(job, kv[1]) if kv is not None and kv[1] else None
         if kv is not None and kv[0] and tokens and job.params.cache_write:
             try:
-                self.cache.insert(
-                    self.loaded.cache_key, tokens, kv[0], *disk_args(self.cache, job.params)
-                )
+                self.cache.insert(self.loaded.cache_key, tokens, kv[0], job.params.prompt_cache_dir)
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
             if self.memory.enabled:  # the new entry must not take what others reserved
@@ -466,18 +446,19 @@ class Scheduler:
             self._on_metrics(
                 RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted)
             )
-        drafting = job.runner is not None and job.runner.drafts
+        runner = job.runner
+        drafting = runner is not None and runner.drafts
         finish = outcome if outcome in ("stop", "length", "cancelled") else None
         self.metrics.request_finished(
             now - job.submitted,
             "cancelled" if outcome == "CANCELLED" else finish,
             job.prompt_tokens,
             job.cached_tokens,
-            "disk" if getattr(job, "disk_hit", False) else "memory",
+            "disk" if job.disk_hit else "memory",
             job.tokens,
         )
-        if drafting:
-            self.metrics.speculation(job.runner.proposed(job), job.drafted)
+        if drafting and runner is not None:
+            self.metrics.speculation(runner.proposed(job), job.drafted)
         logger.info(
             "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
             job.params.correlation_id or "-",
@@ -488,7 +469,7 @@ class Scheduler:
             tps,
             outcome,
             f" drafted={job.drafted}" if drafting else "",
-            " disk_hit=1" if getattr(job, "disk_hit", False) else "",
+            " disk_hit=1" if job.disk_hit else "",
         )
 
     def fail_all(self, error: BackendError) -> None:

@@ -32,7 +32,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
-from engine.sequences import BatchRunner, Token
+from engine.runner import Batch, Handover
+from engine.sequences import Token
+from engine.vision_prompt import VisionPrompt
 from errors import BackendError, InvalidArgument
 from loading.loaded_model import LoadedModel
 from prompt_cache import CacheLookup
@@ -43,7 +45,7 @@ logger = logging.getLogger("localai.mlx." + __name__)
 def cache_tokens(job: Job, tokens: Any) -> list[int] | None:
     """The tokens ``job``'s KV is stored under in the prompt cache: as they are for text;
     for an image prompt its key ids (`VisionPrompt.key_tokens`; None: store nothing)."""
-    vision = getattr(job, "vision", None)
+    vision = job.vision
     return [int(t) for t in tokens] if vision is None else vision.key_tokens(tokens)
 
 
@@ -151,6 +153,7 @@ def embeddings(
 @dataclass
 class _Prefill:
     job: Job
+    vision: VisionPrompt  # the job's image prompt
     ids: list[int]  # the model's token ids (the processor's)
     kv: list
     done: int  # prompt tokens the cache holds
@@ -177,7 +180,7 @@ class VisionRunner:
 
     drafts = False
 
-    def __init__(self, loaded: LoadedModel, batch: BatchRunner, ckpt: Checkpoints) -> None:
+    def __init__(self, loaded: LoadedModel, batch: Batch, ckpt: Checkpoints) -> None:
         self.loaded = loaded
         self.parts = loaded.vision
         self.batch = batch
@@ -217,6 +220,8 @@ class VisionRunner:
         diverges: int,
     ) -> int:
         vision = job.vision
+        if vision is None:
+            raise BackendError("a text prompt reached the image prompts' runner")
         p = self.loaded.params
         if p.max_kv_size is not None and job.params.keep:
             raise InvalidArgument("PredictOptions.NKeep cannot be combined with images")
@@ -240,7 +245,16 @@ class VisionRunner:
         pending = vision.images_in(done, stop) if vision.pixels is not None else []
         self._last_uid -= 1
         self.seqs[self._last_uid] = _Prefill(
-            job, list(vision.input_ids), kv, done, stop, sampler, processors, snapshots, pending
+            job,
+            vision,
+            list(vision.input_ids),
+            kv,
+            done,
+            stop,
+            sampler,
+            processors,
+            snapshots,
+            pending,
         )
         return self._last_uid
 
@@ -256,7 +270,7 @@ class VisionRunner:
     def _vision_work(self, seq: _Prefill) -> bool:
         """One image through the tower (True: that was this step's work), else the
         embeddings once every image's features are there."""
-        parts, vision = self.parts, seq.job.vision
+        parts, vision = self.parts, seq.vision
         while seq.pending:
             i = seq.pending.pop(0)
             seq.features[i], ran = image_features(parts, vision, i)
@@ -307,7 +321,7 @@ class VisionRunner:
                 mx.eval([c.state for c in seq.kv])
             seq.done = end
             if end in seq.snapshots:
-                self.checkpoints.store(job, list(job.vision.key_ids[:end]), seq.kv)
+                self.checkpoints.store(job, list(seq.vision.key_ids[:end]), seq.kv)
             if seq.done < seq.stop:
                 return []
         del self.seqs[uid]
@@ -318,16 +332,17 @@ class VisionRunner:
         job.uid, job.runner = new, self.batch
         return []
 
-    def mirror_step(self) -> dict[int, tuple]:
+    def mirror_step(self) -> dict[int, Handover]:
         return {}  # vision models are served text-only in distributed mode
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Job) -> Handover | None:
         """A prompt left while prefilling: (kv, the tokens it holds) for the prompt cache
         (`cache_tokens` refuses a prefix that ends inside an image)."""
-        seq = self.seqs.pop(job.uid, None)
+        seq = self.seqs.pop(job.uid, None) if job.uid is not None else None
         if seq is None or seq.done == 0:
             return None
         return seq.kv, seq.ids[: seq.done]
 
     def drop(self, job: Job) -> None:
-        self.seqs.pop(job.uid, None)
+        if job.uid is not None:
+            self.seqs.pop(job.uid, None)

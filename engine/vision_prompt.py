@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -43,6 +44,7 @@ import jinja2
 import numpy as np
 
 from decoding.output import initial_state_for
+from engine import fit
 from engine import prompt as prompt_mod
 from loading.vision import MEDIA_MARKER
 from params import PromptSpec
@@ -113,29 +115,24 @@ class VisionPreparedPrompt(prompt_mod.PreparedPrompt):
 def prepare(
     spec: PromptSpec,
     loaded: Any,
-    context_len: int | None = None,
-    max_token_chars: int = 0,
+    check_text: Callable[[str], None] | None = None,
     checkpoints: bool = False,
 ) -> prompt_mod.PreparedPrompt:
-    """The prepared prompt of ``spec`` for the `LoadedModel` ``loaded`` (module doc).
-    ValueError (INVALID_ARGUMENT) naming the field: images sent to a text-only model,
+    """The prepared prompt of ``spec`` for the `LoadedModel` ``loaded`` (module doc), a
+    text prompt's by `prompt.prepare_prompt`. ``check_text``: called with the rendered
+    text before tokenizing (`engine.fit.check_text`). ValueError (INVALID_ARGUMENT)
+    naming the field: images sent to a text-only model (`engine.fit.check_images`),
     markers and images that do not pair up, an image that cannot be decoded or is too
-    large, the processor or the template refusing the prompt, a prompt too long."""
+    large, the processor or the template refusing the prompt, a prompt too long.
+    """
     if not spec.images:
-        return prompt_mod.prepare_prompt(
-            spec, loaded.tokenizer, context_len, max_token_chars, checkpoints
-        )
+        return prompt_mod.prepare_prompt(spec, loaded.tokenizer, check_text, checkpoints)
+    fit.check_images(loaded, len(spec.images))
     parts = loaded.vision
-    if parts is None:
-        reason = getattr(loaded.model, "text_only_reason", "")
-        raise ValueError(
-            f"PredictOptions.Images: the loaded model {loaded.name!r} serves text only"
-            + (f" (its vision part is off: {reason})" if reason else "")
-            + "; images need a vision-language model (config.json with a vision_config)"
-        )
     pictures = [images_mod.decode(image, parts.limits.max_pixels) for image in spec.images]
     text = render(spec, parts, len(pictures))
-    prompt_mod.check_fits(text, context_len, max_token_chars)
+    if check_text is not None:
+        check_text(text)
     try:
         data = parts.process(text, pictures)
     except ValueError as exc:
@@ -200,8 +197,8 @@ def render(spec: PromptSpec, parts: Any, n: int) -> str:
                 )
             return spec.prompt.replace(MEDIA_MARKER, parts.family.placeholder)
         # As LocalAI's mlx-vlm backend: the prompt as one user message, images with it.
-        kwargs = {"tools": spec.template_tools} if spec.template_tools else {}
-        return _template(parts, [{"role": "user", "content": spec.prompt}], n, **kwargs)
+        tools = {"tools": spec.template_tools} if spec.template_tools else {}
+        return _template(parts, [{"role": "user", "content": spec.prompt}], n, **tools)
     messages = [copy.deepcopy(dict(m)) for m in spec.messages]
     placed, last_user = 0, -1
     for i, message in enumerate(messages):

@@ -170,7 +170,7 @@ def read_constraint(grammar: str, metadata: Mapping[str, str]) -> Constraint | N
 
     Cheap and bounded (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_NESTING, MAX_JSON_BYTES,
     MAX_JSON_DEPTH; JSON parsing), so it may run on any thread; compiling is
-    `decoding.grammar.validate_constraint`, off the event loop. Raises ValueError naming
+    `decoding.grammar.compile_constraint` (the prepare step). Raises ValueError naming
     PredictOptions.Grammar, Metadata.json_schema or Metadata.response_format, one line.
     """
     constraint: Constraint | None = None

@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine import prompt as prompt_mod
+from errors import InvalidArgument
 from params import embd_normalize_code
 from tasks.scoring import DEFAULT_STEP, ShouldStop, check_step, stopper
 
@@ -62,7 +63,7 @@ def embed(
     """
     ids = prompt_mod.encode(tokenizer, text)
     if not ids:
-        raise ValueError("the text to embed is empty: give some text (Embeddings)")
+        raise InvalidArgument("the text to embed is empty: give some text (Embeddings)")
     return embed_tokens(
         model,
         ids,
@@ -126,13 +127,13 @@ def embed_tokens(
         )
     ids = [int(t) for t in token_ids]
     if not ids:
-        raise ValueError("EmbeddingTokens is empty: give some tokens to embed")
+        raise InvalidArgument("EmbeddingTokens is empty: give some tokens to embed")
     vocab = _vocab_size(body)
     if vocab is not None and any(t < 0 or t >= vocab for t in ids):
         bad = [t for t in ids if t < 0 or t >= vocab][:5]
-        raise ValueError(f"tokens {bad} are outside the vocabulary [0, {vocab})")
+        raise InvalidArgument(f"tokens {bad} are outside the vocabulary [0, {vocab})")
     if context_len is not None and len(ids) > context_len:
-        raise ValueError(
+        raise InvalidArgument(
             f"the input is {len(ids)} tokens but the context holds {context_len}: shorten it"
         )
 

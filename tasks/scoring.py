@@ -37,10 +37,11 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from caches.prompt_tiers import PromptTiers
 from decoding.output import OutputPipeline
 from engine import prompt as prompt_mod
-from errors import Cancelled
-from prompt_cache import PromptCache, common_prefix, needs_checkpoints
+from errors import Cancelled, InvalidArgument
+from prompt_cache import common_prefix, needs_checkpoints
 
 __all__ = [
     "MAX_SCORE_CANDIDATES",
@@ -80,15 +81,15 @@ def check_candidates(
     ValueError naming ``candidates`` (or ``candidates[i]``) and the limit.
     """
     if not candidates:
-        raise ValueError("candidates is empty: give at least one continuation to score")
+        raise InvalidArgument("candidates is empty: give at least one continuation to score")
     if len(candidates) > max_candidates:
-        raise ValueError(
+        raise InvalidArgument(
             f"candidates has {len(candidates)} entries; the limit is {max_candidates} "
             "(MAX_SCORE_CANDIDATES): split them over several requests"
         )
     for i, cand in enumerate(candidates):
         if not cand:
-            raise ValueError(f"candidates[{i}] is empty: every candidate needs some text")
+            raise InvalidArgument(f"candidates[{i}] is empty: every candidate needs some text")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def score(
     candidates: Sequence[str],
     *,
     include_token_logprobs: bool = False,
-    cache: PromptCache | None = None,
+    cache: PromptTiers | None = None,
     model_key: str = "",
     context_len: int | None = None,
     prefill_step: int = DEFAULT_STEP,
@@ -182,18 +183,18 @@ def score(
         full = prompt_mod.encode(tokenizer, prompt + cand)
         k = common_prefix(prompt_ids, full)
         if k == len(full):
-            raise ValueError(f"candidates[{i}] adds no tokens to the prompt")
+            raise InvalidArgument(f"candidates[{i}] adds no tokens to the prompt")
         if k == 0:
             full = [_bos(tokenizer, prompt, i), *full]
             k = 1
         if context_len is not None and len(full) > context_len:
-            raise ValueError(
+            raise InvalidArgument(
                 f"prompt + candidates[{i}] is {len(full)} tokens but the context holds "
                 f"{context_len}: shorten the prompt or the candidate"
             )
         total_tokens += len(full) - k
         if total_tokens > max_candidate_tokens:
-            raise ValueError(
+            raise InvalidArgument(
                 f"candidates add {total_tokens} tokens to the prompt by candidates[{i}]; "
                 f"the limit is {max_candidate_tokens} candidate tokens per request "
                 "(MAX_SCORE_TOKENS): "
@@ -237,10 +238,10 @@ def _bos(tokenizer: Any, prompt: str, index: int) -> int:
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         if not prompt:
-            raise ValueError(
+            raise InvalidArgument(
                 "prompt is empty and the tokenizer has no BOS token to condition on: give a prompt"
             )
-        raise ValueError(
+        raise InvalidArgument(
             f"candidates[{index}] merges with the prompt's first token and the tokenizer "
             "has no BOS token to condition on: give a longer prompt"
         )
@@ -251,7 +252,7 @@ def _prefix_kv(
     model: Any,
     new_kv: Callable[[], list],
     probe: list[int],
-    cache: PromptCache | None,
+    cache: PromptTiers | None,
     model_key: str,
     step: int,
     check: Callable[[], None],

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import random
@@ -256,13 +255,13 @@ YES_NO = 'root ::= "yes" | "no"'
 
 
 def parse_constraint(text: str, metadata: dict[str, str]):
-    """Read a request's constraint and validate it fully (bytes), as the servicer does
-    before queueing: ``read_constraint`` then ``validate_constraint``."""
+    """Read a request's constraint and validate it fully (bytes), as the prepare step does
+    before queueing: ``read_constraint`` then ``compile_constraint``."""
     from decoding import grammar
     from parsing import constraint as reading
 
     c = reading.read_constraint(text, metadata)
-    asyncio.run(grammar.validate_constraint(c))
+    grammar.compile_constraint(c)
     return c
 
 

@@ -7,7 +7,6 @@ tests/model/test_grammar.py.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
@@ -117,7 +116,7 @@ def test_a_1mb_grammar_of_100k_alternatives_is_refused_by_the_size_bound() -> No
         reading.read_constraint(huge, {})
     # Built directly (not read from a request): the compile paths check the bound too.
     with pytest.raises(ValueError, match=re.escape(expected)):
-        asyncio.run(grammar.validate_constraint(Constraint("gbnf", huge, GRAMMAR_FIELD)))
+        grammar.compile_constraint(Constraint("gbnf", huge, GRAMMAR_FIELD))
 
 
 def test_the_empty_string_grammar_is_not_refused() -> None:
@@ -199,30 +198,3 @@ def test_clean_error_strips_panics_backtraces_and_listings() -> None:
     assert grammar.clean_error(state) == "NoExtensionBias"
     assert len(grammar.clean_error("x" * 5000)) == grammar.MAX_ERROR_CHARS
     assert grammar.clean_error("\n \n") == "unknown error"
-
-
-def test_validate_constraint_runs_off_the_event_loop_with_a_time_bound() -> None:
-    rules = [" | ".join(f"r{k}" for k in range(60))]
-    rules += [" | ".join(f'"{k}x{i}"' for i in range(100)) for k in range(60)]
-    text = "\n".join(f"r{k} ::= {rule}" for k, rule in enumerate(rules, -1)).replace("r-1", "root")
-    big = reading.read_constraint(text, {})
-    assert len(big.source.encode()) < reading.MAX_GRAMMAR_BYTES
-
-    async def main() -> int:
-        ticks = 0
-        task = asyncio.ensure_future(grammar.validate_constraint(big))
-        while not task.done():
-            await asyncio.sleep(0.001)
-            ticks += 1
-        await task
-        # A grammar already validated, or none: no error; an expired bound: ValueError.
-        await grammar.validate_constraint(big)
-        await grammar.validate_constraint(None)
-        with pytest.raises(ValueError, match=r"^PredictOptions\.Grammar: .* within 0 s"):
-            await grammar.validate_constraint(
-                reading.read_constraint(YES_NO + " ", {}), timeout_s=0
-            )
-        return ticks
-
-    # The loop kept running while ~60 KB of grammar compiled on the pool.
-    assert asyncio.run(main()) >= 5

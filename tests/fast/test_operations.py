@@ -6,6 +6,7 @@ tests/process/test_operations.py.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from helpers import AUTH_TOKEN, wait_until
@@ -13,6 +14,7 @@ from helpers import AUTH_TOKEN, wait_until
 import backend_pb2
 import params
 from edge import interceptors, lifecycle
+from engine import fit
 
 
 # --------------------------------------------------------------------------- unit: ops
@@ -115,4 +117,6 @@ def test_parent_watcher_fires_once_on_reparenting():
 
 def test_absurd_tokens_are_capped():
     gen = params.generation_params(backend_pb2.PredictOptions(Tokens=2**31 - 1))
-    assert gen.max_tokens == params.MAX_TOKENS_CAP
+    unknown_context = SimpleNamespace(params=params.load_params(backend_pb2.ModelOptions()))
+    unknown_context.context_len = None
+    assert fit.max_tokens(unknown_context, 10, gen.max_tokens) == params.MAX_TOKENS_CAP

@@ -12,7 +12,6 @@ import backend_pb2 as pb
 import params
 from params import (
     DEFAULT_MAX_TOKENS,
-    MAX_TOKENS_CAP,
     MAX_TOP_LOGPROBS,
     generation_params,
     load_params,
@@ -148,8 +147,9 @@ def test_top_logprobs_alone_turns_logprobs_on() -> None:
 
 
 def test_tokens_capped_not_rejected() -> None:
-    assert gen(Tokens=10**9).max_tokens == MAX_TOKENS_CAP
-    assert gen(load("max_tokens:100000")).max_tokens == MAX_TOKENS_CAP
+    # As requested: the prepare step caps it (engine.fit.max_tokens, tests/fast/test_prepare.py).
+    assert gen(Tokens=10**9).max_tokens == 10**9
+    assert gen(load("max_tokens:100000")).max_tokens == 100000
 
 
 def test_seed_zero_and_negative_are_random() -> None:
@@ -500,5 +500,5 @@ def test_embedding_settings_from_load_options():
 
 
 def test_tokens_minus_one_means_until_eos_or_a_full_context():
-    assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by the scheduler
-    assert gen(Tokens=10**6).max_tokens == MAX_TOKENS_CAP
+    assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by engine.fit
+    assert gen(Tokens=10**6).max_tokens == 10**6

@@ -169,7 +169,8 @@ def test_logit_bias_changes_greedy_choice() -> None:
 
 def test_logit_bias_id_out_of_vocab() -> None:
     with pytest.raises(ValueError, match="LogitBias"):
-        sampling.make_logits_processors(gen_params(logit_bias={VOCAB: 1.0}), TOK)
+        sampling.check_logit_bias(gen_params(logit_bias={VOCAB: 1.0}), TOK)
+    sampling.check_logit_bias(gen_params(logit_bias={VOCAB - 1: 1.0}), TOK)
 
 
 def test_ignore_eos_bans_eos() -> None:

@@ -1,6 +1,6 @@
 """The scheduler's two budgets, as arithmetic: the per-step time budget of the prefill
 chunk (engine/step_budget.py) and admission by memory (engine/memory.py), plus the one
-mapping of a ValueError to INVALID_ARGUMENT (errors.as_backend_error)."""
+mapping of a ValueError to INVALID_ARGUMENT only where the request is read (errors)."""
 
 from __future__ import annotations
 
@@ -91,8 +91,15 @@ def test_a_budget_below_weights_and_one_chunk_fails_the_load() -> None:
     }
 
 
-def test_a_value_error_is_invalid_argument_in_one_place() -> None:
-    assert isinstance(errors.as_backend_error(ValueError("x")), errors.InvalidArgument)
+def test_a_value_error_is_invalid_argument_only_where_the_request_is_read() -> None:
+    # Anywhere else (raised inside mlx-lm, say) it is the server's fault: INTERNAL.
+    internal = errors.as_backend_error(ValueError("[reshape] cannot reshape"))
+    assert internal.status == "INTERNAL" and str(internal) == "ValueError: [reshape] cannot reshape"
+    # Where the request is read, its ValueError is turned into InvalidArgument.
+    invalid = errors.invalid_argument(ValueError("PredictOptions.TopP must be in [0, 1]"))
+    assert invalid.status == "INVALID_ARGUMENT" and str(invalid).startswith("PredictOptions.TopP")
+    assert errors.as_backend_error(invalid) is invalid
+    assert isinstance(invalid, ValueError)  # still what the request layers are said to raise
     unavailable = errors.Unavailable("retry")
     assert errors.as_backend_error(unavailable) is unavailable
     internal = errors.as_backend_error(RuntimeError("boom"))

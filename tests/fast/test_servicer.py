@@ -1,7 +1,8 @@
 """The servicer alone, over real gRPC on a free port (tests/inprocess.py), with a fake
 engine (no model).
 
-Checks what belongs to the edge: parsing before anything is queued, one mapping from
+Checks what belongs to the edge: parsing (the first part of the engine's prepare step,
+`engine.prepare.parse`) before anything is queued, one mapping from
 domain errors to gRPC status codes, Predict == the joined stream, LocalAI's reply texts,
 and that a caller who leaves cancels its job.
 """
@@ -19,11 +20,19 @@ from inprocess import InProcessServer
 import backend_pb2
 from decoding.output import Delta
 from edge.servicer import LOAD_SUCCESS_MESSAGE
+from engine import prepare
 from engine.jobs import Event
 from engine.metrics import Metrics
 from engine.scheduler import RequestMetrics
 from engine.status import StatusSnapshot
-from errors import FailedPrecondition, ModelLoadError, NotFound, ResourceExhausted, Unavailable
+from errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ModelLoadError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from params import GenerationRequest, LoadParams
 
 
@@ -76,9 +85,10 @@ class FakeEngine:
         self.check_identity(identity)
         return self.served
 
-    async def submit(self, request: GenerationRequest, loaded) -> FakeJob:
+    async def submit(self, message: backend_pb2.PredictOptions, loaded) -> FakeJob:
         assert loaded is self.served  # the model the servicer read once
-        self.submitted.append(request)
+        # The engine's prepare step begins with the real parse (InvalidArgument on a bad field).
+        self.submitted.append(prepare.parse(message, loaded.params))
         if self.submit_error is not None:
             raise self.submit_error
         job = FakeJob(list(self.events), self.hold)
@@ -96,6 +106,8 @@ class FakeEngine:
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         self.check_identity(identity)
+        if text == "raise":  # a ValueError from inside a library: the server's fault
+            raise ValueError("[broadcast_shapes] Shapes (1,2) and (3,) cannot be broadcast")
         return [ord(c) for c in text]
 
     async def detokenize(self, ids: list[int]) -> str:
@@ -168,7 +180,7 @@ def test_a_bad_message_is_refused_at_the_edge(served):
         (FailedPrecondition("no model loaded: call LoadModel first"), "FAILED_PRECONDITION"),
         (ResourceExhausted("server busy"), "RESOURCE_EXHAUSTED"),
         (Unavailable("lost the distributed group"), "UNAVAILABLE"),
-        (ValueError("the prompt is too long"), "INVALID_ARGUMENT"),
+        (InvalidArgument("the prompt is too long"), "INVALID_ARGUMENT"),
     ],
 )
 def test_domain_errors_map_to_their_status(served, error, code):
@@ -180,6 +192,29 @@ def test_domain_errors_map_to_their_status(served, error, code):
     assert err.value.code() == getattr(grpc.StatusCode, code)
     assert err.value.details() == str(error)
     assert engine.metrics.snapshot()["request_errors"] == {code: 1}  # counted by code
+
+
+def test_a_value_error_is_invalid_argument_only_from_the_request(served):
+    stub, engine, _ = served
+    # From the request's parsing (the prepare step): INVALID_ARGUMENT, its message as is.
+    bad = backend_pb2.PredictOptions(Prompt="x", TopP=2.0)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Predict(bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("PredictOptions.TopP")
+    # From anywhere else (inside the engine, a library): INTERNAL, with the message.
+    engine.submit_error = ValueError("[rope] cannot broadcast")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Predict(backend_pb2.PredictOptions(Prompt="x"))
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert err.value.details() == "ValueError: [rope] cannot broadcast"
+    odd = backend_pb2.PredictOptions(Prompt="raise")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.TokenizeString(odd)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "cannot be broadcast" in err.value.details()
+    counted = engine.metrics.snapshot()["request_errors"]
+    assert counted == {"INVALID_ARGUMENT": 1, "INTERNAL": 2}
 
 
 def test_an_error_event_ends_the_stream_with_its_status(served):

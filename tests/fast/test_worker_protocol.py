@@ -101,7 +101,7 @@ def test_the_backend_is_recognised_as_mlx_distributed_by_its_folder(tmp_path):
 
 
 class _Engine:
-    """What JoinOnLoad needs of an engine here: load, plus any other attribute."""
+    """What JoinOnLoad needs of an engine here: load, and status to forward."""
 
     def __init__(self) -> None:
         self.loads: list = []
@@ -122,6 +122,7 @@ def test_rank_0_owns_its_engine_and_an_inherited_hostfile_leaves_it_alone(tmp_pa
     assert engine.loads == [load]  # loaded alone: no join was attempted
     assert rank0.coordinator is None and rank0.joiner.spec is None
     assert rank0.status() == "READY"  # the servicer's other calls reach the engine
+    assert not hasattr(worker.JoinOnLoad, "__getattr__")  # only what it names, forwarded
 
 
 def test_the_p2p_mlx_refusal_says_what_to_run_instead():
