@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine import model_calls, model_host, prepare
+from engine import fit, model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -37,7 +37,6 @@ from errors import (
     BackendError,
     Cancelled,
     FailedPrecondition,
-    NotFound,
     ResourceExhausted,
     Unavailable,
 )
@@ -266,16 +265,8 @@ class Engine:
             self.queued += 1
 
     def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """NotFound when both the request's and the loaded ModelOptions.Model are non-empty
-        and differ (LocalAI's router matches the text "model identity mismatch").
-        ``loaded``: the model already read for this request (default: the current one)."""
-        loaded = loaded if loaded is not None else self.loaded
-        serving = loaded.identity if loaded is not None else ""
-        if identity and serving and identity != serving:
-            raise NotFound(
-                f"model identity mismatch: request is for '{identity}' but this "
-                f"backend serves '{serving}'"
-            )
+        """`engine.fit.check_identity` against ``loaded`` (default: the current model)."""
+        fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:
         """What `engine.status` reads, taken now from any thread (counts under the lock)."""

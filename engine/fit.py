@@ -3,7 +3,8 @@
 - the context: a prompt text that cannot fit (`check_text`, before tokenizing), a prompt
   whose tokens fill it and what it may then generate (`max_tokens`, the cap of Tokens);
 - the memory budget: a request that could never run, even alone (`check_memory`);
-- images sent to a model that serves text only (`check_images`).
+- images sent to a model that serves text only (`check_images`);
+- a request for another model than the one loaded (`check_identity`).
 
 The prepare step (`engine.prepare`) calls them before a request is queued; the scheduler
 reads the cap it decided (``Job.max_tokens``) and the KV it reserves (`kv_tokens`). No
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from errors import InvalidArgument, ResourceExhausted
+from errors import InvalidArgument, NotFound, ResourceExhausted
 from loading.loaded_model import LoadedModel
 from params import MAX_TOKENS_CAP
 
@@ -92,3 +93,14 @@ def check_images(loaded: LoadedModel, images: int) -> None:
         + (f" (its vision part is off: {reason})" if reason else "")
         + "; images need a vision-language model (config.json with a vision_config)"
     )
+
+
+def check_identity(identity: str, loaded: LoadedModel | None) -> None:
+    """NotFound when both the request's and the loaded ModelOptions.Model are non-empty
+    and differ (LocalAI's router matches the text "model identity mismatch")."""
+    serving = loaded.identity if loaded is not None else ""
+    if identity and serving and identity != serving:
+        raise NotFound(
+            f"model identity mismatch: request is for '{identity}' but this "
+            f"backend serves '{serving}'"
+        )
