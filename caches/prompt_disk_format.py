@@ -356,7 +356,7 @@ def parse_entry(
     from mlx_lm.models.cache import load_prompt_cache
 
     # Registers the batch's per-row classes, which load_prompt_cache looks up by name.
-    import caches.batch_kv  # noqa: F401
+    import seam.rows  # noqa: F401
 
     if hashlib.sha256(data).hexdigest() != name_checksum(name):
         raise CorruptFile("checksum mismatch (torn, truncated or altered)")

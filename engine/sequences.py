@@ -5,9 +5,9 @@ A `Runner` holds sequences of one kind and decodes one token for each per `step`
 - `BatchRunner`: mlx-lm's `BatchGenerator`, the continuous batch (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
   With ``speculative:ngram`` or a draft model its decode half is
-  `decoding.batch_speculation`'s `SpeculativeBatch` (per-row drafts verified for all
+  `seam.speculation`'s `SpeculativeBatch` (per-row drafts verified for all
   rows in one pass).
-  Its rows' caches are `caches.batch_kv`'s quantized (``kv_bits``) or rotating-with-
+  Its rows' caches are `seam.rows`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
 - `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
@@ -35,8 +35,6 @@ from mlx_lm.generate import (
 )
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from caches.batch_kv import as_rows, row_cache
-from decoding.batch_speculation import DraftedModel, LeanBatch, SpeculativeBatch
 from decoding.ngram_spec import NgramStats, ngram_generate_step
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
@@ -44,6 +42,8 @@ from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup
+from seam.rows import as_rows, row_cache
+from seam.speculation import DraftedModel, LeanBatch, SpeculativeBatch
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def stops_at_eos(params: GenerationParams) -> bool:
 
 def row_kind(loaded: LoadedModel) -> str:
     """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
-    ``max_kv_size``), "own" (`caches.batch_kv`'s quantized or rotating rows), or
+    ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
     "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
     quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
     sequence's whole cache once it holds that many tokens, one representation per
@@ -89,7 +89,7 @@ def row_kind(loaded: LoadedModel) -> str:
 
 
 def _rows(loaded: LoadedModel, keep: int) -> list:
-    """One sequence's empty `caches.batch_kv` rows (target layers, then the draft's)."""
+    """One sequence's empty `seam.rows` rows (target layers, then the draft's)."""
     p = loaded.params
     if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
         keep = min(keep or 4, p.max_kv_size - 1)
@@ -208,7 +208,7 @@ class BatchRunner:
         return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
-        """A new sequence's empty KV cache for this batch: `caches.batch_kv`'s quantized
+        """A new sequence's empty KV cache for this batch: `seam.rows`'s quantized
         rows (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
         mlx-lm's 4 when 0), the draft model's after the target's; None: mlx-lm's own."""
         return _rows(self.loaded, params.keep) if self._own_rows else None

@@ -31,16 +31,11 @@ from mlx_lm.models.cache import (
 from mlx_lm.utils import _get_classes
 
 from caches import prompt_disk_format as fmt
-from caches.batch_kv import (
-    BatchKeepRotatingKVCache,
-    BatchQuantizedKVCache,
-    RowQuantizedKVCache,
-    RowRotatingKVCache,
-    as_rows,
-    row_cache,
-)
 from loading import model_loader
 from prompt_cache import PromptCache
+from seam.quantized_kv import BatchQuantizedKVCache, RowQuantizedKVCache
+from seam.rotating_kv import BatchKeepRotatingKVCache, RowRotatingKVCache
+from seam.rows import as_rows, row_cache
 
 MAX, KEEP = 48, 4  # tiny llama's rotating cache
 GROUP = 32  # tiny llama's head dim

@@ -24,11 +24,13 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import KVCache
 
 import backend_pb2 as pb
-from decoding import batch_speculation, sampling
-from decoding.batch_speculation import DraftedModel, SpeculativeBatch
+from decoding import sampling
 from decoding.ngram_spec import NgramStats
 from loading.model_loader import load_model
 from params import generation_params
+from seam import holes as seam_holes
+from seam import speculation
+from seam.speculation import DraftedModel, SpeculativeBatch
 
 PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = PLANETS_LINE * 4 + "Mercury, Venus,"
@@ -156,7 +158,7 @@ def test_timed_choice_keeps_the_output(smol):
         generation_params(pb.PredictOptions()), ignore_eos=True, logit_bias={11: -1.5}
     )
     biased = sampling.make_logits_processors(params, tok)
-    assert all(batch_speculation.position_free(p) for p in biased)
+    assert all(speculation.position_free(p) for p in biased)
     run = Run(model, timed=True)
     a, b = run.add(ids_of(tok, PLANETS), n), run.add(ids_of(tok, NO_REPEAT), n)
     c = run.add(ids_of(tok, PLANETS), n, processors=biased)
@@ -230,8 +232,8 @@ def test_rows_joining_a_batch_with_holes_and_compaction(smol, monkeypatch):
     expected = [reference(model, t, n) for t in texts]
     for compact in (False, True):
         if compact:  # compact after every verify step that left a hole
-            monkeypatch.setattr(batch_speculation, "MIN_HOLES", 0)
-            monkeypatch.setattr(batch_speculation, "HOLE_FRACTION", 10**9)
+            monkeypatch.setattr(seam_holes, "MIN_HOLES", 0)
+            monkeypatch.setattr(seam_holes, "HOLE_FRACTION", 10**9)
         run = Run(model)
         uids = [run.add(t, n) for t in texts[:2]]
         holes = None

@@ -1,304 +1,39 @@
-"""Batched forms of mlx-lm's quantized KV cache and of its rotating KV cache with ``keep``
-(NKeep), so that such sequences decode inside mlx-lm's continuous batch (``BatchGenerator``).
-
-mlx-lm 0.32 batches ``KVCache`` (``BatchKVCache``) and ``RotatingKVCache`` without keep
-(``BatchRotatingKVCache``) only. Here:
-
-- ``BatchQuantizedKVCache``: the batch form of ``QuantizedKVCache`` (``BatchKVCache``'s
-  left-padded layout, keys and values stored as ``mx.quantize`` triples);
-  ``RowQuantizedKVCache`` is one sequence's form (a ``QuantizedKVCache`` that merges).
-- ``BatchKeepRotatingKVCache``: a batched ``RotatingKVCache(max_size, keep)``, ``keep``
-  per row; ``RowRotatingKVCache`` is one sequence's form (a ``RotatingKVCache`` that merges).
-- ``row_cache``: one new sequence's empty per-row cache list; ``as_rows``: the per-row
-  classes for layers of mlx-lm's own classes (e.g. a prompt-cache entry made by
-  ``generate_step``).
-
-BatchGenerator merges the rows' layers with ``caches[0][i].merge([...])``; a row leaving
-the batch is ``extract``-ed into its per-row class, which the prompt cache stores, trims
-and writes to disk (the per-row classes are registered where mlx-lm's
-``load_prompt_cache`` looks classes up by name), and which merges again later.
+"""Batched rotating KV with keep (NKeep): ``BatchKeepRotatingKVCache``, a batch of mlx-lm's
+``RotatingKVCache(max_size, keep)`` rows, keep per row (mlx-lm's own
+``BatchRotatingKVCache`` drops keep). Kept small and separate so that it can go upstream.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-import mlx_lm.models.cache as _mlx_cache
-from mlx.utils import tree_map, tree_reduce
-from mlx_lm.models.cache import (
-    BatchKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    _BaseCache,
-    dynamic_roll,
-    make_prompt_cache,
+from mlx_lm.models.cache import RotatingKVCache, _BaseCache, dynamic_roll
+
+#: mlx-lm private members used here (tests/fast/test_seam_contract.py checks them).
+PRIVATE = (
+    (
+        "mlx_lm.models.cache",
+        "",
+        "_BaseCache",
+        "the cache base class: default meta_state, is_trimmable, make_mask",
+    ),
+    (
+        "mlx_lm.models.cache",
+        "RotatingKVCache",
+        "_temporal_order",
+        "a solo row's entries in token order, to merge it",
+    ),
+    (
+        "mlx_lm.models.cache",
+        "RotatingKVCache",
+        "_idx",
+        "a solo row's next write slot, set when a row is extracted",
+    ),
 )
 
-__all__ = [
-    "BatchKeepRotatingKVCache",
-    "BatchQuantizedKVCache",
-    "RowQuantizedKVCache",
-    "RowRotatingKVCache",
-    "as_rows",
-    "row_cache",
-]
 
-KV_BITS = (2, 3, 4, 5, 6, 8)
-GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
-
-
-# --------------------------------------------------------------------------- quantized
-class RowQuantizedKVCache(QuantizedKVCache):
-    """One sequence's quantized KV cache: mlx-lm's ``QuantizedKVCache(group_size, bits)``
-    (same state, same solo behaviour with ``generate_step``) that ``merge``-s into a
-    :class:`BatchQuantizedKVCache`. Keys/values: triples (data uint32, scales, biases) of
-    shape (1, kv_heads, tokens, head_dim * bits / 32 | head_dim / group_size)."""
-
-    @classmethod
-    def merge(cls, caches: Sequence[Any]) -> BatchQuantizedKVCache:
-        return BatchQuantizedKVCache.merge(caches)
-
-    @property
-    def nbytes(self) -> int:
-        # mlx-lm's QuantizedKVCache.nbytes fails on an empty cache (BatchGenerator sums it
-        # over waiting rows in prompt_cache_nbytes).
-        return 0 if self.keys is None else super().nbytes
-
-
-class BatchQuantizedKVCache(BatchKVCache):
-    """The batched ``QuantizedKVCache``: ``BatchKVCache``'s layout (rows left-padded,
-    shared write index ``_idx``, per-row ``offset`` and ``left_padding`` (B,) int arrays,
-    ``prepare(lengths=, right_padding=)`` / ``finalize`` rolling a ragged prefill's right
-    padding to the left) with keys and values stored as ``mx.quantize`` triples, each
-    element of shape (B, kv_heads, capacity, packed or grouped head dim).
-
-    Every token is quantized along the head dimension by itself, as ``QuantizedKVCache``
-    does, so a row's stored values do not depend on the rows beside it. The batch
-    quantizes each row from its first token, as a ``QuantizedKVCache`` prompt cache given
-    to ``generate_step`` does: even the first prefill chunk attends to quantized keys.
-    (``generate_step(kv_bits=..., quantized_kv_start=0)`` instead runs the first chunk on
-    a float ``KVCache`` and quantizes it afterwards, so its greedy tokens can differ.)
-    There is no ``quantized_kv_start``. ``bits`` and ``group_size`` send
-    ``mlx_lm.models.base.scaled_dot_product_attention`` down its quantized path.
-
-    Args:
-        bits: 2, 3, 4, 5, 6 or 8.
-        group_size: 32, 64 or 128; must divide the model's head dimensions (else
-            ``mx.quantize`` raises ValueError at the first update).
-        left_padding: per row, padding tokens its first prefill starts with.
-    """
-
-    def __init__(self, bits: int, group_size: int, left_padding: list[int]) -> None:
-        super().__init__(left_padding)
-        self.bits = bits
-        self.group_size = group_size
-
-    def _quantize(self, x: mx.array) -> tuple:
-        return tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits))
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
-        """Store (B, kv_heads, S, head_dim) keys and values; return all stored triples."""
-        qk, qv = self._quantize(keys), self._quantize(values)
-        S = keys.shape[2]
-        prev = self._idx
-        if self.keys is None or prev + S > self.keys[0].shape[2]:
-            n = (self.step + S - 1) // self.step * self.step
-
-            def grow(old: mx.array | None, new: mx.array) -> mx.array:
-                # Buffers sized from mx.quantize's own output (packing differs by bits).
-                blank = mx.zeros((*new.shape[:2], n, new.shape[3]), new.dtype)
-                if old is None:
-                    return blank
-                if prev % self.step != 0:
-                    old = old[..., :prev, :]
-                return mx.concatenate([old, blank], axis=2)
-
-            old_k = self.keys if self.keys is not None else (None,) * len(qk)
-            old_v = self.values if self.values is not None else (None,) * len(qv)
-            self.keys = tuple(grow(o, q) for o, q in zip(old_k, qk, strict=True))
-            self.values = tuple(grow(o, q) for o, q in zip(old_v, qv, strict=True))
-        self.offset = self.offset + S
-        self._idx += S
-        for a, q in zip(self.keys, qk, strict=True):
-            a[..., prev : self._idx, :] = q
-        for a, q in zip(self.values, qv, strict=True):
-            a[..., prev : self._idx, :] = q
-        return self.keys_and_values()
-
-    def keys_and_values(self) -> tuple:
-        return tree_map(lambda x: x[..., : self._idx, :], (self.keys, self.values))
-
-    def finalize(self) -> None:
-        if self._right_padding is not None:
-            shift = self._right_padding[:, None]
-            self.keys, self.values = tree_map(
-                lambda x: dynamic_roll(x, shift, axis=2), (self.keys, self.values)
-            )
-            self.offset = self.offset - self._right_padding
-            self.left_padding += self._right_padding
-            self._right_padding = None
-
-    @property
-    def state(self) -> tuple:
-        return (
-            self.keys,
-            self.values,
-            self.offset,
-            self.left_padding,
-            self._idx,
-            self.group_size,
-            self.bits,
-        )
-
-    @state.setter
-    def state(self, v: tuple) -> None:
-        (
-            self.keys,
-            self.values,
-            self.offset,
-            self.left_padding,
-            self._idx,
-            self.group_size,
-            self.bits,
-        ) = v
-
-    def filter(self, batch_indices: list[int]) -> None:
-        """Keep only the rows ``batch_indices`` (in that order), in place."""
-        if self.keys is not None:
-            self.keys, self.values = tree_map(lambda x: x[batch_indices], (self.keys, self.values))
-        self.offset = self.offset[batch_indices]
-        self.left_padding = self.left_padding[batch_indices]
-        min_left_pad = min(self.left_padding.tolist())
-        if min_left_pad > 0:
-            if self.keys is not None:
-                self.keys, self.values = tree_map(
-                    lambda x: x[..., min_left_pad:, :], (self.keys, self.values)
-                )
-            self._idx -= min_left_pad
-            self.left_padding -= min_left_pad
-
-    def extend(self, other: BatchQuantizedKVCache) -> None:
-        """Append ``other``'s rows, in place (both right-justified at the larger ``_idx``).
-
-        Raises:
-            ValueError: if ``other`` is not a ``BatchQuantizedKVCache`` of the same bits
-                and group size.
-        """
-        if not isinstance(other, BatchQuantizedKVCache) or (other.bits, other.group_size) != (
-            self.bits,
-            self.group_size,
-        ):
-            raise ValueError(
-                f"cannot extend a {self.bits}-bit BatchQuantizedKVCache (group size "
-                f"{self.group_size}) with {type(other).__name__}"
-            )
-        if self.keys is None and other.keys is None:
-            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
-            self.offset = mx.concatenate([self.offset, other.offset])
-            return
-        max_idx = max(self._idx, other._idx)
-        ref_k = self.keys if self.keys is not None else other.keys
-        ref_v = self.values if self.values is not None else other.values
-        width = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
-
-        def pad(c: BatchQuantizedKVCache) -> tuple:
-            rows = c.offset.shape[0]
-            if c.keys is None:
-                ks = tuple(mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype) for x in ref_k)
-                vs = tuple(mx.zeros((rows, x.shape[1], 0, x.shape[3]), x.dtype) for x in ref_v)
-            else:
-                ks, vs = c.keys, c.values
-            left = max_idx - c._idx
-            right = width - ks[0].shape[2] - left
-            if right < 0:
-                ks, vs = tree_map(lambda x: x[..., :right, :], (ks, vs))
-                right = 0
-            if left or right:
-                widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-                ks, vs = tree_map(lambda x: mx.pad(x, widths), (ks, vs))
-            return ks, vs, c.offset, c.left_padding + left
-
-        (k1, v1, o1, l1), (k2, v2, o2, l2) = pad(self), pad(other)
-        self.keys = tuple(mx.concatenate([a, b]) for a, b in zip(k1, k2, strict=True))
-        self.values = tuple(mx.concatenate([a, b]) for a, b in zip(v1, v2, strict=True))
-        self.offset = mx.concatenate([o1, o2])
-        self.left_padding = mx.concatenate([l1, l2])
-        self._idx = max_idx
-
-    def extract(self, idx: int) -> RowQuantizedKVCache:
-        """Row ``idx`` as a :class:`RowQuantizedKVCache` holding exactly its tokens."""
-        row = RowQuantizedKVCache(group_size=self.group_size, bits=self.bits)
-        if self.keys is None:
-            return row
-        mx.eval(self.left_padding)
-        padding = self.left_padding.tolist()[idx]
-        if padding >= self._idx:
-            return row
-        row.keys, row.values = tree_map(
-            lambda x: mx.contiguous(x[idx : idx + 1, :, padding : self._idx]),
-            (self.keys, self.values),
-        )
-        row.offset = self._idx - padding
-        return row
-
-    @classmethod
-    def merge(cls, caches: Sequence[Any]) -> BatchQuantizedKVCache:
-        """One batch of the per-row quantized caches ``caches`` (any ``QuantizedKVCache``,
-        empty ones included), each left-padded to the longest.
-
-        Raises:
-            ValueError: if a layer is not a ``QuantizedKVCache`` or the rows differ in
-                bits or group size.
-        """
-        first = caches[0]
-        for c in caches:
-            if not isinstance(c, QuantizedKVCache):
-                raise ValueError(
-                    f"BatchQuantizedKVCache merges QuantizedKVCache rows, got {type(c).__name__}"
-                )
-            if (c.bits, c.group_size) != (first.bits, first.group_size):
-                raise ValueError(
-                    "BatchQuantizedKVCache merges rows of one bits/group size, got "
-                    f"{first.bits}/{first.group_size} and {c.bits}/{c.group_size}"
-                )
-        lengths = [c.offset if c.keys is not None else 0 for c in caches]
-        longest = max(lengths)
-        if longest == 0:
-            return cls(first.bits, first.group_size, [0] * len(caches))
-        padding = [longest - n for n in lengths]
-        ref = next(c for c, n in zip(caches, lengths, strict=True) if n > 0)
-        B = len(caches)
-
-        def blank(x: mx.array) -> mx.array:
-            return mx.zeros((B, x.shape[1], longest, x.shape[3]), x.dtype)
-
-        keys = tuple(blank(x) for x in ref.keys)
-        values = tuple(blank(x) for x in ref.values)
-        for i, (p, n, c) in enumerate(zip(padding, lengths, caches, strict=True)):
-            if n == 0:
-                continue
-            for a, x in zip(keys, c.keys, strict=True):
-                a[i : i + 1, :, p : p + n] = x[..., :n, :]
-            for a, x in zip(values, c.values, strict=True):
-                a[i : i + 1, :, p : p + n] = x[..., :n, :]
-        cache = cls(first.bits, first.group_size, padding)
-        cache.keys, cache.values = keys, values
-        cache.offset = cache.offset + longest
-        cache._idx = longest
-        return cache
-
-    @property
-    def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return tree_reduce(lambda a, x: a + x.nbytes, (self.keys, self.values), 0)
-
-
-# --------------------------------------------------------------------------- rotating + keep
 class RowRotatingKVCache(RotatingKVCache):
     """One sequence's rotating KV cache: mlx-lm's ``RotatingKVCache(max_size, keep)``
     (same state, same solo behaviour) that ``merge``-s into a
@@ -778,91 +513,3 @@ class BatchKeepRotatingKVCache(_BaseCache):
         if self.keys is None:
             return 0
         return self.keys.nbytes + self.values.nbytes + self.pos.nbytes
-
-
-# --------------------------------------------------------------------------- rows
-def row_cache(
-    model: Any,
-    *,
-    kv_bits: int | None = None,
-    kv_group_size: int = 64,
-    max_kv_size: int | None = None,
-    keep: int = 0,
-) -> list:
-    """One new sequence's empty per-layer cache for ``BatchGenerator.insert(caches=[...])``.
-
-    - ``kv_bits`` set: a :class:`RowQuantizedKVCache` per layer (merging into
-      :class:`BatchQuantizedKVCache`).
-    - ``max_kv_size`` and ``keep`` > 0: a :class:`RowRotatingKVCache(max_kv_size, keep)`
-      per layer (merging into :class:`BatchKeepRotatingKVCache`).
-    - otherwise what ``BatchGenerator`` makes itself: ``make_prompt_cache(model,
-      max_kv_size)`` (mlx-lm's ``KVCache`` / ``RotatingKVCache`` / the model's
-      ``make_cache``, merging into mlx-lm's batch classes). Note that such rows and the
-      rows above merge into different batch classes: one ``BatchGenerator`` batch must
-      not mix them (``extend`` of one batch class by another fails).
-
-    Raises:
-        ValueError: ``kv_bits`` not in (2, 3, 4, 5, 6, 8) or ``kv_group_size`` not in
-            (32, 64, 128); ``kv_bits`` together with ``max_kv_size`` (mlx-lm has no
-            quantized rotating cache); ``keep`` < 0 or ``keep`` >= ``max_kv_size``;
-            ``max_kv_size`` < 1; or a model whose own cache (``make_cache``) has layers
-            other than plain ``KVCache`` (sliding-window ``RotatingKVCache`` layers,
-            e.g. Gemma 3 and gpt-oss; ``ArraysCache``/``MambaCache`` state, e.g. Mamba,
-            Qwen3.5's linear attention, LFM2's convolutions; ``CacheList``;
-            ``ChunkedKVCache``), which cannot be quantized or rotated that way.
-    """
-    if max_kv_size is not None and max_kv_size < 1:
-        raise ValueError(f"max_kv_size must be >= 1, got {max_kv_size}")
-    if keep < 0:
-        raise ValueError(f"keep must be >= 0, got {keep}")
-    rotate = max_kv_size is not None and keep > 0
-    if kv_bits is None and not rotate:
-        return make_prompt_cache(model, max_kv_size)
-    if kv_bits is not None:
-        if kv_bits not in KV_BITS:
-            raise ValueError(f"kv_bits must be one of {KV_BITS}, got {kv_bits}")
-        if kv_group_size not in GROUP_SIZES:
-            raise ValueError(f"kv_group_size must be one of {GROUP_SIZES}, got {kv_group_size}")
-        if max_kv_size is not None:
-            raise ValueError(
-                "kv_bits and max_kv_size together: mlx-lm has no quantized rotating KV cache"
-            )
-    elif keep >= max_kv_size:
-        raise ValueError(f"keep ({keep}) must be smaller than max_kv_size ({max_kv_size})")
-    layers = make_prompt_cache(model)
-    other = sorted({type(c).__name__ for c in layers if type(c) is not KVCache})
-    if other:
-        what = f"{kv_bits}-bit quantized" if kv_bits is not None else "rotated with keep"
-        raise ValueError(
-            f"this model's cache has {', '.join(other)} layers, which cannot be {what} "
-            "in a batch (only plain KVCache layers can)"
-        )
-    if kv_bits is not None:
-        return [RowQuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in layers]
-    return [RowRotatingKVCache(max_kv_size, keep) for _ in layers]
-
-
-def as_rows(kv: list) -> list:
-    """``kv`` with each layer of mlx-lm's own ``QuantizedKVCache``, or ``RotatingKVCache``
-    with keep > 0, replaced by a shallow copy of the per-row class (same state), so a
-    cache made outside the batch (``generate_step``, an older prompt-cache entry) merges
-    into this module's batch classes; other layers are kept as they are."""
-    out = []
-    for layer in kv:
-        cls = None
-        if type(layer) is QuantizedKVCache:
-            cls = RowQuantizedKVCache
-        elif type(layer) is RotatingKVCache and layer.keep > 0:
-            cls = RowRotatingKVCache
-        if cls is not None:
-            layer = copy.copy(layer)
-            layer.__class__ = cls
-        out.append(layer)
-    return out
-
-
-# mlx-lm's load_prompt_cache (the disk tier's reader) finds each layer's class by name in
-# mlx_lm.models.cache: adding the per-row classes there (new names only) lets a saved row
-# load back as itself, so it still merges.
-for _cls in (RowQuantizedKVCache, RowRotatingKVCache):
-    vars(_mlx_cache).setdefault(_cls.__name__, _cls)
