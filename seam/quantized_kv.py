@@ -34,23 +34,6 @@ KV_BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
 
 
-class RowQuantizedKVCache(QuantizedKVCache):
-    """One sequence's quantized KV cache: mlx-lm's ``QuantizedKVCache(group_size, bits)``
-    (same state, same solo behaviour with ``generate_step``) that ``merge``-s into a
-    :class:`BatchQuantizedKVCache`. Keys/values: triples (data uint32, scales, biases) of
-    shape (1, kv_heads, tokens, head_dim * bits / 32 | head_dim / group_size)."""
-
-    @classmethod
-    def merge(cls, caches: Sequence[Any]) -> BatchQuantizedKVCache:
-        return BatchQuantizedKVCache.merge(caches)
-
-    @property
-    def nbytes(self) -> int:
-        # mlx-lm's QuantizedKVCache.nbytes fails on an empty cache (BatchGenerator sums it
-        # over waiting rows in prompt_cache_nbytes).
-        return 0 if self.keys is None else super().nbytes
-
-
 class BatchQuantizedKVCache(BatchKVCache):
     """The batched ``QuantizedKVCache``: ``BatchKVCache``'s layout (rows left-padded,
     shared write index ``_idx``, per-row ``offset`` and ``left_padding`` (B,) int arrays,
@@ -211,9 +194,9 @@ class BatchQuantizedKVCache(BatchKVCache):
         self.left_padding = mx.concatenate([l1, l2])
         self._idx = max_idx
 
-    def extract(self, idx: int) -> RowQuantizedKVCache:
-        """Row ``idx`` as a :class:`RowQuantizedKVCache` holding exactly its tokens."""
-        row = RowQuantizedKVCache(group_size=self.group_size, bits=self.bits)
+    def extract(self, idx: int) -> QuantizedKVCache:
+        """Row ``idx`` as mlx-lm's ``QuantizedKVCache`` holding exactly its tokens."""
+        row = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
         if self.keys is None:
             return row
         mx.eval(self.left_padding)

@@ -1,16 +1,51 @@
-"""One sequence's empty batch-row caches (``row_cache``) and the per-row classes for layers
-of mlx-lm's own classes (``as_rows``)."""
+"""A batch row's layers: one new sequence's empty per-row cache (``row_cache``) and the
+batch layers its rows merge into (``merge_rows``).
+
+mlx-lm merges a batch's rows with each layer's own ``merge`` (its ``BatchKVCache``,
+``BatchRotatingKVCache``...). Quantized rows (``kv_bits``) and rotating rows with keep
+(NKeep) merge here into `seam.quantized_kv`'s and `seam.rotating_kv`'s batch classes
+instead: mlx-lm's ``QuantizedKVCache`` has no batch form and its
+``RotatingKVCache.merge`` drops keep. Rows stay mlx-lm's own classes (what the prompt
+cache stores and the disk tier writes; what ``generate_step`` makes), so no class of
+ours needs registering where mlx-lm's ``load_prompt_cache`` looks classes up by name.
+"""
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Sequence
 from typing import Any
 
-import mlx_lm.models.cache as _mlx_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from seam.quantized_kv import GROUP_SIZES, KV_BITS, RowQuantizedKVCache
-from seam.rotating_kv import RowRotatingKVCache
+from seam.quantized_kv import GROUP_SIZES, KV_BITS, BatchQuantizedKVCache
+from seam.rotating_kv import BatchKeepRotatingKVCache
+
+#: mlx-lm private members used here: none.
+PRIVATE: tuple = ()
+
+
+def merge_layer(rows: Sequence[Any], own: bool = False) -> Any:
+    """One batch layer of the rows' layers ``rows`` (one per row, of one class); ``own``:
+    quantized and rotating rows merge into this package's batch classes.
+
+    Raises:
+        ValueError: a layer with no batch form (mlx-lm's message).
+    """
+    first = rows[0]
+    if own and isinstance(first, QuantizedKVCache):
+        return BatchQuantizedKVCache.merge(rows)
+    if own and isinstance(first, RotatingKVCache):
+        return BatchKeepRotatingKVCache.merge(rows)
+    if not hasattr(first, "merge"):
+        raise ValueError(f"{type(first)} does not yet support batching with history")
+    return first.merge(list(rows))
+
+
+def merge_rows(caches: Sequence[list], own: bool = False) -> list:
+    """The batch layers of several rows' per-layer caches (`merge_layer` per layer)."""
+    if not caches:
+        return []
+    return [merge_layer([c[i] for c in caches], own) for i in range(len(caches[0]))]
 
 
 def row_cache(
@@ -21,17 +56,16 @@ def row_cache(
     max_kv_size: int | None = None,
     keep: int = 0,
 ) -> list:
-    """One new sequence's empty per-layer cache for ``BatchGenerator.insert(caches=[...])``.
+    """One new sequence's empty per-layer cache for `seam.batch.DecodeBatch.insert`.
 
-    - ``kv_bits`` set: a :class:`RowQuantizedKVCache` per layer (merging into
-      :class:`BatchQuantizedKVCache`).
-    - ``max_kv_size`` and ``keep`` > 0: a :class:`RowRotatingKVCache(max_kv_size, keep)`
-      per layer (merging into :class:`BatchKeepRotatingKVCache`).
-    - otherwise what ``BatchGenerator`` makes itself: ``make_prompt_cache(model,
-      max_kv_size)`` (mlx-lm's ``KVCache`` / ``RotatingKVCache`` / the model's
-      ``make_cache``, merging into mlx-lm's batch classes). Note that such rows and the
-      rows above merge into different batch classes: one ``BatchGenerator`` batch must
-      not mix them (``extend`` of one batch class by another fails).
+    - ``kv_bits`` set: a ``QuantizedKVCache(kv_group_size, kv_bits)`` per layer (merging,
+      ``own``, into :class:`BatchQuantizedKVCache`).
+    - ``max_kv_size`` and ``keep`` > 0: a ``RotatingKVCache(max_kv_size, keep)`` per layer
+      (merging, ``own``, into :class:`BatchKeepRotatingKVCache`).
+    - otherwise what the batch makes itself: ``make_prompt_cache(model, max_kv_size)``
+      (mlx-lm's ``KVCache`` / ``RotatingKVCache`` / the model's ``make_cache``, merging
+      into mlx-lm's batch classes). One batch must not mix such rows with the rows
+      above (``extend`` of one batch class by another fails).
 
     Raises:
         ValueError: ``kv_bits`` not in (2, 3, 4, 5, 6, 8) or ``kv_group_size`` not in
@@ -70,31 +104,5 @@ def row_cache(
             "in a batch (only plain KVCache layers can)"
         )
     if kv_bits is not None:
-        return [RowQuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in layers]
-    return [RowRotatingKVCache(max_kv_size, keep) for _ in layers]
-
-
-def as_rows(kv: list) -> list:
-    """``kv`` with each layer of mlx-lm's own ``QuantizedKVCache``, or ``RotatingKVCache``
-    with keep > 0, replaced by a shallow copy of the per-row class (same state), so a
-    cache made outside the batch (``generate_step``, an older prompt-cache entry) merges
-    into this module's batch classes; other layers are kept as they are."""
-    out = []
-    for layer in kv:
-        cls = None
-        if type(layer) is QuantizedKVCache:
-            cls = RowQuantizedKVCache
-        elif type(layer) is RotatingKVCache and layer.keep > 0:
-            cls = RowRotatingKVCache
-        if cls is not None:
-            layer = copy.copy(layer)
-            layer.__class__ = cls
-        out.append(layer)
-    return out
-
-
-# mlx-lm's load_prompt_cache (the disk tier's reader) finds each layer's class by name in
-# mlx_lm.models.cache: adding the per-row classes there (new names only) lets a saved row
-# load back as itself, so it still merges.
-for _cls in (RowQuantizedKVCache, RowRotatingKVCache):
-    vars(_mlx_cache).setdefault(_cls.__name__, _cls)
+        return [QuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in layers]
+    return [RotatingKVCache(max_kv_size, keep) for _ in layers]

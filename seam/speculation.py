@@ -1,8 +1,6 @@
-"""The decode half of the continuous batch: a leaner step, and speculative decoding.
+"""Speculative decoding inside the continuous batch (`seam.batch.DecodeBatch`).
 
-`LeanBatch` is mlx-lm's `GenerationBatch` without the log-softmax no row reads.
-
-`SpeculativeBatch` (a `LeanBatch`) replaces it for a model loaded with
+`SpeculativeBatch` (a `DecodeBatch`) replaces it for a model loaded with
 ``speculative:ngram`` or a draft model (`DraftedModel`). At each step every row that
 wants to speculate proposes up to k draft tokens (`decoding.ngram_spec.DraftGate`:
 prompt lookup, with the solo path's back-off and width rules; or the draft model's
@@ -11,7 +9,7 @@ and the step's cost model (`StepCosts`) says the wider pass pays, the target mod
 once on ``[pending token, d1..dK]`` for *all* rows (rows without a draft are padded and
 accept nothing), each row keeps its longest agreeing prefix plus one token sampled by
 the model, and its rejected entries are masked out of its KV (`HoleyBatchKVCache`).
-Otherwise the step is `GenerationBatch`'s own pipelined single-token step.
+Otherwise the step is `DecodeBatch`'s own pipelined single-token step.
 
 **Exactness** (as `ngram_spec`'s solo path): every emitted token comes from the row's own
 logits processors and sampler, called once per emitted token, in order, on the history
@@ -30,16 +28,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-from mlx_lm.sample_utils import greedy_sampler
 
-from decoding.ngram_spec import DraftGate, NgramStats
+from decoding.ngram_spec import DraftGate
+from decoding.sampling import GREEDY
+from seam.batch import DecodeBatch, Generated, Row
 from seam.holes import HoleyBatchKVCache, speculable
+
+#: mlx-lm private members used here: none.
+PRIVATE: tuple = ()
 
 #: A verify pass with k draft tokens per row is first assumed to cost 1 + PRIOR_SLOPE * k
 #: single-token steps, until measured (on the 2-core CPU host: ~1.1-1.3x for k=3, ~2-3x
@@ -155,143 +155,71 @@ class DraftedModel:
         return self.target(inputs, cache=cache[: self.split], **kwargs)
 
 
-@dataclass
-class SpecResponse(GenerationBatch.Response):
-    """`GenerationBatch.Response` plus ``drafted``: the token came from an accepted draft."""
+class SpeculativeBatch(DecodeBatch):
+    """The continuous batch with speculation per row (see the module doc).
 
-    drafted: bool = False
-
-
-class LeanBatch(GenerationBatch):
-    """mlx-lm's `GenerationBatch` whose step skips the log-softmax over the vocabulary
-    when no row needs it: every row greedy (mlx-lm's argmax sampler), without logits
-    processors, and not in ``wants_logprobs`` (uids whose logprobs are read). The token is
-    then argmax of the logits themselves (the log-softmax only subtracts a per-row
-    constant) and the step's logprobs are None. `mlx_lm.server` pays for it on every
-    step: ~1% of a step at one row, ~2% at eight (BENCHMARKS G's profile).
+    A row drafts when inserted with ``draft=(most draft tokens per step, NgramStats)``
+    and its batch's layers can drop entries per row (`speculable`). Drafts come from
+    n-gram lookup, or from the draft model when ``model`` is a `DraftedModel` (greedy
+    drafts; ``ngram_max`` unused). `next` may return several tokens for one row (its
+    accepted drafts, in order). ``timed`` False (distributed): `StepCosts` untimed.
     """
 
-    wants_logprobs: set[int]
+    def __init__(self, model: Any, *, ngram_max: int, timed: bool = True, **kw: Any) -> None:
+        super().__init__(model, **kw)
+        self.drafter = model if isinstance(model, DraftedModel) else None
+        self.ngram_max = ngram_max
+        self.costs = StepCosts(timed)
+        self._after_plain = False
 
-    @classmethod
-    def install(cls, gen: BatchGenerator) -> LeanBatch:
-        """Put an empty batch of this class in ``gen`` as its generation batch."""
-        batch = cls.empty(gen.model, gen.sampler)
-        batch.wants_logprobs = set()
-        # BatchGenerator builds its generation batch itself and has no hook for its step.
-        gen._generation_batch = batch
-        return batch
-
-    def _step(self) -> tuple[list[int], list[Any]]:
-        samplers = self.samplers or [self.fallback_sampler] * len(self.uids)
-        if (
-            any(self.logits_processors)
-            or not all((s or self.fallback_sampler) is greedy_sampler for s in samplers)
-            or not self.wants_logprobs.isdisjoint(self.uids)
-        ):
-            return super()._step()
-        # GenerationBatch._step without the log-softmax (same pipelining: the next step
-        # is queued before this one's tokens are read).
-        self._current_tokens = inputs = self._next_tokens
-        self._current_logprobs = self._next_logprobs
-        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        self._next_tokens = mx.argmax(logits, axis=-1)
-        self._next_logprobs = [None] * len(self.uids)
-        mx.async_eval(self._next_tokens)
-        mx.eval(inputs)
-        current = inputs.tolist()
-        for tokens, t in zip(self.tokens, current, strict=True):
-            tokens.append(t)
-        return current, self._current_logprobs
-
-
-class SpeculativeBatch(LeanBatch):
-    """mlx-lm's `GenerationBatch` with n-gram speculation per row (see the module doc).
-
-    Made by `install`; ``drafting`` maps the uid of a sequence that drafts to (its most
-    draft tokens per step, the `NgramStats` to count in); the entry is taken when the
-    row joins (absent: the row never drafts). Rows join through `extend` (from mlx-lm's
-    prompt batch) and leave through `filter`, as in `GenerationBatch`; `next` may
-    return several responses for one row (its accepted drafts, in order).
-    """
-
-    @classmethod
-    def install(
-        cls,
-        gen: BatchGenerator,
-        drafting: dict[int, tuple[int, NgramStats]],
-        ngram_max: int,
-        timed: bool = True,
-    ) -> SpeculativeBatch:
-        """Put an empty `SpeculativeBatch` in ``gen`` as its generation batch. Drafts come
-        from n-gram lookup, or from the draft model when ``gen.model`` is a
-        `DraftedModel` (greedy drafts; ``ngram_max`` unused)."""
-        batch = super().install(gen)
-        batch.drafter = gen.model if isinstance(gen.model, DraftedModel) else None
-        batch.drafting = drafting
-        batch.ngram_max = ngram_max
-        batch.costs = StepCosts(timed)
-        batch.gates = []  # DraftGate or None per row
-        batch._after_plain = False
-        return batch
-
-    # -- rows joining and leaving ----------------------------------------------------
-    def extend(self, batch: GenerationBatch) -> None:
-        uids = list(batch.uids)
-        tokens = [list(t) for t in batch.tokens]
-        super().extend(batch)
-        self.prompt_cache = [
-            HoleyBatchKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self.prompt_cache
+    # -- rows joining ------------------------------------------------------------------
+    def _joined(self, rows: list[Row]) -> None:
+        self._cache = [
+            HoleyBatchKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self._cache
         ]
-        ok = speculable(self.prompt_cache)
-        for uid, toks in zip(uids, tokens, strict=True):
-            width, stats = self.drafting.pop(uid, (0, None))
-            gate = None
+        ok = speculable(self._cache)
+        for row in rows:
+            width, stats = row.draft or (0, None)
+            row.gate = None
             if ok and width:
                 lookup = self.drafter is None  # a draft model needs no n-gram index
-                gate = DraftGate(width, self.ngram_max, toks if lookup else (), stats=stats)
-            self.gates.append(gate)
-
-    def filter(self, keep: list[int]) -> None:
-        super().filter(keep)
-        self.gates = [self.gates[i] for i in keep]
+                held = row.tokens if lookup else ()  # the whole prompt, fed by now
+                row.gate = DraftGate(width, self.ngram_max, held, stats=stats)
 
     # -- stepping ----------------------------------------------------------------------
-    def next(self) -> list[GenerationBatch.Response]:
-        if not self.uids:
-            return []
+    def _decode(self) -> list[Generated]:
         drafts = self._drafts()
-        if drafts is None:
-            rows = len(self.uids)
-            start = time.perf_counter()
-            out = super().next()
-            if self._after_plain:  # after a verify step this one only read a known token
-                self.costs.observe_plain(rows, time.perf_counter() - start)
-            self._after_plain = True
-            if self.drafter is not None:  # nothing else reads the draft's KV this step
-                mx.async_eval([c.state for c in self.prompt_cache[self.drafter.split :]])
-            for gate in self.gates:
-                if gate is not None:
-                    gate.known = None
-            return out
-        return self._verify(drafts)
+        if drafts is not None:
+            return self._verify(drafts)
+        rows = len(self._rows)
+        start = time.perf_counter()
+        out = super()._decode()
+        if self._after_plain:  # after a verify step this one only read a known token
+            self.costs.observe_plain(rows, time.perf_counter() - start)
+        self._after_plain = True
+        if self.drafter is not None:  # nothing else reads the draft's KV this step
+            mx.async_eval([c.state for c in self._cache[self.drafter.split :]])
+        for row in self._rows:
+            if row.gate is not None:
+                row.gate.known = None
+        return out
 
     def _drafts(self) -> list[list[int]] | None:
         """Each row's draft for this step (cut to the width that pays best), or None for
         a plain step."""
-        if not any(g is not None for g in self.gates):
+        if not any(r.gate is not None for r in self._rows):
             return None
         if self.drafter is not None:
             return self._model_drafts()
         drafts, rates = [], []
-        for i, gate in enumerate(self.gates):
+        for row in self._rows:
             d: list[int] = []
-            if gate is not None:
-                gate.stats.steps += 1
-                d = gate.propose(self.tokens[i], self.max_tokens[i] - self._num_tokens[i])
+            if row.gate is not None:
+                row.gate.stats.steps += 1
+                d = row.gate.propose(row.tokens, row.max_tokens - row.emitted)
             drafts.append(d)
-            rates.append(gate.rate if gate is not None else 0.0)
-        k = self.costs.width(len(self.uids), [len(d) for d in drafts], rates)
+            rates.append(row.gate.rate if row.gate is not None else 0.0)
+        k = self.costs.width(len(self._rows), [len(d) for d in drafts], rates)
         if k == 0:
             return None
         return [d[:k] for d in drafts]
@@ -300,20 +228,20 @@ class SpeculativeBatch(LeanBatch):
         """Drafts from the draft model: k greedy tokens for every row (k chosen by the
         cost model from each row's allowed width), cut to each row's own width."""
         widths, rates = [], []
-        for i, gate in enumerate(self.gates):
+        for row in self._rows:
             w = 0
-            if gate is not None:
-                gate.stats.steps += 1
-                w = max(min(gate.width, self.max_tokens[i] - self._num_tokens[i] - 1), 0)
+            if row.gate is not None:
+                row.gate.stats.steps += 1
+                w = max(min(row.gate.width, row.max_tokens - row.emitted - 1), 0)
             widths.append(w)
-            rates.append(gate.rate if gate is not None else 0.0)
-        k = self.costs.width(len(self.uids), widths, rates)
+            rates.append(row.gate.rate if row.gate is not None else 0.0)
+        k = self.costs.width(len(self._rows), widths, rates)
         if k == 0:
             return None
         # k + 1 draft steps: the last feeds d_k, so the draft's KV holds what the
         # target's will (pending, d1..dk) and both drop the same rejected entries.
         drafter, x, steps = self.drafter, self._next_tokens, []
-        draft_cache = self.prompt_cache[drafter.split :]
+        draft_cache = self._cache[drafter.split :]
         for j in range(k + 1):
             logits = drafter.draft(x[:, None], cache=draft_cache)[:, -1, :]
             x = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)
@@ -322,30 +250,28 @@ class SpeculativeBatch(LeanBatch):
         tokens = mx.stack(steps, axis=1).tolist()
         return [row[:w] for row, w in zip(tokens, widths, strict=True)]
 
-    def _verify(self, drafts: list[list[int]]) -> list[GenerationBatch.Response]:
+    def _verify(self, drafts: list[list[int]]) -> list[Generated]:
         start = time.perf_counter()
         after_plain = self._after_plain
-        rows, k = len(self.uids), max(len(d) for d in drafts)
+        rows, k = len(self._rows), max(len(d) for d in drafts)
         pending = self._next_tokens
         padded = mx.array([d + [0] * (k - len(d)) for d in drafts], dtype=pending.dtype)
         inputs = mx.concatenate([pending[:, None], padded], axis=1)
         if self.drafter is not None:  # the draft's KV already holds these tokens
             split = self.drafter.split
-            logits = self.drafter.target(inputs, cache=self.prompt_cache[:split])
+            logits = self.drafter.target(inputs, cache=self._cache[:split])
         else:
-            logits = self.model(inputs, cache=self.prompt_cache)
-        samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
+            logits = self.model(inputs, cache=self._cache)
         # Greedy rows whose processors ignore the history (a logit bias, the EOS ban) are
         # processed for all positions at once; others position by position (`_sample_row`).
         fast = [
-            s is greedy_sampler and all(position_free(p) for p in self.logits_processors[i] or ())
-            for i, s in enumerate(samplers)
+            r.sampler is GREEDY and all(position_free(p) for p in r.processors) for r in self._rows
         ]
-        if any(fast[i] and self.logits_processors[i] for i in range(rows)):
+        if any(fast[i] and r.processors for i, r in enumerate(self._rows)):
             per_row = []
-            for i in range(rows):
+            for i, r in enumerate(self._rows):
                 row = logits[i]
-                for processor in (self.logits_processors[i] or ()) if fast[i] else ():
+                for processor in r.processors if fast[i] else ():
                     row = processor(None, row)
                 per_row.append(row)
             logits = mx.stack(per_row)
@@ -355,9 +281,9 @@ class SpeculativeBatch(LeanBatch):
         current = pending.tolist()
         picked = picks.tolist() if picks is not None else None
 
-        emitted: list[list[tuple[int, mx.array, bool]]] = []
+        emitted: list[list[tuple[int, Any, bool]]] = []
         rejects, bonus, bonus_lp = [], [], []
-        for i in range(rows):
+        for i, r in enumerate(self._rows):
             d = drafts[i]
             if fast[i]:
                 kept = []
@@ -366,7 +292,7 @@ class SpeculativeBatch(LeanBatch):
                     if j == len(d) or picked[i][j] != d[j]:
                         break
             else:
-                kept = self._sample_row(i, pending[i : i + 1], d, logits[i], samplers[i])
+                kept = self._sample_row(r, pending[i : i + 1], d, logits[i])
             accepted = len(kept) - 1
             rejects.append(k - accepted)
             emitted.append(
@@ -375,16 +301,14 @@ class SpeculativeBatch(LeanBatch):
             )
             bonus.append(kept[-1][0])
             bonus_lp.append(kept[-1][1])
-            gate = self.gates[i]
-            if gate is not None:
+            if r.gate is not None:
                 if d:
-                    gate.observe(len(d), accepted)
-                gate.known = kept[-1][0]
-        for c in self.prompt_cache:
+                    r.gate.observe(len(d), accepted)
+                r.gate.known = kept[-1][0]
+        for c in self._cache:
             c.reject(rejects)
-        for i in range(rows):
-            self.tokens[i].extend(t for t, _, _ in emitted[i])
-        self._current_tokens = pending
+        for r, toks in zip(self._rows, emitted, strict=True):
+            r.tokens.extend(t for t, _, _ in toks)
         self._next_tokens = mx.array(bonus, dtype=pending.dtype)
         self._next_logprobs = bonus_lp
         responses = self._respond(emitted)
@@ -395,58 +319,23 @@ class SpeculativeBatch(LeanBatch):
         self._after_plain = False
         return responses
 
+    @staticmethod
     def _sample_row(
-        self, i: int, pending: mx.array, draft: list[int], logits: mx.array, sampler: Any
+        r: Row, pending: mx.array, draft: list[int], logits: mx.array
     ) -> list[tuple[int, mx.array]]:
-        """Row ``i``'s kept (token, logprobs) pairs, sampling position by position with its
+        """Row ``r``'s kept (token, logprobs) pairs, sampling position by position with its
         processors and sampler until a sampled token differs from the draft."""
-        processors = self.logits_processors[i] or ()
-        context = self._token_context[i].update_and_fetch(pending) if processors else None
+        context = r.context.update_and_fetch(pending) if r.processors else None
         kept = []
         for j in range(len(draft) + 1):
             row = logits[j : j + 1]
-            for processor in processors:
+            for processor in r.processors:
                 row = processor(context, row)
             lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
-            token = int(sampler(lp).item())
+            token = int(r.sampler(lp).item())
             kept.append((token, lp[0]))
             if j == len(draft) or token != draft[j]:
                 break
-            if processors:
-                context = self._token_context[i].update_and_fetch(
-                    mx.array([draft[j]], dtype=mx.int32)
-                )
+            if r.processors:
+                context = r.context.update_and_fetch(mx.array([draft[j]], dtype=mx.int32))
         return kept
-
-    def _respond(self, emitted: list[list[tuple[int, mx.array, bool]]]) -> list[Any]:
-        """Responses for ``emitted`` tokens with `GenerationBatch.next`'s stop rules; a row
-        that ends inside its accepted drafts leaves with its KV trimmed to that token."""
-        responses, keep = [], []
-        for i, toks in enumerate(emitted):
-            finish = None
-            for n, (token, lp, drafted) in enumerate(toks):
-                self._num_tokens[i] += 1
-                if self._num_tokens[i] >= self.max_tokens[i]:
-                    finish = "length"
-                if self._matchers[i].advance(token):
-                    finish = "stop"
-                if finish is None:
-                    responses.append(
-                        SpecResponse(self.uids[i], token, lp, None, None, None, drafted)
-                    )
-                    continue
-                extra = len(toks) - 1 - n
-                cache, tokens = self.extract_cache(i), self.tokens[i]
-                if extra:
-                    for c in cache:
-                        c.trim(extra)
-                    tokens = tokens[:-extra]
-                responses.append(
-                    SpecResponse(self.uids[i], token, lp, finish, cache, tokens, drafted)
-                )
-                break
-            if finish is None:
-                keep.append(i)
-        if len(keep) < len(self.uids):
-            self.filter(keep)
-        return responses
