@@ -21,7 +21,7 @@ its batch kinds is the model).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,13 +136,15 @@ class BatchRunner:
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
-        self._batch: DecodeBatch | None = None
-        self.reset()
+        self._batch = self._new_batch()
 
     def reset(self) -> None:
-        """A fresh, empty batch (after a failed step, or at start)."""
-        if self._batch is not None:
-            self._batch.close()
+        """A fresh, empty batch (after a failed step)."""
+        self._batch.close()
+        self._batch = self._new_batch()
+        self._forget_all()
+
+    def _new_batch(self) -> DecodeBatch:
         p = self.loaded.params
         model = self.loaded.model
         if self.loaded.draft is not None:
@@ -155,17 +157,15 @@ class BatchRunner:
             own_layers=self._own_rows,
         )
         if self.drafts:  # distributed ranks must take the same steps: no timing there
-            self._batch = SpeculativeBatch(
+            return SpeculativeBatch(
                 model, ngram_max=p.ngram_size, timed=self.checkpoints.single_process, **common
             )
-        else:
-            self._batch = DecodeBatch(model, **common)
-        self._forget_all()
+        return DecodeBatch(model, **common)
 
     def close(self) -> None:
-        if self._batch is not None:
-            self._batch.close()
-        self._batch = None
+        """Drop every row (and its KV)."""
+        self._batch.remove(list(self._uids))
+        self._batch.close()
         self._forget_all()
 
     def _forget_all(self) -> None:
@@ -185,7 +185,7 @@ class BatchRunner:
     @property
     def nbytes(self) -> int:
         """KV bytes of the running batch."""
-        return self._batch.nbytes if self._uids and self._batch is not None else 0
+        return self._batch.nbytes if self._uids else 0
 
     def holds(self, params: GenerationParams) -> bool:
         """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
@@ -218,7 +218,8 @@ class BatchRunner:
         # rotating row cannot be trimmed once past its window).
         p = self.loaded.params
         takes = self.checkpoints.batched or (
-            self._own_rows
+            kv is not None
+            and self._own_rows
             and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
         )
         if takes and job.params.cache_write:
@@ -292,12 +293,12 @@ class BatchRunner:
         if boundaries:
             self.checkpoints.store_extracted(self._batch.extract_cache(boundaries), jobs)
         out = []
-        for r in responses:
+        for g in responses:
             kv = None
-            if r.finish_reason:
-                kv = (r.prompt_cache, r.all_tokens)
-                self._forget(r.uid)
-            out.append(Token(r.uid, r.token, r.logprobs, r.finish_reason, kv, r.drafted))
+            if g.finish_reason:
+                kv = (g.prompt_cache, g.all_tokens)
+                self._forget(g.uid)
+            out.append(Token(g.uid, g.token, g.logprobs, g.finish_reason, kv, g.drafted))
         return out
 
     def mirror_step(self) -> dict[int, tuple]:
@@ -330,7 +331,7 @@ class BatchRunner:
 class SoloRun:
     """A sequence decoded outside the batch: its step generator, KV cache and token ids."""
 
-    def __init__(self, steps: Iterator, kv: list, tokens: list[int]) -> None:
+    def __init__(self, steps: Generator[Any, None, None], kv: list, tokens: list[int]) -> None:
         self.steps = steps
         self.kv = kv
         self.tokens = tokens  # prompt + generated ids; the KV holds exactly these at the end
@@ -440,6 +441,7 @@ class SoloRunner:
             quantized_kv_start=p.quantized_kv_start,
         )
         drafts = params.num_draft_tokens or p.num_draft_tokens
+        steps: Generator[Any, None, None]
         if loaded.draft is not None:
             steps = speculative_generate_step(
                 prompt, loaded.model, loaded.draft, num_draft_tokens=drafts, **common
@@ -484,10 +486,10 @@ class SoloRunner:
         return {}
 
     def release(self, job: Job) -> tuple | None:
-        run = self.runs.pop(job.uid, None)
+        run = self.runs.pop(job.uid, None) if job.uid is not None else None
         return run.finish() if run is not None else None
 
     def drop(self, job: Job) -> None:
-        run = self.runs.pop(job.uid, None)
+        run = self.runs.pop(job.uid, None) if job.uid is not None else None
         if run is not None:
             run.steps.close()
