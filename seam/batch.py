@@ -38,6 +38,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 
 from decoding.sampling import GREEDY
+from seam.arrays import ints
 from seam.rows import merge_rows
 
 #: mlx-lm private members used here: none.
@@ -79,7 +80,7 @@ class Row:
 
     uid: int
     segments: list[list[int]]  # prompt left to feed; the last segment is the last token
-    cache: list | None  # its own layers until it enters the prefill group
+    cache: list  # its own layers until it enters the prefill group (then [])
     tokens: list[int]  # the tokens its KV holds
     max_tokens: int
     sampler: Sampler
@@ -144,13 +145,13 @@ class DecodeBatch:
         self._pcache: list = []
         self._rows: list[Row] = []  # decoding, in the order of the cache's rows
         self._cache: list = []
-        self._next_tokens: mx.array | None = None  # queued, not yet read
+        self._next_tokens: Any = None  # (B,) mx.array queued, not yet read; None: no row
         self._next_logprobs: list = []
         self._steps = 0
         self._old_wired: int | None = None
         limit = mx.device_info().get("max_recommended_working_set_size")
         if limit is not None:  # Metal: keep the weights wired (as mlx-lm's BatchGenerator)
-            self._old_wired = mx.set_wired_limit(limit)
+            self._old_wired = mx.set_wired_limit(int(limit))
 
     def close(self) -> None:
         if self._old_wired is not None:
@@ -308,7 +309,7 @@ class DecodeBatch:
             rows = [self._waiting.popleft() for _ in range(n)]
             cache = merge_rows([r.cache for r in rows], self.own_layers)
             for r in rows:
-                r.cache = None
+                r.cache = []
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
         ready = [
@@ -435,7 +436,7 @@ class DecodeBatch:
         current, current_lp = self._next_tokens, self._next_logprobs
         self._next_tokens, self._next_logprobs = self._forward(self._rows, self._cache, current)
         mx.eval(current, [x for x in current_lp if x is not None])
-        tokens = current.tolist()
+        tokens = ints(current)
         for r, t in zip(self._rows, tokens, strict=True):
             r.tokens.append(t)
         return tokens, current_lp

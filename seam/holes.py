@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from seam.arrays import ints, scalar
+
 #: mlx-lm private members used here (tests/fast/test_seam_contract.py checks them).
 PRIVATE = (
     (
@@ -44,8 +46,10 @@ class HoleyBatchKVCache(BatchKVCache):
     position), which with holes is less than ``_idx - left_padding``.
     """
 
-    dead: mx.array | None = None
-    holes: list[int] | None = None
+    keys: Any
+    values: Any
+    dead: Any = None  # mx.array (B, capacity) bool, or None
+    holes: Any = None  # list[int] per row, or None
 
     @classmethod
     def adopt(cls, cache: BatchKVCache) -> HoleyBatchKVCache:
@@ -101,8 +105,8 @@ class HoleyBatchKVCache(BatchKVCache):
 
     def _live(self, row: int) -> list[int]:
         """Columns of ``row``'s live entries, in order (host lists; syncs)."""
-        pad = int(self.left_padding[row].item())
-        dead = self.dead[row, pad : self._idx].tolist() if self.dead is not None else []
+        pad = scalar(self.left_padding[row])
+        dead: list = self.dead[row, pad : self._idx].tolist() if self.dead is not None else []
         return [pad + j for j, d in enumerate(dead) if not d] if dead else []
 
     def compact(self) -> None:
@@ -128,7 +132,8 @@ class HoleyBatchKVCache(BatchKVCache):
             self.dead[mx.array(batch_indices)] if self.dead is not None and batch_indices else None
         )
         holes = [self.holes[i] for i in batch_indices] if self.holes is not None else None
-        shift = min(self.left_padding[mx.array(batch_indices)].tolist()) if batch_indices else 0
+        pads = ints(self.left_padding[mx.array(batch_indices)]) if batch_indices else []
+        shift = min(pads, default=0)
         super().filter(batch_indices)
         if dead is not None and holes and any(holes):
             self.dead, self.holes = dead[:, shift:], holes

@@ -4,6 +4,7 @@ rotating rows with keep laid out in one buffer (`KeepRotatingLayout`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import dynamic_roll
@@ -39,6 +40,9 @@ class KeepRotatingLayout:
     """
 
     step = 256
+    keys: Any  # mx.array, or None before the first tokens
+    values: Any
+    pos: Any
 
     def __init__(self, max_size: int, keep: int | Sequence[int], left_padding: list[int]) -> None:
         keeps = [keep] * len(left_padding) if isinstance(keep, int) else list(keep)
@@ -162,7 +166,7 @@ class KeepRotatingLayout:
             if write_sink:
                 sinks = self._sink_written(sinks, news, S)
             if ring:
-                tails = [mx.roll(b[..., Ks:, :], -idx, axis=2) for b in bufs]
+                tails = [mx.roll(b[..., Ks:, :], -idx, 2) for b in bufs]
             else:
                 tails = [b[..., Ks : Ks + w, :] for b in bufs]
             if aligned:
@@ -172,7 +176,10 @@ class KeepRotatingLayout:
                 kept = min(w, C - 1 if S == 1 and self._ends is None else C)
                 tails = [t[..., w - kept :, :] for t in tails]
                 w = kept
-            out = [mx.concatenate(parts, axis=2) for parts in zip(sinks, tails, news, strict=True)]
+            out = [
+                mx.concatenate(list(parts), axis=2)
+                for parts in zip(sinks, tails, news, strict=True)
+            ]
             w = cap = w + S
             ring, idx = False, 0
             if S == 1 and self._ends is None and w == C:
@@ -245,7 +252,7 @@ class KeepRotatingLayout:
             if self.keys is not None:
                 raise ValueError("left padding can only be added to an empty cache")
             self._set_offs([o - p for o, p in zip(self._offs, left_padding, strict=True)])
-        if right_padding is not None and max(right_padding) > 0:
+        if right_padding is not None and lengths is not None and max(right_padding) > 0:
             self._ends = [o + n for o, n in zip(self._offs, lengths, strict=True)]
 
     def finalize(self) -> None:
@@ -276,7 +283,7 @@ class KeepRotatingLayout:
         def fix(b: mx.array) -> mx.array:
             if ring:
                 return mx.concatenate(
-                    [b[..., :Ks, :], mx.roll(b[..., Ks:, :], -idx, axis=2)], axis=2
+                    [b[..., :Ks, :], mx.roll(b[..., Ks:, :], -idx, 2)], axis=2
                 )
             return b[..., : Ks + w, :]
 

@@ -14,6 +14,8 @@ import mlx.core as mx
 from mlx.utils import tree_map, tree_reduce
 from mlx_lm.models.cache import BatchKVCache, QuantizedKVCache, dynamic_roll
 
+from seam.arrays import ints
+
 #: mlx-lm private members used here (tests/fast/test_seam_contract.py checks them).
 PRIVATE = (
     (
@@ -56,6 +58,9 @@ class BatchQuantizedKVCache(BatchKVCache):
             ``mx.quantize`` raises ValueError at the first update).
         left_padding: per row, padding tokens its first prefill starts with.
     """
+
+    keys: Any  # tuples of mx.quantize's arrays, or None
+    values: Any
 
     def __init__(self, bits: int, group_size: int, left_padding: list[int]) -> None:
         super().__init__(left_padding)
@@ -137,7 +142,8 @@ class BatchQuantizedKVCache(BatchKVCache):
             self.keys, self.values = tree_map(lambda x: x[batch_indices], (self.keys, self.values))
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
-        min_left_pad = min(self.left_padding.tolist())
+        pads = ints(self.left_padding)
+        min_left_pad = min(pads)
         if min_left_pad > 0:
             if self.keys is not None:
                 self.keys, self.values = tree_map(
@@ -200,7 +206,7 @@ class BatchQuantizedKVCache(BatchKVCache):
         if self.keys is None:
             return row
         mx.eval(self.left_padding)
-        padding = self.left_padding.tolist()[idx]
+        padding = ints(self.left_padding)[idx]
         if padding >= self._idx:
             return row
         row.keys, row.values = tree_map(

@@ -169,8 +169,10 @@ class BatchKeepRotatingKVCache(KeepRotatingLayout, _BaseCache):
                     "BatchKeepRotatingKVCache merges RotatingKVCache rows of one max_size, "
                     f"got {type(c).__name__} (max_size {getattr(c, 'max_size', None)})"
                 )
+        if M is None:
+            raise ValueError("BatchKeepRotatingKVCache merges RotatingKVCache rows")
         cache = cls(M, [c.keep for c in caches], [0] * len(caches))
-        rows = []
+        rows: list[tuple | None] = []
         for c in caches:
             if c.keys is None or c.offset <= 0:
                 rows.append(None)

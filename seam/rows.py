@@ -93,7 +93,7 @@ def row_cache(
             raise ValueError(
                 "kv_bits and max_kv_size together: mlx-lm has no quantized rotating KV cache"
             )
-    elif keep >= max_kv_size:
+    elif max_kv_size is not None and keep >= max_kv_size:
         raise ValueError(f"keep ({keep}) must be smaller than max_kv_size ({max_kv_size})")
     layers = make_prompt_cache(model)
     other = sorted({type(c).__name__ for c in layers if type(c) is not KVCache})

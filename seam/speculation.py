@@ -35,6 +35,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from decoding.ngram_spec import DraftGate
 from decoding.sampling import GREEDY
+from seam.arrays import ints, nested, scalar
 from seam.batch import DecodeBatch, Generated, Row
 from seam.holes import HoleyBatchKVCache, speculable
 
@@ -241,13 +242,15 @@ class SpeculativeBatch(DecodeBatch):
         # k + 1 draft steps: the last feeds d_k, so the draft's KV holds what the
         # target's will (pending, d1..dk) and both drop the same rejected entries.
         drafter, x, steps = self.drafter, self._next_tokens, []
+        if drafter is None:
+            return None
         draft_cache = self._cache[drafter.split :]
         for j in range(k + 1):
             logits = drafter.draft(x[:, None], cache=draft_cache)[:, -1, :]
             x = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)
             if j < k:
                 steps.append(x)
-        tokens = mx.stack(steps, axis=1).tolist()
+        tokens = nested(mx.stack(steps, axis=1))
         return [row[:w] for row, w in zip(tokens, widths, strict=True)]
 
     def _verify(self, drafts: list[list[int]]) -> list[Generated]:
@@ -278,8 +281,8 @@ class SpeculativeBatch(DecodeBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, k+1, V)
         picks = mx.argmax(logprobs, axis=-1) if any(fast) else None
         mx.eval(pending, *([picks] if picks is not None else []))
-        current = pending.tolist()
-        picked = picks.tolist() if picks is not None else None
+        current = ints(pending)
+        picked = nested(picks) if picks is not None else []
 
         emitted: list[list[tuple[int, Any, bool]]] = []
         rejects, bonus, bonus_lp = [], [], []
@@ -326,13 +329,13 @@ class SpeculativeBatch(DecodeBatch):
         """Row ``r``'s kept (token, logprobs) pairs, sampling position by position with its
         processors and sampler until a sampled token differs from the draft."""
         context = r.context.update_and_fetch(pending) if r.processors else None
-        kept = []
+        kept: list[tuple[int, mx.array]] = []
         for j in range(len(draft) + 1):
             row = logits[j : j + 1]
             for processor in r.processors:
                 row = processor(context, row)
             lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
-            token = int(r.sampler(lp).item())
+            token = scalar(r.sampler(lp))
             kept.append((token, lp[0]))
             if j == len(draft) or token != draft[j]:
                 break
