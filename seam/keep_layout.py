@@ -282,9 +282,7 @@ class KeepRotatingLayout:
 
         def fix(b: mx.array) -> mx.array:
             if ring:
-                return mx.concatenate(
-                    [b[..., :Ks, :], mx.roll(b[..., Ks:, :], -idx, 2)], axis=2
-                )
+                return mx.concatenate([b[..., :Ks, :], mx.roll(b[..., Ks:, :], -idx, 2)], axis=2)
             return b[..., : Ks + w, :]
 
         self.keys, self.values, self.pos = (fix(b) for b in (self.keys, self.values, self.pos))
