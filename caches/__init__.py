@@ -3,6 +3,4 @@
 - ``prompt_disk`` + ``prompt_disk_format``: the disk tier (checksummed files, LRU by bytes).
 - ``prompt_tiers``: memory and disk as one cache for the scheduler; ``PromptTiers``, the
   interface both the memory tier alone and the two tiers answer.
-- ``batch_kv``: batched quantized KV and rotating KV with keep (NKeep) for mlx-lm's
-  ``BatchGenerator``, with the per-row classes the prompt cache stores.
 """

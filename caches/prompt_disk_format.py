@@ -261,10 +261,10 @@ def tmp_pid(name: str) -> int | None:
 
 # --------------------------------------------------------------------------- the format
 def compact(layer: Any) -> Any:
-    """``layer`` itself, or for a ``KVCache`` / ``QuantizedKVCache`` (subclasses such as
-    ``caches.batch_kv.RowQuantizedKVCache`` included) a shallow copy whose arrays hold
-    only its ``offset`` tokens: their ``state`` is the whole step-padded buffer,
-    including tokens trimmed away, which the file need not hold."""
+    """``layer`` itself, or for a ``KVCache`` / ``QuantizedKVCache`` (subclasses included)
+    a shallow copy whose arrays hold only its ``offset`` tokens: their ``state`` is the
+    whole step-padded buffer, including tokens trimmed away, which the file need not
+    hold."""
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     if not isinstance(layer, (KVCache, QuantizedKVCache)) or layer.keys is None:
@@ -358,9 +358,6 @@ def parse_entry(
         CorruptFile: saying why the bytes are unusable.
     """
     from mlx_lm.models.cache import load_prompt_cache
-
-    # Registers the batch's per-row classes, which load_prompt_cache looks up by name.
-    import caches.batch_kv  # noqa: F401
 
     if hashlib.sha256(data).hexdigest() != name_checksum(name):
         raise CorruptFile("checksum mismatch (torn, truncated or altered)")

@@ -180,7 +180,7 @@ def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
         return logits.at[:, ids].add(values.astype(logits.dtype))
 
     # The history is ignored: several positions' (n, V) logits may go in one call
-    # (`batch_speculation.position_free`).
+    # (`seam.speculation.position_free`).
     logit_bias.position_free = True  # type: ignore[attr-defined]  # a function attribute
     return logit_bias
 

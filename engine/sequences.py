@@ -2,12 +2,11 @@
 
 A `Runner` holds sequences of one kind and decodes one token for each per `step`:
 
-- `BatchRunner`: mlx-lm's `BatchGenerator`, the continuous batch (newcomers join between
+- `BatchRunner`: the continuous batch, `seam.batch.DecodeBatch` (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-  With ``speculative:ngram`` or a draft model its decode half is
-  `decoding.batch_speculation`'s `SpeculativeBatch` (per-row drafts verified for all
-  rows in one pass).
-  Its rows' caches are `caches.batch_kv`'s quantized (``kv_bits``) or rotating-with-
+  With ``speculative:ngram`` or a draft model it is `seam.speculation`'s
+  `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
+  Its rows' caches are `seam.rows`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
 - `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
@@ -22,28 +21,24 @@ its batch kinds is the model).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import (
-    BatchGenerator,
-    StopSequences,
-    generate_step,
-    speculative_generate_step,
-)
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from caches.batch_kv import as_rows, row_cache
-from decoding.batch_speculation import DraftedModel, LeanBatch, SpeculativeBatch
-from decoding.ngram_spec import NgramStats, ngram_generate_step
+from decoding.ngram_spec import NgramStats
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
 from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup
+from seam.batch import DecodeBatch
+from seam.rows import row_cache
+from seam.speculation import DraftedModel, SpeculativeBatch
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ def stops_at_eos(params: GenerationParams) -> bool:
 
 def row_kind(loaded: LoadedModel) -> str:
     """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
-    ``max_kv_size``), "own" (`caches.batch_kv`'s quantized or rotating rows), or
+    ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
     "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
     quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
     sequence's whole cache once it holds that many tokens, one representation per
@@ -89,7 +84,7 @@ def row_kind(loaded: LoadedModel) -> str:
 
 
 def _rows(loaded: LoadedModel, keep: int) -> list:
-    """One sequence's empty `caches.batch_kv` rows (target layers, then the draft's)."""
+    """One sequence's empty `seam.rows` rows (target layers, then the draft's)."""
     p = loaded.params
     if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
         keep = min(keep or 4, p.max_kv_size - 1)
@@ -122,8 +117,9 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 
 class BatchRunner:
-    """The continuous batch of one loaded model (mlx-lm's `BatchGenerator`), speculating
-    per row with n-gram drafts (``speculative:ngram``) or a draft model's."""
+    """The continuous batch of one loaded model (`seam.batch.DecodeBatch`), speculating
+    per row with n-gram drafts (``speculative:ngram``) or a draft model's
+    (`seam.speculation.SpeculativeBatch`)."""
 
     def proposed(self, job: Job) -> int:
         """Draft tokens ``job`` sent to verification."""
@@ -133,59 +129,51 @@ class BatchRunner:
         self.loaded = loaded
         self.checkpoints = ckpt
         self.drafts = loaded.params.speculative == "ngram" or loaded.draft is not None
-        # uid -> (most draft tokens per step, stats) of rows not yet decoding.
-        self._drafting: dict[int, tuple[int, NgramStats]] = {}
         self._eos_ids = eos_ids
-        self._eos_stops = StopSequences([(t,) for t in sorted(eos_ids)])
         self.row_kind = row_kind(loaded)  # decided once per load
         self._own_rows = self.row_kind == "own"
         self._uids: set[int] = set()
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
-        self._gen: BatchGenerator | None = None
-        self.reset()
+        self._batch = self._new_batch()
 
     def reset(self) -> None:
-        """A fresh, empty batch (after a failed step, or at start)."""
-        if self._gen is not None:
-            self._gen.close()
+        """A fresh, empty batch (after a failed step)."""
+        self._batch.close()
+        self._batch = self._new_batch()
+        self._forget_all()
+
+    def _new_batch(self) -> DecodeBatch:
         p = self.loaded.params
         model = self.loaded.model
         if self.loaded.draft is not None:
             model = DraftedModel(model, self.loaded.draft, p.max_kv_size)
-        self._gen = BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(self._eos_ids)],
-            completion_batch_size=p.max_batch_size,
-            prefill_batch_size=p.max_batch_size,
+        common: dict[str, Any] = dict(
+            eos=sorted(self._eos_ids),
+            max_rows=p.max_batch_size,
             prefill_step_size=p.prefill_step_size,
             max_kv_size=p.max_kv_size,
+            own_layers=self._own_rows,
         )
         if self.drafts:  # distributed ranks must take the same steps: no timing there
-            self._steps = SpeculativeBatch.install(
-                self._gen, self._drafting, p.ngram_size, timed=self.checkpoints.single_process
+            return SpeculativeBatch(
+                model, ngram_max=p.ngram_size, timed=self.checkpoints.single_process, **common
             )
-        else:
-            self._steps = LeanBatch.install(self._gen)
-        self._forget_all()
+        return DecodeBatch(model, **common)
 
     def close(self) -> None:
-        if self._gen is not None:
-            self._gen.close()
-        self._gen = None
+        """Drop every row (and its KV)."""
+        self._batch.remove(list(self._uids))
+        self._batch.close()
         self._forget_all()
 
     def _forget_all(self) -> None:
-        self._drafting.clear()
-        self._steps.wants_logprobs.clear()
         self._uids.clear()
         self._decoding.clear()
         self._prefilled.clear()
 
     def _forget(self, uid: int) -> None:
-        self._drafting.pop(uid, None)
-        self._steps.wants_logprobs.discard(uid)
         self._uids.discard(uid)
         self._decoding.discard(uid)
         self._prefilled.pop(uid, None)
@@ -197,7 +185,7 @@ class BatchRunner:
     @property
     def nbytes(self) -> int:
         """KV bytes of the running batch."""
-        return self._gen.prompt_cache_nbytes if self._uids and self._gen is not None else 0
+        return self._batch.nbytes if self._uids else 0
 
     def holds(self, params: GenerationParams) -> bool:
         """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
@@ -208,9 +196,9 @@ class BatchRunner:
         return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
-        """A new sequence's empty KV cache for this batch: `caches.batch_kv`'s quantized
-        rows (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
-        mlx-lm's 4 when 0), the draft model's after the target's; None: mlx-lm's own."""
+        """A new sequence's empty KV cache for this batch: `seam.rows`'s quantized rows
+        (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
+        mlx-lm's 4 when 0), the draft model's after the target's; None: the model's own."""
         return _rows(self.loaded, params.keep) if self._own_rows else None
 
     def start(
@@ -223,36 +211,38 @@ class BatchRunner:
         diverges: int,
     ) -> int:
         kv = lookup.kv
-        if self._own_rows:  # a stored entry may be of mlx-lm's classes (an older run)
-            kv = as_rows(kv) if kv is not None else self.row_cache(job.params)
+        if self._own_rows and kv is None:
+            kv = self.row_cache(job.params)
         segments = [lookup.rest]
         # Checkpoints: the model's batch cache needs them, or this row's own layers do (a
         # rotating row cannot be trimmed once past its window).
         p = self.loaded.params
         takes = self.checkpoints.batched or (
-            self._own_rows
+            kv is not None
+            and self._own_rows
             and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
         )
         if takes and job.params.cache_write:
             job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
             segments = split(ids, lookup.cached_tokens, job.snapshots)
-        # Segments: mlx-lm's batch prefill stops exactly at each boundary (one chunk of at
-        # most prefill_step_size tokens per step, interleaved with decoding).
-        (uid,) = self._gen.insert_segments(
-            [segments],
-            max_tokens=[job.max_tokens],
-            caches=[kv] if kv is not None else None,
-            all_tokens=[ids[: lookup.cached_tokens]],
-            samplers=[sampler],
-            logits_processors=[processors],
-            stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
-        )
-        if job.params.logprobs:
-            self._steps.wants_logprobs.add(uid)
+        draft = None
         if self.drafts:
             job.spec_stats = NgramStats()
             width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
-            self._drafting[uid] = (width, job.spec_stats)
+            draft = (width, job.spec_stats)
+        # Segments: the batch's prefill stops exactly at each boundary (one chunk of at
+        # most prefill_step_size tokens per step, interleaved with decoding).
+        uid = self._batch.insert(
+            segments,
+            max_tokens=job.max_tokens,
+            cache=kv,
+            tokens=ids[: lookup.cached_tokens],
+            sampler=sampler,
+            processors=processors,
+            stops=stops_at_eos(job.params),
+            logprobs=bool(job.params.logprobs),
+            draft=draft,
+        )
         self._uids.add(uid)
         return uid
 
@@ -262,17 +252,16 @@ class BatchRunner:
         """Add a sequence prefilled elsewhere (an image prompt, `engine.vision`): ``kv``
         holds ``tokens``; the batch decodes from ``last``, the prompt's last token.
         Returns its uid."""
-        (uid,) = self._gen.insert(
+        uid = self._batch.insert(
             [[last]],
-            max_tokens=[job.max_tokens],
-            caches=[kv],
-            all_tokens=[list(tokens)],
-            samplers=[sampler],
-            logits_processors=[processors],
-            stop_sequences=[self._eos_stops if stops_at_eos(job.params) else StopSequences(None)],
+            max_tokens=job.max_tokens,
+            cache=kv,
+            tokens=tokens,
+            sampler=sampler,
+            processors=processors,
+            stops=stops_at_eos(job.params),
+            logprobs=bool(job.params.logprobs),
         )
-        if job.params.logprobs:
-            self._steps.wants_logprobs.add(uid)
         self._uids.add(uid)
         return uid
 
@@ -282,12 +271,12 @@ class BatchRunner:
         if not self._uids:
             return []
         decoding = bool(self._decoding)
-        # The budget's chunk for this step; BatchGenerator reads it on every step.
-        self._gen.prefill_step_size = self.budget.chunk(
+        # The budget's chunk for this step; the batch reads it on every step.
+        self._batch.prefill_step_size = self.budget.chunk(
             len(self._uids) - len(self._decoding), decoding
         )
         start = time.perf_counter()
-        prompt_responses, responses = self._gen.next()
+        prompt_responses, responses = self._batch.next()
         prefilled = 0
         for r in prompt_responses:
             done = r.progress[0]
@@ -302,15 +291,14 @@ class BatchRunner:
             if r.end_of_segment and not r.end_of_prompt and r.uid in jobs and jobs[r.uid].snapshots
         ]
         if boundaries:
-            self.checkpoints.store_extracted(self._gen.extract_cache(boundaries), jobs)
+            self.checkpoints.store_extracted(self._batch.extract_cache(boundaries), jobs)
         out = []
-        for r in responses:
+        for g in responses:
             kv = None
-            if r.finish_reason:
-                kv = (r.prompt_cache, r.all_tokens)
-                self._forget(r.uid)
-            drafted = getattr(r, "drafted", False)
-            out.append(Token(r.uid, r.token, r.logprobs, r.finish_reason, kv, drafted))
+            if g.finish_reason:
+                kv = (g.prompt_cache, g.all_tokens)
+                self._forget(g.uid)
+            out.append(Token(g.uid, g.token, g.logprobs, g.finish_reason, kv, g.drafted))
         return out
 
     def mirror_step(self) -> dict[int, tuple]:
@@ -318,7 +306,7 @@ class BatchRunner:
         of the rows the batch ended itself."""
         if not self._uids:
             return {}
-        _, responses = self._gen.next()
+        _, responses = self._batch.next()
         finished = {}
         for r in responses:
             if r.finish_reason is not None:
@@ -331,19 +319,19 @@ class BatchRunner:
         if job.uid not in self._uids:
             return None
         self._forget(job.uid)
-        return self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
+        return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
 
     def drop(self, job: Job) -> None:
         """Take ``job``'s row out, discarding its KV."""
         if job.uid in self._uids:
             self._forget(job.uid)
-            self._gen.remove([job.uid])
+            self._batch.remove([job.uid])
 
 
 class SoloRun:
     """A sequence decoded outside the batch: its step generator, KV cache and token ids."""
 
-    def __init__(self, steps: Iterator, kv: list, tokens: list[int]) -> None:
+    def __init__(self, steps: Generator[Any, None, None], kv: list, tokens: list[int]) -> None:
         self.steps = steps
         self.kv = kv
         self.tokens = tokens  # prompt + generated ids; the KV holds exactly these at the end
@@ -370,12 +358,13 @@ class SoloRun:
 
 
 class SoloRunner:
-    """Sequences decoded one by one with mlx-lm's `generate_step`, its speculative step
-    with a draft model, or n-gram speculation (`decoding.ngram_spec`).
+    """Sequences decoded one by one with mlx-lm's `generate_step`, or its speculative step
+    with a draft model (n-gram speculation is the batch's only: a solo request of a
+    ``speculative:ngram`` load decodes plainly).
 
     mlx-lm's server runs such requests one at a time; here each is a generator stepped
     once per engine iteration, interleaved with the batch. Uids are negative, apart from
-    `BatchGenerator`'s.
+    the batch's.
     """
 
     def __init__(self, loaded: LoadedModel, eos_ids: frozenset[int], ckpt: Checkpoints) -> None:
@@ -384,14 +373,13 @@ class SoloRunner:
         self._eos_ids = eos_ids
         self.runs: dict[int, SoloRun] = {}
         self._last_uid = 0
-        p = loaded.params
-        self.drafts = loaded.draft is not None or p.speculative == "ngram"
+        self.drafts = loaded.draft is not None
 
     def proposed(self, job: Job) -> int:
-        """Draft tokens ``job`` sent to verification: exact for n-gram speculation; for a
-        draft model (mlx-lm does not count them) an upper bound, NDraft per target token."""
-        if job.spec_stats is not None:
-            return job.spec_stats.drafted
+        """Draft tokens ``job`` sent to verification: for a draft model (mlx-lm does not
+        count them) an upper bound, NDraft per target token; 0 without one."""
+        if not self.drafts:
+            return 0
         n = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
         return (job.tokens - job.drafted) * n
 
@@ -399,6 +387,20 @@ class SoloRunner:
         for run in self.runs.values():
             run.steps.close()
         self.runs.clear()
+
+    def holds(self, params: GenerationParams) -> bool:
+        """Every request can decode solo."""
+        return True
+
+    def adopt(
+        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+    ) -> int:
+        """Sequences prefilled elsewhere (image prompts) join the batch only.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError("prefilled sequences are adopted by the BatchRunner")
 
     close = reset
 
@@ -439,20 +441,10 @@ class SoloRunner:
             quantized_kv_start=p.quantized_kv_start,
         )
         drafts = params.num_draft_tokens or p.num_draft_tokens
+        steps: Generator[Any, None, None]
         if loaded.draft is not None:
             steps = speculative_generate_step(
                 prompt, loaded.model, loaded.draft, num_draft_tokens=drafts, **common
-            )
-        elif p.speculative == "ngram":
-            job.spec_stats = NgramStats()
-            steps = ngram_generate_step(
-                prompt,
-                loaded.model,
-                num_draft_tokens=drafts,
-                ngram_max=p.ngram_size,
-                context_tokens=ids[:done],
-                stats=job.spec_stats,
-                **common,
             )
         else:
             steps = generate_step(prompt, loaded.model, **common)
@@ -494,10 +486,10 @@ class SoloRunner:
         return {}
 
     def release(self, job: Job) -> tuple | None:
-        run = self.runs.pop(job.uid, None)
+        run = self.runs.pop(job.uid, None) if job.uid is not None else None
         return run.finish() if run is not None else None
 
     def drop(self, job: Job) -> None:
-        run = self.runs.pop(job.uid, None)
+        run = self.runs.pop(job.uid, None) if job.uid is not None else None
         if run is not None:
             run.steps.close()

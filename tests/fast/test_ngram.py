@@ -1,13 +1,13 @@
 """ngram_spec without a model: the n-gram index (longest, then most recent match) and the
-options' checks. Speculation against plain decoding on real models: tests/model/test_ngram.py.
+drafting gate's checks of its options. Speculation against plain decoding on real models:
+tests/model/test_ngram.py.
 """
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 
-from decoding.ngram_spec import NgramIndex, ngram_generate_step
+from decoding.ngram_spec import DraftGate, NgramIndex
 
 # ---- the index --------------------------------------------------------------------
 
@@ -37,12 +37,12 @@ def test_index_continues_a_period_and_respects_ngram_min():
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        (dict(num_draft_tokens=-1), "num_draft_tokens"),
+        (dict(width=-1), "num_draft_tokens"),
         (dict(ngram_min=0), "ngram_min"),
         (dict(ngram_max=1, ngram_min=2), "ngram_size"),
     ],
 )
 def test_bad_options_name_the_option(options, field):
-    steps = ngram_generate_step(mx.array([1, 2]), object(), **options)
+    kwargs = dict(width=3, ngram_max=3, tokens=[1, 2]) | options
     with pytest.raises(ValueError, match=field):
-        next(steps)
+        DraftGate(**kwargs)

@@ -107,16 +107,18 @@ def test_quantized_tiny_family_and_the_solo_fallback(srv, model_root):
 
 
 def test_logprobs_beside_rows_that_skip_them(srv):
-    """Greedy rows without logprobs skip the log-softmax (`LeanBatch`); a row that asks for
-    logprobs in the same batch still gets them, equal to its alone reply."""
+    """Greedy rows without logprobs skip the log-softmax (`seam.batch.DecodeBatch`'s lean
+    step); a row that asks for logprobs in the same batch (all three rows at once, no
+    solo sequence) still gets them, equal to its alone reply."""
     _load(srv, GGUF)
     req = greedy(REPEAT, tokens=8, Logprobs=2)
     alone = srv.stub.Predict(req)
     assert alone.logprobs
-    with ThreadPoolExecutor(3) as pool:
+    with Rows(srv) as rows, ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(srv.stub.Predict, r) for r in (greedy(OTHERS[0], tokens=24), req)]
         futures.append(pool.submit(srv.stub.Predict, greedy(OTHERS[1], tokens=24)))
         replies = [f.result() for f in futures]
+    assert rows.batch == 3 and rows.solo == 0, (rows.batch, rows.solo)
     assert replies[1].message == alone.message
     # The same tokens and log-probabilities (a batch's matmuls round differently).
     got, want = json.loads(replies[1].logprobs), json.loads(alone.logprobs)

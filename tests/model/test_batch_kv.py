@@ -1,5 +1,6 @@
-"""Quantized KV (kv_bits) and rotating KV with keep (NKeep) inside mlx-lm's BatchGenerator
-(caches/batch_kv.py) give the same greedy tokens as mlx-lm's solo ``generate_step``.
+"""Quantized KV (kv_bits) and rotating KV with keep (NKeep) inside the continuous batch
+(`seam.batch.DecodeBatch` with `seam.quantized_kv`'s and `seam.rotating_kv`'s batch
+layers, `seam.rows`) give the same greedy tokens as mlx-lm's solo ``generate_step``.
 
 Models: the embedded SmolLM2-135M (``smol``: 30 layers, 3 KV heads of 64, GQA) and the
 tiny random-weight llama of tests/tiny_models.py (2 layers, 1 KV head of 32, so group
@@ -20,7 +21,7 @@ import random
 import mlx.core as mx
 import pytest
 import tiny_models
-from mlx_lm.generate import BatchGenerator, generate_step
+from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import (
     BatchKVCache,
     KVCache,
@@ -31,16 +32,12 @@ from mlx_lm.models.cache import (
 from mlx_lm.utils import _get_classes
 
 from caches import prompt_disk_format as fmt
-from caches.batch_kv import (
-    BatchKeepRotatingKVCache,
-    BatchQuantizedKVCache,
-    RowQuantizedKVCache,
-    RowRotatingKVCache,
-    as_rows,
-    row_cache,
-)
 from loading import model_loader
 from prompt_cache import PromptCache
+from seam.batch import DecodeBatch
+from seam.quantized_kv import BatchQuantizedKVCache
+from seam.rotating_kv import BatchKeepRotatingKVCache
+from seam.rows import merge_layer, row_cache
 
 MAX, KEEP = 48, 4  # tiny llama's rotating cache
 GROUP = 32  # tiny llama's head dim
@@ -70,15 +67,15 @@ def solo(model, prompt, n, kv, step=2048) -> list[int]:
 
 
 class Batch:
-    """A BatchGenerator with greedy rows; ``out[uid]``: the tokens each row yielded."""
+    """A DecodeBatch with greedy rows; ``out[uid]``: the tokens each row yielded."""
 
     def __init__(self, model, step: int = 2048) -> None:
-        self.gen = BatchGenerator(model, max_tokens=1, prefill_step_size=step)
+        self.gen = DecodeBatch(model, prefill_step_size=step, own_layers=True)
         self.out: dict[int, list[int]] = {}
         self.kv_widths: list[int] = []  # tail + sink columns of layer 0 while decoding
 
     def add(self, prompt, n, kv, tokens=None) -> int:
-        (uid,) = self.gen.insert([prompt], [n], caches=[kv], all_tokens=[tokens or []])
+        uid = self.gen.insert([prompt], max_tokens=n, cache=kv, tokens=tokens or [])
         self.out[uid] = []
         return uid
 
@@ -87,7 +84,7 @@ class Batch:
         prompts, responses = self.gen.next()
         for r in responses:
             self.out[r.uid].append(r.token)
-        layers = self.gen._generation_batch.prompt_cache  # mlx-lm has no public read
+        layers = self.gen._cache  # the decoding rows' batch layers
         if layers and isinstance(layers[0], BatchKeepRotatingKVCache):
             self.kv_widths.append(layers[0].keys.shape[2])
         return bool(prompts or responses)
@@ -233,7 +230,7 @@ def test_keep_rows_joining_with_their_own_keep(tiny):
     uids = [b.add(prompts[0], 40, row_cache(tiny, max_kv_size=MAX, keep=keeps[0]))]
     for _ in range(5):
         b.step()
-    uids.append(b.add(prompts[1], 40, [RowRotatingKVCache(MAX, 0) for _ in range(n)]))
+    uids.append(b.add(prompts[1], 40, [RotatingKVCache(MAX, 0) for _ in range(n)]))
     for _ in range(25):
         b.step()
     uids.append(b.add(prompts[2], 40, row_cache(tiny, max_kv_size=MAX, keep=keeps[2])))
@@ -268,7 +265,7 @@ def test_keep_batch_attends_to_what_solo_caches_attend_to(seed):
     M = rnd.choice([3, 5, 8, 13])
     keeps = [rnd.randrange(M) for _ in range(3)]
     solos = [RotatingKVCache(M, k) for k in keeps]
-    batch = BatchKeepRotatingKVCache.merge([RowRotatingKVCache(M, k) for k in keeps])
+    batch = BatchKeepRotatingKVCache.merge([RotatingKVCache(M, k) for k in keeps])
     held = [0] * 3  # tokens fed per row
     names = [0, 1, 2]  # id namespace per row
     for _ in range(30):
@@ -318,7 +315,7 @@ def test_keep_batch_attends_to_what_solo_caches_attend_to(seed):
             solos, held, names = ([x[i] for i in rest] for x in (solos, held, names))
         elif event < 0.35:  # a row joins
             k = rnd.randrange(M)
-            batch.extend(BatchKeepRotatingKVCache.merge([RowRotatingKVCache(M, k)]))
+            batch.extend(BatchKeepRotatingKVCache.merge([RotatingKVCache(M, k)]))
             solos.append(RotatingKVCache(M, k))
             held.append(0)
             names.append(max(names) + 1)
@@ -347,11 +344,11 @@ def test_extract_store_trim_disk_merge_continues_identically(tiny, kind):
     exactly as solo decoding; the third row never leaves and is not disturbed."""
     n = len(tiny.layers)
     if kind == "quantized":
-        cls = RowQuantizedKVCache
+        cls = QuantizedKVCache
         row = lambda: row_cache(tiny, kv_bits=4, kv_group_size=GROUP)  # noqa: E731
         ref_kv = lambda: [QuantizedKVCache(GROUP, 4) for _ in range(n)]  # noqa: E731
     else:
-        cls = RowRotatingKVCache
+        cls = RotatingKVCache
         row = lambda: row_cache(tiny, max_kv_size=MAX, keep=KEEP)  # noqa: E731
         ref_kv = lambda: [RotatingKVCache(MAX, KEEP) for _ in range(n)]  # noqa: E731
     prompts = [TINY_PROMPTS[1], _ids(23, 7), TINY_PROMPTS[2]]  # 61 + 12 > 48 > 23 + 12
@@ -390,7 +387,7 @@ def test_extract_store_trim_disk_merge_continues_identically(tiny, kind):
         assert out[uid] == expected
 
 
-def test_rows_made_outside_the_batch_merge_after_as_rows(tiny):
+def test_rows_made_outside_the_batch_merge(tiny):
     """A prompt prefilled by the model alone into mlx-lm's own QuantizedKVCache or
     RotatingKVCache(keep) continues in a batch (beside a row of the same kind) exactly
     as generate_step decodes it."""
@@ -409,11 +406,9 @@ def test_rows_made_outside_the_batch_merge_after_as_rows(tiny):
         ref = solo(tiny, prompt, 20, make())
         kv = make()
         tiny(mx.array([prompt[:-1]]), cache=kv)  # generate_step's prefill, one chunk
-        rows = as_rows(kv)
-        assert type(rows[0]) in (RowQuantizedKVCache, RowRotatingKVCache)
         b = Batch(tiny)
         b.add(TINY_PROMPTS[0], 20, companion())
-        uid = b.add(prompt[-1:], 20, rows, prompt[:-1])
+        uid = b.add(prompt[-1:], 20, kv, prompt[:-1])
         assert b.run()[uid] == ref
 
 
@@ -428,28 +423,30 @@ def test_nbytes_of_quantized_rows_and_batches(tiny):
             kv = (
                 [KVCache() for _ in range(n)]
                 if bits is None
-                else [RowQuantizedKVCache(GROUP, bits) for _ in range(n)]
+                else [QuantizedKVCache(GROUP, bits) for _ in range(n)]
             )
             tiny(mx.array([p]), cache=kv)
             per_prompt.append(kv)
         rows[bits] = per_prompt
     merged = {
         bits: sum(
-            type(kv[0][layer]).merge([kv[j][layer] for j in range(3)]).nbytes for layer in range(n)
+            merge_layer([kv[j][layer] for j in range(3)], own=True).nbytes for layer in range(n)
         )
         for bits, kv in rows.items()
     }
-    assert isinstance(rows[4][0][0].merge([r[0] for r in rows[4]]), BatchQuantizedKVCache)
-    assert isinstance(rows[None][0][0].merge([r[0] for r in rows[None]]), BatchKVCache)
+    assert isinstance(merge_layer([r[0] for r in rows[4]], own=True), BatchQuantizedKVCache)
+    assert isinstance(merge_layer([r[0] for r in rows[None]], own=True), BatchKVCache)
     # Per token, head and K or V, float32: 32 dims * 4 B = 128 B unquantized; 32 * bits / 8
     # B of codes plus one group's float32 scale and bias (8 B) quantized.
     cells = n * 2 * 3 * 1 * max(len(p) for p in prompts)  # layers, K/V, rows, heads, width
     assert merged == {None: cells * 128, 4: cells * (16 + 8), 8: cells * (32 + 8)}
     assert merged[4] < merged[8] < merged[None]
-    # An empty row counts 0 bytes (BatchGenerator sums its waiting rows).
-    gen = BatchGenerator(tiny)
-    gen.insert([prompts[0]], [2], caches=[row_cache(tiny, kv_bits=4, kv_group_size=GROUP)])
-    assert gen.prompt_cache_nbytes == 0
+    # An empty row counts 0 bytes (the batch sums its waiting rows).
+    gen = DecodeBatch(tiny, own_layers=True)
+    gen.insert([prompts[0]], max_tokens=2, cache=row_cache(tiny, kv_bits=4, kv_group_size=GROUP))
+    assert gen.nbytes == 0
+    gen.next()  # prefilled: now it counts
+    assert gen.nbytes > 0
     gen.close()
 
 
@@ -465,11 +462,11 @@ def test_row_cache_choices_and_refusals(tiny):
     assert [type(c) for c in plain] == [type(c) for c in make_prompt_cache(tiny)]
     assert [type(c) for c in row_cache(tiny, max_kv_size=MAX)] == [KVCache] * n
     q = row_cache(tiny, kv_bits=4, kv_group_size=GROUP)
-    assert [(type(c), c.bits, c.group_size) for c in q] == [(RowQuantizedKVCache, 4, GROUP)] * n
+    assert [(type(c), c.bits, c.group_size) for c in q] == [(QuantizedKVCache, 4, GROUP)] * n
     r = row_cache(tiny, max_kv_size=MAX, keep=KEEP)
-    assert [(type(c), c.max_size, c.keep) for c in r] == [(RowRotatingKVCache, MAX, KEEP)] * n
-    assert isinstance(q[0].merge([q[0], q[0]]), BatchQuantizedKVCache)
-    assert isinstance(r[0].merge([r[0], r[0]]), BatchKeepRotatingKVCache)
+    assert [(type(c), c.max_size, c.keep) for c in r] == [(RotatingKVCache, MAX, KEEP)] * n
+    assert isinstance(merge_layer([q[0], q[0]], own=True), BatchQuantizedKVCache)
+    assert isinstance(merge_layer([r[0], r[0]], own=True), BatchKeepRotatingKVCache)
     for kwargs, words in [
         ({"kv_bits": 7}, "kv_bits must be one of"),
         ({"kv_bits": 4, "kv_group_size": 16}, "kv_group_size must be one of"),
@@ -489,16 +486,15 @@ def test_row_cache_choices_and_refusals(tiny):
         for kwargs in ({"kv_bits": 4}, {"max_kv_size": MAX, "keep": KEEP}):
             with pytest.raises(ValueError, match=layer):
                 row_cache(other, **kwargs)
-        assert row_cache(other)  # plain rows: what BatchGenerator makes itself
+        assert row_cache(other)  # plain rows: what the batch makes itself
 
 
 def test_disk_entry_of_a_quantized_row_holds_only_its_tokens(tiny):
-    """compact() cuts a RowQuantizedKVCache's step-padded buffer to its tokens, as it does
-    for mlx-lm's QuantizedKVCache (a subclass once failed its exact-type check)."""
-    kv = [RowQuantizedKVCache(GROUP, 4) for _ in range(len(tiny.layers))]
+    """compact() cuts a quantized row's step-padded buffer to its tokens."""
+    kv = [QuantizedKVCache(GROUP, 4) for _ in range(len(tiny.layers))]
     tiny(mx.array([TINY_PROMPTS[0]]), cache=kv)
     assert kv[0].keys[0].shape[2] == 256  # mlx-lm's growth step
     small = fmt.compact(kv[0])
     assert small.keys[0].shape[2] == small.offset == len(TINY_PROMPTS[0])
     back = _through_disk(kv, TINY_PROMPTS[0])
-    assert type(back[0]) is RowQuantizedKVCache and back[0].keys[0].shape[2] == 30
+    assert type(back[0]) is QuantizedKVCache and back[0].keys[0].shape[2] == 30

@@ -1,7 +1,7 @@
 """N-gram (prompt lookup) speculation inside the batch matches plain decoding exactly.
 
-`decoding.batch_speculation.SpeculativeBatch` installed in mlx-lm's own `BatchGenerator`
-against the same generator without it. Real models: the embedded SmolLM2-135M (greedy
+`seam.speculation.SpeculativeBatch` against plain decoding by mlx-lm's own
+`BatchGenerator`. Real models: the embedded SmolLM2-135M (greedy
 identity alone and in batches mixed with rows that do not draft, KV bookkeeping, stops
 and max_tokens inside accepted drafts, rows joining and leaving, hole compaction, seeded
 sampling, processors' histories), tiny random-weight models of other cache families, and
@@ -20,15 +20,17 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 import tiny_models
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache
 
 import backend_pb2 as pb
-from decoding import batch_speculation, sampling
-from decoding.batch_speculation import DraftedModel, SpeculativeBatch
+from decoding import sampling
 from decoding.ngram_spec import NgramStats
 from loading.model_loader import load_model
 from params import generation_params
+from seam import holes as seam_holes
+from seam import speculation
+from seam.speculation import DraftedModel, SpeculativeBatch
 
 PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = PLANETS_LINE * 4 + "Mercury, Venus,"
@@ -38,52 +40,68 @@ N = 20  # tokens per sequence where a test compares with `reference` (shared, co
 
 
 class Run:
-    """One BatchGenerator over ``model``, speculative (``width`` > 0) or plain."""
+    """Speculative decoding (``width`` > 0: a `SpeculativeBatch` over ``model``) or the
+    reference, plain decoding (``width`` 0: mlx-lm's own `BatchGenerator`)."""
 
-    def __init__(self, model, width: int = 8, timed: bool = False, ngram_max: int = 3):
-        self.gen = BatchGenerator(model, completion_batch_size=32, prefill_batch_size=32)
-        self.drafting: dict = {}
+    def __init__(self, model, width: int = 8, timed: bool = False, ngram_max: int = 3, eos=()):
         self.width = width
-        self.batch = (
-            SpeculativeBatch.install(self.gen, self.drafting, ngram_max, timed) if width else None
-        )
+        if width:
+            self.gen = SpeculativeBatch(
+                model, eos=eos, max_rows=32, ngram_max=ngram_max, timed=timed
+            )
+        else:
+            self.gen = BatchGenerator(
+                model,
+                completion_batch_size=32,
+                prefill_batch_size=32,
+                stop_tokens=[[t] for t in eos] or None,
+            )
         self.out: dict[int, list[int]] = {}
         self.drafted: dict[int, list[bool]] = {}
         self.stats: dict[int, NgramStats] = {}
         self.finished: dict[int, tuple] = {}
+        self.removed: set[int] = set()
 
-    def add(
-        self, ids, n, *, draft=True, sampler=None, processors=None, stop=None, kv=None, ctx=None
-    ):
-        (uid,) = self.gen.insert(
-            [ids],
-            max_tokens=[n],
-            caches=[kv] if kv is not None else None,
-            all_tokens=[ctx] if ctx is not None else None,
-            samplers=[sampler] if sampler is not None else None,
-            logits_processors=[processors] if processors else None,
-            stop_sequences=[StopSequences(stop)] if stop else None,
-        )
+    def add(self, ids, n, *, draft=True, sampler=None, processors=None, kv=None, ctx=None):
+        if self.width:
+            stats = NgramStats() if draft else None
+            uid = self.gen.insert(
+                [ids],
+                max_tokens=n,
+                cache=kv,
+                tokens=ctx or [],
+                sampler=sampler,
+                processors=processors,
+                draft=(self.width, stats) if draft else None,
+            )
+            if draft:
+                self.stats[uid] = stats
+        else:
+            (uid,) = self.gen.insert(
+                [ids],
+                max_tokens=[n],
+                caches=[kv] if kv is not None else None,
+                all_tokens=[ctx] if ctx is not None else None,
+                samplers=[sampler] if sampler is not None else None,
+                logits_processors=[processors] if processors else None,
+            )
         self.out[uid], self.drafted[uid] = [], []
-        if self.width and draft:
-            self.stats[uid] = NgramStats()
-            self.drafting[uid] = (self.width, self.stats[uid])
         return uid
 
+    def remove(self, uid: int) -> tuple:
+        """Take ``uid`` out: (its KV, its tokens)."""
+        self.removed.add(uid)
+        return self.gen.remove([uid], return_prompt_caches=True)[uid]
+
     def step(self) -> bool:
-        """One generator step; False once nothing is left."""
+        """One batch step; False once every row has finished or left."""
         _, responses = self.gen.next()
         for r in responses:
             self.out[r.uid].append(r.token)
             self.drafted[r.uid].append(getattr(r, "drafted", False))
             if r.finish_reason is not None:
                 self.finished[r.uid] = (r.finish_reason, r.prompt_cache, r.all_tokens)
-        return bool(
-            responses
-            or self.gen._generation_batch.uids
-            or self.gen._prompt_batch.uids
-            or self.gen._unprocessed_sequences
-        )
+        return bool(set(self.out) - set(self.finished) - self.removed)
 
     def all(self) -> dict[int, list[int]]:
         while self.step():
@@ -101,11 +119,12 @@ _REFERENCES: dict = {}
 def reference(model, ids, n, **kw) -> list[int]:
     """Plain decoding of ``ids`` alone: mlx-lm's BatchGenerator, no speculation (greedy
     results kept per module run, as they do not change)."""
-    key = (id(model), tuple(ids), n, repr(kw.get("stop")))
-    memo = not (kw.keys() - {"stop"})
+    eos = kw.pop("eos", ())
+    key = (id(model), tuple(ids), n, tuple(eos))
+    memo = not kw
     if memo and key in _REFERENCES:
         return _REFERENCES[key]
-    run = Run(model, width=0)
+    run = Run(model, width=0, eos=eos)
     uid = run.add(ids, n, **kw)
     out = run.all()[uid]
     if memo:
@@ -156,7 +175,7 @@ def test_timed_choice_keeps_the_output(smol):
         generation_params(pb.PredictOptions()), ignore_eos=True, logit_bias={11: -1.5}
     )
     biased = sampling.make_logits_processors(params, tok)
-    assert all(batch_speculation.position_free(p) for p in biased)
+    assert all(speculation.position_free(p) for p in biased)
     run = Run(model, timed=True)
     a, b = run.add(ids_of(tok, PLANETS), n), run.add(ids_of(tok, NO_REPEAT), n)
     c = run.add(ids_of(tok, PLANETS), n, processors=biased)
@@ -186,11 +205,11 @@ def test_max_tokens_and_stops_inside_accepted_drafts(smol):
     run.all()
     assert run.drafted[uid][-1] is True
     # A stop token inside an accepted draft ends the row there, KV trimmed to it.
-    run = Run(model, width=8)
-    uid = run.add(ids + full[:3], 40, stop=[(newline,)])
+    run = Run(model, width=8, eos=[newline])
+    uid = run.add(ids + full[:3], 40)
     out = run.all()[uid]
     assert out[-1] == newline and newline not in out[:-1]
-    expected = reference(model, ids + full[:3], 40, stop=[(newline,)])
+    expected = reference(model, ids + full[:3], 40, eos=[newline])
     assert out == expected
     reason, kv, tokens = run.finished[uid]
     assert reason == "stop" and all(c.offset == len(tokens) for c in kv)
@@ -207,7 +226,7 @@ def test_a_row_leaving_mid_verify_hands_over_exactly_its_tokens(smol):
     while not (any(run.drafted[uid]) and len(run.out[uid]) >= 5):
         run.step()
     seen = list(run.out[uid])
-    kv, tokens = run.gen.remove([uid], return_prompt_caches=True)[uid]
+    kv, tokens = run.remove(uid)
     assert all(c.offset == len(tokens) for c in kv)
     assert tokens[: len(ids)] == ids
     full = reference(model, ids, len(seen) + 4)
@@ -230,14 +249,14 @@ def test_rows_joining_a_batch_with_holes_and_compaction(smol, monkeypatch):
     expected = [reference(model, t, n) for t in texts]
     for compact in (False, True):
         if compact:  # compact after every verify step that left a hole
-            monkeypatch.setattr(batch_speculation, "MIN_HOLES", 0)
-            monkeypatch.setattr(batch_speculation, "HOLE_FRACTION", 10**9)
+            monkeypatch.setattr(seam_holes, "MIN_HOLES", 0)
+            monkeypatch.setattr(seam_holes, "HOLE_FRACTION", 10**9)
         run = Run(model)
         uids = [run.add(t, n) for t in texts[:2]]
         holes = None
         for _ in range(12):
             run.step()
-            for layer in run.gen._generation_batch.prompt_cache[:1]:
+            for layer in run.gen._cache[:1]:  # the decoding rows' batch layers
                 holes = holes or (layer.holes if any(layer.holes or ()) else None)
         uids.append(run.add(texts[2], n))  # joins a batch with holes
         for _ in range(5):

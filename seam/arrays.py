@@ -1,0 +1,25 @@
+"""Host reads of small MLX arrays, typed (``mx.array.tolist`` is typed as any nesting)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import mlx.core as mx
+
+#: mlx-lm private members used here: none.
+PRIVATE: tuple = ()
+
+
+def ints(a: mx.array) -> list[int]:
+    """A 1-d integer array's values."""
+    return cast(list[int], a.tolist())
+
+
+def nested(a: mx.array) -> list[Any]:
+    """A 2-d (or deeper) array's values, as nested lists."""
+    return cast(list[Any], a.tolist())
+
+
+def scalar(a: mx.array) -> int:
+    """A one-element integer array's value."""
+    return int(cast(int, a.item()))

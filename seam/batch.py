@@ -1,0 +1,477 @@
+"""The continuous batch: our own small class over mlx-lm's public model and cache API.
+
+`DecodeBatch` holds every sequence the engine decodes together. A sequence joins with
+its prompt as segments (prefill stops exactly at each segment's end, so that the caller
+can snapshot the KV there), an optional KV it starts from and the tokens that KV holds;
+it waits, is prefilled in chunks of at most ``prefill_step_size`` tokens (one chunk per
+`next`, interleaved with decoding; the caller may change the size between steps), then
+decodes one token per `next` until EOS (when it stops at EOS) or ``max_tokens``. Rows join
+and leave between steps.
+
+The steps are mlx-lm's `BatchGenerator`'s (0.32) in the same order, so greedy tokens are
+the same: decoding first, then waiting rows enter the prefill group; a row whose prompt
+is down to its last token leaves the prefill group with one forward pass of that token
+(its first token is queued), then joins the decoding rows; then one chunk for each row
+still prefilling (a ragged chunk right-padded, ``prepare``/``finalize``). Decoding is
+pipelined as mlx-lm's: the next step is queued before this one's tokens are read, so a
+sequence's KV always holds the token it just returned.
+
+Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are private in
+all but name (subclassing them meant re-implementing their private ``_step`` and reading
+their private counters, renamed on mlx-lm's main), and this project needs what they lack:
+a log-softmax only when a row reads it, rows of the batched quantized and keep-rotating
+caches (`seam.rows`), and a step that speculation replaces (`seam.speculation`).
+
+Runs on the engine's MLX thread, like every MLX call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
+
+from decoding.sampling import GREEDY
+from seam.arrays import ints
+from seam.rows import merge_rows
+
+#: mlx-lm private members used here: none.
+PRIVATE: tuple = ()
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A prefill chunk of row ``uid`` ran (or its prompt ended): ``progress`` (prompt tokens
+    fed so far, all of them); ``end_of_segment``: the chunk ended a segment;
+    ``end_of_prompt``: the row now decodes."""
+
+    uid: int
+    progress: tuple[int, int]
+    end_of_segment: bool
+    end_of_prompt: bool
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One decoded token of row ``uid``; ``logprobs`` (V,) or None when no row of its step
+    read them. On the last one, ``finish_reason`` ("stop", "length"), ``prompt_cache`` the
+    row's KV and ``all_tokens`` the tokens it holds. ``drafted``: an accepted draft."""
+
+    uid: int
+    token: int
+    logprobs: mx.array | None
+    finish_reason: str | None = None
+    prompt_cache: list | None = None
+    all_tokens: list[int] | None = None
+    drafted: bool = False
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence of the batch."""
+
+    uid: int
+    segments: list[list[int]]  # prompt left to feed; the last segment is the last token
+    cache: list  # its own layers until it enters the prefill group (then [])
+    tokens: list[int]  # the tokens its KV holds
+    max_tokens: int
+    sampler: Sampler
+    processors: tuple
+    stops: bool  # EOS ends it
+    logprobs: bool  # its logprobs are read
+    total: int  # prompt tokens to feed
+    draft: tuple | None = None  # (most draft tokens per step, stats): `seam.speculation`
+    done: int = 0  # prompt tokens fed
+    emitted: int = 0  # tokens returned
+    context: Any = None  # TokenBuffer of its history, for its logits processors
+    gate: Any = None  # its `DraftGate` while it drafts
+
+
+def _nbytes(layer: Any) -> int:
+    # An empty QuantizedKVCache's nbytes fails in mlx-lm 0.32.
+    return 0 if getattr(layer, "keys", 0) is None else layer.nbytes
+
+
+def _extend(a: list, b: list) -> list:
+    if not a:
+        return b
+    if not b:
+        return a
+    for x, y in zip(a, b, strict=True):
+        x.extend(y)
+    return a
+
+
+class DecodeBatch:
+    """The continuous batch of one model (module doc).
+
+    Args:
+        model: called as ``model(tokens (B, L), cache=layers)`` -> logits (B, L, V).
+        eos: token ids that end a row that stops at EOS.
+        max_rows: most rows decoding, and most prefilling, at once.
+        prefill_step_size: most prompt tokens per row per step (may change between steps).
+        max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
+        own_layers: rows' quantized and rotating layers merge into `seam.rows`'s batch
+            classes (``kv_bits``, NKeep), not mlx-lm's.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        eos: Sequence[int] = (),
+        max_rows: int = 32,
+        prefill_step_size: int = 2048,
+        max_kv_size: int | None = None,
+        own_layers: bool = False,
+    ) -> None:
+        self.model = model
+        self.eos = frozenset(eos)
+        self.max_rows = max_rows
+        self.prefill_step_size = prefill_step_size
+        self.max_kv_size = max_kv_size
+        self.own_layers = own_layers
+        self._uid = 0
+        self._waiting: deque[Row] = deque()
+        self._prefilling: list[Row] = []
+        self._pcache: list = []
+        self._rows: list[Row] = []  # decoding, in the order of the cache's rows
+        self._cache: list = []
+        self._next_tokens: Any = None  # (B,) mx.array queued, not yet read; None: no row
+        self._next_logprobs: list = []
+        self._steps = 0
+        self._old_wired: int | None = None
+        limit = mx.device_info().get("max_recommended_working_set_size")
+        if limit is not None:  # Metal: keep the weights wired (as mlx-lm's BatchGenerator)
+            self._old_wired = mx.set_wired_limit(int(limit))
+
+    def close(self) -> None:
+        if self._old_wired is not None:
+            mx.synchronize(generation_stream)
+            mx.set_wired_limit(self._old_wired)
+            self._old_wired = None
+
+    # -- rows joining and leaving ------------------------------------------------------
+    def insert(
+        self,
+        segments: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        cache: list | None = None,
+        tokens: Sequence[int] = (),
+        sampler: Sampler | None = None,
+        processors: Sequence[Any] | None = (),
+        stops: bool = True,
+        logprobs: bool = False,
+        draft: tuple | None = None,
+    ) -> int:
+        """Add a sequence: its prompt ``segments`` (prefill stops at each one's end),
+        ``cache`` holding ``tokens`` (None: an empty cache of the model's), up to
+        ``max_tokens`` tokens sampled with ``sampler`` (None: greedy) after
+        ``processors``; ``stops``: EOS ends it; ``logprobs``: its logprobs are read;
+        ``draft``: (most draft tokens per step, `NgramStats`) for `seam.speculation`.
+        Returns its uid.
+
+        Raises:
+            ValueError: an empty prompt, or ``max_tokens`` <= 0.
+        """
+        uid = self._uid
+        segs = [list(s) for s in segments if len(s)]
+        if not segs:
+            raise ValueError(f"Sequence {uid} has an empty prompt.")
+        if max_tokens <= 0:
+            raise ValueError(f"Sequence {uid}'s max_tokens must be > 0.")
+        if len(segs[-1]) != 1:  # the last token is fed by the first decode step
+            segs.append(segs[-1][-1:])
+            segs[-2] = segs[-2][:-1]
+        if cache is None:
+            cache = make_prompt_cache(self.model, self.max_kv_size)
+        row = Row(
+            uid,
+            segs,
+            cache,
+            list(tokens),
+            max_tokens,
+            sampler or GREEDY,
+            tuple(processors or ()),
+            stops,
+            logprobs,
+            sum(len(s) for s in segs),
+            draft,
+        )
+        self._uid += 1
+        self._waiting.append(row)
+        return uid
+
+    def _find(self, uids: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """uid -> (stage, index): 0 waiting, 1 prefilling, 2 decoding."""
+        want, out = set(uids), {}
+        for stage, rows in enumerate((self._waiting, self._prefilling, self._rows)):
+            for i, row in enumerate(rows):
+                if row.uid in want:
+                    out[row.uid] = (stage, i)
+        return out
+
+    def extract_cache(self, uids: Sequence[int]) -> dict[int, tuple[list, list[int]]]:
+        """uid -> (a copy of its KV, the tokens it holds) for each of ``uids`` present."""
+        out = {}
+        for uid, (stage, i) in self._find(uids).items():
+            if stage == 0:
+                row = self._waiting[i]
+                out[uid] = (row.cache, row.tokens)
+            elif stage == 1:
+                out[uid] = ([c.extract(i) for c in self._pcache], self._prefilling[i].tokens)
+            else:
+                out[uid] = (self.extract_row(i), self._rows[i].tokens)
+        return out
+
+    def extract_row(self, i: int) -> list:
+        """Decoding row ``i``'s KV, its own copy."""
+        return [c.extract(i) for c in self._cache]
+
+    def remove(self, uids: Sequence[int], return_prompt_caches: bool = False) -> dict:
+        """Take ``uids`` out; with ``return_prompt_caches`` {uid: (kv, tokens)}."""
+        out = self.extract_cache(uids) if return_prompt_caches else {}
+        found = self._find(uids)
+        gone = [{i for s, i in found.values() if s == stage} for stage in range(3)]
+        if gone[0]:
+            self._waiting = deque(r for i, r in enumerate(self._waiting) if i not in gone[0])
+        if gone[1]:
+            keep = [i for i in range(len(self._prefilling)) if i not in gone[1]]
+            self._prefilling = [self._prefilling[i] for i in keep]
+            self._filter_layers(self._pcache, keep)
+        if gone[2]:
+            self._filter([i for i in range(len(self._rows)) if i not in gone[2]])
+        return out
+
+    @staticmethod
+    def _filter_layers(cache: list, keep: list[int]) -> None:
+        if not keep:
+            cache.clear()
+        else:
+            for c in cache:
+                c.filter(keep)
+
+    def _filter(self, keep: list[int]) -> None:
+        """Keep only decoding rows ``keep`` (indices, in order)."""
+        self._rows = [self._rows[i] for i in keep]
+        self._filter_layers(self._cache, keep)
+        self._next_tokens = self._next_tokens[keep] if keep else None
+        self._next_logprobs = [self._next_logprobs[i] for i in keep]
+
+    def _joined(self, rows: list[Row]) -> None:
+        """Hook: ``rows`` were just appended to the decoding rows (and the cache)."""
+
+    @property
+    def rows(self) -> int:
+        return len(self._waiting) + len(self._prefilling) + len(self._rows)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every row's KV."""
+        total = sum(_nbytes(c) for r in self._waiting for c in r.cache)
+        return total + sum(_nbytes(c) for c in (*self._pcache, *self._cache))
+
+    # -- stepping ----------------------------------------------------------------------
+    def next(self) -> tuple[list[Prefilled], list[Generated]]:
+        """One step: a token for every decoding row, then a prefill chunk for each row
+        still prefilling (module doc)."""
+        with mx.stream(generation_stream):
+            return self._next()
+
+    def _next(self) -> tuple[list[Prefilled], list[Generated]]:
+        generated: list[Generated] = []
+        if self._rows:
+            generated = self._decode()
+            self._steps += 1
+            if self._steps % 512 == 0:
+                mx.clear_cache()
+        prefilled: list[Prefilled] = []
+        if len(self._rows) >= self.max_rows:
+            return prefilled, generated
+        n = min(
+            self.max_rows - len(self._prefilling),
+            self.max_rows - len(self._rows),
+            len(self._waiting),
+        )
+        if n > 0:
+            rows = [self._waiting.popleft() for _ in range(n)]
+            cache = merge_rows([r.cache for r in rows], self.own_layers)
+            for r in rows:
+                r.cache = []
+            self._prefilling.extend(rows)
+            self._pcache = _extend(self._pcache, cache)
+        ready = [
+            i
+            for i, r in enumerate(self._prefilling)
+            if len(r.segments) == 1 and len(r.segments[0]) == 1
+        ]
+        if ready:
+            keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
+            rows = [self._prefilling[i] for i in ready]
+            cache = copy.deepcopy(self._pcache) if keep else self._pcache
+            self._filter_layers(cache, ready)
+            self._prefilling = [self._prefilling[i] for i in keep]
+            if keep:
+                self._filter_layers(self._pcache, keep)
+            else:
+                self._pcache = []
+            prefilled += [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
+            self._start(rows, cache)
+        chunks = []
+        for r in self._prefilling:
+            seg = r.segments[0]
+            chunk, r.segments[0] = seg[: self.prefill_step_size], seg[self.prefill_step_size :]
+            end = not r.segments[0]
+            if end:
+                r.segments.pop(0)
+            r.done += len(chunk)
+            chunks.append(chunk)
+            prefilled.append(Prefilled(r.uid, (r.done, r.total), end, False))
+        self._prefill(chunks)
+        return prefilled, generated
+
+    def _prefill(self, chunks: list[list[int]]) -> None:
+        """Feed each prefilling row its chunk (right-padded when they differ in length)."""
+        if not chunks:
+            return
+        for r, chunk in zip(self._prefilling, chunks, strict=True):
+            r.tokens += chunk
+        lengths = [len(c) for c in chunks]
+        longest = max(lengths)
+        padding = [longest - n for n in lengths]
+        ragged = max(padding) > 0
+        if ragged:
+            inputs = mx.array([c + [0] * (longest - len(c)) for c in chunks])
+            for c in self._pcache:
+                c.prepare(lengths=lengths, right_padding=padding)
+        else:
+            inputs = mx.array(chunks)
+        while inputs.shape[1] > 0:
+            n = min(self.prefill_step_size, inputs.shape[1])
+            self.model(inputs[:, :n], cache=self._pcache)
+            mx.eval([c.state for c in self._pcache])
+            mx.clear_cache()
+            inputs = inputs[:, n:]
+        if ragged:
+            for c in self._pcache:
+                c.finalize()
+            mx.eval([c.state for c in self._pcache])
+            mx.clear_cache()
+
+    def _start(self, rows: list[Row], cache: list) -> None:
+        """``rows`` (KV ``cache``) leave prefill: their last prompt token's forward pass is
+        queued on its own, then they join the decoding rows."""
+        last = [r.segments[0][0] for r in rows]
+        for r in rows:
+            r.segments = []
+            if r.processors:
+                r.context = TokenBuffer(r.tokens)
+        inputs = mx.array(last)
+        sampled, logprobs = self._forward(rows, cache, inputs)
+        mx.eval(inputs)
+        for r, t in zip(rows, last, strict=True):
+            r.tokens.append(t)
+        self._rows += rows
+        self._cache = _extend(self._cache, cache)
+        if self._next_tokens is None:
+            self._next_tokens, self._next_logprobs = sampled, logprobs
+        else:
+            self._next_tokens = mx.concatenate([self._next_tokens, sampled])
+            self._next_logprobs += logprobs
+        self._joined(rows)
+
+    @staticmethod
+    def _lean(rows: Sequence[Row]) -> bool:
+        """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
+        without processors, its logprobs unread (then the token is the logits' argmax:
+        the log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
+        return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
+
+    def _forward(self, rows: list[Row], cache: list, inputs: mx.array) -> tuple[mx.array, list]:
+        """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs per row, None
+        each when the step is lean), evaluation started."""
+        logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
+        if self._lean(rows):
+            sampled = mx.argmax(logits, axis=-1)
+            mx.async_eval(sampled)
+            return sampled, [None] * len(rows)
+        contexts = []
+        if any(r.processors for r in rows):
+            processed = []
+            for e, r in enumerate(rows):
+                row = logits[e : e + 1]
+                if r.processors:
+                    context = r.context.update_and_fetch(inputs[e : e + 1])
+                    contexts.append(context)
+                    for processor in r.processors:
+                        row = processor(context, row)
+                processed.append(row)
+            logits = mx.concatenate(processed, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [r.sampler for r in rows]
+        if all(s is samplers[0] for s in samplers):  # one batched call
+            sampled = samplers[0](logprobs)
+        else:
+            sampled = mx.concatenate(
+                [s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0
+            )
+        per_row = list(logprobs)
+        mx.async_eval(sampled, per_row, contexts)
+        return sampled, per_row
+
+    def _plain_step(self) -> tuple[list[int], list]:
+        """Read the queued tokens of the decoding rows, after queuing the next step."""
+        current, current_lp = self._next_tokens, self._next_logprobs
+        self._next_tokens, self._next_logprobs = self._forward(self._rows, self._cache, current)
+        mx.eval(current, [x for x in current_lp if x is not None])
+        tokens = ints(current)
+        for r, t in zip(self._rows, tokens, strict=True):
+            r.tokens.append(t)
+        return tokens, current_lp
+
+    def _decode(self) -> list[Generated]:
+        """One token for every decoding row (`seam.speculation` may return several)."""
+        tokens, logprobs = self._plain_step()
+        return self._respond([[(t, lp, False)] for t, lp in zip(tokens, logprobs, strict=True)])
+
+    def _respond(self, emitted: list[list[tuple[int, Any, bool]]]) -> list[Generated]:
+        """Responses for each decoding row's ``emitted`` (token, logprobs, drafted), in
+        order; a row that ends at ``max_tokens`` or EOS leaves, its KV trimmed to the token
+        it ended on (its later emitted tokens, accepted drafts, are dropped)."""
+        out, keep = [], []
+        for i, toks in enumerate(emitted):
+            row, finish = self._rows[i], None
+            for n, (token, lp, drafted) in enumerate(toks):
+                row.emitted += 1
+                if row.emitted >= row.max_tokens:
+                    finish = "length"
+                if row.stops and token in self.eos:
+                    finish = "stop"
+                if finish is None:
+                    out.append(Generated(row.uid, token, lp, drafted=drafted))
+                    continue
+                extra = len(toks) - 1 - n
+                cache, tokens = self.extract_row(i), row.tokens
+                if extra:
+                    for c in cache:
+                        c.trim(extra)
+                    tokens = tokens[:-extra]
+                out.append(Generated(row.uid, token, lp, finish, cache, tokens, drafted))
+                break
+            if finish is None:
+                keep.append(i)
+        if len(keep) < len(self._rows):
+            self._filter(keep)
+        return out
