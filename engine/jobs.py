@@ -106,6 +106,7 @@ class Job:
         self.spec_stats: Any = None  # ngram_spec.NgramStats of an n-gram speculative run
         self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
         self.vision: Any = None  # engine.vision_prompt.VisionPrompt of an image request
+        self.processors: list = []  # its logits processors (a grammar's reports a failure)
         self.done = False  # the final event was sent; set once, under _done_lock
         self._done_lock = threading.Lock()
 

@@ -104,3 +104,37 @@ def test_a_fifo_named_like_a_disk_entry_is_a_miss_and_freezes_nothing(server, mo
     assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
     # Served as a miss: the directory holds the FIFO, untouched, and the new entries.
     assert fifo.exists()
+
+
+# -- a grammar that fails in the middle of a generation ----------------------------------
+# 30 ambiguous rules side by side: llguidance's Earley row grows by ~60 items per "x", so
+# the grammar passes validation (its first 8 bytes) and fails near 31 bytes of output
+# ("Current row has 2011 items; max is 2000").
+EXPLODING = (
+    "root ::= "
+    + " | ".join(f"a{k}" for k in range(30))
+    + "\n"
+    + "\n".join(f'a{k} ::= a{k} a{k} | "x"' for k in range(30))
+)
+
+
+def test_a_grammar_failing_mid_generation_ends_the_request_with_an_error(server):
+    stub = server.stub
+    solo = stream_text(stub, INNOCENT, CALL_TIMEOUT)[0]
+    hostile = greedy("Say x:", 120, IgnoreEOS=True, Grammar=EXPLODING)
+    with Beside(stub) as innocent:
+        with pytest.raises(grpc.RpcError) as whole:
+            stub.Predict(hostile, timeout=CALL_TIMEOUT)
+        streamed = []
+        with pytest.raises(grpc.RpcError) as stream:
+            for reply in stub.PredictStream(hostile, timeout=CALL_TIMEOUT):
+                streamed.append(reply.message.decode("utf-8"))
+    assert innocent.error == "" and innocent.text == solo
+    for err in (whole.value, stream.value):
+        details = err.details() or ""
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), details)
+        assert "PredictOptions.Grammar" in details and "max is 2000" in details, details
+        assert "\n" not in details and "<state>" not in details and len(details) < 600
+    # What was streamed before the failure is x's only (a prefix the grammar accepted).
+    assert set("".join(streamed)) <= {"x"}
+    assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
