@@ -1,12 +1,14 @@
 """Hostile files and inputs (issue 32, item 7), over real gRPC to the real engine in this
 process (``inprocess.InProcessServer``) with a tiny random-weight model, each with an
 innocent stream running beside it that must end OK with its solo text: a FIFO named like
-a prompt-cache disk entry.
+a prompt-cache disk entry, a grammar failing in the middle of a generation, and a model
+directory whose config.json disagrees with its weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import threading
@@ -138,3 +140,32 @@ def test_a_grammar_failing_mid_generation_ends_the_request_with_an_error(server)
     # What was streamed before the failure is x's only (a prefix the grammar accepted).
     assert set("".join(streamed)) <= {"x"}
     assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
+
+
+# -- a config.json that disagrees with the weights ---------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "needles"),
+    [
+        ("num_hidden_layers", 40000, ("num_hidden_layers 40000", "hold 2 layers")),
+        ("hidden_size", 128, ("hidden_size 128", "64")),
+    ],
+)
+def test_a_config_disagreeing_with_its_weights_fails_the_load_short(
+    server, models, tmp_path, key, value, needles
+):
+    stub = server.stub
+    solo = stream_text(stub, INNOCENT, CALL_TIMEOUT)[0]
+    bad = tmp_path / "bad"
+    shutil.copytree(models / "llama", bad)
+    config = json.loads((bad / "config.json").read_text())
+    config[key] = value
+    (bad / "config.json").write_text(json.dumps(config))
+    with Beside(stub) as innocent:
+        res = stub.LoadModel(backend_pb2.ModelOptions(Model=str(bad)), timeout=CALL_TIMEOUT)
+    assert not res.success
+    assert len(res.message) < 500, (len(res.message), res.message[:300])
+    for needle in needles:
+        assert needle in res.message, res.message
+    # The model already loaded serves on, unharmed.
+    assert innocent.error == "" and innocent.text == solo
+    assert stream_text(stub, INNOCENT, CALL_TIMEOUT)[0] == solo
