@@ -60,9 +60,28 @@ class ModelLoadError(BackendError):
     """A model could not be resolved or loaded; the message says why and what to change.
 
     LoadModel answers it as ``Result(success=false, message=...)``, as LocalAI expects.
+    The message is capped at ``MAX_LOAD_ERROR_CHARS`` (its start and end kept): a
+    loader's error can list every parameter of a model (millions of characters).
     """
 
     status = "FAILED_PRECONDITION"
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(shorten(str(message), MAX_LOAD_ERROR_CHARS))
+
+
+MAX_LOAD_ERROR_CHARS = 1500  # longest ModelLoadError message, in the reply and the log
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text``, or when longer than ``limit`` characters its start and end around a
+    note of how much was cut (at most ``limit`` characters in all)."""
+    if len(text) <= limit:
+        return text
+    note = f" ... [{len(text)} characters, cut] ... "
+    head = (limit - len(note)) * 3 // 4
+    tail = limit - len(note) - head
+    return text[:head] + note[: limit - head - tail] + (text[-tail:] if tail > 0 else "")
 
 
 def as_backend_error(exc: BaseException) -> BackendError:

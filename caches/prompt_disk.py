@@ -215,6 +215,10 @@ class _Index:
         try:
             st = path.lstat()
             head = fmt.read_header(path)
+        except fmt.NotRegularFile:
+            # Not one of ours (we write regular files only): skipped, never deleted.
+            logger.warning("prompt disk cache: skipping %s: not a regular file", path)
+            return
         except OSError as exc:
             logger.warning("prompt disk cache: cannot read %s: %s", path, exc)
             return
@@ -564,9 +568,11 @@ class DiskCache:
     versions are never used but stay, counted in the budget, until LRU evicts them.
 
     Only files named by this module inside ``directory`` are ever created, opened or
-    deleted; symlinks are not followed. I/O failures never raise: they are logged and
-    counted, and a full disk or unwritable directory stops writing (logged once) while
-    lookups go on.
+    deleted; symlinks are not followed; only regular files are read, opened without
+    blocking (a FIFO, directory or device named like an entry is skipped with a warning,
+    never read or deleted, so it cannot freeze the engine thread). I/O failures never
+    raise: they are logged and counted, and a full disk or unwritable directory stops
+    writing (logged once) while lookups go on.
 
     Args:
         directory: the cache directory (created unless ``read_only``); use
@@ -676,6 +682,10 @@ class DiskCache:
         try:
             data = fmt.read_file(path)
         except FileNotFoundError:  # evicted meanwhile, or removed by hand
+            self._index.forget(entry.name)
+            return None
+        except fmt.NotRegularFile:  # replaced by a FIFO, a directory...: never read
+            logger.warning("prompt disk cache: skipping %s: not a regular file", path)
             self._index.forget(entry.name)
             return None
         except OSError as exc:

@@ -16,11 +16,13 @@ Functions that write or check the format version take it as ``version``: the cal
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CorruptFile",
     "Header",
+    "NotRegularFile",
     "compact",
     "entry_key",
     "file_name",
@@ -63,12 +66,20 @@ _TOKENIZER_FILES = (
 )
 _EDGE = 1 << 20  # bytes hashed at each end of a weight file
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# Opening a FIFO for reading without O_NONBLOCK waits for a writer: forever, on the
+# engine thread. With it, open returns at once and fstat tells what the file is.
+_READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class CorruptFile(ValueError):
     """An entry file that cannot be used: torn, truncated, altered or mislabelled.
 
     ``str(exc)`` says why, in words fit for a log line."""
+
+
+class NotRegularFile(OSError):
+    """A path named like an entry that is not a regular file (a FIFO, a directory, a
+    device, a socket): never read. This cache only ever creates regular files."""
 
 
 @dataclass(frozen=True)
@@ -308,14 +319,14 @@ def _parse_tokens(text: str) -> tuple[int, ...]:
 
 def read_header(path: Path) -> Header:
     """The :class:`Header` of the entry file at ``path`` (no tensor data is read;
-    a symlink is not followed).
+    a symlink is not followed; only a regular file is read, see :func:`read_file`).
 
     Raises:
         ValueError: for a malformed header or metadata.
+        NotRegularFile: for a FIFO, directory, device or socket.
         OSError: when the file cannot be read.
     """
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
+    with _open_regular(path) as f:
         head = f.read(8)
         if len(head) != 8:
             raise ValueError("shorter than a safetensors header")
@@ -340,10 +351,31 @@ def read_header(path: Path) -> Header:
         raise ValueError(str(exc)) from exc
 
 
+def _open_regular(path: Path) -> io.BufferedReader:
+    """``path`` opened for reading without blocking and without following a symlink,
+    checked to be a regular file on the open descriptor (no race with a swap).
+
+    Raises:
+        NotRegularFile: for a FIFO, directory, device or socket.
+        OSError: when it cannot be opened (a symlink: ELOOP).
+    """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        # A regular file's reads never wait on O_NONBLOCK; clear it all the same.
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_file(path: Path) -> bytes:
-    """All bytes of the file at ``path``, not following a symlink. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
+    """All bytes of the regular file at ``path``, opened without blocking and not
+    following a symlink. Raises NotRegularFile (an OSError) or OSError."""
+    with _open_regular(path) as f:
         return f.read()
 
 

@@ -392,6 +392,13 @@ class ConstraintProcessor:
     banned every one of them).
     Ids beyond the tokenizer's vocabulary (padded embedding rows) are always banned.
 
+    A matcher that fails after the start (one of llguidance's limits met while parsing,
+    e.g. "Current row has 2011 items; max is 2000", or a token it rejects) never raises
+    here, which would end every sequence of the batch: `failure` then says why, in one
+    line naming the request field, and only EOS is allowed from then on. The engine
+    checks `failure` after every step and ends the request with that error, never with
+    a "successful" reply that breaks its constraint.
+
     Not thread-safe; one instance per sequence (build it with `make_constraint_processor`).
     """
 
@@ -403,7 +410,8 @@ class ConstraintProcessor:
         self._eos = mx.array(eos_ids, dtype=mx.int32) if eos_ids else None
         self._seen: int | None = None
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-        self._failed = False
+        self._consumed = 0  # generated tokens the matcher accepted
+        self.failure: str | None = None  # why the matcher failed after the start
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         flat = tokens.reshape(-1)
@@ -419,32 +427,39 @@ class ConstraintProcessor:
                 f"token context shrank from {self._seen} to {length}: "
                 "a ConstraintProcessor serves exactly one sequence"
             )
-        if self._eos is not None and self._matcher.is_stopped():
-            # Keep the model's preference among the EOS ids; if an earlier processor
-            # banned them all (ignore_eos), the finished grammar wins: all at logit 0.
-            eos = logits[:, self._eos]
-            eos = mx.where(mx.all(eos == -mx.inf), mx.zeros_like(eos), eos)
-            only_eos = mx.full(logits.shape, -mx.inf, dtype=logits.dtype)
-            only_eos[:, self._eos] = eos
-            return only_eos
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        return apply_bitmask(logits, self._bits)
+        if self.failure is None and not self._matcher.is_stopped():
+            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            if self._matcher.is_error():
+                self._fail("the next mask")
+        if self.failure is None and not self._matcher.is_stopped():
+            return apply_bitmask(logits, self._bits)
+        if self._eos is None:
+            return logits
+        # Keep the model's preference among the EOS ids; if an earlier processor banned
+        # them all (ignore_eos), the finished (or failed) grammar wins: all at logit 0.
+        eos = logits[:, self._eos]
+        eos = mx.where(mx.all(eos == -mx.inf), mx.zeros_like(eos), eos)
+        only_eos = mx.full(logits.shape, -mx.inf, dtype=logits.dtype)
+        only_eos[:, self._eos] = eos
+        return only_eos
 
     def _consume(self, new_tokens: list[int]) -> None:
-        if self._failed:
-            return
         for token in new_tokens:
-            if not self._matcher.consume_token(token):
-                # Only reachable if a token outside the mask was sampled (e.g. all logits
-                # -inf); the matcher then allows EOS only, ending the sequence.
-                self._failed = True
-                logger.warning(
-                    "%s: token %d rejected by the grammar, ending the sequence: %s",
-                    self._field,
-                    token,
-                    (self._matcher.get_error() or "no detail").splitlines()[0],
-                )
+            if self.failure is not None or self._matcher.is_stopped():
+                return  # after the end (EOS, pipelined steps): nothing left to check
+            if not self._matcher.consume_token(token) or self._matcher.is_error():
+                self._fail(f"token {token}")
                 return
+            self._consumed += 1
+
+    def _fail(self, at: str) -> None:
+        """Record why the matcher failed (`failure`), once, with a warning."""
+        reason = clean_error(self._matcher.get_error() or f"{at} was rejected")
+        self.failure = (
+            f"{self._field}: llguidance failed after {self._consumed} generated tokens: "
+            f"{reason}; no reply is given, as the output would break the constraint"
+        )
+        logger.warning("%s", self.failure)
 
 
 def apply_bitmask(logits: mx.array, bits: np.ndarray) -> mx.array:
@@ -459,6 +474,14 @@ def apply_bitmask(logits: mx.array, bits: np.ndarray) -> mx.array:
     if allowed.shape[0] < vocab:
         allowed = np.pad(allowed, (0, vocab - allowed.shape[0]))
     return mx.where(mx.array(allowed.astype(np.bool_)), logits, -mx.inf)
+
+
+def failure_of(processors: list) -> str | None:
+    """The `failure` of the `ConstraintProcessor` among `processors`, if it failed."""
+    for p in processors:
+        if isinstance(p, ConstraintProcessor) and p.failure is not None:
+            return p.failure
+    return None
 
 
 def make_constraint_processor(constraint: Constraint, tokenizer: Any) -> LogitsProcessor:

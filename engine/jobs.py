@@ -151,6 +151,7 @@ class Job:
         self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
         self.vision = vision
         self.disk_hit = False  # its prompt came from the prompt cache's disk tier
+        self.processors: list = []  # its logits processors (a grammar's reports a failure)
         self.done = False  # the final event was sent; set once, under _done_lock
         self._done_lock = threading.Lock()
 

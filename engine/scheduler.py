@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
-from decoding import sampling
+from decoding import grammar, sampling
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
 from engine import fit
@@ -37,6 +37,7 @@ from engine.vision import VisionRunner, cache_tokens
 from errors import (
     BackendError,
     Cancelled,
+    InvalidArgument,
     ResourceExhausted,
     Unavailable,
     as_backend_error,
@@ -318,6 +319,7 @@ class Scheduler:
             runner = self._batch if self._batch.holds(params) else self._solo
         job.runner = runner
         job.uid = runner.start(job, ids, lookup, sampler, processors, diverges)
+        job.processors = processors  # a grammar failing mid-generation: see _on_token
         self.active[job.uid] = job
         self.group.joined(job, ids)
 
@@ -351,6 +353,10 @@ class Scheduler:
             return
         if t.error is not None:  # this sequence alone failed (e.g. its vision tower)
             self.retire(job, "error", error=t.error)
+            return
+        failure = grammar.failure_of(job.processors)
+        if failure is not None:  # its grammar failed: no reply that breaks it
+            self.retire(job, "error", error=InvalidArgument(failure))
             return
         if t.token is None:  # the generator ended without a token
             self.retire(job, t.finish or "length")

@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import site
 import stat
 import sys
@@ -297,6 +298,7 @@ def load_model(
     tok_config = dict(tokenizer_config or {})
     tok_config["trust_remote_code"] = trust_remote_code
     is_vision = vision_options is not None and vision.vision_config(directory) is not None
+    check_config_against_weights(directory)
     if is_vision and not vision_off:
         loaded_model, tokenizer = vision.load(
             directory,
@@ -353,6 +355,85 @@ _MLX_LM_ADAPTER = (
     f"an mlx-lm adapter directory ({ADAPTER_CONFIG} + {ADAPTER_WEIGHTS}, as written by "
     "`mlx_lm.lora --train`)"
 )
+
+
+_LAYER_NAME = re.compile(r"^(.*?)layers\.(\d+)\.")
+
+
+def _weight_headers(directory: Path) -> dict[str, tuple[list[int], str]] | None:
+    """{tensor name: (shape, dtype)} of every ``*.safetensors`` file in ``directory``,
+    read from the files' headers (no tensor data); None when a header does not parse
+    (mlx-lm then reports the file in its own words)."""
+    from safetensors import safe_open
+
+    found: dict[str, tuple[list[int], str]] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        if not path.is_file():
+            continue
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                    part = f.get_slice(name)
+                    found[name] = (list(part.get_shape()), str(part.get_dtype()))
+        except Exception:  # safetensors raises its own SafetensorError, OSError...
+            return None
+    return found
+
+
+def check_config_against_weights(directory: Path) -> None:
+    """Refuse, before any layer is built, a model directory whose ``config.json`` asks
+    for more layers, or another hidden size, than its safetensors weights hold.
+
+    mlx-lm builds the whole model from the config first and compares it with the
+    weights only then: a ``num_hidden_layers`` of 40000 beside a 30-layer file costs
+    ~40 s and 3.5 GB before an error listing every missing parameter (15 million
+    characters). Here only the files' headers are read. Checked: the config's
+    ``num_hidden_layers`` (or its ``text_config``'s) against the layers numbered in
+    the weights (``...layers.<i>.``; a config with fewer layers than the weights is
+    left to mlx-lm, which drops extra layers some models ship, e.g. MTP heads), and
+    ``hidden_size`` against an unquantized ``model.embed_tokens.weight``. Nothing is
+    checked where either side is missing or unreadable. Raises ``ModelLoadError`` saying what
+    disagrees.
+    """
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # mlx-lm reports a missing or malformed config in its own words
+    if not isinstance(config, dict):
+        return
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
+    weights = _weight_headers(directory)
+    if not weights:
+        return
+    layers = config.get("num_hidden_layers", text.get("num_hidden_layers"))
+    counts: dict[str, int] = {}
+    for name in weights:
+        m = _LAYER_NAME.match(name)
+        if m:
+            counts[m.group(1)] = max(counts.get(m.group(1), 0), int(m.group(2)) + 1)
+    held = max(counts.values(), default=0)
+    if isinstance(layers, int) and not isinstance(layers, bool) and held and layers > held:
+        raise ModelLoadError(
+            f"{directory / 'config.json'} says num_hidden_layers {layers}, the weights "
+            f"hold {held} layers: the config does not belong to these weights; restore "
+            "the model's own config.json."
+        )
+    hidden = config.get("hidden_size", text.get("hidden_size"))
+    embed = weights.get("model.embed_tokens.weight")
+    if (
+        isinstance(hidden, int)
+        and not isinstance(hidden, bool)
+        and embed is not None
+        and len(embed[0]) == 2
+        and embed[1] not in ("U32", "uint32")  # quantized: packed columns
+        and embed[0][1] != hidden
+    ):
+        raise ModelLoadError(
+            f"{directory / 'config.json'} says hidden_size {hidden}, the weights' "
+            f"model.embed_tokens.weight is {embed[0][1]} wide: the config does not "
+            "belong to these weights; restore the model's own config.json."
+        )
 
 
 def resolve_adapter(adapter: str, model_path: str = "") -> Path:

@@ -137,3 +137,80 @@ def test_unloadable_mlx_dir_is_a_model_load_error(tmp_path: Path) -> None:
         ModelLoadError, match=rf"cannot load mlx_dir model 'weird' from {directory}"
     ):
         load_model(str(directory))
+
+
+# --------------------------------------------------------------------------- config vs weights
+def _weights_dir(path: Path, config: dict, layers: int = 3, hidden: int = 8, **extra) -> Path:
+    """A directory of ``config`` and a safetensors file of ``layers`` llama-style layers
+    of width ``hidden`` (plus ``extra`` tensors by name)."""
+    import mlx.core as mx
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = {"model.embed_tokens.weight": mx.zeros((16, hidden)), **extra}
+    for i in range(layers):
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = mx.zeros((hidden,))
+    mx.save_safetensors(str(path / "model.safetensors"), tensors)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"num_hidden_layers": 40000}, "says num_hidden_layers 40000, the weights hold 3 layers"),
+        ({"num_hidden_layers": 4}, "num_hidden_layers 4, the weights hold 3 layers"),
+        ({"text_config": {"num_hidden_layers": 9}}, "num_hidden_layers 9, the weights hold 3"),
+        ({"num_hidden_layers": 3, "hidden_size": 16}, "says hidden_size 16, the weights' model"),
+    ],
+)
+def test_a_config_disagreeing_with_the_weights_is_refused(tmp_path, config, message) -> None:
+    directory = _weights_dir(tmp_path / "m", {"model_type": "llama", **config})
+    with pytest.raises(ModelLoadError, match=message) as info:
+        model_loader.check_config_against_weights(directory)
+    assert len(str(info.value)) < 500
+    with pytest.raises(ModelLoadError, match=message):  # LoadModel's path, before mlx-lm
+        load_model(str(directory))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"num_hidden_layers": 3, "hidden_size": 8},  # agrees
+        {"num_hidden_layers": 2},  # fewer: left to mlx-lm (some weights carry extra layers)
+        {"hidden_size": 8},
+        {},
+        {"num_hidden_layers": "3"},  # not a number: mlx-lm's to report
+    ],
+)
+def test_a_config_agreeing_with_the_weights_or_unchecked_passes(tmp_path, config) -> None:
+    model_loader.check_config_against_weights(_weights_dir(tmp_path / "m", config))
+
+
+def test_quantized_embeddings_and_unreadable_weights_are_not_checked(tmp_path) -> None:
+    import mlx.core as mx
+
+    packed = _weights_dir(tmp_path / "q", {"hidden_size": 64, "num_hidden_layers": 3})
+    mx.save_safetensors(
+        str(packed / "model.safetensors"),
+        {
+            "model.embed_tokens.weight": mx.zeros((16, 8), dtype=mx.uint32),
+            **{f"model.layers.{i}.x.weight": mx.zeros((64,)) for i in range(3)},
+        },
+    )
+    model_loader.check_config_against_weights(packed)
+    broken = tmp_path / "b"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"num_hidden_layers": 40000}))
+    (broken / "model.safetensors").write_bytes(b"\x00" * 3)
+    model_loader.check_config_against_weights(broken)
+
+
+def test_load_error_messages_are_capped() -> None:
+    from errors import MAX_LOAD_ERROR_CHARS
+
+    text = "Missing 359982 parameters: " + ", ".join(f"model.layers.{i}.w" for i in range(10**5))
+    message = str(ModelLoadError(text + " END"))
+    assert len(message) == MAX_LOAD_ERROR_CHARS
+    assert message.startswith("Missing 359982 parameters: model.layers.0.w")
+    assert message.endswith(" END") and f"[{len(text) + 4} characters, cut]" in message
+    assert str(ModelLoadError("short")) == "short"

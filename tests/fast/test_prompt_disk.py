@@ -6,6 +6,7 @@ tests/process/test_prompt_disk.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -306,3 +307,52 @@ def test_safe_cache_dir(tmp_path):
         DiskCache(tmp_path, -1, DISK_FP)
     with pytest.raises(ValueError, match="fingerprint"):
         DiskCache(tmp_path, 1, "")
+
+
+# --------------------------------------------------------------------------- hostile files
+def _within(seconds: float, work):
+    """``work()``'s result, run in a thread; fails when it has not returned in ``seconds``."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    t.start()
+    t.join(seconds)
+    return (not t.is_alive()), out
+
+
+def _release(fifo: Path) -> None:
+    """Unblock a reader stuck opening ``fifo`` (the state before the fix), so the test
+    thread ends."""
+    with contextlib.suppress(OSError):  # nobody is waiting on it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_or_directory_named_like_an_entry_never_blocks(tmp_path, caplog):
+    # At the start-up scan: a FIFO and a directory with entries' names.
+    fifo = tmp_path / f"{'0' * 32}-{'1' * 64}.safetensors"
+    os.mkfifo(fifo)
+    (tmp_path / f"{'2' * 32}-{'3' * 64}.safetensors").mkdir()
+    try:
+        with caplog.at_level(logging.WARNING):
+            done, out = _within(10, lambda: DiskCache(tmp_path, 1 << 20, DISK_FP))
+        assert done, "opening the cache blocked on a FIFO"
+    finally:
+        _release(fifo)
+    (cache,) = out
+    assert len(cache) == 0 and cache.stats().entries == 0
+    assert caplog.text.count("not a regular file") == 2
+    # The FIFO is not ours to delete (this cache never makes one); it is only skipped.
+    assert fifo.exists()
+    # At a lookup: an indexed entry's file replaced by a FIFO is a miss, and forgotten.
+    put_all(cache, [1, 2, 3])
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_file()]
+    entry.unlink()
+    os.mkfifo(entry)
+    try:
+        done, out = _within(10, lambda: cache.lookup([1, 2, 3, 4]))
+        assert done, "a lookup blocked on a FIFO"
+    finally:
+        _release(entry)
+    assert out == [None] and len(cache) == 0
+    assert cache.lookup([1, 2, 3, 4]) is None and cache.stats().misses == 2
+    cache.close()
