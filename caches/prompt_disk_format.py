@@ -276,12 +276,15 @@ def compact(layer: Any) -> Any:
     a shallow copy whose arrays hold only its ``offset`` tokens: their ``state`` is the
     whole step-padded buffer, including tokens trimmed away, which the file need not
     hold."""
+    from mlx.utils import tree_map
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     if not isinstance(layer, (KVCache, QuantizedKVCache)) or layer.keys is None:
         return layer
     out = copy.copy(layer)
-    out.keys, out.values = layer.keys_and_values()
+    # (Not keys_and_values(): mlx-lm's main branch has none. Quantized: tuples of arrays.)
+    n = layer.offset
+    out.keys, out.values = tree_map(lambda x: x[..., :n, :], (layer.keys, layer.values))
     return out
 
 
@@ -340,12 +343,15 @@ def read_header(path: Path) -> Header:
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(meta, dict):
         raise ValueError("no metadata")
+    # save_prompt_cache flattens a list holding our metadata dict: at index 0 in mlx-lm
+    # 0.32.2 ("0.format"...), at 1 on mlx-lm's main branch (after the layers' meta_state).
+    ours = next((k[: -len("fingerprint")] for k in meta if k.endswith(".fingerprint")), "0.")
     try:
         return Header(
-            version=int(meta["0.format"]),
-            fingerprint=meta["0.fingerprint"],
-            tokens=_parse_tokens(meta["0.tokens"]),
-            trimmable=meta["0.trimmable"] == "1",
+            version=int(meta[ours + "format"]),
+            fingerprint=meta[ours + "fingerprint"],
+            tokens=_parse_tokens(meta[ours + "tokens"]),
+            trimmable=meta[ours + "trimmable"] == "1",
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(str(exc)) from exc

@@ -155,7 +155,7 @@ def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
         tokens = list(prompt_tokens)
         if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
             state = REASONING
-    return tokenizer.response_initial_state or state
+    return getattr(tokenizer, "response_initial_state", None) or state  # none on mlx-lm main
 
 
 def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
@@ -236,6 +236,7 @@ class OutputPipeline:
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
         self._token_info: dict[int, tuple[str, list[int]]] = {}
+        self._vocab: int | None = None  # the tokenizer's size, once needed
         self._token_kind: str | None = None
         self._added: dict[int, str] = {}
         self.content = ""
@@ -380,7 +381,9 @@ class OutputPipeline:
                     bytes([table[c]]) if c in table else c.encode("utf-8") for c in piece
                 )
         if raw is None:  # unknown tokenizer family, or an id beyond the vocab (padded)
-            raw = self._tok.decode([token]).encode("utf-8") if token < len(self._tok) else b""
+            if self._vocab is None:
+                self._vocab = seam_tokenizer.vocab_size(self._tok)
+            raw = self._tok.decode([token]).encode("utf-8") if token < self._vocab else b""
         info = (raw.decode("utf-8", errors="replace"), list(raw))
         self._token_info[token] = info
         return info

@@ -147,17 +147,20 @@ def _deepseek_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
-# mlx-lm's pythonic parser reads a list `[f(a=1), g(b=2)]`; OLMo 3 writes one call a line.
+# mlx-lm's pythonic parser reads a list `[f(a=1)]`; OLMo 3 writes one call a line.
 def _olmo3_parser(text: str, tools: Any = None) -> Any:
     """OLMo 3: newline-separated pythonic calls (JSON literals allowed), as vLLM's
-    olmo3_tool_parser.py; parsed by mlx-lm's pythonic parser as one list."""
+    olmo3_tool_parser.py; each line parsed by mlx-lm's pythonic parser as a list of one
+    (mlx-lm's main branch reads one call per list)."""
     from mlx_lm.tool_parsers import pythonic
 
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError("empty function_calls block")
-    body = lines[0] if len(lines) == 1 and lines[0].startswith("[") else f"[{', '.join(lines)}]"
-    return pythonic.parse_tool_call(body, tools)
+    if len(lines) == 1 and lines[0].startswith("["):
+        return pythonic.parse_tool_call(lines[0], tools)
+    calls = [pythonic.parse_tool_call(f"[{line}]", tools) for line in lines]
+    return calls[0] if len(calls) == 1 else calls
 
 
 # mlx-lm has no parser for this format.

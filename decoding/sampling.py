@@ -22,7 +22,6 @@ import mlx.core as mx
 from mlx_lm.sample_utils import (
     apply_top_k,
     apply_top_p,
-    greedy_sampler,
     make_frequency_penalty,
     make_presence_penalty,
     make_repetition_penalty,
@@ -31,11 +30,20 @@ from mlx_lm.sample_utils import (
 from decoding import grammar
 from params import GenerationParams
 
+try:
+    from mlx_lm.sample_utils import greedy_sampler
+except ImportError:  # mlx-lm's main branch has none (make_sampler(0.0) is a new lambda)
+
+    def greedy_sampler(logprobs: mx.array) -> mx.array:
+        return mx.argmax(logprobs, axis=-1)
+
+
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
-# mlx-lm's own argmax sampler (also BatchGenerator's fallback). Every greedy request
-# gets this very object, so BatchGenerator samples a batch of greedy rows in one call.
+# mlx-lm's own argmax sampler (also BatchGenerator's fallback; ours where mlx-lm has none).
+# Every greedy request gets this very object, so BatchGenerator samples a batch of greedy
+# rows in one call.
 GREEDY: Sampler = greedy_sampler
 
 

@@ -18,6 +18,7 @@ from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
+from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -47,7 +48,7 @@ def tokenize(loaded: LoadedModel, text: str) -> list[int]:
 def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
     """Text of ``ids``; InvalidArgument for ids outside the vocabulary."""
     tokenizer = loaded.tokenizer
-    vocab = len(tokenizer)
+    vocab = seam_tokenizer.vocab_size(tokenizer)
     bad = [i for i in ids if i < 0 or i >= vocab]
     if bad:
         raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")

@@ -46,6 +46,15 @@ PRIVATE = (
 )
 
 
+def vocab_size(tokenizer: Any) -> int:
+    """``len(tokenizer)``: how many ids it knows, added tokens included (the wrapper of
+    mlx-lm's main branch has no ``len()``; its vocabulary holds them all)."""
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return len(tokenizer.get_vocab())
+
+
 @functools.cache
 def takes_response_format() -> bool:
     """Whether this mlx-lm's wrapper has response formats (channels such as Harmony's):

@@ -180,7 +180,8 @@ def token_kv(
 
 def held(kv, layer: int = 0) -> list[int]:
     """Token ids recovered from the keys a ``token_kv`` layer currently exposes."""
-    keys, _ = kv[layer].keys_and_values()
+    cache = kv[layer]  # (keys_and_values() is not in every mlx-lm: not on its main branch)
+    keys = cache.keys[..., : min(cache.offset, cache.keys.shape[2]), :]
     return [(int(x) - layer) // 10 for x in keys[0, 0, :, 0].tolist()]
 
 

@@ -14,11 +14,12 @@ from inprocess import InProcessServer
 from scripted import ScriptedModel
 
 import backend_pb2
+from seam.tokenizer import vocab_size
 
 
 @pytest.fixture(scope="module")
 def small_server(tok):
-    model = ScriptedModel(len(tok), tok.eos_token_id, step_seconds=0.005)
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id, step_seconds=0.005)
     model.set_script(0, [])  # EOS straight away unless a test scripts more
     srv = InProcessServer(model, tok, options=["max_batch_size:2", "max_queue:1"])
     yield srv, model

@@ -22,6 +22,7 @@ import backend_pb2 as pb
 import params
 from engine import vision_prompt as vp
 from parsing import images
+from seam.tokenizer import vocab_size
 
 
 def png(w: int = 8, h: int = 8, color=(255, 0, 0), fmt: str = "PNG") -> bytes:
@@ -190,7 +191,7 @@ def test_hub_downloads_fetch_processor_files():
 # --------------------------------------------------------------------------- over gRPC
 def test_images_to_a_text_only_model_are_refused():
     tok = toy_tokenizer()
-    srv = InProcessServer(ScriptedModel(len(tok), tok.eos_token_id), tok)
+    srv = InProcessServer(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok)
     try:
         with pytest.raises(grpc.RpcError) as err:
             srv.stub.Predict(greedy("look", 4, Images=[b64(png())]))

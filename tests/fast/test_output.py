@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerFast
 
 from decoding.output import Delta, OutputPipeline, ToolCall, initial_state_for
 from decoding.tool_calls import merge_tool_call_deltas, parse_tool_block
+from seam.tokenizer import vocab_size
 
 
 def wrap(hf, detok_class) -> TokenizerWrapper:
@@ -265,7 +266,7 @@ def test_spm_byte_fallback_pieces_arrive_whole():
     hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TEXT)
     spm = TokenizerWrapper(hf, SPMStreamingDetokenizer)
     pipe = OutputPipeline(spm, top_logprobs=0)
-    row = mx.zeros((len(spm),)) - math.log(len(spm))
+    row = mx.zeros((vocab_size(spm),)) - math.log(vocab_size(spm))
     toks = [256, 0xF0, 0x9F, 0x99, 0x82]
     deltas = run(pipe, toks, rows=[row] * len(toks))
     assert [d.content for d in deltas] == ["Hello", "", "", "", "🙂", ""]
@@ -353,7 +354,7 @@ def rows_for(tokens, vocab_size: int, seed: int = 0) -> list[mx.array]:
 def test_logprobs_one_entry_per_non_eos_token_even_when_text_is_held(tok):
     toks = ids(tok, "Hello", " ST", "b:🙂", EOS_TEXT)
     pipe = OutputPipeline(tok, stop=["STOP"], top_logprobs=5)
-    deltas = run(pipe, toks, rows=rows_for(toks, len(tok)))
+    deltas = run(pipe, toks, rows=rows_for(toks, vocab_size(tok)))
     entries = [e for d in deltas for e in d.logprobs]
     assert [len(d.logprobs) for d in deltas] == [1, 1, 1, 1, 1, 1, 0, 0]
     assert [e["bytes"] for e in entries] == [
@@ -370,7 +371,7 @@ def test_logprobs_one_entry_per_non_eos_token_even_when_text_is_held(tok):
 
 def test_logprobs_follow_the_sampling_temperature(tok):
     toks = ids(tok, "Hello", " world")
-    rows = rows_for(toks, len(tok), seed=1)
+    rows = rows_for(toks, vocab_size(tok), seed=1)
     greedy = run(OutputPipeline(tok, top_logprobs=3), toks, rows=rows)
     hot = run(OutputPipeline(tok, top_logprobs=3, temperature=0.5), toks, rows=rows)
     for d_greedy, d_hot, row in zip(greedy, hot, rows, strict=False):
@@ -385,7 +386,7 @@ def test_logprobs_follow_the_sampling_temperature(tok):
 
 def test_logprobs_options(tok):
     toks = ids(tok, "<think>", "Hello")
-    rows = rows_for(toks, len(tok))
+    rows = rows_for(toks, vocab_size(tok))
     chosen_only = run(OutputPipeline(tok, top_logprobs=0), toks, rows=rows)
     assert [e["top_logprobs"] for d in chosen_only for e in d.logprobs] == [[], []]
     assert chosen_only[0].logprobs[0]["token"] == "<think>" and chosen_only[0]  # truthy

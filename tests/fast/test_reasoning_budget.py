@@ -27,6 +27,7 @@ import backend_pb2
 import params
 from decoding.reasoning_budget import ReasoningBudgetProcessor, make_budget_processor
 from engine import prompt as prompt_mod
+from seam.tokenizer import vocab_size
 
 XTML = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
 
@@ -40,14 +41,17 @@ def xtml_tok() -> TokenizerWrapper:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True) for s in XTML])
-    return TokenizerWrapper(
+    wrapper = TokenizerWrapper(
         PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end_of_msg|>")
     )
+    if wrapper.think_end_tokens is None:  # mlx-lm's main branch infers no XTML markers
+        pytest.skip("this mlx-lm infers no multi-token XTML think markers")
+    return wrapper
 
 
 def drive(proc, tok, prompt: list[int], script: list[int]) -> list[int]:
     """Greedy decoding as mlx-lm does it: the model wants script[i] at step i (logit 50)."""
-    vocab = len(tok)
+    vocab = vocab_size(tok)
     context = list(prompt)
     out = []
     for want in script:
@@ -86,7 +90,7 @@ def test_budget_spent_in_an_open_block_forces_the_end_marker(tok, budget):
 
 def test_forced_step_masks_every_other_logit_and_wins_over_earlier_processors(tok):
     proc = make_budget_processor(tok, 1, "reasoning")
-    vocab = len(tok)
+    vocab = vocab_size(tok)
     end = tok.think_end_tokens[0]
     context = ids(tok, "<think>")
     logits = mx.random.normal((1, vocab))
@@ -160,7 +164,7 @@ def test_context_rewound_or_rewritten_replays_the_state(tok):
     end = tok.think_end_tokens[0]
     prompt = ids(tok, "<think>")
     let, me, plan = ids(tok, "Let", " me", "plan")
-    logits = mx.zeros((1, len(tok)))
+    logits = mx.zeros((1, vocab_size(tok)))
     proc(mx.array(prompt), logits)
     assert proc.forcing() is None
     proc(mx.array([*prompt, let, me]), logits)
@@ -194,9 +198,9 @@ def test_generate_step_and_speculative_decoding_agree(tok):
     script = ids(tok, "Let", " me", " think", "plan", "plan", "Sure", "!", "Answer")
     # The draft agrees on some tokens and not on others, so drafts get rejected.
     draft_script = ids(tok, "Let", " me", "plan", "plan", "Sure", "Sure", "!", "Answer")
-    model = PositionalScripted(len(tok), tok.eos_token_id)
+    model = PositionalScripted(vocab_size(tok), tok.eos_token_id)
     model.set_script(len(prompt), script)
-    draft = PositionalScripted(len(tok), tok.eos_token_id)
+    draft = PositionalScripted(vocab_size(tok), tok.eos_token_id)
     draft.set_script(len(prompt), draft_script)
     end = tok.think_end_tokens[0]
     expected = [*script[:3], end, *script[4:]]
@@ -282,7 +286,7 @@ ANSWER = ["Sure", "!"]
 
 @pytest.fixture(scope="module")
 def served(tok):
-    model = ScriptedModel(len(tok), tok.eos_token_id)
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
     srv = InProcessServer(model, tok)
     yield srv, model, params.load_params(backend_pb2.ModelOptions(Model="scripted"))
     srv.stop()
@@ -291,7 +295,7 @@ def served(tok):
 @pytest.fixture(scope="module")
 def served_opt(tok):
     options = ["reasoning_budget:1"]
-    model = ScriptedModel(len(tok), tok.eos_token_id)
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
     srv = InProcessServer(model, tok, options)
     yield srv, model, params.load_params(backend_pb2.ModelOptions(Model="s", Options=options))
     srv.stop()

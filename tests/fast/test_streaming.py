@@ -21,13 +21,14 @@ from toy_tokenizer import WEATHER, ids
 import backend_pb2
 import params
 from engine import prompt as prompt_mod
+from seam.tokenizer import vocab_size
 
 GET_TIME = '{"name": "get_time", "arguments": {}}'
 
 
 @pytest.fixture(scope="module")
 def served(tok):
-    model = ScriptedModel(len(tok), tok.eos_token_id)
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
     srv = InProcessServer(model, tok)
     yield srv, model
     srv.stop()

@@ -37,6 +37,17 @@ def with_parser(base, module=None, *, vllm: str = ""):
     )
 
 
+def needs_several_calls(module, block: str) -> None:
+    """Skip unless ``module`` (an mlx-lm tool parser) reads ``block`` as several calls: the
+    mistral and pythonic parsers of mlx-lm's main branch read one call only."""
+    try:
+        several = isinstance(module.parse_tool_call(block), list)
+    except ValueError:
+        several = False
+    if not several:
+        pytest.skip(f"this mlx-lm's {module.__name__} parser reads one call only")
+
+
 def stream(tok, text: str, tools=None, reason: str = "stop"):
     """Feed `text`'s token ids one by one; returns (per-token deltas + finish's, pipeline)."""
     pipe = OutputPipeline(tok, tools=tools)
@@ -114,6 +125,7 @@ def test_hermes_deltas_are_exactly_the_tokens_of_the_arguments(smollm):
 
 
 def test_mistral_calls_stream_one_after_another(smollm):
+    needs_several_calls(mistral, 'get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}')
     tok = with_parser(smollm, mistral)
     text = 'Ok[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}'
     deltas, pipe = stream(tok, text)
@@ -249,6 +261,7 @@ def test_glm47_types_values_from_the_tools(smollm):
 
 
 def test_pythonic_is_emitted_whole_at_the_end(smollm):
+    needs_several_calls(pythonic, '[get_weather(city="Paris"), get_time()]')
     tok = with_parser(smollm, pythonic)
     text = '<|tool_call_start|>[get_weather(city="Paris"), get_time()]<|tool_call_end|>'
     deltas, pipe = stream(tok, text)
