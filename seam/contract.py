@@ -79,7 +79,7 @@ def declared() -> list[Entry]:
         except ImportError as exc:
             raise ImportError(f"{name} cannot be imported: {exc}") from exc
         for entry in getattr(module, "PRIVATE", ()):
-            entries.append(tuple(entry))  # type: ignore[arg-type]
+            entries.append(tuple(entry))
     return entries
 
 

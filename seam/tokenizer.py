@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from mlx_lm.tokenizer_utils import (
@@ -67,7 +68,7 @@ def rebuild(
     *,
     tool: tuple[Any, str, str] | None = None,
     think: tuple[str, str] | None = None,
-    response_format: dict[str, Any] | None = None,
+    response_format: Mapping[str, Any] | None = None,
 ) -> Any:
     """A new ``TokenizerWrapper`` over ``tokenizer``'s Hugging Face tokenizer, as mlx-lm
     built ``tokenizer`` except: ``tool`` (parser, start, end) replaces its tool parser and
@@ -109,8 +110,8 @@ class _Utf8NaiveDetokenizer(NaiveStreamingDetokenizer):
     """mlx-lm's naive detokenizer, except that a newline never commits a character that is
     still incomplete: upstream drops its bytes ("\\n\\xc3" then "\\xa9" gives "\\n\\ufffd")."""
 
-    @property
-    def text(self) -> str:
+    @property  # mlx-lm declares ``text`` as an attribute; its own subclasses override it so
+    def text(self) -> str:  # type: ignore[override]
         if self._current_tokens:
             current = self._tokenizer.decode(self._current_tokens)
             incomplete = current.endswith("\ufffd")

@@ -39,13 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("mlx_lm", "mlx_vlm")
 # Folders whose modules are not checked (and whose names are not "ours").
 SKIP = {"seam", "tests", "bench", ".venv", "venv", ".git", "__pycache__"}
-# The decode batch's files, which move into seam/ on the batch work's branch.
-BATCH_OWNED = {
-    "engine/sequences.py",
-    "decoding/batch_speculation.py",
-    "caches/batch_kv.py",
-    "decoding/ngram_spec.py",
-}
 
 
 # --------------------------------------------------------------------------- the scanner
@@ -401,17 +394,7 @@ def test_instance_attributes_are_found_in_the_classes_source(owner, name, exists
 
 # --------------------------------------------------------------------------- the enforcement
 def test_no_module_outside_seam_names_a_private_member_of_mlx_lm_or_mlx_vlm(scanner):
-    found = [v for v in scanner.violations() if v.path not in BATCH_OWNED]
-    assert found == [], "\n".join(map(str, found))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the decode batch's files still use mlx-lm's private members until the batch "
-    "work moves them into seam/; then this passes and the mark must go",
-)
-def test_the_decode_batch_files_name_no_private_member(scanner):
-    found = [v for v in scanner.violations() if v.path in BATCH_OWNED]
+    found = scanner.violations()
     assert found == [], "\n".join(map(str, found))
 
 
@@ -471,14 +454,6 @@ def test_the_scanner_flags_private_members_and_not_our_own(scanner):
     # Our own class's members pass, also when mlx-lm has a member of that name (_lock).
     assert {"_lock", "_idx", "_generation_batch"} <= scanner.library
 
-
-def test_the_scanner_sees_the_known_touches_in_the_batch_files(scanner):
-    """While they are there: a check that the scan of the real tree finds real touches."""
-    batch = [str(v) for v in scanner.violations() if v.path in BATCH_OWNED]
-    present = [p for p in BATCH_OWNED if (ROOT / p).exists()]
-    if not any((ROOT / p).read_text().count("._idx") for p in present):
-        pytest.skip("the decode batch's files no longer touch _idx")
-    assert any("._idx" in v for v in batch), batch
 
 
 # --------------------------------------------------------------------------- start-up
