@@ -455,7 +455,6 @@ def test_the_scanner_flags_private_members_and_not_our_own(scanner):
     assert {"_lock", "_idx", "_generation_batch"} <= scanner.library
 
 
-
 # --------------------------------------------------------------------------- start-up
 def _versions(**installed: str | None) -> Callable[[str], str | None]:
     return lambda distribution: installed.get(distribution.replace("-", "_"))
