@@ -31,7 +31,7 @@ from decoding import grammar
 from params import GenerationParams
 
 try:
-    from mlx_lm.sample_utils import greedy_sampler
+    from mlx_lm.sample_utils import greedy_sampler  # type: ignore[attr-defined,unused-ignore]
 except ImportError:  # mlx-lm's main branch has none (make_sampler(0.0) is a new lambda)
 
     def greedy_sampler(logprobs: mx.array) -> mx.array:

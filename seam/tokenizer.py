@@ -111,7 +111,7 @@ class _Utf8NaiveDetokenizer(NaiveStreamingDetokenizer):
     still incomplete: upstream drops its bytes ("\\n\\xc3" then "\\xa9" gives "\\n\\ufffd")."""
 
     @property  # mlx-lm declares ``text`` as an attribute; its own subclasses override it so
-    def text(self) -> str:  # type: ignore[override]
+    def text(self) -> str:  # type: ignore[override, unused-ignore]
         if self._current_tokens:
             current = self._tokenizer.decode(self._current_tokens)
             incomplete = current.endswith("\ufffd")
