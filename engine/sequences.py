@@ -155,6 +155,7 @@ class BatchRunner:
             prefill_step_size=p.prefill_step_size,
             max_kv_size=p.max_kv_size,
             own_layers=self._own_rows,
+            settle=not self.checkpoints.single_process,
         )
         if self.drafts:  # distributed ranks must take the same steps: no timing there
             return SpeculativeBatch(

@@ -121,6 +121,10 @@ class DecodeBatch:
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `seam.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
+        settle: each `next` waits for the step it queued (no overlap with the caller's
+            next collective). A distributed group needs it: a lost peer then fails the
+            decode's own all_sum; a collective queued after an already-failed one waits
+            forever on MLX's ring backend (the 60 s watchdog instead of a prompt error).
     """
 
     def __init__(
@@ -132,8 +136,10 @@ class DecodeBatch:
         prefill_step_size: int = 2048,
         max_kv_size: int | None = None,
         own_layers: bool = False,
+        settle: bool = False,
     ) -> None:
         self.model = model
+        self.settle = settle
         self.eos = frozenset(eos)
         self.max_rows = max_rows
         self.prefill_step_size = prefill_step_size
@@ -288,7 +294,10 @@ class DecodeBatch:
         """One step: a token for every decoding row, then a prefill chunk for each row
         still prefilling (module doc)."""
         with mx.stream(generation_stream):
-            return self._next()
+            out = self._next()
+            if self.settle and self._next_tokens is not None:
+                mx.eval(self._next_tokens, [x for x in self._next_logprobs if x is not None])
+            return out
 
     def _next(self) -> tuple[list[Prefilled], list[Generated]]:
         generated: list[Generated] = []
