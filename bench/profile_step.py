@@ -4,7 +4,7 @@ Loads the embedded SmolLM2-135M dense float32 on MKL (``prepare_for_cpu(model, T
 as the server does with ``cpu_dequantize:true``), fills a KV cache with a prompt of
 ``--context`` tokens for ``--batch`` sequences, then times in one process, side by side:
 
-* ``BatchGenerator.next()`` per step (what the server's engine calls; greedy sampler)
+* ``DecodeBatch.next()`` per step (what the server's engine calls; greedy sampler)
 * a bare forward ``model(tokens, cache)`` + ``mx.eval`` on a plain KV cache of the same
   length (trimmed back after each step, so the length stays put), and the Python time
   to build its graph (no evaluation)
@@ -22,7 +22,7 @@ kinds (``mx.fast`` norms and rotary), only the matmul floor uses its fused weigh
 
     python bench/profile_step.py                      # batch 1 and 8, ~2 minutes
     python bench/profile_step.py --batch 1 --repeats 40 --compare
-    python bench/profile_step.py --ab 4               # BatchGenerator steps, plain vs fused, A/B
+    python bench/profile_step.py --ab 4               # batch steps, plain vs fused, A/B
 """
 
 from __future__ import annotations
@@ -225,23 +225,24 @@ ALTERNATIVES = (
 
 
 def batch_generator_step(model, tokenizer, b: int, ctx: int, steps: int) -> list[float]:
-    """Milliseconds per BatchGenerator.next() call once all ``b`` sequences decode."""
+    """Milliseconds per `DecodeBatch.next()` call (the server's batch step) once all ``b``
+    sequences decode."""
     import mlx.core as mx
-    from mlx_lm.generate import BatchGenerator
+
+    from seam.batch import DecodeBatch
 
     ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 40)[:ctx]
-    gen = BatchGenerator(
-        model, stop_tokens=[], completion_batch_size=b, prefill_batch_size=b, max_kv_size=None
-    )
-    gen.insert([ids] * b, max_tokens=[10_000] * b)
-    while len(gen._generation_batch) < b:  # prefill until every sequence decodes
-        gen.next()
+    batch = DecodeBatch(model, max_rows=b)
+    for _ in range(b):
+        batch.insert([ids], max_tokens=10_000)
+    while len(batch.next()[1]) < b:  # prefill until every sequence decodes
+        pass
     for _ in range(3):
-        gen.next()
+        batch.next()
     times = []
     for _ in range(steps):
-        times.append(_timed(gen.next))
-    gen.close()
+        times.append(_timed(batch.next))
+    batch.close()
     mx.clear_cache()
     return times
 
@@ -260,7 +261,7 @@ def profile(model, tokenizer, b: int, ctx: int, repeats: int, label: str) -> dic
     med = {n: statistics.median(v) for n, v in samples.items()}
     med["batchgen"] = statistics.median(batch_generator_step(model, tokenizer, b, ctx, repeats))
     rows = [
-        ("BatchGenerator.next() per step", med["batchgen"], med["batchgen"] / med["matmul_floor"]),
+        ("DecodeBatch.next() per step", med["batchgen"], med["batchgen"] / med["matmul_floor"]),
         ("bare forward + argmax", med["forward"], med["forward"] / med["matmul_floor"]),
         ("  of it: Python graph build (no eval)", med["build_only"], float("nan")),
     ]
@@ -281,7 +282,7 @@ def profile(model, tokenizer, b: int, ctx: int, repeats: int, label: str) -> dic
 
 
 def ab(plain, transformed, tokenizer, b: int, ctx: int, rounds: int, steps: int) -> None:
-    """BatchGenerator.next() ms per step, plain vs transformed, alternating order each round."""
+    """DecodeBatch.next() ms per step, plain vs transformed, alternating order each round."""
     res: dict[str, list[float]] = {"plain": [], "transform": []}
     for r in range(rounds):
         order = [("plain", plain), ("transform", transformed)]
@@ -289,7 +290,7 @@ def ab(plain, transformed, tokenizer, b: int, ctx: int, rounds: int, steps: int)
             res[name].append(statistics.median(batch_generator_step(m, tokenizer, b, ctx, steps)))
     ratios = [t / p for t, p in zip(res["transform"], res["plain"], strict=True)]
     rows = [(i + 1, p, t, q) for i, (p, t, q) in enumerate(zip(*res.values(), ratios, strict=True))]
-    print(f"### BatchGenerator.next(), batch {b}: plain vs cpu_fuse.transform, {steps} steps\n")
+    print(f"### DecodeBatch.next(), batch {b}: plain vs cpu_fuse.transform, {steps} steps\n")
     print(bl.table(["round", "plain ms", "transform ms", "transform / plain"], rows))
     print(f"\nmedian ratio {statistics.median(ratios):.2f}, load {os.getloadavg()[0]:.2f}\n")
 
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=25, help="timed runs per measurement")
     ap.add_argument("--compare", action="store_true", help="also profile the fused model")
     ap.add_argument(
-        "--ab", type=int, default=0, help="instead: N rounds of BatchGenerator plain vs fused"
+        "--ab", type=int, default=0, help="instead: N rounds of DecodeBatch plain vs fused"
     )
     args = ap.parse_args(argv)
     env = bl.fast_env()
