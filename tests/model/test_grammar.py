@@ -33,6 +33,7 @@ from decoding import grammar, sampling
 from decoding.grammar import make_constraint_processor
 from parsing import constraint as reading
 from parsing.constraint import Constraint
+from seam.tokenizer import vocab_size
 
 # LocalAI's JSON-mode grammar (pkg/functions, a port of llama.cpp's old json.gbnf).
 JSON_GBNF = r"""root   ::= object
@@ -124,7 +125,7 @@ def assert_parses(constraint: Constraint, tok, tokens: list[int]) -> None:
     assert tokens[-1] in tok.eos_token_ids, "sequence did not end with EOS"
     proc = make_constraint_processor(constraint, tok)
     context = [1]  # any "prompt": the first call only records its length
-    zeros = mx.zeros((1, len(tok)))
+    zeros = mx.zeros((1, vocab_size(tok)))
     for t in tokens:
         masked = proc(mx.array(context), zeros)
         assert masked[0, t].item() > -np.inf, f"token {t} not allowed after {context[1:]}"
@@ -143,7 +144,7 @@ def test_processor_follows_the_token_context_and_ends_with_eos(tok) -> None:
     proc = make_constraint_processor(c, tok)
     other = make_constraint_processor(c, tok)  # same compiled grammar, its own state
     prompt = chat(tok, "Is the sky blue?")
-    vocab = len(tok)
+    vocab = vocab_size(tok)
     logits = mx.zeros((1, vocab))
 
     first = allowed(proc(mx.array(prompt), logits))  # generate_step: the whole prompt
@@ -169,7 +170,7 @@ def test_processor_consumes_several_new_tokens_at_once(tok) -> None:
     c = parse_constraint("", {"json_schema": json.dumps(PERSON)})
     proc = make_constraint_processor(c, tok)
     body = tok.encode('{"name": "Al", "age": 7', add_special_tokens=False)
-    zeros = mx.zeros((1, len(tok)))
+    zeros = mx.zeros((1, vocab_size(tok)))
     proc(mx.array([5, 6]), zeros)
     after = allowed(proc(mx.array([5, 6, *body]), zeros))
     assert tok.encode("}", add_special_tokens=False)[0] in after
@@ -178,9 +179,9 @@ def test_processor_consumes_several_new_tokens_at_once(tok) -> None:
 
 def test_padded_vocab_rows_are_banned(tok) -> None:
     proc = make_constraint_processor(parse_constraint("", {"response_format": "json_object"}), tok)
-    out = proc(mx.array([1]), mx.zeros((1, len(tok) + 64)))
-    assert out.shape == (1, len(tok) + 64)
-    assert allowed(out) and max(allowed(out)) < len(tok)
+    out = proc(mx.array([1]), mx.zeros((1, vocab_size(tok) + 64)))
+    assert out.shape == (1, vocab_size(tok) + 64)
+    assert allowed(out) and max(allowed(out)) < vocab_size(tok)
 
 
 def test_uncompilable_grammar_or_slow_tokenizer_is_a_value_error(tok) -> None:
@@ -286,14 +287,14 @@ def test_a_moderately_large_grammar_still_compiles_and_constrains(tok) -> None:
     assert c == Constraint("gbnf", text, GRAMMAR_FIELD)
     grammar.compile_constraint(c)
     proc = make_constraint_processor(c, tok)
-    first = allowed(proc(mx.array([1]), mx.zeros((1, len(tok)))))
+    first = allowed(proc(mx.array([1]), mx.zeros((1, vocab_size(tok)))))
     assert first and all(re.fullmatch(r"w\d*", tok.decode([t])) for t in first)
     last = tok.encode("w1499", add_special_tokens=False)
     context = [1]
     for t in last:
-        assert t in allowed(proc(mx.array(context), mx.zeros((1, len(tok)))))
+        assert t in allowed(proc(mx.array(context), mx.zeros((1, vocab_size(tok)))))
         context.append(t)
-    assert allowed(proc(mx.array(context), mx.zeros((1, len(tok))))) == tok.eos_token_ids
+    assert allowed(proc(mx.array(context), mx.zeros((1, vocab_size(tok))))) == tok.eos_token_ids
 
 
 def test_a_rule_wider_than_llguidance_parses_is_refused_before_decoding(tok) -> None:

@@ -10,6 +10,7 @@ from scripted import ScriptedModel
 import backend_pb2
 import params
 from engine import prompt as prompt_mod
+from seam.tokenizer import vocab_size
 
 
 def test_multibyte_characters_split_over_tokens_stream_whole(smollm):
@@ -18,7 +19,7 @@ def test_multibyte_characters_split_over_tokens_stream_whole(smollm):
     # The tokenizer really splits some characters over several byte-level tokens.
     pieces = [smollm.decode([t]) for t in token_ids]
     assert any("\ufffd" in p for p in pieces)
-    model = ScriptedModel(len(smollm), 2)
+    model = ScriptedModel(vocab_size(smollm), 2)
     srv = InProcessServer(model, smollm)
     try:
         req = backend_pb2.PredictOptions(Prompt="Say:", Tokens=len(token_ids) + 5)
