@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from caches.prompt_tiers import PromptTiers
 from engine import prompt as prompt_mod
@@ -118,23 +119,13 @@ def embed(
 ) -> embedding.EmbeddingOutput:
     """`embedding.embed` (or `embed_tokens` when ``token_ids``) with the load options."""
     p = loaded.params
-    if token_ids:
-        return embedding.embed_tokens(
-            loaded.model,
-            token_ids,
-            pooling=p.embedding_pooling,
-            normalize=p.embedding_normalize,
-            context_len=loaded.context_len,
-            step=p.prefill_step_size,
-            should_stop=should_stop,
-        )
-    return embedding.embed(
-        loaded.model,
-        loaded.tokenizer,
-        text,
+    kw: dict[str, Any] = dict(
         pooling=p.embedding_pooling,
         normalize=p.embedding_normalize,
         context_len=loaded.context_len,
         step=p.prefill_step_size,
         should_stop=should_stop,
     )
+    if token_ids:
+        return embedding.embed_tokens(loaded.model, token_ids, **kw)
+    return embedding.embed(loaded.model, loaded.tokenizer, text, **kw)
