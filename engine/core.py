@@ -255,7 +255,7 @@ class Engine:
         p = loaded.params
         sched = self.scheduler
         with self.counts_lock:
-            running = (len(sched.active) + len(sched.waiting)) if sched is not None else 0
+            running = (sched.running + len(sched.waiting)) if sched is not None else 0
             in_flight = running + self.queued
             if in_flight >= p.max_batch_size + p.max_queue:
                 raise ResourceExhausted(
@@ -272,7 +272,7 @@ class Engine:
         """What `engine.status` reads, taken now from any thread (counts under the lock)."""
         sched = self.scheduler
         with self.counts_lock:
-            running = len(sched.active) if sched is not None else 0
+            running = sched.running if sched is not None else 0
             waiting = (len(sched.waiting) if sched is not None else 0) + self.queued
         return status_mod.EngineFacts(
             sched, self.loaded, self.group, self.alive, running, waiting,

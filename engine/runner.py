@@ -125,3 +125,12 @@ class Batch(Runner, Protocol):
         """Add a sequence prefilled elsewhere: ``kv`` holds ``tokens``; it decodes from
         ``last``, the prompt's last token. Returns its uid."""
         ...
+
+    def share(self, job: Job, position: int) -> str:
+        """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache:
+        "stored" (now), "later" (when its prefill gets there: `take_shared`), "" (never)."""
+        ...
+
+    def take_shared(self) -> list[tuple[int, int | None]]:
+        """(uid, position) stored since the last call; (uid, None): no more from uid."""
+        ...

@@ -19,20 +19,21 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
 from decoding import grammar, sampling
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
-from engine import fit
+from engine import fit, request_log
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
 from engine.memory import MemoryBudget
 from engine.metrics import NULL, Recorder
+from engine.request_log import RequestMetrics
 from engine.runner import Batch, Handover, Runner, Token
 from engine.sequences import BatchRunner, SoloRunner
+from engine.sharing import SharedPrefixes
 from engine.vision import VisionRunner, cache_tokens
 from errors import (
     BackendError,
@@ -103,16 +104,6 @@ class GroupHooks:
 NO_GROUP = GroupHooks()
 
 
-@dataclass(frozen=True)
-class RequestMetrics:
-    """Metrics of the last finished request, for GetMetrics."""
-
-    tokens_per_second: float = 0.0
-    tokens_generated: int = 0
-    prompt_tokens_processed: int = 0
-    draft_tokens_accepted: int = 0
-
-
 class Scheduler:
     """The running set of one `LoadedModel`: waiting jobs and the running sequences.
 
@@ -157,6 +148,13 @@ class Scheduler:
         self._vision: Runner | None = (
             VisionRunner(loaded, self._batch, self.checkpoints) if loaded.vision else None
         )
+        # Admitted jobs waiting for a running row's prefill of the prefix they share.
+        self.sharing = SharedPrefixes(
+            self._batch,
+            self.cache,
+            loaded.cache_key,
+            group.single_process and loaded.params.max_cache_bytes != 0,
+        )
         self._runners: tuple[Runner, ...] = (
             *([self._vision] if self._vision else []),
             self._batch,
@@ -189,7 +187,12 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.active or self.waiting)
+        return bool(self.active or self.waiting or self.sharing)
+
+    @property
+    def running(self) -> int:
+        """Admitted jobs: running, or waiting for a prefix a running one prefills."""
+        return len(self.active) + len(self.sharing)
 
     # ------------------------------------------------------------------ admission
     def enqueue(self, job: Job) -> None:
@@ -200,6 +203,7 @@ class Scheduler:
         for job in [j for j in self.waiting if j.cancelled]:
             self.waiting.remove(job)
             self.end(job, error=Cancelled("cancelled before it started"))
+        self._unpark()
         for job in list(self.active.values()):
             if job.cancelled:
                 self.retire(job, "cancelled")
@@ -212,7 +216,7 @@ class Scheduler:
                         "undelivered; read the stream as it arrives"
                     ),
                 )
-        while self.waiting and len(self.active) < self.params.max_batch_size:
+        while self.waiting and self.running < self.params.max_batch_size:
             job = self.waiting[0]
             if job.cancelled:
                 self.waiting.popleft()
@@ -241,7 +245,7 @@ class Scheduler:
         job.kv_tokens = fit.kv_tokens(self.loaded, len(job.prompt_ids), job.max_tokens)
         if not mem.enabled:
             return True
-        after = self._kv_cost([*self.active.values(), job])
+        after = self._kv_cost([*self._admitted(), job])
         floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))
         if mem.room(after, self.cache.nbytes) < floor:
             self._shrink_cache(after, floor)
@@ -265,7 +269,7 @@ class Scheduler:
         mem = self.memory
         if not mem.enabled:
             return
-        mem.reserved = self._kv_cost(list(self.active.values()))
+        mem.reserved = self._kv_cost(self._admitted())
         room = mem.room(mem.reserved, self.cache.nbytes)
         self._batch.budget.memory_cap = max(mem.chunk_for(room), 1)
 
@@ -284,7 +288,23 @@ class Scheduler:
         )
         # Distributed: every rank samples this sequence, so its seed is picked once, here.
         job.params = self.group.pin_seed(job.params)
-        self.start(job, ids)
+        if not self.sharing.park(job, self.active.values()):
+            self.start(job, ids)
+
+    def _admitted(self) -> list[Job]:
+        return [*self.active.values(), *self.sharing.jobs()]
+
+    def _unpark(self) -> None:
+        """Start the parked jobs whose shared prefix is stored (or will not be); end the
+        cancelled ones."""
+        for job in self.sharing.ready():
+            try:
+                if job.cancelled:
+                    raise Cancelled("cancelled before it started")
+                if not self.sharing.park(job, self.active.values()):
+                    self.start(job, list(job.prompt_ids))
+            except (BackendError, ValueError) as exc:
+                self.end(job, error=as_backend_error(exc))
 
     def start(self, job: Job, ids: list[int]) -> None:
         """Start an admitted job's prompt ``ids`` in the runner of its kind.
@@ -332,6 +352,7 @@ class Scheduler:
             if runner.rows:
                 for token in runner.step(self.active):
                     self._on_token(token)
+        self._unpark()  # followers start in the step it was stored
         self.kv_bytes = sum(runner.nbytes for runner in self._runners) if self.active else 0
 
     def mirror_step(self) -> dict[int, Handover]:
@@ -406,7 +427,7 @@ class Scheduler:
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
             if self.memory.enabled:  # the new entry must not take what others reserved
-                others = [j for j in self.active.values() if j is not job]
+                others = [j for j in self._admitted() if j is not job]
                 self._shrink_cache(
                     self._kv_cost(others), self.memory.profile.prefill(self.memory.chunk)
                 )
@@ -440,43 +461,10 @@ class Scheduler:
             self.kv_bytes = 0  # Status right after the last reply must not show stale KV
             self._on_idle()
         # Metrics first: a client may ask GetMetrics as soon as it has the final event.
-        self._log(job, reason or (error.status if error else "?"))
+        request_log.finished(
+            job, reason or (error.status if error else "?"), self.metrics, self._on_metrics
+        )
         job.emit(job.event(final or Delta(), finish_reason=reason, error=error))
-
-    def _log(self, job: Job, outcome: str) -> None:
-        now = time.perf_counter()
-        _, gen_ms = job.timings(now)
-        tps = (job.tokens - 1) / (gen_ms / 1000.0) if gen_ms > 0 and job.tokens > 1 else 0.0
-        ttft = ((job.t_first or now) - job.submitted) * 1000.0
-        if job.tokens:
-            self._on_metrics(
-                RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted)
-            )
-        runner = job.runner
-        drafting = runner is not None and runner.drafts
-        finish = outcome if outcome in ("stop", "length", "cancelled") else None
-        self.metrics.request_finished(
-            now - job.submitted,
-            "cancelled" if outcome == "CANCELLED" else finish,
-            job.prompt_tokens,
-            job.cached_tokens,
-            "disk" if job.disk_hit else "memory",
-            job.tokens,
-        )
-        if drafting and runner is not None:
-            self.metrics.speculation(runner.proposed(job), job.drafted)
-        logger.info(
-            "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
-            job.params.correlation_id or "-",
-            job.prompt_tokens,
-            job.cached_tokens,
-            job.tokens,
-            ttft,
-            tps,
-            outcome,
-            f" drafted={job.drafted}" if drafting else "",
-            " disk_hit=1" if job.disk_hit else "",
-        )
 
     def fail_all(self, error: BackendError) -> None:
         """End every active and waiting job with ``error``."""
@@ -484,10 +472,12 @@ class Scheduler:
             if job.runner is not None:
                 job.runner.drop(job)
             self.end(job, error=error)
+        for job in self.sharing.drain():
+            self.end(job, error=error)
         while self.waiting:
             self.end(self.waiting.popleft(), error=error)
         self.kv_bytes = 0
 
     def jobs(self) -> list[Job]:
         """Every active and waiting job (a copy)."""
-        return [*self.active.values(), *self.waiting]
+        return [*self._admitted(), *self.waiting]

@@ -35,7 +35,7 @@ from engine.jobs import Job
 from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
-from prompt_cache import CacheLookup
+from prompt_cache import CacheLookup, trim_exactly
 from seam.batch import DecodeBatch
 from seam.rows import row_cache
 from seam.speculation import DraftedModel, SpeculativeBatch
@@ -135,6 +135,10 @@ class BatchRunner:
         self._uids: set[int] = set()
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
+        # In-flight prefix sharing: positions where a row's KV is copied to the prompt
+        # cache for requests waiting on that prefix, and the copies made since last asked.
+        self._shares: dict[int, set[int]] = {}
+        self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
 
@@ -173,11 +177,45 @@ class BatchRunner:
         self._uids.clear()
         self._decoding.clear()
         self._prefilled.clear()
+        self._shares.clear()
+        self._shared.clear()
 
     def _forget(self, uid: int) -> None:
         self._uids.discard(uid)
         self._decoding.discard(uid)
         self._prefilled.pop(uid, None)
+        self._unshare(uid)
+
+    def _unshare(self, uid: int) -> None:
+        if self._shares.pop(uid, None):
+            self._shared.append((uid, None))
+
+    # ------------------------------------------------------------------ sharing
+    def share(self, job: Job, position: int) -> str:
+        """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache for
+        requests that share them: "stored" (copied now: the row is past it and its cache
+        trims), "later" (its prefill now stops there; `take_shared` says when it is
+        stored), or "" (not possible: then the other request prefills on its own)."""
+        uid = job.uid
+        held = self._batch.held(uid) if uid is not None and uid in self._uids else None
+        if uid is None or held is None:
+            return ""
+        if self._batch.cut(uid, position):
+            self._shares.setdefault(uid, set()).add(position)
+            return "later"
+        if held < position or uid not in self._prefilled:  # waiting rows own their cache
+            return ""
+        kv, tokens = self._batch.extract_cache([uid])[uid]  # a copy
+        if not trim_exactly(kv, held - position):
+            return ""
+        self.checkpoints.store(job, list(tokens[:position]), kv)
+        return "stored"
+
+    def take_shared(self) -> list[tuple[int, int | None]]:
+        """(uid, position) of the prefixes stored since the last call (`share`), and
+        (uid, None) for rows that will store no more (they left or finished prefill)."""
+        out, self._shared = self._shared, []
+        return out
 
     @property
     def rows(self) -> int:
@@ -289,10 +327,18 @@ class BatchRunner:
         boundaries = [
             r.uid
             for r in prompt_responses
-            if r.end_of_segment and not r.end_of_prompt and r.uid in jobs and jobs[r.uid].snapshots
+            if r.end_of_segment
+            and not r.end_of_prompt
+            and r.uid in jobs
+            and (jobs[r.uid].snapshots or r.uid in self._shares)
         ]
         if boundaries:
-            self.checkpoints.store_extracted(self._batch.extract_cache(boundaries), jobs)
+            extracted = self._batch.extract_cache(boundaries)
+            self.checkpoints.store_extracted(extracted, jobs)
+            self._store_shares(extracted, jobs)
+        for r in prompt_responses:
+            if r.end_of_prompt:
+                self._unshare(r.uid)
         out = []
         for g in responses:
             kv = None
@@ -301,6 +347,17 @@ class BatchRunner:
                 self._forget(g.uid)
             out.append(Token(g.uid, g.token, g.logprobs, g.finish_reason, kv, g.drafted))
         return out
+
+    def _store_shares(self, extracted: dict[int, tuple], jobs: dict[int, Job]) -> None:
+        """Store the KV of rows just stopped at one of their `share` positions (unless a
+        checkpoint there stored it already)."""
+        for uid, (kv, tokens) in extracted.items():
+            n = len(tokens)
+            if n in self._shares.get(uid, ()):
+                if n not in jobs[uid].snapshots:
+                    self.checkpoints.store(jobs[uid], list(tokens), kv)
+                self._shares[uid].discard(n)
+                self._shared.append((uid, n))
 
     def mirror_step(self) -> dict[int, tuple]:
         """A distributed follower's step: the same decode, no output; {uid: (kv, tokens)}

@@ -100,6 +100,21 @@ def _nbytes(layer: Any) -> int:
     return 0 if getattr(layer, "keys", 0) is None else layer.nbytes
 
 
+def _cut(segments: list[list[int]], offset: int) -> bool:
+    """Split ``segments`` (a row's prompt left to feed) so that one ends ``offset`` tokens
+    in; False when ``offset`` is not inside them (0 or less: already fed)."""
+    at = 0
+    for i, seg in enumerate(segments):
+        if offset <= at:
+            return False
+        if offset <= at + len(seg):
+            if offset < at + len(seg):
+                segments[i : i + 1] = [seg[: offset - at], seg[offset - at :]]
+            return True
+        at += len(seg)
+    return False
+
+
 def _extend(a: list, b: list) -> list:
     if not a:
         return b
@@ -216,6 +231,25 @@ class DecodeBatch:
         self._uid += 1
         self._waiting.append(row)
         return uid
+
+    def cut(self, uid: int, position: int) -> bool:
+        """Make row ``uid``'s prefill stop at ``position`` (tokens its KV holds then,
+        counted from the start of its prompt), so that its KV can be copied there: True
+        when it will (a new or existing segment end still ahead), False when the row is
+        past it, decoding or absent."""
+        for rows in (self._waiting, self._prefilling):
+            for r in rows:
+                if r.uid == uid:
+                    return _cut(r.segments, position - len(r.tokens))
+        return False
+
+    def held(self, uid: int) -> int | None:
+        """Tokens row ``uid``'s KV holds now (None: no such row)."""
+        for rows in (self._waiting, self._prefilling, self._rows):
+            for r in rows:
+                if r.uid == uid:
+                    return len(r.tokens)
+        return None
 
     def _find(self, uids: Sequence[int]) -> dict[int, tuple[int, int]]:
         """uid -> (stage, index): 0 waiting, 1 prefilling, 2 decoding."""

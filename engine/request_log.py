@@ -1,0 +1,66 @@
+"""The end of a request, told: its log line, its Prometheus series and GetMetrics' figures.
+
+`finished` runs once per request, when the scheduler ends it (engine thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.jobs import Job
+from engine.metrics import Recorder
+
+logger = logging.getLogger("localai.mlx.engine.scheduler")  # the per-request line's logger
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Metrics of the last finished request, for GetMetrics."""
+
+    tokens_per_second: float = 0.0
+    tokens_generated: int = 0
+    prompt_tokens_processed: int = 0
+    draft_tokens_accepted: int = 0
+
+
+def finished(
+    job: Job, outcome: str, metrics: Recorder, on_metrics: Callable[[RequestMetrics], None]
+) -> None:
+    """Log ``job``'s line, record its series in ``metrics`` and hand its figures to
+    ``on_metrics`` (when it generated any). ``outcome``: its finish reason or error status."""
+    now = time.perf_counter()
+    _, gen_ms = job.timings(now)
+    tps = (job.tokens - 1) / (gen_ms / 1000.0) if gen_ms > 0 and job.tokens > 1 else 0.0
+    ttft = ((job.t_first or now) - job.submitted) * 1000.0
+    if job.tokens:
+        on_metrics(
+            RequestMetrics(tps, job.tokens, job.prompt_tokens - job.cached_tokens, job.drafted)
+        )
+    runner = job.runner
+    drafting = runner is not None and runner.drafts
+    finish = outcome if outcome in ("stop", "length", "cancelled") else None
+    metrics.request_finished(
+        now - job.submitted,
+        "cancelled" if outcome == "CANCELLED" else finish,
+        job.prompt_tokens,
+        job.cached_tokens,
+        "disk" if job.disk_hit else "memory",
+        job.tokens,
+    )
+    if drafting and runner is not None:
+        metrics.speculation(runner.proposed(job), job.drafted)
+    logger.info(
+        "request %s: prompt=%d cached=%d generated=%d ttft=%.1fms tok/s=%.1f finish=%s%s%s",
+        job.params.correlation_id or "-",
+        job.prompt_tokens,
+        job.cached_tokens,
+        job.tokens,
+        ttft,
+        tps,
+        outcome,
+        f" drafted={job.drafted}" if drafting else "",
+        " disk_hit=1" if job.disk_hit else "",
+    )

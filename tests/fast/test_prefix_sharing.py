@@ -1,0 +1,109 @@
+"""In-flight prefix sharing's decisions (`engine.sharing`) and the batch's segment cut
+(`seam.batch._cut`), without a model. The end-to-end behaviour (outputs, prompt tokens
+computed) is tested over gRPC in tests/model/test_prefix_sharing.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from engine.sharing import MIN_SHARED_PREFIX, SharedPrefixes
+from seam.batch import _cut
+
+
+def test_cut_splits_a_segment_or_keeps_an_existing_end() -> None:
+    segs = [[1, 2, 3, 4], [5, 6], [7]]
+    assert _cut(segs, 2) and segs == [[1, 2], [3, 4], [5, 6], [7]]
+    assert _cut(segs, 4) and segs == [[1, 2], [3, 4], [5, 6], [7]]  # already an end
+    assert _cut(segs, 5) and segs == [[1, 2], [3, 4], [5], [6], [7]]
+    assert not _cut(segs, 0) and not _cut(segs, -3)  # already fed
+    assert not _cut(segs, 8)  # past the prompt
+    assert segs == [[1, 2], [3, 4], [5], [6], [7]]
+
+
+class FakeBatch:
+    """The two `Batch` calls sharing makes, recorded."""
+
+    def __init__(self, answer: str = "later") -> None:
+        self.answer = answer
+        self.shares: list[tuple[int, int]] = []
+        self.stored: list[tuple[int, int | None]] = []
+
+    def holds(self, params) -> bool:
+        return True
+
+    def share(self, job, position: int) -> str:
+        self.shares.append((job.uid, position))
+        return self.answer
+
+    def take_shared(self):
+        out, self.stored = self.stored, []
+        return out
+
+
+class FakeCache:
+    def __init__(self, cached: int = 0) -> None:
+        self.cached = cached
+
+    def longest_common_prefix(self, key, ids) -> int:
+        return self.cached
+
+
+def job(ids, uid=None, runner=None, cache_write=True, vision=None):
+    return SimpleNamespace(
+        prompt_ids=tuple(ids),
+        uid=uid,
+        runner=runner,
+        params=SimpleNamespace(cache_write=cache_write),
+        vision=vision,
+        cancelled=False,
+    )
+
+
+SYSTEM = list(range(100, 100 + 3 * MIN_SHARED_PREFIX))
+
+
+def test_parks_on_the_running_row_sharing_most_and_starts_when_stored() -> None:
+    batch = FakeBatch()
+    sharing = SharedPrefixes(batch, FakeCache(), "m", enabled=True)
+    short = job([*SYSTEM[:40], 1, 2], uid=7, runner=batch)
+    long = job([*SYSTEM, 3, 4, 5], uid=8, runner=batch)
+    other_kind = job([*SYSTEM, 9, 9], uid=9, runner=object())  # an image row's runner
+    new = job([*SYSTEM, 6])
+    assert sharing.park(new, [short, long, other_kind])
+    assert batch.shares == [(8, len(SYSTEM))]
+    assert sharing.ready() == [] and len(sharing) == 1
+    batch.stored = [(8, len(SYSTEM) - 5)]  # another position of that row: not this one
+    assert sharing.ready() == []
+    batch.stored = [(8, len(SYSTEM))]
+    assert sharing.ready() == [new] and len(sharing) == 0
+
+
+def test_a_leader_that_leaves_lets_its_followers_go() -> None:
+    batch = FakeBatch()
+    sharing = SharedPrefixes(batch, FakeCache(), "m", enabled=True)
+    leader = job([*SYSTEM, 1], uid=3, runner=batch)
+    a, b = job([*SYSTEM, 2]), job([*SYSTEM, 3])
+    assert sharing.park(a, [leader]) and sharing.park(b, [leader])
+    b.cancelled = True
+    assert sharing.ready() == [b]  # cancelled: handed back to be ended
+    batch.stored = [(3, None)]
+    assert sharing.ready() == [a]
+    sharing.park(job([*SYSTEM, 4]), [leader])
+    assert len(sharing.drain()) == 1 and len(sharing) == 0
+
+
+def test_no_parking_when_it_saves_too_little_or_cannot() -> None:
+    batch = FakeBatch()
+    leader = job([*SYSTEM, 1], uid=3, runner=batch)
+    new = job([*SYSTEM, 2])
+    # The prompt cache already holds all but a few shared tokens.
+    cached = SharedPrefixes(batch, FakeCache(len(SYSTEM) - MIN_SHARED_PREFIX + 1), "m", True)
+    assert not cached.park(new, [leader])
+    assert not SharedPrefixes(batch, FakeCache(), "m", enabled=False).park(new, [leader])
+    sharing = SharedPrefixes(batch, FakeCache(), "m", enabled=True)
+    assert not sharing.park(job([*SYSTEM, 2], vision=object()), [leader])
+    assert not sharing.park(new, [job([*SYSTEM, 1], uid=3, runner=batch, cache_write=False)])
+    batch.answer = "stored"  # the leader is past it: the copy is in the cache already
+    assert not sharing.park(new, [leader]) and len(sharing) == 0
+    batch.answer = ""
+    assert not sharing.park(new, [leader]) and len(sharing) == 0

@@ -1,0 +1,151 @@
+"""In-flight prefix sharing (issue 30): requests sent together that share a new long
+prefix prefill it once (`engine.sharing`), over real gRPC on tiny random-weight models
+(a trimmable llama and a gemma3 whose sliding window needs prefill checkpoints) and the
+embedded model. Every output equals mlx-lm's own cold greedy generation of its prompt;
+the prompt tokens computed (Prometheus ``prompt_tokens{source="prefill"}`` through
+GetMetrics) are one prefill of the shared part plus each request's own tail.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import tiny_models
+from helpers import chat_request, greedy
+from inprocess import InProcessServer
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+import backend_pb2
+from engine import prompt as prompt_mod
+from engine import sharing
+from engine.core import Engine
+from engine.metrics import Metrics
+from loading.model_loader import embedded_model_path
+
+MAX_TOKENS = 5
+SYSTEM = (
+    "You are the build agent of a monorepo. Tools: read_file(path), write_file(path, text), "
+    "run(command), search(query). Always read a file before changing it, run the tests after "
+    "every change, and report what you changed in one sentence. Never touch vendored code. "
+) * 5  # about 290 tokens
+QUESTIONS = [
+    "Fix the failing test in parser.",
+    "Rename the config loader.",
+    "Why is the build slow?",
+    "Add a CHANGELOG entry.",
+    "Remove the dead code in utils.",
+    "Bump the version.",
+]
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = Engine(metrics=Metrics())
+    engine.start()
+    s = InProcessServer(engine=engine)
+    try:
+        yield s
+    finally:
+        s.stop()
+        engine.stop()
+
+
+def _load(srv, path, options=()) -> None:
+    res = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=str(path), Options=list(options)))
+    assert res.success, res.message
+
+
+def _ids(srv, req) -> list[int]:
+    tok = srv.engine.loaded.tokenizer
+    if req.Prompt:
+        return prompt_mod.encode(tok, req.Prompt)
+    messages = [{"role": m.role, "content": m.content} for m in req.Messages]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return prompt_mod.encode(tok, text)
+
+
+def _reference(srv, ids: list[int]) -> str:
+    """mlx-lm's own greedy generation, cold (the engine is idle)."""
+    loaded = srv.engine.loaded
+    tok, out = loaded.tokenizer, []
+    cache = make_prompt_cache(loaded.model)
+    steps = generate_step(mx_array(ids), loaded.model, max_tokens=MAX_TOKENS, prompt_cache=cache)
+    for token, _ in steps:
+        if int(token) in tok.eos_token_ids:
+            break
+        out.append(int(token))
+    return tok.decode(out)
+
+
+def mx_array(ids):
+    import mlx.core as mx
+
+    return mx.array(ids)
+
+
+def _computed(srv) -> int:
+    """Prompt tokens prefilled so far (not served by the prompt cache)."""
+    info = json.loads(srv.stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+    return int(info["metrics"]["prompt_tokens"]["prefill"])
+
+
+def _together(srv, reqs) -> list[str]:
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        return list(pool.map(lambda r: srv.stub.Predict(r).message.decode("utf-8"), reqs))
+
+
+def _lcp(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_a_burst_prefills_its_shared_prefix_once(served, model_root, family) -> None:
+    _load(served, tiny_models.build(family, model_root), ("max_batch_size:8",))
+    reqs = [chat_request(q, SYSTEM, Tokens=MAX_TOKENS, Temperature=0) for q in QUESTIONS]
+    ids = [_ids(served, r) for r in reqs]
+    refs = [_reference(served, i) for i in ids]
+    shared = min(_lcp(ids[0], i) for i in ids[1:])
+    assert shared > 250
+
+    before = _computed(served)
+    assert _together(served, reqs) == refs
+    computed = _computed(served) - before
+    tails = sum(len(i) - shared for i in ids)
+    # One prefill of the shared part, each request's own tail, and a few tokens where a
+    # request's prefix stops one short of the shared part (its last token).
+    assert computed <= shared + tails + 2 * len(reqs), (computed, shared, tails)
+    # Sent one by one (the prefix is cached now), the same outputs.
+    assert [served.stub.Predict(r).message.decode("utf-8") for r in reqs[:2]] == refs[:2]
+
+
+def test_sharing_waits_only_for_a_prefix_worth_it(served, model_root) -> None:
+    """Prompts sharing fewer than MIN_SHARED_PREFIX new tokens prefill on their own; a
+    request cancelled while parked ends without touching the others."""
+    _load(served, tiny_models.build("llama", model_root), ("max_batch_size:8",))
+    short = [greedy(f"{n} apples and {n + 1} pears.", MAX_TOKENS) for n in range(4)]
+    ids = [_ids(served, r) for r in short]
+    assert max(_lcp(ids[0], i) for i in ids[1:]) < sharing.MIN_SHARED_PREFIX
+    refs = [_reference(served, i) for i in ids]
+    before = _computed(served)
+    assert _together(served, short) == refs
+    assert _computed(served) - before == sum(len(i) for i in ids)
+
+
+def test_burst_on_the_embedded_model(served) -> None:
+    _load(served, embedded_model_path(), ("max_batch_size:8",))
+    reqs = [chat_request(q, SYSTEM, Tokens=MAX_TOKENS, Temperature=0) for q in QUESTIONS[:4]]
+    ids = [_ids(served, r) for r in reqs]
+    refs = [_reference(served, i) for i in ids]
+    shared = min(_lcp(ids[0], i) for i in ids[1:])
+    before = _computed(served)
+    assert _together(served, reqs) == refs
+    computed = _computed(served) - before
+    assert computed <= shared + sum(len(i) - shared for i in ids) + 2 * len(reqs)
