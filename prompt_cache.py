@@ -4,7 +4,9 @@ Owns: storing the per-layer KV cache objects (``mlx_lm.models.cache``) of finish
 cancelled sequences, finding the stored entry that saves the most prefill for a new
 prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private deep
 copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
-hits, misses, reused tokens and evictions. Never imports grpc or runs a model.
+hits, misses, reused tokens and evictions, and telling how near a prompt comes to what is
+stored and to what was evicted last (``nearest``: engine/divergence.py's miss reasons).
+Never imports grpc or runs a model.
 
 Every stored entry is a :func:`materialize` copy: a KV cut from a BatchGenerator batch
 (``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice whose graph keeps the

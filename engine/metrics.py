@@ -332,9 +332,9 @@ class Metrics:
             PREFIX + "prompt_cache_miss_reasons",
             "Requests the prompt cache served less than half the prompt of, by reason: "
             "cold (nothing stored for the model), diverged (the nearest stored prompt "
-            "parts early; the debug log shows where), evicted (a recent prompt would have "
-            "served it but is no longer stored), untrimmable (a stored prompt shares more "
-            "but its KV cannot be cut back).",
+            "parts early; the debug log shows where), evicted (an entry evicted to honour the "
+            "cache's bounds would have served half), untrimmable (a stored prompt shares "
+            "more but its KV cannot be cut back).",
             ["reason"],
             registry=r,
         )
