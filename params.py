@@ -115,6 +115,8 @@ from parsing.options import (
 )
 from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
+from parsing.volatile_spans import VolatileSpans
+from parsing.volatile_spans import read as read_volatile_spans
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (engine.fit)
@@ -242,6 +244,9 @@ class LoadParams:
     max_pending_events: int | None = None
     prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
     cpu_fuse: bool = True  # option cpu_fuse: false skips cpu_fuse.transform (dense CPU path)
+    # option volatile_spans: compiled patterns removed from every prompt before tokenizing
+    # (parsing/volatile_spans.py); default Claude Code's billing header.
+    volatile_spans: VolatileSpans = field(default_factory=lambda: read_volatile_spans(None))
     # The options of vision-language models (vision, max_images, vision_cache_entries...).
     vision: images_mod.VisionOptions = field(default_factory=images_mod.VisionOptions)
 

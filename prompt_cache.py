@@ -4,7 +4,9 @@ Owns: storing the per-layer KV cache objects (``mlx_lm.models.cache``) of finish
 cancelled sequences, finding the stored entry that saves the most prefill for a new
 prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private deep
 copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
-hits, misses, reused tokens and evictions. Never imports grpc or runs a model.
+hits, misses, reused tokens and evictions, and telling how near a prompt comes to what is
+stored and to what was evicted last (``nearest``: engine/divergence.py's miss reasons).
+Never imports grpc or runs a model.
 
 Every stored entry is a :func:`materialize` copy: a KV cut from a BatchGenerator batch
 (``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice whose graph keeps the
@@ -24,7 +26,8 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections import OrderedDict
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +49,7 @@ from seam import kv as seam_kv
 __all__ = [
     "CacheLookup",
     "CacheStats",
+    "Nearest",
     "PromptCache",
     "kv_nbytes",
     "materialize",
@@ -109,6 +113,31 @@ class CacheLookup:
     rest: list[int]
     kind: str = field(default="", compare=False)
     disk_hit: bool = False
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """What :meth:`PromptCache.nearest` finds for a prompt: ``common`` tokens shared with
+    the nearest stored entry of its model, whose tokens are ``stored`` (``()`` when none
+    shares a token); ``entries`` stored for the model; ``evicted`` tokens shared with the
+    nearest of the entries evicted last (to honour the bounds)."""
+
+    common: int
+    stored: tuple[int, ...]
+    entries: int
+    evicted: int = 0
+
+
+GHOSTS = 16  # evicted entries whose tokens are remembered (Nearest.evicted)
+GHOST_TOKENS = 1 << 20  # and at most this many of their tokens (8 bytes each)
+
+
+def _packed(tokens: Sequence[int]) -> array | None:
+    """``tokens`` as 8-byte integers; None when some do not fit (image key ids)."""
+    try:
+        return array("q", tokens)
+    except OverflowError:
+        return None
 
 
 @dataclass
@@ -328,6 +357,9 @@ class PromptCache:
         self._tokens_reused = 0
         self._evictions = 0
         self._hits_by_kind = dict.fromkeys(("exact", "shorter", "checkpoint", "trimmed"), 0)
+        # The tokens of the entries evicted last (:meth:`nearest`: "evicted" misses).
+        self._ghosts: deque[tuple[str, array]] = deque()
+        self._ghost_tokens = 0
 
     def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
         """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
@@ -339,6 +371,29 @@ class PromptCache:
                 (common_prefix(k[1], toks) for k in self._entries if k[0] == model_key),
                 default=0,
             )
+
+    def nearest(self, model_key: str, tokens: Sequence[int]) -> Nearest:
+        """The :class:`Nearest` stored entry of ``model_key`` to ``tokens`` (the shortest
+        of equals), and the longest common prefix with the entries evicted last
+        (``GHOSTS`` of them). Changes no recency or counter."""
+        toks = tuple(map(int, tokens))
+        best: tuple[int, tuple[int, ...]] = (0, ())
+        entries = 0
+        with self._lock:
+            for key in self._entries:
+                if key[0] != model_key:
+                    continue
+                entries += 1
+                n = common_prefix(key[1], toks)
+                if n > best[0] or (n == best[0] and n and len(key[1]) < len(best[1])):
+                    best = (n, key[1])
+            ghosts = list(self._ghosts)
+        evicted = 0
+        packed = _packed(toks) if ghosts else None
+        for key, ghost in ghosts:
+            if key == model_key and packed is not None and type(ghost) is type(packed):
+                evicted = max(evicted, common_prefix(ghost, packed))
+        return Nearest(best[0], best[1], entries, evicted)
 
     def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
         """Find the cached KV that saves the most prefill for ``tokens``.
@@ -492,11 +547,25 @@ class PromptCache:
         while self._entries and (
             len(self._entries) > max_entries or (max_bytes is not None and self._nbytes > max_bytes)
         ):
-            _, entry = self._entries.popitem(last=False)
+            key, entry = self._entries.popitem(last=False)
             self._nbytes -= entry.nbytes
             evicted += 1
+            self._remember_evicted(key)
         self._evictions += evicted
         return evicted
+
+    def _remember_evicted(self, key: _Key) -> None:
+        """Keep the tokens of an evicted entry (packed, 8 bytes each) among the last
+        ``GHOSTS``, at most ``GHOST_TOKENS`` tokens in all, for :meth:`nearest`."""
+        packed = _packed(key[1])
+        if packed is None:
+            return
+        self._ghosts.append((key[0], packed))
+        self._ghost_tokens += len(packed)
+        while len(self._ghosts) > GHOSTS or (
+            self._ghost_tokens > GHOST_TOKENS and len(self._ghosts) > 1
+        ):
+            self._ghost_tokens -= len(self._ghosts.popleft()[1])
 
     def clear(self) -> None:
         """Drop every entry; counters (hits, misses, tokens reused, evictions) stay."""

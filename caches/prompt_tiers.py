@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 
 from caches.prompt_disk import DiskCache, model_fingerprint
-from prompt_cache import CacheLookup, CacheStats, PromptCache, trim_exactly
+from prompt_cache import CacheLookup, CacheStats, Nearest, PromptCache, trim_exactly
 
 __all__ = ["MAX_DISK_DIRS", "PromptTiers", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
 
@@ -64,6 +64,11 @@ class PromptTiers(Protocol):
         ...
 
     def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int: ...
+
+    def nearest(self, model_key: str, tokens: Sequence[int]) -> Nearest:
+        """The nearest stored (and evicted) prompt of the memory tier."""
+        ...
+
     def trim_to(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> int:
         """Evict from memory until within the bounds; returns the entries evicted."""
         ...
@@ -232,6 +237,10 @@ class TieredPromptCache:
     def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
         """``PromptCache.longest_common_prefix`` of the memory tier."""
         return self.memory.longest_common_prefix(model_key, tokens)
+
+    def nearest(self, model_key: str, tokens: Sequence[int]) -> Nearest:
+        """``PromptCache.nearest`` of the memory tier."""
+        return self.memory.nearest(model_key, tokens)
 
     @property
     def checkpoint_nbytes(self) -> int:

@@ -72,6 +72,9 @@ STATUS_CODES = frozenset(
      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
      "UNAUTHENTICATED"}
 )  # fmt: skip
+# Why a request's prompt was mostly prefilled although the prompt cache is on
+# (engine/divergence.py says when and how each is told).
+MISS_REASONS = ("cold", "diverged", "evicted", "untrimmable")
 OTHER = "other"  # the label value of a finish reason or tier this module does not know
 
 
@@ -325,6 +328,18 @@ class Metrics:
             "Prompt-cache lookups that served nothing.",
             registry=r,
         )
+        reasons = Counter(
+            PREFIX + "prompt_cache_miss_reasons",
+            "Requests the prompt cache served less than half the prompt of, by reason: "
+            "cold (nothing stored for the model), diverged (the nearest stored prompt "
+            "parts early; the debug log shows where), evicted (an entry evicted to honour the "
+            "cache's bounds would have served half), untrimmable (a stored prompt shares "
+            "more but its KV cannot be cut back).",
+            ["reason"],
+            registry=r,
+        )
+        self._reasons = {m: reasons.labels(reason=m) for m in MISS_REASONS}
+        self._reasons_family = reasons
         evictions = Counter(
             PREFIX + "prompt_cache_evictions",
             "Prompt-cache entries dropped to stay within the cache's bounds, by tier.",
@@ -368,6 +383,7 @@ class Metrics:
             "prompt_cache_hits": hits,
             "prompt_cache_misses": self._misses,
             "prompt_cache_evictions": evictions,
+            "prompt_cache_miss_reasons": reasons,
             "spec_decode_draft_tokens": self._drafted,
             "spec_decode_accepted_tokens": self._accepted,
             "memory_bytes": memory,
@@ -482,6 +498,14 @@ class Metrics:
             child = family.labels(tier=OTHER)
         child.inc(n)
 
+    def cache_miss(self, reason: str) -> None:
+        """One request the prompt cache mostly missed, for ``reason`` (one of
+        `MISS_REASONS`; another counts as ``other``)."""
+        child = self._reasons.get(reason)
+        if child is None:
+            child = self._reasons_family.labels(reason=OTHER)
+        child.inc()
+
     def cache_totals(
         self,
         tier: str = "memory",
@@ -595,6 +619,9 @@ class NullMetrics:
         pass
 
     def cache_event(self, kind: str, tier: str = "memory", count: int = 1) -> None:
+        pass
+
+    def cache_miss(self, reason: str) -> None:
         pass
 
     def cache_totals(

@@ -6,8 +6,9 @@ pool, where it is
 - its constraint compiled for the model's tokenizer (`grammar.compile_constraint`; the
   compile is kept, so the sequence's processor reuses it) and its LogitBias ids checked
   against the vocabulary,
-- its prompt rendered and tokenized (images decoded and preprocessed:
-  `vision_prompt.prepare`), refused early when its text cannot fit the context,
+- its prompt rendered and tokenized (volatile spans removed first:
+  `prompt.without_volatile`; images decoded and preprocessed: `vision_prompt.prepare`),
+  refused early when its text cannot fit the context,
 - and the decisions that need its token count made (`engine.fit`): the prompt fits the
   context, the Tokens cap, the memory budget can ever hold it.
 No MLX here (the engine thread owns it). Every ``ValueError`` raised here comes from the
@@ -31,7 +32,7 @@ from typing import Any
 import params as params_mod
 from decoding import grammar, sampling
 from engine import fit, vision_prompt
-from engine.prompt import PreparedPrompt
+from engine.prompt import PreparedPrompt, without_volatile
 from errors import invalid_argument
 from loading.loaded_model import LoadedModel
 from params import GenerationRequest, LoadParams
@@ -121,7 +122,7 @@ def prepare(message: Any, intake: Intake, progress: Progress | None = None) -> P
                 progress.compiling = None
         sampling.check_logit_bias(request.params, loaded.tokenizer)
         prompt = vision_prompt.prepare(
-            request.prompt,
+            without_volatile(request.prompt, loaded.params.volatile_spans),
             loaded,
             lambda text: fit.check_text(text, loaded),
             intake.boundaries,

@@ -16,20 +16,26 @@ Rules:
   an opened think block).
 - A tokenizer without a chat template (LocalAI only sets UseTokenizerTemplate when the
   model has one) gets the message contents joined by newlines, with a warning.
+- Volatile spans (load option volatile_spans, `parsing.volatile_spans`) leave the raw
+  prompt and every message's content before anything is rendered (`without_volatile`),
+  so the chat template, the chat boundary and image prompts all see the same text.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
 
 from decoding.output import initial_state_for
 from params import PromptSpec
+from parsing.volatile_spans import TIMEOUT_S, VolatileSpans
 from prompt_cache import common_prefix
 
 log = logging.getLogger("localai.mlx." + __name__)
@@ -65,6 +71,28 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     else:
         ids = tokenizer.encode(text)
     return [int(i) for i in ids]
+
+
+def without_volatile(spec: PromptSpec, spans: VolatileSpans) -> PromptSpec:
+    """``spec`` with the matches of ``spans`` removed from its raw prompt (``messages``
+    None) or from every message's string content; ``spec`` itself when nothing matched.
+    All patterns on all texts share one `TIMEOUT_S` (`VolatileSpans.remove`). Never raises.
+    """
+    if not spans:
+        return spec
+    deadline = time.monotonic() + TIMEOUT_S
+    if spec.messages is None:
+        text = spans.remove(spec.prompt, deadline)
+        return spec if text == spec.prompt else replace(spec, prompt=text)
+    messages, changed = [], False
+    for message in spec.messages:
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            text = spans.remove(content, deadline)
+            if text != content:
+                message, changed = MappingProxyType({**message, "content": text}), True
+        messages.append(message)
+    return replace(spec, messages=tuple(messages)) if changed else spec
 
 
 def _has_chat_template(tokenizer: Any) -> bool:

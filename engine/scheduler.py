@@ -25,7 +25,7 @@ from caches.prompt_tiers import PromptTiers
 from decoding import grammar, sampling
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
-from engine import fit, request_log
+from engine import divergence, fit, request_log
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
 from engine.memory import MemoryBudget
@@ -320,10 +320,10 @@ class Scheduler:
         processors = sampling.make_logits_processors(params, tokenizer)
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
-        diverges = (
-            self.cache.longest_common_prefix(loaded.cache_key, ids) if self.wants_boundaries else 0
-        )
+        near = self.cache.nearest(loaded.cache_key, ids)  # engine/divergence.py
+        diverges = near.common if self.wants_boundaries else 0
         lookup = self.cache.fetch(loaded.cache_key, ids, params.prompt_cache_dir)
+        divergence.record(near, ids, lookup, tokenizer, self.metrics)
         job.disk_hit = lookup.disk_hit  # disk tier: for the log line
         self.metrics.cache_event(
             "hit" if lookup.cached_tokens else "miss", "disk" if job.disk_hit else "memory"

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parsing import volatile_spans
 from parsing.images import (
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
@@ -198,6 +199,12 @@ OPTIONS: tuple[Option, ...] = (
            default=DEFAULT_KV_GROUP_SIZE, group=_CACHE),
     Option("quantized_kv_start", "int", "tokens of a sequence kept unquantized (> 0 runs "
            "it outside the batch)", lo=0, default=0, group=_CACHE),
+    Option("volatile_spans", "patterns", "text removed from every prompt before it is "
+           "tokenized, so a per-request nonce does not end the prompt-cache prefix "
+           "(README \"Volatile spans\"): a regular expression, a JSON array of them (the name "
+           "`claude_code` stands for the built-in pattern), or `none`",
+           default=volatile_spans.read(None), shown="`claude_code`: Claude Code's "
+           "`x-anthropic-billing-header: ...; cch=...;`", group=_CACHE),
     Option("memory_budget", "size", "bytes of MLX memory for weights, KV, prompt cache "
            "and prefill (README \"Memory budget\")", lo=0,
            shown="the platform's (0 = off)", group=_CACHE),
@@ -437,6 +444,7 @@ _READERS: dict[str, Callable[[str, str, Option], Any]] = {
     "text": lambda name, text, o: text,
     "path": _path,
     "normalize": lambda name, text, o: embd_normalize_code(typed(text)),
+    "patterns": lambda name, text, o: volatile_spans.read(text),
 }
 
 
@@ -504,7 +512,12 @@ def _accepts(o: Option) -> str:
         return "auto/true/false"
     if o.kind == "choice":
         return "/".join(f"`{c}`" for c in o.choices if c)
-    return {"text": "text", "path": "path", "normalize": "true/false/integer"}[o.kind]
+    return {
+        "text": "text",
+        "path": "path",
+        "normalize": "true/false/integer",
+        "patterns": "regex, JSON array of regexes, or `none`",
+    }[o.kind]
 
 
 def _default(o: Option) -> str:

@@ -111,6 +111,7 @@ _BAD = {
     "choice": "nope",
     "path": "",
     "normalize": "x",
+    "patterns": "(unclosed",
 }
 
 
