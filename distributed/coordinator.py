@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed import sharding
 from distributed.collectives import Collectives, GroupLost
-from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan
+from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan, Share
 from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
 from engine.jobs import Job
 from engine.scheduler import GroupHooks
@@ -133,6 +133,11 @@ class Coordinator(GroupHooks):
                     initial_state=job.initial_state,
                 )
             )
+
+    def shared(self, job: Job, position: int) -> None:
+        """Rank 0 asked ``job``'s row for its prefix: the followers ask theirs alike."""
+        if self.leader and job.uid is not None:
+            self._journal.append(Share(job.uid, position))
 
     def left(self, job: Job) -> None:
         """Rank 0 retired ``job`` (any reason): the followers retire it at the next sync."""

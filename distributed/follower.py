@@ -19,7 +19,7 @@ from typing import Any
 
 from decoding.output import Delta
 from distributed.coordinator import NAP, Coordinator, GroupLost
-from distributed.plan import SHUTDOWN, Join, Leave, Op
+from distributed.plan import SHUTDOWN, Join, Leave, Op, Share
 from engine.core import LOAD, REPLICATED_OPS, Engine
 from engine.jobs import Job
 from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
@@ -157,5 +157,12 @@ def _apply(engine: Engine, op: Op, finished: dict[int, tuple]) -> None:
         if job is None:
             raise Desync(f"rank 0 retired sequence {op.uid}, which this rank does not run")
         sched.retire(job, "stop", kv=finished.pop(op.uid, None))
+    elif isinstance(op, Share):
+        job = sched.active.get(op.uid)
+        if job is None:
+            raise Desync(
+                f"rank 0 shared a prefix of sequence {op.uid}, which this rank does not run"
+            )
+        sched.share(job, op.position)
     else:
         raise Desync(f"unknown plan op {op!r}")

@@ -3,7 +3,8 @@
 A ``Plan`` is what one iteration of rank 0's engine loop did to its running set, in
 order: ``Join`` (a sequence started: its prompt ids, sampling parameters with a concrete
 seed, max tokens, how many prompt tokens came from the prompt cache, the logits
-processors' initial state) and ``Leave`` (a sequence retired, for any reason); then
+processors' initial state), ``Leave`` (a sequence retired, for any reason) and ``Share``
+(a running sequence's prefix is stored for requests waiting on it); then
 either a ``Call`` (an engine operation that runs the model on every rank: load, free,
 score, embed; or ``SHUTDOWN``) or a step. The followers apply it with the same
 scheduler methods (``distributed/follower.py``), so every rank runs the same batch.
@@ -49,7 +50,17 @@ class Leave:
     uid: int
 
 
-Op = Join | Leave
+@dataclass(frozen=True)
+class Share:
+    """Rank 0 asked sequence ``uid`` for the KV of its first ``position`` prompt tokens,
+    for requests sharing them (`engine.sharing`): every rank's batch cuts its prefill
+    there, or copies it now, alike."""
+
+    uid: int
+    position: int
+
+
+Op = Join | Leave | Share
 
 
 @dataclass(frozen=True)

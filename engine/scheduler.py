@@ -73,6 +73,9 @@ class GroupHooks:
     def joined(self, job: Job, ids: list[int]) -> None:
         """Rank 0 started `job` on prompt `ids`."""
 
+    def shared(self, job: Job, position: int) -> None:
+        """Rank 0 asked `job`'s batch row for its first `position` prompt tokens."""
+
     def left(self, job: Job) -> None:
         """Rank 0 retired `job`."""
 
@@ -150,10 +153,7 @@ class Scheduler:
         )
         # Admitted jobs waiting for a running row's prefill of the prefix they share.
         self.sharing = SharedPrefixes(
-            self._batch,
-            self.cache,
-            loaded.cache_key,
-            group.single_process and loaded.params.max_cache_bytes != 0,
+            self._batch, self.cache, loaded.cache_key, loaded.params.max_cache_bytes != 0
         )
         self._runners: tuple[Runner, ...] = (
             *([self._vision] if self._vision else []),
@@ -288,11 +288,21 @@ class Scheduler:
         )
         # Distributed: every rank samples this sequence, so its seed is picked once, here.
         job.params = self.group.pin_seed(job.params)
-        if not self.sharing.park(job, self.active.values()):
+        if not self._park(job):
             self.start(job, ids)
 
     def _admitted(self) -> list[Job]:
         return [*self.active.values(), *self.sharing.jobs()]
+
+    def _park(self, job: Job) -> bool:
+        """Whether ``job`` waits for a running row's prefill of a prefix they share."""
+        return self.sharing.park(job, self.active.values(), self.share)
+
+    def share(self, job: Job, position: int) -> str:
+        """Ask ``job``'s batch row for the KV of its first ``position`` prompt tokens
+        (`BatchRunner.share`); every rank of a group asks alike."""
+        self.group.shared(job, position)
+        return self._batch.share(job, position)
 
     def _unpark(self) -> None:
         """Start the parked jobs whose shared prefix is stored (or will not be); end the
@@ -301,7 +311,7 @@ class Scheduler:
             try:
                 if job.cancelled:
                     raise Cancelled("cancelled before it started")
-                if not self.sharing.park(job, self.active.values()):
+                if not self._park(job):
                     self.start(job, list(job.prompt_ids))
             except (BackendError, ValueError) as exc:
                 self.end(job, error=as_backend_error(exc))
@@ -365,6 +375,7 @@ class Scheduler:
         for runner in self._runners:
             if runner.rows:
                 finished.update(runner.mirror_step())
+        self._batch.take_shared()  # a follower parks nothing: rank 0 starts its waiters
         return finished
 
     def _on_token(self, t: Token) -> None:

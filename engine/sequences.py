@@ -138,6 +138,7 @@ class BatchRunner:
         # In-flight prefix sharing: positions where a row's KV is copied to the prompt
         # cache for requests waiting on that prefix, and the copies made since last asked.
         self._shares: dict[int, set[int]] = {}
+        self._share_job: dict[int, Job] = {}
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
@@ -178,6 +179,7 @@ class BatchRunner:
         self._decoding.clear()
         self._prefilled.clear()
         self._shares.clear()
+        self._share_job.clear()
         self._shared.clear()
 
     def _forget(self, uid: int) -> None:
@@ -187,6 +189,7 @@ class BatchRunner:
         self._unshare(uid)
 
     def _unshare(self, uid: int) -> None:
+        self._share_job.pop(uid, None)
         if self._shares.pop(uid, None):
             self._shared.append((uid, None))
 
@@ -197,13 +200,15 @@ class BatchRunner:
         trims), "later" (its prefill now stops there; `take_shared` says when it is
         stored), or "" (not possible: then the other request prefills on its own)."""
         uid = job.uid
-        held = self._batch.held(uid) if uid is not None and uid in self._uids else None
-        if uid is None or held is None:
+        row = self._batch.held(uid) if uid is not None and uid in self._uids else None
+        if uid is None or row is None:
             return ""
+        held, stage = row
         if self._batch.cut(uid, position):
             self._shares.setdefault(uid, set()).add(position)
+            self._share_job[uid] = job
             return "later"
-        if held < position or uid not in self._prefilled:  # waiting rows own their cache
+        if held < position or stage == 0:  # a waiting row's cache is its own, not a copy
             return ""
         kv, tokens = self._batch.extract_cache([uid])[uid]  # a copy
         if not trim_exactly(kv, held - position):
@@ -324,21 +329,7 @@ class BatchRunner:
             if r.end_of_prompt:
                 self._decoding.add(r.uid)
         self.budget.observe(time.perf_counter() - start, prefilled, decoding)
-        boundaries = [
-            r.uid
-            for r in prompt_responses
-            if r.end_of_segment
-            and not r.end_of_prompt
-            and r.uid in jobs
-            and (jobs[r.uid].snapshots or r.uid in self._shares)
-        ]
-        if boundaries:
-            extracted = self._batch.extract_cache(boundaries)
-            self.checkpoints.store_extracted(extracted, jobs)
-            self._store_shares(extracted, jobs)
-        for r in prompt_responses:
-            if r.end_of_prompt:
-                self._unshare(r.uid)
+        self._at_boundaries(prompt_responses, jobs)
         out = []
         for g in responses:
             kv = None
@@ -348,23 +339,37 @@ class BatchRunner:
             out.append(Token(g.uid, g.token, g.logprobs, g.finish_reason, kv, g.drafted))
         return out
 
-    def _store_shares(self, extracted: dict[int, tuple], jobs: dict[int, Job]) -> None:
-        """Store the KV of rows just stopped at one of their `share` positions (unless a
-        checkpoint there stored it already)."""
-        for uid, (kv, tokens) in extracted.items():
-            n = len(tokens)
-            if n in self._shares.get(uid, ()):
-                if n not in jobs[uid].snapshots:
-                    self.checkpoints.store(jobs[uid], list(tokens), kv)
-                self._shares[uid].discard(n)
-                self._shared.append((uid, n))
+    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
+        """Store the KV of rows whose prefill just stopped at one of their checkpoints
+        (``jobs``: by uid) or `share` positions."""
+        boundaries = [
+            r.uid
+            for r in prompt_responses
+            if r.end_of_segment
+            and not r.end_of_prompt
+            and ((r.uid in jobs and jobs[r.uid].snapshots) or r.uid in self._shares)
+        ]
+        if boundaries:
+            extracted = self._batch.extract_cache(boundaries)
+            self.checkpoints.store_extracted(extracted, jobs)
+            for uid, (kv, tokens) in extracted.items():
+                n, job = len(tokens), self._share_job.get(uid)
+                if job is not None and n in self._shares.get(uid, ()):
+                    if n not in job.snapshots:  # else the checkpoint stored it
+                        self.checkpoints.store(job, list(tokens), kv)
+                    self._shares[uid].discard(n)
+                    self._shared.append((uid, n))
+        for r in prompt_responses:
+            if r.end_of_prompt:
+                self._unshare(r.uid)
 
     def mirror_step(self) -> dict[int, tuple]:
         """A distributed follower's step: the same decode, no output; {uid: (kv, tokens)}
         of the rows the batch ended itself."""
         if not self._uids:
             return {}
-        _, responses = self._batch.next()
+        prompt_responses, responses = self._batch.next()
+        self._at_boundaries(prompt_responses, {})  # rank 0's `share` cuts, repeated here
         finished = {}
         for r in responses:
             if r.finish_reason is not None:

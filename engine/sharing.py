@@ -14,16 +14,18 @@ RadixAttention share KV blocks in flight; the prompt cache is this server's way 
 Outputs are unchanged: a request resumed from a prompt-cache entry computes what its
 cold prefill would (the cache's exactness is tested on its own).
 
-A single process only: a distributed group's ranks must take the same steps, and
-parking changes the leader's prefill chunks on rank 0 alone. Image prompts are not
-parked (their token ids are cache keys, prefilled from embeddings elsewhere).
+In a distributed group rank 0 decides alone and its followers repeat each `share` call
+(`distributed.plan.Share`), so every rank cuts the same prefill and stores the same
+entry; the waiting requests then join everywhere with the same cache hit. Image
+prompts are not parked (their token ids are cache keys, prefilled from embeddings
+elsewhere).
 
 Runs on the engine thread (the scheduler's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from caches.prompt_tiers import PromptTiers
@@ -52,7 +54,7 @@ class SharedPrefixes:
         batch: the scheduler's batch runner (it stores the prefixes).
         cache: the prompt cache the prefixes go through.
         cache_key: the loaded model's prompt-cache key.
-        enabled: False in a distributed group or where the prompt cache stores nothing.
+        enabled: False where the prompt cache stores nothing (``max_cache_bytes`` 0).
     """
 
     def __init__(self, batch: Batch, cache: PromptTiers, cache_key: str, enabled: bool) -> None:
@@ -68,9 +70,10 @@ class SharedPrefixes:
     def jobs(self) -> list[Job]:
         return [p.job for p in self.parked]
 
-    def park(self, job: Job, running: Iterable[Job]) -> bool:
+    def park(self, job: Job, running: Iterable[Job], share: Callable[[Job, int], str]) -> bool:
         """Whether ``job`` (admitted, not started) waits for one of the ``running`` jobs'
-        batch rows to store the prefix they share; if so it is parked."""
+        batch rows to store the prefix they share; if so it is parked. ``share(leader,
+        position)`` asks the row (`Scheduler.share`: the batch's answer)."""
         if not self.enabled or job.vision is not None or not self.batch.holds(job.params):
             return False
         ids = job.prompt_ids
@@ -85,7 +88,7 @@ class SharedPrefixes:
             return False
         if best - self.cache.longest_common_prefix(self.cache_key, ids) < MIN_SHARED_PREFIX:
             return False
-        if self.batch.share(leader, best) != "later":
+        if share(leader, best) != "later":
             return False  # stored now (its lookup hits) or not possible: it starts
         self.parked.append(Parked(job, leader.uid, best))
         return True

@@ -243,12 +243,13 @@ class DecodeBatch:
                     return _cut(r.segments, position - len(r.tokens))
         return False
 
-    def held(self, uid: int) -> int | None:
-        """Tokens row ``uid``'s KV holds now (None: no such row)."""
-        for rows in (self._waiting, self._prefilling, self._rows):
+    def held(self, uid: int) -> tuple[int, int] | None:
+        """(tokens row ``uid``'s KV holds now, its stage: 0 waiting, 1 prefilling, 2
+        decoding); None: no such row."""
+        for stage, rows in enumerate((self._waiting, self._prefilling, self._rows)):
             for r in rows:
                 if r.uid == uid:
-                    return len(r.tokens)
+                    return len(r.tokens), stage
         return None
 
     def _find(self, uids: Sequence[int]) -> dict[int, tuple[int, int]]:

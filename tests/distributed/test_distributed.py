@@ -284,6 +284,32 @@ def test_requests_decoded_together_match_a_single_process_and_a_cancel_leaves_no
     assert again.message == server.stub.Predict(repeat).message and again.tokens == 2
 
 
+def _prompt_cache(stub) -> dict:
+    info = json.loads(stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+    return info["prompt_cache"]
+
+
+@needs_launcher
+def test_requests_sent_together_share_their_new_prefix_on_every_rank(cluster, server):
+    """A burst sharing a new system prompt (engine/sharing.py): the followers repeat rank
+    0's cut (distributed.plan.Share) and store the same entry, so the waiting requests
+    join every rank with the same cache hit; outputs equal the single process's."""
+    system = "You are the release agent. Read the changelog, tag, build, publish. " * 6
+    requests = [
+        chat_request(q, system, Tokens=2, Temperature=0.0)
+        for q in ("Tag it.", "Build it.", "Publish it.")
+    ]
+    want = [server.stub.Predict(r).message for r in requests]
+    before = _prompt_cache(cluster.stub)["hits_checkpoint"]  # no checkpoints in a group
+    with ThreadPoolExecutor(len(requests)) as pool:
+        got = list(pool.map(lambda r: cluster.stub.Predict(r, timeout=300).message, requests))
+    assert got == want
+    # The two that waited started from the shared entry (a strict prefix: its hits count
+    # as checkpoint hits), on rank 0 and, or the group would have failed, on the others.
+    assert _prompt_cache(cluster.stub)["hits_checkpoint"] - before == len(requests) - 1
+    assert cluster.stub.Status(backend_pb2.HealthMessage()).state == StatusResponse.READY
+
+
 @needs_launcher
 def test_a_model_that_cannot_be_split_fails_to_load_and_the_old_one_keeps_serving(cluster):
     result = cluster.stub.LoadModel(

@@ -69,7 +69,7 @@ def test_parks_on_the_running_row_sharing_most_and_starts_when_stored() -> None:
     long = job([*SYSTEM, 3, 4, 5], uid=8, runner=batch)
     other_kind = job([*SYSTEM, 9, 9], uid=9, runner=object())  # an image row's runner
     new = job([*SYSTEM, 6])
-    assert sharing.park(new, [short, long, other_kind])
+    assert sharing.park(new, [short, long, other_kind], batch.share)
     assert batch.shares == [(8, len(SYSTEM))]
     assert sharing.ready() == [] and len(sharing) == 1
     batch.stored = [(8, len(SYSTEM) - 5)]  # another position of that row: not this one
@@ -83,12 +83,12 @@ def test_a_leader_that_leaves_lets_its_followers_go() -> None:
     sharing = SharedPrefixes(batch, FakeCache(), "m", enabled=True)
     leader = job([*SYSTEM, 1], uid=3, runner=batch)
     a, b = job([*SYSTEM, 2]), job([*SYSTEM, 3])
-    assert sharing.park(a, [leader]) and sharing.park(b, [leader])
+    assert sharing.park(a, [leader], batch.share) and sharing.park(b, [leader], batch.share)
     b.cancelled = True
     assert sharing.ready() == [b]  # cancelled: handed back to be ended
     batch.stored = [(3, None)]
     assert sharing.ready() == [a]
-    sharing.park(job([*SYSTEM, 4]), [leader])
+    sharing.park(job([*SYSTEM, 4]), [leader], batch.share)
     assert len(sharing.drain()) == 1 and len(sharing) == 0
 
 
@@ -98,12 +98,16 @@ def test_no_parking_when_it_saves_too_little_or_cannot() -> None:
     new = job([*SYSTEM, 2])
     # The prompt cache already holds all but a few shared tokens.
     cached = SharedPrefixes(batch, FakeCache(len(SYSTEM) - MIN_SHARED_PREFIX + 1), "m", True)
-    assert not cached.park(new, [leader])
-    assert not SharedPrefixes(batch, FakeCache(), "m", enabled=False).park(new, [leader])
+    assert not cached.park(new, [leader], batch.share)
+    assert not SharedPrefixes(batch, FakeCache(), "m", enabled=False).park(
+        new, [leader], batch.share
+    )
     sharing = SharedPrefixes(batch, FakeCache(), "m", enabled=True)
-    assert not sharing.park(job([*SYSTEM, 2], vision=object()), [leader])
-    assert not sharing.park(new, [job([*SYSTEM, 1], uid=3, runner=batch, cache_write=False)])
+    assert not sharing.park(job([*SYSTEM, 2], vision=object()), [leader], batch.share)
+    assert not sharing.park(
+        new, [job([*SYSTEM, 1], uid=3, runner=batch, cache_write=False)], batch.share
+    )
     batch.answer = "stored"  # the leader is past it: the copy is in the cache already
-    assert not sharing.park(new, [leader]) and len(sharing) == 0
+    assert not sharing.park(new, [leader], batch.share) and len(sharing) == 0
     batch.answer = ""
-    assert not sharing.park(new, [leader]) and len(sharing) == 0
+    assert not sharing.park(new, [leader], batch.share) and len(sharing) == 0
