@@ -101,6 +101,7 @@ from parsing.options import (
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_PREFILL_STEP,
     DEFAULT_PROMPT_CACHE_DISK_BYTES,
+    DEFAULT_RERANK_INSTRUCTION,
     DEFAULT_STEP_BUDGET_MS,
     OPTIONS,
     SAMPLING,
@@ -247,6 +248,8 @@ class LoadParams:
     # option volatile_spans: compiled patterns removed from every prompt before tokenizing
     # (parsing/volatile_spans.py); default Claude Code's billing header.
     volatile_spans: VolatileSpans = field(default_factory=lambda: read_volatile_spans(None))
+    rerank: str = "auto"  # option rerank: auto | yes_no | likelihood (tasks/rerank.py)
+    rerank_instruction: str = DEFAULT_RERANK_INSTRUCTION  # option rerank_instruction
     # The options of vision-language models (vision, max_images, vision_cache_entries...).
     vision: images_mod.VisionOptions = field(default_factory=images_mod.VisionOptions)
 
@@ -451,7 +454,6 @@ _REFUSED_LOAD = {
     "Quantization": "load a quantized MLX model or GGUF instead (vLLM's quantization option)",
     "Overrides": "GGUF metadata overrides are not supported",
     "GrammarTriggers": "lazy grammars are not supported; send the Grammar with the request",
-    "Reranking": "reranking models are not supported by this backend",
 }
 _DISABLED_AT_ONE = {"TypicalP", "TailFreeSamplingZ"}
 

@@ -48,6 +48,7 @@ from errors import BackendError, ModelLoadError
 from loading.loaded_model import LoadedModel
 from params import LoadParams
 from tasks.embedding import EmbeddingOutput
+from tasks.rerank import RerankOutput
 from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx.distributed")
@@ -248,6 +249,11 @@ class JoinOnLoad:
         return await self.engine.score(
             prompt, candidates, include_token_logprobs, identity, stable_prefix_len
         )
+
+    async def rerank(
+        self, query: str, documents: list[str], top_n: int, identity: str = ""
+    ) -> RerankOutput:
+        return await self.engine.rerank(query, documents, top_n, identity)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         return await self.engine.tokenize(text, identity)

@@ -32,6 +32,7 @@ from errors import BackendError, as_backend_error
 from loading.loaded_model import LoadedModel
 from params import LoadParams
 from tasks.embedding import EmbeddingOutput
+from tasks.rerank import RerankOutput
 from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -80,6 +81,9 @@ class ServedEngine(Protocol):
         identity: str = "",
         stable_prefix_len: int = 0,
     ) -> list[CandidateResult]: ...
+    async def rerank(
+        self, query: str, documents: list[str], top_n: int, identity: str = ""
+    ) -> RerankOutput: ...
     async def tokenize(self, text: str, identity: str = "") -> list[int]: ...
     async def detokenize(self, ids: list[int]) -> str: ...
     async def metadata(self) -> ModelMetadata: ...
@@ -227,6 +231,27 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 )
                 for r in results
             ]
+        )
+
+    async def Rerank(self, request, context):
+        out = await self._call(
+            context,
+            self.engine.rerank,
+            request.query,
+            list(request.documents),
+            request.top_n,
+            request.ModelIdentity,
+        )
+        return backend_pb2.RerankResult(
+            usage=backend_pb2.Usage(
+                total_tokens=out.prompt_tokens, prompt_tokens=out.prompt_tokens
+            ),
+            results=[
+                backend_pb2.DocumentResult(
+                    index=r.index, text=r.text, relevance_score=r.relevance_score
+                )
+                for r in out.results
+            ],
         )
 
     async def TokenizeString(self, request, context):

@@ -43,16 +43,17 @@ from errors import (
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from tasks import embedding, scoring
+from tasks import embedding, rerank, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 # Engine operations, by name. Distributed mode (GroupHooks.run) runs REPLICATED ones on
 # every rank and LOCAL ones on rank 0 alone; anything else is refused there.
 LOAD, FREE, SCORE, EMBED, INSTALL = "load", "free", "score", "embed", "install"
+RERANK = "rerank"
 ATTACH = "attach"  # join a distributed group after start (LocalAI's worker protocol)
 TOKENIZE, DETOKENIZE, METADATA = "tokenize", "detokenize", "metadata"
-REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED})
+REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED, RERANK})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
 MEMORY_SNAPSHOT_INTERVAL = 0.05  # seconds between MLX memory readings while busy
 
@@ -185,6 +186,14 @@ class Engine:
         return await self.call(
             SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
         )
+
+    async def rerank(
+        self, query: str, documents: list[str], top_n: int, identity: str = ""
+    ) -> rerank.RerankOutput:
+        """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first."""
+        self.check_identity(identity)
+        rerank.check_request(query, documents, top_n)
+        return await self.call(RERANK, query, documents, top_n)
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
@@ -389,22 +398,13 @@ class Engine:
 
         Distributed followers call it directly for the operations rank 0 replicates.
         """
-        host = self.host
-
-        def score(
-            prompt: str, candidates: list[str], include: bool, stable_prefix_len: int = 0
-        ) -> list[scoring.CandidateResult]:
-            stop = self._interleave.should_stop()
-            return host.score(prompt, candidates, include, stable_prefix_len, should_stop=stop)
-
-        def embed(text: str, token_ids: list[int]) -> embedding.EmbeddingOutput:
-            return host.embed(text, token_ids, should_stop=self._interleave.should_stop())
-
+        host, stop = self.host, self._interleave.should_stop
         ops: dict[str, Callable[..., Any]] = {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: score,
-            EMBED: embed,
+            SCORE: _interleaved(host.score, stop),
+            EMBED: _interleaved(host.embed, stop),
+            RERANK: _interleaved(host.rerank, stop),
             INSTALL: host.install_built,
             ATTACH: self._attach,
             TOKENIZE: host.tokenize,
@@ -455,6 +455,14 @@ class Engine:
     def _unqueue(self, item: Submit) -> None:
         with self.counts_lock:
             self.queued -= 1
+
+
+def _interleaved(
+    fn: Callable[..., Any], stop: Callable[[], Callable[[], bool] | None]
+) -> Callable[..., Any]:
+    """``fn`` (a long call: Score, Rerank, Embedding) given ``should_stop=stop()``, read
+    when it runs (`_Interleave.should_stop`)."""
+    return lambda *args: fn(*args, should_stop=stop())
 
 
 class _Interleave:

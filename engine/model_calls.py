@@ -1,7 +1,8 @@
 """What the engine runs on the loaded model besides generation: tokenize, detokenize,
-model metadata, Score and Embedding (engine thread; each function takes the `LoadedModel`).
+model metadata, Score, Rerank and Embedding (engine thread; each function takes the
+`LoadedModel`).
 
-Score and Embedding run inline between batch steps, so they pause decoding meanwhile; they
+Score, Rerank and Embedding run inline between batch steps, so they pause decoding meanwhile; they
 are bounded (`scoring.MAX_SCORE_CANDIDATES`) and stop between candidates / chunks once
 ``should_stop`` says their caller has left. Bad input raises ``ValueError`` (or
 ``InvalidArgument``); ``errors.as_backend_error`` maps it at the edge.
@@ -21,6 +22,7 @@ from loading import vision
 from loading.loaded_model import LoadedModel
 from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
+from tasks import rerank as rerank_task
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -108,6 +110,35 @@ def score(
         max_kv_size=p.max_kv_size,
         should_stop=should_stop,
         stable_prefix_len=stable_prefix_len,
+    )
+
+
+def rerank(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    query: str,
+    documents: list[str],
+    top_n: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> rerank_task.RerankOutput:
+    """`rerank.rerank` with the loaded model's settings: option ``rerank`` (``auto``
+    resolved from the model's name and tokenizer) and ``rerank_instruction``; the shared
+    prefix's KV via ``cache``."""
+    p = loaded.params
+    return rerank_task.rerank(
+        loaded.model,
+        loaded.tokenizer,
+        query,
+        documents,
+        top_n,
+        mode=rerank_task.choose_mode(p.rerank, loaded.name, loaded.tokenizer),
+        instruction=p.rerank_instruction,
+        cache=cache,
+        model_key=loaded.cache_key,
+        context_len=loaded.context_len,
+        prefill_step=p.prefill_step_size,
+        max_kv_size=p.max_kv_size,
+        should_stop=should_stop,
     )
 
 

@@ -2,7 +2,7 @@
 
 `ModelHost` loads (keeping the current model serving while the new one loads when both
 fit), installs, serves and unloads models, and runs the operations on the loaded model
-(tokenize, metadata, Score, Embedding: `model_calls.py`). Engine thread only; other
+(tokenize, metadata, Score, Rerank, Embedding: `model_calls.py`). Engine thread only; other
 threads may read `loaded` and `scheduler` (plain references).
 """
 
@@ -25,6 +25,7 @@ from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
 from tasks.embedding import EmbeddingOutput
+from tasks.rerank import RerankOutput
 from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -200,6 +201,16 @@ class ModelHost:
         return model_calls.score(
             loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
         )
+
+    def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        top_n: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RerankOutput:
+        cache = self.scheduler.cache if self.scheduler is not None else None
+        return model_calls.rerank(self.require(), cache, query, documents, top_n, should_stop)
 
     def embed(
         self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None

@@ -93,6 +93,11 @@ DISTRIBUTED_MODES = ("tensor", "pipeline")  # option distributed_mode
 DISTRIBUTED_BACKENDS = ("ring", "jaccl")  # option distributed_backend (LocalAI's worker mode)
 SPECULATIVE = ("ngram", "draft")  # option speculative
 WARMUP_ENV = "LOCALAI_MLX_WARMUP"  # the default of option warmup (the test suite turns it off)
+RERANK_MODES = ("auto", "yes_no", "likelihood")  # option rerank (tasks/rerank.py)
+# Qwen3-Reranker's default instruction (its model card's format_instruction).
+DEFAULT_RERANK_INSTRUCTION = (
+    "Given a web search query, retrieve relevant passages that answer the query"
+)
 
 
 # --- the table --------------------------------------------------------------------------
@@ -136,6 +141,7 @@ _EMBED = "embeddings"
 _PARSE = "output parsing and reasoning"
 _DIST = "distributed"
 _VISION = "vision-language models"
+_RERANK = 'reranking (the Rerank RPC, README "Rerank")'
 
 
 def _token(key: str) -> Option:
@@ -286,6 +292,16 @@ OPTIONS: tuple[Option, ...] = (
            default=VISION_CACHE_ENTRIES, group=_VISION, field=False),
     Option("vision_cache_bytes", "int", "bytes those features may hold", lo=0,
            default=VISION_CACHE_BYTES, group=_VISION, field=False),
+    # reranking: LoadParams.rerank, rerank_instruction
+    Option("rerank", "choice", "how Rerank scores a document: `yes_no`, the probability "
+           "of \"yes\" after a generative reranker's judge prompt in the chat template "
+           "(Qwen3-Reranker); `likelihood`, the query's log-likelihood given the document; "
+           "`auto`: `yes_no` when the model's name contains \"rerank\" and it has a chat "
+           "template and one-token yes/no, else `likelihood`", choices=RERANK_MODES,
+           default="auto", group=_RERANK),
+    Option("rerank_instruction", "text", "the `<Instruct>` line of the `yes_no` prompt",
+           default=DEFAULT_RERANK_INSTRUCTION, shown="Qwen3-Reranker's web-search one",
+           group=_RERANK),
 )  # fmt: skip
 
 BY_KEY: Mapping[str, Option] = {o.key: o for o in OPTIONS}

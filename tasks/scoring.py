@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.models.cache import make_prompt_cache
 
 from caches.prompt_tiers import PromptTiers
@@ -47,8 +48,10 @@ __all__ = [
     "MAX_SCORE_CANDIDATES",
     "MAX_SCORE_TOKENS",
     "CandidateResult",
+    "batched_logprobs",
     "check_candidates",
     "score",
+    "shared_base",
 ]
 
 DEFAULT_STEP = 512  # tokens per forward chunk: bounds attention and logits memory
@@ -203,20 +206,11 @@ def score(
         seqs.append(full)
         ctx.append(k)
 
-    # The shared base: a prefix of every sequence, ending before every candidate's last
-    # context token (that token must be fed to produce the first candidate logits).
-    base_len = min(ctx) - 1
-    for s in seqs[1:]:
-        base_len = min(base_len, common_prefix(seqs[0][:base_len], s))
-
-    def new_kv() -> list:
-        return make_prompt_cache(model, max_kv_size)
-
     stable = 0
     if cache is not None and 0 < stable_prefix_len < len(prompt):
         stable = common_prefix(prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids)
-    base_kv = _prefix_kv(
-        model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check, stable
+    base_kv, base_len, new_kv = shared_base(
+        model, seqs, ctx, cache, model_key, step, check, max_kv_size, stable
     )
 
     token_texts = _TokenTexts(tokenizer) if include_token_logprobs else None
@@ -232,6 +226,126 @@ def score(
             tokens = tuple(zip(token_texts(targets), lps, strict=True))
         results.append(CandidateResult(total, total / len(targets), len(targets), tokens))
     return results
+
+
+def shared_base(
+    model: Any,
+    seqs: Sequence[list[int]],
+    ctx: Sequence[int],
+    cache: PromptTiers | None,
+    model_key: str,
+    step: int,
+    check: Callable[[], None],
+    max_kv_size: int | None = None,
+    stable: int = 0,
+) -> tuple[list | None, int, Callable[[], list]]:
+    """The prefill done once for a set of forks: ``(kv, base_len, new_kv)``.
+
+    ``seqs[i]``: a fork's whole token sequence, whose tokens from ``ctx[i]`` on are scored.
+    The base is the longest prefix of every sequence that ends before every fork's last
+    context token (that token must be fed to produce its first scored row); ``kv`` holds
+    it (None when it is empty), from ``cache`` under ``model_key`` when given (and stored
+    there). ``new_kv()`` makes an empty KV cache of the model's type. ``stable``: a token
+    position where a cache that cannot be trimmed is also snapshot (`_prefix_kv`).
+    """
+    base_len = min(ctx) - 1
+    for s in seqs[1:]:
+        base_len = min(base_len, common_prefix(seqs[0][:base_len], s))
+
+    def new_kv() -> list:
+        return make_prompt_cache(model, max_kv_size)
+
+    kv = _prefix_kv(model, new_kv, seqs[0][: base_len + 1], cache, model_key, step, check, stable)
+    return kv, base_len, new_kv
+
+
+def batched_logprobs(
+    model: Any,
+    base_kv: list | None,
+    base_len: int,
+    new_kv: Callable[[], list],
+    seqs: Sequence[list[int]],
+    ctx: Sequence[int],
+    step: int,
+    check: Callable[[], None],
+    extra_ids: Sequence[int] = (),
+) -> list[tuple[list[float], list[float]]]:
+    """Teacher-forced log-probs of every fork's scored tokens, several forks per forward.
+
+    Each fork ``i`` feeds ``seqs[i][base_len:-1]`` on a copy of ``base_kv`` (which holds
+    ``seqs[i][:base_len]``); forks of similar length run together, right-padded, as one
+    ``(B, L)`` batch whose ``B * min(L, step)`` stays within ``step`` tokens (a longer
+    fork runs alone, ``step`` columns per call). Causal attention keeps a row's logits
+    blind to the padding after it. Returns per fork, in order: the natural-log
+    probabilities (float32 softmax) of ``seqs[i][ctx[i]:]``, and those of ``extra_ids``
+    at the row that predicts its first scored token. ``check`` runs before every call.
+    """
+    widths = [len(s) - 1 - base_len for s in seqs]
+    out: list[tuple[list[float], list[float]]] = [([], [])] * len(seqs)
+    batch: list[int] = []
+    for i in [*sorted(range(len(seqs)), key=widths.__getitem__), None]:
+        if batch and (i is None or (len(batch) + 1) * min(widths[i], step) > step):
+            for j, result in zip(batch, _run_batch(model, base_kv, base_len, new_kv,
+                                                   [seqs[b] for b in batch],
+                                                   [ctx[b] for b in batch], step, check,
+                                                   extra_ids), strict=True):  # fmt: skip
+                out[j] = result
+            batch = []
+        if i is not None:
+            batch.append(i)
+    return out
+
+
+def _run_batch(
+    model: Any,
+    base_kv: list | None,
+    base_len: int,
+    new_kv: Callable[[], list],
+    seqs: list[list[int]],
+    ctx: list[int],
+    step: int,
+    check: Callable[[], None],
+    extra_ids: Sequence[int],
+) -> list[tuple[list[float], list[float]]]:
+    rows = len(seqs)
+    kv = _tiled(base_kv, rows) if base_kv is not None else new_kv()
+    inputs = [s[base_len:-1] for s in seqs]
+    width = max(len(x) for x in inputs)
+    padded = mx.array([x + [0] * (width - len(x)) for x in inputs])
+    extra = mx.array(list(extra_ids)) if extra_ids else None
+    picked: list[list[mx.array]] = [[] for _ in seqs]
+    extras: list[mx.array | None] = [None] * rows
+    for start in range(0, width, step):
+        check()
+        logits = model(padded[:, start : start + step], cache=kv)
+        for r, (seq, k) in enumerate(zip(seqs, ctx, strict=True)):
+            first = k - 1 - base_len  # the row that predicts the first scored token
+            lo = max(first - start, 0)
+            hi = min(len(inputs[r]) - start, logits.shape[1])
+            if lo >= hi:
+                continue
+            part = logits[r, lo:hi].astype(mx.float32)
+            norm = mx.logsumexp(part, axis=-1)
+            targets = mx.array(seq[base_len + 1 + start + lo : base_len + 1 + start + hi])
+            picked[r].append(mx.take_along_axis(part, targets[:, None], axis=-1)[:, 0] - norm)
+            if extra is not None and lo == first - start:
+                extras[r] = part[0, extra] - norm[0]
+        mx.eval(picked, [e for e in extras if e is not None], [c.state for c in kv])
+    return [
+        (mx.concatenate(p).tolist(), e.tolist() if e is not None else [])
+        for p, e in zip(picked, extras, strict=True)
+    ]
+
+
+def _tiled(base_kv: list, rows: int) -> list:
+    """A copy of a batch-1 KV cache with its state repeated ``rows`` times (batch axis 0)."""
+    kv = copy.deepcopy(base_kv)
+    if rows > 1:
+        for c in kv:
+            c.state = tree_map(
+                lambda a: mx.repeat(a, rows, axis=0) if isinstance(a, mx.array) else a, c.state
+            )
+    return kv
 
 
 def _bos(tokenizer: Any, prompt: str, index: int) -> int:

@@ -427,7 +427,6 @@ def test_disabled_values_of_refused_samplers_are_accepted():
         ({"RopeScaling": "yarn"}, "RopeScaling"),
         ({"MMProj": "p.gguf"}, "MMProj"),
         ({"Overrides": ["a=b"]}, "Overrides"),
-        ({"Reranking": True}, "Reranking"),
     ],
 )
 def test_refused_load_fields_name_themselves(fields, name):
