@@ -212,7 +212,7 @@ class Job:
                 finally:
                     self._waiter = None
                 continue
-            for event in joined(taken):
+            for event in taken if len(taken) == 1 else joined(taken):
                 yield event
                 if event.final:
                     return
