@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine import fit, model_calls, model_host, prepare
+from engine import delivery, fit, model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -338,6 +338,7 @@ class Engine:
             if not self._step():
                 return
 
+    @delivery.in_steps  # one hand-off of its events to each event loop
     def _step(self) -> bool:
         """One step of the running set: reap and admit, then decode one token for every
         active sequence; False when this thread must end (a failed distributed step).

@@ -2,16 +2,17 @@
 
 A `Job` is created on the event loop by `Engine.submit`, run on the engine thread by the
 `Scheduler`, and read back on the event loop through `events()`. Events cross threads as
-values (`loop.call_soon_threadsafe`), errors included. The buffer between the two sides
-is bounded: a streaming client that stops reading while its generation goes on has its
-job ended (RESOURCE_EXHAUSTED) once `max_pending` events wait undelivered, and its KV is
-released, instead of the server buffering every remaining token.
+values, errors included, in one hand-off per engine step (`engine.delivery`). The reader
+takes every event waiting for it at once, joined into one (`merged`): a client that lags
+gets several tokens in one reply, with the same text, tool calls and logprobs. The
+backlog is bounded: a streaming client that stops reading while its generation goes on
+has its job ended (RESOURCE_EXHAUSTED) once `max_pending` events wait untaken, and its KV
+is released, instead of the server buffering every remaining token.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from decoding.output import Delta
+from engine import delivery
 from errors import BackendError
 from params import GenerationRequest
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 KV = list[Any]
 Handover = tuple[KV, Sequence[int]]
 
-# Undelivered events one job may accumulate (about one per generated token) before the
+# Untaken events one job may accumulate (about one per generated token) before the
 # scheduler ends it: a client that has not read for this many tokens is not reading.
 DEFAULT_MAX_PENDING_EVENTS = 4096
 
@@ -129,9 +131,11 @@ class Job:
         self.max_pending = max_pending
         self._loop = loop
         self._wake = wake
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._pending = 0
-        self._pending_lock = threading.Lock()
+        # Emitted, not yet taken by the reader (engine thread appends, the reader swaps it
+        # out, both under the lock); the reader's future while it waits for more.
+        self._untaken: list[Event] = []
+        self._untaken_lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | None = None
         self._cancelled = threading.Event()
         self.submitted = time.perf_counter()
         # Engine-thread state (the scheduler's).
@@ -190,29 +194,51 @@ class Job:
         return self._cancelled.is_set()
 
     async def events(self) -> AsyncIterator[Event]:
-        """Yield events until the final one (which carries finish_reason or error)."""
+        """Yield events until the final one (which carries finish_reason or error).
+
+        Each yielded event joins all that were emitted since the previous one was taken
+        (`joined`): a reader that pauses gets fewer, larger events with the same
+        concatenation; one that keeps up gets one per engine step.
+        """
         while True:
-            event = await self._queue.get()
-            with self._pending_lock:
-                self._pending -= 1
-            yield event
-            if event.final:
-                return
+            with self._untaken_lock:
+                taken, self._untaken = self._untaken, []
+            if not taken:
+                # Nothing runs on this loop between the check above and the await: the
+                # engine's wake-up for the next event finds the waiter.
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                continue
+            for event in taken if len(taken) == 1 else joined(taken):
+                yield event
+                if event.final:
+                    return
+
+    def _ready(self) -> None:
+        """On the event loop: there are events to take."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     # -- engine-thread side ------------------------------------------------------------
     @property
     def backlog(self) -> int:
         """Events emitted but not yet taken by the reader."""
-        return self._pending
+        return len(self._untaken)
 
     def emit(self, event: Event) -> None:
+        """Hand ``event`` to the reader (any thread): it is taken with any others still
+        waiting; the reader is woken at the end of the running engine step, or at once
+        outside a step (`engine.delivery`)."""
         if self._loop is None:  # a distributed follower's shadow: nobody listens
             return
-        with self._pending_lock:
-            self._pending += 1
-        # A closed event loop (RuntimeError) means nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        with self._untaken_lock:
+            self._untaken.append(event)
+            first = len(self._untaken) == 1  # later ones ride on the same wake-up
+        if first:
+            delivery.notify(self._loop, self._ready)
 
     def mark_done(self) -> bool:
         """Mark the job ended; True for the one caller that ended it (any thread: the
@@ -244,3 +270,67 @@ class Job:
             cached_tokens=self.cached_tokens,
             **kw,
         )
+
+
+def joined(events: Sequence[Event]) -> list[Event]:
+    """What a reader gets for ``events`` (emitted, in order, not yet taken): as few
+    `merged` events as keep the order of the output kinds.
+
+    A reply says reasoning, then content, then tool calls (the order LocalAI sends a
+    ChatDelta's parts on, `core/http/endpoints/openai/chat_stream_workers.go`), so an
+    event starts a new merged one when it has a kind earlier than one already joined
+    (content after a tool call, say). An error starts one too, so that a stream failing
+    mid-way still delivers what preceded the failure. Events after the first final one
+    are dropped (a job ends once; the reader stops there).
+    """
+    end = next((i for i, e in enumerate(events) if e.final), len(events) - 1)
+    groups: list[list[Event]] = []
+    latest = -1  # the latest kind joined into groups[-1]; -1: no output yet
+    for event in events[: end + 1]:
+        kinds = _kinds(event.delta)
+        if not groups:
+            fits = False
+        elif event.error is not None:
+            fits = not any(e.delta for e in groups[-1])
+        else:
+            fits = not kinds or kinds[0] >= latest
+        if fits:
+            groups[-1].append(event)
+        else:
+            groups.append([event])
+            latest = -1
+        if kinds:
+            latest = max(latest, kinds[-1])
+    return [merged(group) for group in groups]
+
+
+def _kinds(delta: Delta) -> list[int]:
+    """The output kinds ``delta`` has, in reply order: 0 reasoning, 1 content, 2 tool calls."""
+    return [k for k, part in enumerate((delta.reasoning, delta.content, delta.tool_calls)) if part]
+
+
+def merged(events: Sequence[Event]) -> Event:
+    """One event saying what ``events`` (in emission order, non-empty) say together.
+
+    Text is concatenated, tool-call pieces and logprobs entries kept in order; counters,
+    timings and the end (finish_reason, error) are the latest event's.
+    """
+    if len(events) == 1:
+        return events[0]
+    last = events[-1]
+    delta = Delta(
+        content="".join(e.delta.content for e in events),
+        reasoning="".join(e.delta.reasoning for e in events),
+        tool_calls=tuple(t for e in events for t in e.delta.tool_calls),
+        logprobs=tuple(entry for e in events for entry in e.delta.logprobs),
+    )
+    return Event(
+        delta=delta,
+        prompt_tokens=last.prompt_tokens,
+        tokens=last.tokens,
+        prompt_ms=last.prompt_ms,
+        generation_ms=last.generation_ms,
+        cached_tokens=last.cached_tokens,
+        finish_reason=last.finish_reason,
+        error=last.error,
+    )

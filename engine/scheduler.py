@@ -212,8 +212,8 @@ class Scheduler:
                     job,
                     "cancelled",
                     error=ResourceExhausted(
-                        f"the client stopped reading: {job.backlog} replies were waiting "
-                        "undelivered; read the stream as it arrives"
+                        f"the client stopped reading: the output of {job.backlog} steps "
+                        "waited undelivered; read the stream as it arrives"
                     ),
                 )
         while self.waiting and self.running < self.params.max_batch_size:

@@ -2,9 +2,10 @@
 
 - Requests: ``greedy`` (a raw prompt, temperature 0), ``chat_request`` (a chat as LocalAI
   sends it), ``load_opts`` / ``gen_params`` (parsed load options, generation parameters).
-- Replies: ``stream_text`` (a stream joined), ``code_of`` (the status a call ends with),
-  ``status`` / ``counts`` / ``wait_idle`` (a server's Status breakdown, its request
-  counts, polled until idle).
+- Replies: ``stream_text`` (a stream joined), ``joined_from`` (streamed deltas are the
+  expected ones, some joined as a lagging reader gets them), ``code_of`` (the status a
+  call ends with), ``status`` / ``counts`` / ``wait_idle`` (a server's Status breakdown,
+  its request counts, polled until idle).
 - Waiting: ``wait_until`` (poll a condition with a deadline; the one place tests sleep
   to wait for something), ``free_ports``.
 - KV caches: ``token_kv`` (a real mlx-lm cache holding known values) and ``held``;
@@ -79,6 +80,22 @@ def stream_text(stub, req, timeout: float | None = None) -> tuple[str, list]:
     """PredictStream ``req`` to the end: (the joined text, the replies)."""
     replies = list(stub.PredictStream(req, timeout=timeout))
     return "".join(r.message.decode("utf-8") for r in replies), replies
+
+
+def joined_from(got: list[tuple], expected: list[tuple]) -> bool:
+    """Whether ``got`` is ``expected`` with runs of consecutive items joined (fieldwise
+    concatenation of tuples of strings or tuples): a stream whose reader lagged gets
+    several steps' deltas in one reply (`engine.jobs.joined`). Expected items are
+    non-empty."""
+    rest = iter(expected)
+    for item in got:
+        acc: tuple | None = None
+        while acc != item:
+            nxt = next(rest, None)
+            if nxt is None:
+                return False
+            acc = nxt if acc is None else tuple(a + b for a, b in zip(acc, nxt, strict=True))
+    return next(rest, None) is None
 
 
 def code_of(call: Callable[[], object]) -> grpc.StatusCode:

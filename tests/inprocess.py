@@ -40,7 +40,8 @@ class InProcessServer:
             load = params.load_params(backend_pb2.ModelOptions(Model="scripted", Options=options))
             install = (model, tokenizer, load)
         port = asyncio.run_coroutine_threadsafe(self._start(install), self.loop).result(60)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.address = f"127.0.0.1:{port}"  # for a channel with options of its own
+        self.channel = grpc.insecure_channel(self.address)
         self.stub = backend_pb2_grpc.BackendStub(self.channel)
 
     async def _start(self, install) -> int:
