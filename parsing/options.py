@@ -224,8 +224,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("step_budget_ms", "int", "while others decode, a step prefills only what the "
            "measured speed fits into this many ms (their inter-token latency); 0 = one "
            "full chunk", lo=0, default=DEFAULT_STEP_BUDGET_MS, group=_BATCH),
-    Option("max_pending_events", "int", "undelivered stream replies before a client that "
-           "stopped reading is ended", lo=1, shown="4096", group=_BATCH),
+    Option("max_pending_events", "int", "engine steps of output left untaken before a "
+           "client that stopped reading is ended (a reader that lags gets them joined "
+           "in one reply)", lo=1, shown="4096", group=_BATCH),
     Option("warmup", "switch", "run the request path once at LoadModel, so the first "
            "request does not pay for kernel compilation (~12 s of LoadModel on 2 CPU cores "
            "in a fresh container, 0.7 s once MLX's kernel cache in `$TMPDIR` is warm; "
