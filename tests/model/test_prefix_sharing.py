@@ -1,7 +1,7 @@
 """In-flight prefix sharing (issue 30): requests sent together that share a new long
 prefix prefill it once (`engine.sharing`), over real gRPC on tiny random-weight models
-(a trimmable llama and a gemma3 whose sliding window needs prefill checkpoints) and the
-embedded model. Every output equals mlx-lm's own cold greedy generation of its prompt;
+(a trimmable llama and a gemma3 whose sliding window needs prefill checkpoints; the
+embedded model's burst is bench/bench_burst.py). Every output equals mlx-lm's own cold greedy generation of its prompt;
 the prompt tokens computed (Prometheus ``prompt_tokens{source="prefill"}`` through
 GetMetrics) are one prefill of the shared part plus each request's own tail.
 """
@@ -23,7 +23,6 @@ from engine import prompt as prompt_mod
 from engine import sharing
 from engine.core import Engine
 from engine.metrics import Metrics
-from loading.model_loader import embedded_model_path
 
 MAX_TOKENS = 5
 SYSTEM = (
@@ -137,15 +136,3 @@ def test_sharing_waits_only_for_a_prefix_worth_it(served, model_root) -> None:
     before = _computed(served)
     assert _together(served, short) == refs
     assert _computed(served) - before == sum(len(i) for i in ids)
-
-
-def test_burst_on_the_embedded_model(served) -> None:
-    _load(served, embedded_model_path(), ("max_batch_size:8",))
-    reqs = [chat_request(q, SYSTEM, Tokens=MAX_TOKENS, Temperature=0) for q in QUESTIONS[:4]]
-    ids = [_ids(served, r) for r in reqs]
-    refs = [_reference(served, i) for i in ids]
-    shared = min(_lcp(ids[0], i) for i in ids[1:])
-    before = _computed(served)
-    assert _together(served, reqs) == refs
-    computed = _computed(served) - before
-    assert computed <= shared + sum(len(i) - shared for i in ids) + 2 * len(reqs)
