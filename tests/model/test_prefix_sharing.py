@@ -3,7 +3,8 @@ prefix prefill it once (`engine.sharing`), over real gRPC on tiny random-weight 
 (a trimmable llama and a gemma3 whose sliding window needs prefill checkpoints; the
 embedded model's burst is bench/bench_burst.py). Every output equals mlx-lm's own cold
 greedy generation of its prompt; the prompt tokens computed (Prometheus
-``prompt_tokens{source="prefill"}`` through GetMetrics) are one prefill of the shared part plus each request's own tail.
+``prompt_tokens{source="prefill"}`` through GetMetrics) are one prefill of the shared
+part plus each request's own tail.
 """
 
 from __future__ import annotations
