@@ -5,7 +5,8 @@ Owns validating and compiling a `Constraint` (read from the request by
 check before queueing and every sequence after it), and the per-sequence logits processor
 that masks every token the grammar forbids. Nothing here is global per request: each
 processor owns its own matcher, so constrained and unconstrained sequences decode together
-in one `BatchGenerator` batch.
+in one batch; there `seam.batch_logits` fills all rows' masks in one call of llguidance's
+thread pool (`fill_masks`) and applies them as one stacked mask.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
 this 2-core CPU with SmolLM2's 49,152-token vocabulary:

@@ -19,8 +19,9 @@ sequence's KV always holds the token it just returned.
 Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are private in
 all but name (subclassing them meant re-implementing their private ``_step`` and reading
 their private counters, renamed on mlx-lm's main), and this project needs what they lack:
-a log-softmax only when a row reads it, rows of the batched quantized and keep-rotating
-caches (`seam.rows`), and a step that speculation replaces (`seam.speculation`).
+a log-softmax only when a row reads it, logits processors applied to all rows at once
+(`seam.batch_logits`), rows of the batched quantized and keep-rotating caches
+(`seam.rows`), and a step that speculation replaces (`seam.speculation`).
 
 Runs on the engine's MLX thread, like every MLX call.
 """

@@ -215,6 +215,7 @@ class BatchLogits:
 
             p.advance(len(tokens) + 1, fetch)
         active = [(p, e) for e, p in self._grammar if p.masking]
+        mx.async_eval(logits)  # the forward pass runs while llguidance fills the masks
         bits[self._grammar_rows] = -1
         grammar.fill_masks(active, bits)
         ended = [(e, p) for e, p in self._grammar if not p.masking]
