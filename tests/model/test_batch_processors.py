@@ -249,8 +249,10 @@ def _run(batch: DecodeBatch, tok, plan=PLAN, prompt=_ids, **insert) -> dict[int,
 def test_mixed_rows_joining_and_leaving_same_tokens_as_per_row(which, request, smol):
     model = smol[0] if which == "smol" else request.getfixturevalue("tiny")
     tok = smol[1]
-    want = _run(PerRow(model, eos=EOS, max_rows=8), tok)
-    got = _run(DecodeBatch(model, eos=EOS, max_rows=8), tok)
+    # SmolLM2 (slow on a CPU without a fast BLAS): each row at most 12 tokens.
+    plan = PLAN if which == "tiny" else [(*p[:3], min(p[3], 12), *p[4:]) for p in PLAN]
+    want = _run(PerRow(model, eos=EOS, max_rows=8), tok, plan)
+    got = _run(DecodeBatch(model, eos=EOS, max_rows=8), tok, plan)
     assert got == want
     assert len(want) == len(PLAN)
     # The biased rows' EOS ban held (kind 2), the grammar rows produced JSON text.
@@ -263,11 +265,11 @@ def test_speculation_with_processors_same_tokens_as_plain_per_row(smol):
     model, tok = smol
     line = tok.encode("Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n")
     plan = [
-        (0, 1, 0, 30, 1, None),
-        (0, 2, 0, 30, 4, None),
-        (0, 3, 0, 24, 8, None),
-        (2, 4, 0, 20, 2, 3),
-        (4, 5, 0, 26, 10, None),
+        (0, 1, 0, 16, 1, None),
+        (0, 2, 0, 16, 4, None),
+        (0, 3, 0, 12, 8, None),
+        (2, 4, 0, 12, 2, 3),
+        (4, 5, 0, 14, 10, None),
     ]
     prompts = {i: line * 3 + line[: 2 + i] for i in range(1, 6)}
     want = _run(PerRow(model, eos=EOS, max_rows=8), tok, plan, lambda _, s: prompts[s])
