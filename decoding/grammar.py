@@ -5,7 +5,8 @@ Owns validating and compiling a `Constraint` (read from the request by
 check before queueing and every sequence after it), and the per-sequence logits processor
 that masks every token the grammar forbids. Nothing here is global per request: each
 processor owns its own matcher, so constrained and unconstrained sequences decode together
-in one `BatchGenerator` batch.
+in one batch; there `seam.batch_logits` fills all rows' masks in one call of llguidance's
+thread pool (`fill_masks`) and applies them as one stacked mask.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
 this 2-core CPU with SmolLM2's 49,152-token vocabulary:
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import llguidance
 import mlx.core as mx
 import numpy as np
+from llguidance.numpy import fill_next_token_bitmask_par
 
 from decoding import arrays
 from parsing.constraint import Constraint
@@ -415,24 +417,56 @@ class ConstraintProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         flat = tokens.reshape(-1)
-        length = flat.shape[0]
+        # Forces the previously sampled token to the CPU: the grammar needs it now.
+        self.advance(flat.shape[0], lambda start: arrays.ints(flat[start:]))
+        if self.masking:
+            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self.check_mask()
+        if self.masking:
+            return apply_bitmask(logits, self._bits)
+        return self.only_eos(logits)
+
+    # -- the steps of a call, also taken for many rows at once (`seam.batch_logits`) -----
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._matcher
+
+    @property
+    def words(self) -> int:
+        """int32 words of its masks: (tokenizer vocabulary + 31) // 32."""
+        return int(self._bits.shape[0])
+
+    @property
+    def masking(self) -> bool:
+        """Whether the next mask comes from the grammar (else only EOS is allowed:
+        `only_eos`): neither failed nor finished."""
+        return self.failure is None and not self._matcher.is_stopped()
+
+    def advance(self, length: int, fetch: Callable[[int], list[int]]) -> None:
+        """The sequence's context is now ``length`` tokens; ``fetch(start)`` gives its
+        tokens from ``start`` on (ints), read only when there are new ones to consume.
+
+        Raises:
+            RuntimeError: the context shrank (one processor serves one sequence).
+        """
         if self._seen is None:
             self._seen = length
         elif length > self._seen:
-            # Forces the previously sampled token to the CPU: the grammar needs it now.
-            self._consume(arrays.ints(flat[self._seen :]))
+            self._consume(fetch(self._seen))
             self._seen = length
         elif length < self._seen:
             raise RuntimeError(
                 f"token context shrank from {self._seen} to {length}: "
                 "a ConstraintProcessor serves exactly one sequence"
             )
-        if self.failure is None and not self._matcher.is_stopped():
-            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-            if self._matcher.is_error():
-                self._fail("the next mask")
-        if self.failure is None and not self._matcher.is_stopped():
-            return apply_bitmask(logits, self._bits)
+
+    def check_mask(self) -> None:
+        """After the matcher computed a mask: record a failure if it went wrong."""
+        if self._matcher.is_error():
+            self._fail("the next mask")
+
+    def only_eos(self, logits: mx.array) -> mx.array:
+        """Logits (1, V) with only the EOS ids left (unchanged without EOS ids)."""
         if self._eos is None:
             return logits
         # Keep the model's preference among the EOS ids; if an earlier processor banned
@@ -474,6 +508,24 @@ def apply_bitmask(logits: mx.array, bits: np.ndarray) -> mx.array:
     if allowed.shape[0] < vocab:
         allowed = np.pad(allowed, (0, vocab - allowed.shape[0]))
     return mx.where(mx.array(allowed.astype(np.bool_)), logits, -mx.inf)
+
+
+_executor: llguidance.LLExecutor | None = None
+
+
+def fill_masks(processors: list[tuple[ConstraintProcessor, int]], bits: np.ndarray) -> None:
+    """Compute the next mask of every (processor, row) into ``bits[row]`` ((B, words)
+    int32, C-contiguous, words = (vocab + 31) // 32 of their tokenizer) in one call of
+    llguidance's thread pool (``llguidance.numpy.fill_next_token_bitmask_par``), then
+    record each failed one (`check_mask`). Each processor must be `masking`."""
+    global _executor
+    if not processors:
+        return
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    fill_next_token_bitmask_par(_executor, [(p.matcher, row) for p, row in processors], bits)
+    for p, _ in processors:
+        p.check_mask()
 
 
 def failure_of(processors: list) -> str | None:

@@ -1,7 +1,10 @@
-"""Per-request samplers and logits processors for mlx-lm's `BatchGenerator`.
+"""Per-request samplers and logits processors for our batch (`seam.batch`) and mlx-lm's
+solo `generate_step`.
 
-Owns turning a `GenerationParams` into the `sampler` and `logits_processors` that
-`BatchGenerator.insert` takes per sequence. The filters come from mlx-lm's
+Owns turning a `GenerationParams` into the `sampler` and `logits_processors` a sequence
+takes. The processors are small classes (`LogitBias`, `Penalty`, the grammar's
+`ConstraintProcessor`), each callable per row, that `seam.batch_logits` recognizes and
+applies for all rows of a batch step at once. The filters come from mlx-lm's
 `sample_utils` (top-p, min-p, top-k, penalties); what mlx-lm lacks is per-request
 random state: its samplers draw from MLX's global RNG, so one request's seed would be
 disturbed by every other request sampling in between, and seeding would change the
@@ -163,13 +166,45 @@ def make_sampler(params: GenerationParams, tokenizer: object) -> Sampler:
     )
 
 
-def _flat_tokens(processor: LogitsProcessor) -> LogitsProcessor:
-    # mlx-lm's penalties slice tokens[-n:], which on a (1, T) array would slice the
-    # batch axis; BatchGenerator passes (T,), other callers may pass (1, T).
-    def wrapped(tokens: mx.array, logits: mx.array) -> mx.array:
-        return processor(tokens.reshape(-1), logits)
+class LogitBias:
+    """Logits processor adding ``bias`` {token id: value} to the logits: (tokens, logits
+    (n, V)) -> (n, V). The history is ignored (``position_free``: several positions'
+    logits may go in one call, `seam.speculation.position_free`); `seam.batch_logits`
+    applies every row's biases of a step in one scatter (``ids``, ``values``)."""
 
-    return wrapped
+    position_free = True
+
+    def __init__(self, bias: dict[int, float]) -> None:
+        self.ids = mx.array(list(bias.keys()))
+        self.values = mx.array(list(bias.values()))
+
+    def __call__(self, _tokens: mx.array, logits: mx.array) -> mx.array:
+        return logits.at[:, self.ids].add(self.values.astype(logits.dtype))
+
+
+#: The penalties `Penalty` builds, with mlx-lm's constructors (`sample_utils`).
+PENALTIES: dict[str, Callable[[float, int], LogitsProcessor]] = {
+    "repetition": make_repetition_penalty,
+    "presence": make_presence_penalty,
+    "frequency": make_frequency_penalty,
+}
+
+
+class Penalty:
+    """One of mlx-lm's penalties (``kind`` a key of PENALTIES) on the last ``window``
+    tokens: (tokens (T,) or (1, T) int, logits (1, V)) -> (1, V), as mlx-lm's
+    ``make_{kind}_penalty(penalty, window)`` computes it (called here). `seam.batch_logits`
+    applies every row's penalty of a kind in one gather/scatter (tests/model/
+    test_batch_processors.py compares the two)."""
+
+    def __init__(self, kind: str, penalty: float, window: int) -> None:
+        self.kind, self.penalty, self.window = kind, penalty, window
+        self._apply = PENALTIES[kind](penalty, window)
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        # mlx-lm's penalties slice tokens[-n:], which on a (1, T) array would slice the
+        # batch axis; BatchGenerator passes (T,), other callers may pass (1, T).
+        return self._apply(tokens.reshape(-1), logits)
 
 
 def _vocab_size(tokenizer: object) -> int | None:
@@ -178,19 +213,6 @@ def _vocab_size(tokenizer: object) -> int | None:
     except TypeError:
         size = getattr(tokenizer, "vocab_size", None)
         return int(size) if size is not None else None
-
-
-def _bias_processor(bias: dict[int, float]) -> LogitsProcessor:
-    ids = mx.array(list(bias.keys()))
-    values = mx.array(list(bias.values()))
-
-    def logit_bias(_tokens: mx.array, logits: mx.array) -> mx.array:
-        return logits.at[:, ids].add(values.astype(logits.dtype))
-
-    # The history is ignored: several positions' (n, V) logits may go in one call
-    # (`seam.speculation.position_free`).
-    logit_bias.position_free = True  # type: ignore[attr-defined]  # a function attribute
-    return logit_bias
 
 
 def check_logit_bias(params: GenerationParams, tokenizer: object) -> None:
@@ -218,7 +240,7 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
-        processors.append(_bias_processor(params.logit_bias))
+        processors.append(LogitBias(params.logit_bias))
     if params.ignore_eos:
         # As llama.cpp does: EOS can never be sampled, so generation runs to max_tokens.
         eos = set(getattr(tokenizer, "eos_token_ids", None) or ())
@@ -226,14 +248,14 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
         if eos_id is not None:
             eos.add(int(eos_id))
         if eos:
-            processors.append(_bias_processor(dict.fromkeys(sorted(eos), -mx.inf)))
+            processors.append(LogitBias(dict.fromkeys(sorted(eos), -mx.inf)))
     window = params.repetition_context_size
     if params.repetition_penalty not in (0.0, 1.0):
-        processors.append(_flat_tokens(make_repetition_penalty(params.repetition_penalty, window)))
+        processors.append(Penalty("repetition", params.repetition_penalty, window))
     if params.presence_penalty != 0.0:
-        processors.append(_flat_tokens(make_presence_penalty(params.presence_penalty, window)))
+        processors.append(Penalty("presence", params.presence_penalty, window))
     if params.frequency_penalty != 0.0:
-        processors.append(_flat_tokens(make_frequency_penalty(params.frequency_penalty, window)))
+        processors.append(Penalty("frequency", params.frequency_penalty, window))
     if params.constraint is not None:
         # Last: the grammar masks whatever the other processors left possible.
         processors.append(grammar.make_constraint_processor(params.constraint, tokenizer))

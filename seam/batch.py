@@ -19,8 +19,9 @@ sequence's KV always holds the token it just returned.
 Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are private in
 all but name (subclassing them meant re-implementing their private ``_step`` and reading
 their private counters, renamed on mlx-lm's main), and this project needs what they lack:
-a log-softmax only when a row reads it, rows of the batched quantized and keep-rotating
-caches (`seam.rows`), and a step that speculation replaces (`seam.speculation`).
+a log-softmax only when a row reads it, logits processors applied to all rows at once
+(`seam.batch_logits`), rows of the batched quantized and keep-rotating caches
+(`seam.rows`), and a step that speculation replaces (`seam.speculation`).
 
 Runs on the engine's MLX thread, like every MLX call.
 """
@@ -39,6 +40,7 @@ from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 
 from decoding.sampling import GREEDY
 from seam.arrays import ints
+from seam.batch_logits import BatchLogits
 from seam.rows import merge_rows
 
 #: mlx-lm private members used here: none.
@@ -61,7 +63,7 @@ class Prefilled:
 
 @dataclass(frozen=True)
 class Generated:
-    """One decoded token of row ``uid``; ``logprobs`` (V,) or None when no row of its step
+    """One decoded token of row ``uid``; ``logprobs`` (V,), or None when its row does not
     read them. On the last one, ``finish_reason`` ("stop", "length"), ``prompt_cache`` the
     row's KV and ``all_tokens`` the tokens it holds. ``drafted``: an accepted draft."""
 
@@ -91,8 +93,19 @@ class Row:
     draft: tuple | None = None  # (most draft tokens per step, stats): `seam.speculation`
     done: int = 0  # prompt tokens fed
     emitted: int = 0  # tokens returned
-    context: Any = None  # TokenBuffer of its history, for its logits processors
+    context: Any = None  # TokenBuffer of its history, for its per-row logits processors
+    held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
+
+    def history(self, new: mx.array, fresh: bool = True) -> mx.array:
+        """Its token context for a per-row logits processor: the tokens its KV holds,
+        then ``new`` (n,) (``fresh`` False: after the context of the last call, for
+        tokens not yet in ``tokens``). Rebuilt from ``tokens`` when the last call's
+        context is not theirs (the row's batch-wide steps do not keep it)."""
+        if fresh and (self.context is None or self.held != len(self.tokens)):
+            self.context, self.held = TokenBuffer(self.tokens), len(self.tokens)
+        self.held += new.size
+        return self.context.update_and_fetch(new)
 
 
 def _nbytes(layer: Any) -> int:
@@ -113,6 +126,15 @@ def _cut(segments: list[list[int]], offset: int) -> bool:
             return True
         at += len(seg)
     return False
+
+
+def _filter_layers(cache: list, keep: list[int]) -> None:
+    """Keep only rows ``keep`` (indices, in order) of every batch layer of ``cache``."""
+    if not keep:
+        cache.clear()
+    else:
+        for c in cache:
+            c.filter(keep)
 
 
 def _extend(a: list, b: list) -> list:
@@ -169,6 +191,7 @@ class DecodeBatch:
         self._next_tokens: Any = None  # (B,) mx.array queued, not yet read; None: no row
         self._next_logprobs: list = []
         self._steps = 0
+        self._logits: BatchLogits | None = None  # of the last processed step's rows
         self._old_wired: int | None = None
         limit = mx.device_info().get("max_recommended_working_set_size")
         if limit is not None:  # Metal: keep the weights wired (as mlx-lm's BatchGenerator)
@@ -288,23 +311,15 @@ class DecodeBatch:
         if gone[1]:
             keep = [i for i in range(len(self._prefilling)) if i not in gone[1]]
             self._prefilling = [self._prefilling[i] for i in keep]
-            self._filter_layers(self._pcache, keep)
+            _filter_layers(self._pcache, keep)
         if gone[2]:
             self._filter([i for i in range(len(self._rows)) if i not in gone[2]])
         return out
 
-    @staticmethod
-    def _filter_layers(cache: list, keep: list[int]) -> None:
-        if not keep:
-            cache.clear()
-        else:
-            for c in cache:
-                c.filter(keep)
-
     def _filter(self, keep: list[int]) -> None:
         """Keep only decoding rows ``keep`` (indices, in order)."""
         self._rows = [self._rows[i] for i in keep]
-        self._filter_layers(self._cache, keep)
+        _filter_layers(self._cache, keep)
         self._next_tokens = self._next_tokens[keep] if keep else None
         self._next_logprobs = [self._next_logprobs[i] for i in keep]
 
@@ -365,10 +380,10 @@ class DecodeBatch:
             keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
             rows = [self._prefilling[i] for i in ready]
             cache = copy.deepcopy(self._pcache) if keep else self._pcache
-            self._filter_layers(cache, ready)
+            _filter_layers(cache, ready)
             self._prefilling = [self._prefilling[i] for i in keep]
             if keep:
-                self._filter_layers(self._pcache, keep)
+                _filter_layers(self._pcache, keep)
             else:
                 self._pcache = []
             prefilled += [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
@@ -420,8 +435,6 @@ class DecodeBatch:
         last = [r.segments[0][0] for r in rows]
         for r in rows:
             r.segments = []
-            if r.processors:
-                r.context = TokenBuffer(r.tokens)
         inputs = mx.array(last)
         sampled, logprobs = self._forward(rows, cache, inputs)
         mx.eval(inputs)
@@ -444,35 +457,44 @@ class DecodeBatch:
         return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
 
     def _forward(self, rows: list[Row], cache: list, inputs: mx.array) -> tuple[mx.array, list]:
-        """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs per row, None
-        each when the step is lean), evaluation started."""
+        """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs (V,) of each
+        row that reads them, else None), evaluation started.
+
+        The rows' logits processors run batch-wide (`seam.batch_logits`); greedy rows are
+        one argmax; a seeded sampler draws from its own row (reproducible alone or in any
+        batch)."""
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
         if self._lean(rows):
             sampled = mx.argmax(logits, axis=-1)
             mx.async_eval(sampled)
             return sampled, [None] * len(rows)
-        contexts = []
+        contexts: list = []
         if any(r.processors for r in rows):
-            processed = []
-            for e, r in enumerate(rows):
-                row = logits[e : e + 1]
-                if r.processors:
-                    context = r.context.update_and_fetch(inputs[e : e + 1])
-                    contexts.append(context)
-                    for processor in r.processors:
-                        row = processor(context, row)
-                processed.append(row)
-            logits = mx.concatenate(processed, axis=0)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            state = self._logits
+            if state is None or not state.matches(rows):
+                state = self._logits = BatchLogits(rows)
+            logits, contexts = state.apply(logits, inputs)
         samplers = [r.sampler for r in rows]
+        if all(s is GREEDY for s in samplers) and not any(r.logprobs for r in rows):
+            # The argmax of the logits is the log-softmax's (a per-row constant apart).
+            sampled = mx.argmax(logits, axis=-1)
+            mx.async_eval(sampled, contexts)
+            return sampled, [None] * len(rows)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        drawn = [e for e, s in enumerate(samplers) if s is not GREEDY]
         if all(s is samplers[0] for s in samplers):  # one batched call
             sampled = samplers[0](logprobs)
-        else:
+        elif len(drawn) == len(rows):
             sampled = mx.concatenate(
                 [s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0
             )
-        per_row = list(logprobs)
-        mx.async_eval(sampled, per_row, contexts)
+        else:  # greedy rows in one argmax, the others drawn each from its own row
+            sampled = mx.argmax(logprobs, axis=-1)
+            sampled[mx.array(drawn)] = mx.concatenate(
+                [samplers[e](logprobs[e : e + 1]) for e in drawn], axis=0
+            ).astype(sampled.dtype)
+        per_row = [logprobs[e] if r.logprobs else None for e, r in enumerate(rows)]
+        mx.async_eval(sampled, [x for x in per_row if x is not None], contexts)
         return sampled, per_row
 
     def _plain_step(self) -> tuple[list[int], list]:

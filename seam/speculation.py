@@ -328,7 +328,7 @@ class SpeculativeBatch(DecodeBatch):
     ) -> list[tuple[int, mx.array]]:
         """Row ``r``'s kept (token, logprobs) pairs, sampling position by position with its
         processors and sampler until a sampled token differs from the draft."""
-        context = r.context.update_and_fetch(pending) if r.processors else None
+        context = r.history(pending) if r.processors else None
         kept: list[tuple[int, mx.array]] = []
         for j in range(len(draft) + 1):
             row = logits[j : j + 1]
@@ -340,5 +340,5 @@ class SpeculativeBatch(DecodeBatch):
             if j == len(draft) or token != draft[j]:
                 break
             if r.processors:
-                context = r.context.update_and_fetch(mx.array([draft[j]], dtype=mx.int32))
+                context = r.history(mx.array([draft[j]], dtype=mx.int32), fresh=False)
         return kept
