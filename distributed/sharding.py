@@ -34,6 +34,7 @@ from errors import ModelLoadError, Unavailable
 from loading import cpu_fast_path, loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
+from seam.release import release_cache
 
 if TYPE_CHECKING:
     from distributed.collectives import Collectives
@@ -155,7 +156,7 @@ def load(
     step.finish(error)
     if loaded is None:
         gc.collect()
-        mx.clear_cache()
+        release_cache()
     weights = loaded.weights_bytes if loaded is not None else 0
     results = net.agree(error, weights)  # on failure every rank drops its part
     return loaded, [w for _, w in results]

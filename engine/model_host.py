@@ -24,6 +24,7 @@ from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
+from seam.release import release_cache
 from tasks.embedding import EmbeddingOutput
 from tasks.rerank import RerankOutput
 from tasks.scoring import CandidateResult
@@ -167,7 +168,7 @@ class ModelHost:
         self.loaded = None
         if had_model:
             gc.collect()
-            mx.clear_cache()
+            release_cache()
 
     def free(self) -> None:
         self.unload(FailedPrecondition("the model was freed"))

@@ -41,6 +41,7 @@ from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 from decoding.sampling import GREEDY
 from seam.arrays import ints
 from seam.batch_logits import BatchLogits
+from seam.release import release_cache
 from seam.rows import merge_rows
 
 #: mlx-lm private members used here: none.
@@ -191,6 +192,7 @@ class DecodeBatch:
         self._next_tokens: Any = None  # (B,) mx.array queued, not yet read; None: no row
         self._next_logprobs: list = []
         self._steps = 0
+        self._release_due = False
         self._logits: BatchLogits | None = None  # of the last processed step's rows
         self._old_wired: int | None = None
         limit = mx.device_info().get("max_recommended_working_set_size")
@@ -354,8 +356,11 @@ class DecodeBatch:
         if self._rows:
             generated = self._decode()
             self._steps += 1
-            if self._steps % 512 == 0:
-                mx.clear_cache()
+            # Every 512 steps, at the first step after that in which no sequence finished.
+            self._release_due |= self._steps % 512 == 0
+            if self._release_due and not any(g.finish_reason for g in generated):
+                release_cache(generation_stream)
+                self._release_due = False
         prefilled: list[Prefilled] = []
         if len(self._rows) >= self.max_rows:
             return prefilled, generated
@@ -421,13 +426,13 @@ class DecodeBatch:
             n = min(self.prefill_step_size, inputs.shape[1])
             self.model(inputs[:, :n], cache=self._pcache)
             mx.eval([c.state for c in self._pcache])
-            mx.clear_cache()
+            release_cache(generation_stream)
             inputs = inputs[:, n:]
         if ragged:
             for c in self._pcache:
                 c.finalize()
             mx.eval([c.state for c in self._pcache])
-            mx.clear_cache()
+            release_cache(generation_stream)
 
     def _start(self, rows: list[Row], cache: list) -> None:
         """``rows`` (KV ``cache``) leave prefill: their last prompt token's forward pass is

@@ -155,3 +155,14 @@ def test_no_class_is_over_400_lines() -> None:
                 if lines > MAX_CLASS_LINES:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert not long, "split these classes by job: " + "; ".join(long)
+
+
+def test_only_seam_release_clears_mlx_buffers() -> None:
+    """Issue 32: every ``mx.clear_cache`` waits for the work in flight first, so one
+    function owns the call (`seam.release.release_cache`)."""
+    callers = []
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "clear_cache":
+                callers.append(name)
+    assert sorted(set(callers)) == ["seam.release"], callers
