@@ -316,9 +316,7 @@ class BatchRunner:
             return []
         decoding = bool(self._decoding)
         # The budget's chunk for this step; the batch reads it on every step.
-        self._batch.prefill_step_size = self.budget.chunk(
-            len(self._uids) - len(self._decoding), decoding
-        )
+        self._plan_chunk(decoding)
         start = time.perf_counter()
         prompt_responses, responses = self._batch.next()
         prefilled = 0
@@ -338,6 +336,13 @@ class BatchRunner:
                 self._forget(g.uid)
             out.append(Token(g.uid, g.token, g.logprobs, g.finish_reason, kv, g.drafted))
         return out
+
+    def _plan_chunk(self, decoding: bool) -> None:
+        """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
+        A distributed follower plans the same (its budget has no time part there)."""
+        prefilling = self._uids - self._decoding
+        context = max((self._batch.held(u) or (0, 0))[0] for u in prefilling) if prefilling else 0
+        self._batch.prefill_step_size = self.budget.chunk(len(prefilling), decoding, context)
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
@@ -368,13 +373,15 @@ class BatchRunner:
         of the rows the batch ended itself."""
         if not self._uids:
             return {}
+        self._plan_chunk(bool(self._decoding))
         prompt_responses, responses = self._batch.next()
+        self._decoding.update(p.uid for p in prompt_responses if p.end_of_prompt)
         self._at_boundaries(prompt_responses, {})  # rank 0's `share` cuts, repeated here
         finished = {}
-        for r in responses:
-            if r.finish_reason is not None:
-                finished[r.uid] = (r.prompt_cache, r.all_tokens)
-                self._forget(r.uid)
+        for g in responses:
+            if g.finish_reason is not None:
+                finished[g.uid] = (g.prompt_cache, g.all_tokens)
+                self._forget(g.uid)
         return finished
 
     def release(self, job: Job) -> tuple | None:

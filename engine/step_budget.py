@@ -17,6 +17,20 @@ MIN_CHUNK = 16  # smallest prefill chunk (tokens per row): below it, per-step ov
 FIRST_CHUNK = 64  # the chunk before any speed was measured
 CHUNK_QUANTUM = 16  # chunks are multiples of this (fewer distinct shapes for the kernels)
 SMOOTHING = 0.3  # weight of the newest measurement in the moving averages
+# The chunk by context (issue 32): a chunk's attention scores are chunk x context per head,
+# so past CONTEXT_KNEE tokens of context the chunk halves each time the context doubles,
+# never below CONTEXT_MIN_CHUNK. mlx-lm PR #1781 measured a 27B model at a 128k context:
+# 2,048-token chunks peaked 11.2 GB above 512-token ones at the same prefill speed.
+CONTEXT_KNEE = 8192
+CONTEXT_MIN_CHUNK = 256
+
+
+def for_context(context: int, max_chunk: int) -> int:
+    """The largest chunk (tokens) for a row whose KV already holds ``context`` tokens."""
+    if context <= CONTEXT_KNEE:
+        return max_chunk
+    scaled = max_chunk * CONTEXT_KNEE // context // CHUNK_QUANTUM * CHUNK_QUANTUM
+    return min(max_chunk, max(CONTEXT_MIN_CHUNK, scaled))
 
 
 class PrefillBudget:
@@ -33,9 +47,11 @@ class PrefillBudget:
         self.rate: float | None = None  # moving average of prefill tokens per second
         self.memory_cap = max_chunk  # the largest chunk the memory budget allows now
 
-    def chunk(self, prefill_rows: int, decoding: bool) -> int:
-        """Prompt tokens per prefilling row for the next step."""
-        largest = max(MIN_CHUNK, min(self.max_chunk, self.memory_cap // max(prefill_rows, 1)))
+    def chunk(self, prefill_rows: int, decoding: bool, context: int = 0) -> int:
+        """Prompt tokens per prefilling row for the next step; ``context``: the most
+        tokens a prefilling row's KV holds (`for_context`)."""
+        largest = min(self.max_chunk, self.memory_cap // max(prefill_rows, 1))
+        largest = max(MIN_CHUNK, min(largest, for_context(context, self.max_chunk)))
         if not decoding or self.budget_s <= 0 or prefill_rows == 0:
             return largest
         if self.rate is None:
