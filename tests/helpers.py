@@ -293,3 +293,35 @@ def assert_one_clean_line(message: str) -> None:
     assert "\n" not in message and "\r" not in message
     for junk in ("panicked", "backtrace", "stack backtrace", "<state>", "<grammar>", " | "):
         assert junk not in message.lower(), message
+
+
+def request_ids(tokenizer, req: backend_pb2.PredictOptions) -> list[int]:
+    """The prompt token ids the server computes for ``req`` (raw Prompt, or Messages
+    through the chat template with the generation prompt)."""
+    from engine import prompt as prompt_mod
+
+    if req.Prompt:
+        return prompt_mod.encode(tokenizer, req.Prompt)
+    messages = [{"role": m.role, "content": m.content} for m in req.Messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return prompt_mod.encode(tokenizer, text)
+
+
+def cold_greedy(loaded, ids: list[int], max_tokens: int) -> str:
+    """mlx-lm's own greedy generation of ``ids``, cold, on a loaded model (``model``,
+    ``tokenizer``); the text before EOS."""
+    from mlx_lm.generate import generate_step
+
+    tok, out = loaded.tokenizer, []
+    steps = generate_step(
+        mx.array(ids, dtype=mx.uint32),
+        loaded.model,
+        max_tokens=max_tokens,
+        sampler=lambda x: mx.argmax(x, axis=-1),
+        prompt_cache=make_prompt_cache(loaded.model),
+    )
+    for token, _ in steps:
+        if int(token) in tok.eos_token_ids:
+            break
+        out.append(int(token))
+    return tok.decode(out)

@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 import tiny_models
-from helpers import chat_request, greedy, token_kv
+from helpers import chat_request, cold_greedy, greedy, request_ids, token_kv
 from inprocess import InProcessServer
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, make_prompt_cache
@@ -28,7 +28,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 import backend_pb2
 import params
 from engine import prompt as prompt_mod
-from prompt_cache import PromptCache, kv_nbytes, needs_checkpoints
+from prompt_cache import PromptCache, common_prefix, kv_nbytes, needs_checkpoints
 
 FAMILIES = list(tiny_models.CONFIGS)
 MAX_TOKENS = 6
@@ -45,15 +45,6 @@ RAW_START = (
 ) * 3
 
 
-def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _load(srv: InProcessServer, path: Path, options: tuple[str, ...] = ()) -> None:
     res = srv.stub.LoadModel(backend_pb2.ModelOptions(Model=str(path), Options=list(options)))
     assert res.success, res.message
@@ -64,31 +55,12 @@ def _chat(system: str, user: str) -> backend_pb2.PredictOptions:
 
 
 def _ids(srv: InProcessServer, req: backend_pb2.PredictOptions) -> list[int]:
-    tok = srv.engine.loaded.tokenizer
-    if req.Prompt:
-        return prompt_mod.encode(tok, req.Prompt)
-    messages = [{"role": m.role, "content": m.content} for m in req.Messages]
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return prompt_mod.encode(tok, text)
+    return request_ids(srv.engine.loaded.tokenizer, req)
 
 
 def _reference(srv: InProcessServer, ids: list[int], max_tokens: int = MAX_TOKENS) -> str:
     """mlx-lm's own greedy generation, cold, on the served model (the engine is idle)."""
-    loaded = srv.engine.loaded
-    tok = loaded.tokenizer
-    out = []
-    steps = generate_step(
-        mx.array(ids, dtype=mx.uint32),
-        loaded.model,
-        max_tokens=max_tokens,
-        sampler=lambda x: mx.argmax(x, axis=-1),
-        prompt_cache=make_prompt_cache(loaded.model),
-    )
-    for token, _ in steps:
-        if int(token) in tok.eos_token_ids:
-            break
-        out.append(int(token))
-    return tok.decode(out)
+    return cold_greedy(srv.engine.loaded, ids, max_tokens)
 
 
 def _predict(srv: InProcessServer, req) -> tuple[str, int]:
@@ -120,7 +92,7 @@ def test_family_reuses_prefixes_with_unchanged_output(srv, model_root, family) -
     # Same system message, another question: only the new part is prefilled.
     text, processed = _predict(srv, b)
     assert text == ref_b
-    shared = _lcp(ids_a, ids_b)
+    shared = common_prefix(ids_a, ids_b)
     assert shared > 200
     assert processed <= len(ids_b) - shared + 8, (processed, len(ids_b), shared)
     if checkpointing:
@@ -146,7 +118,7 @@ def test_family_reuses_prefixes_with_unchanged_output(srv, model_root, family) -
     ids_c = _ids(srv, c)
     text, processed = _predict(srv, c)
     assert text == _reference(srv, ids_c)
-    shared = max(_lcp(ids_c, i) for i in raw_ids)
+    shared = max(common_prefix(ids_c, i) for i in raw_ids)
     assert processed <= len(ids_c) - shared + 1, (processed, len(ids_c), shared)
 
     # A batch of 4 (new questions, so they prefill together and snapshot mid-batch).
@@ -173,7 +145,7 @@ def test_system_checkpoint_is_taken_inside_a_running_batch(srv, model_root) -> N
         assert running.result().message.decode("utf-8") == ref_long
     text, processed = _predict(srv, second)
     assert text == ref_2
-    assert processed <= len(ids_2) - _lcp(ids_1, ids_2) + 8
+    assert processed <= len(ids_2) - common_prefix(ids_1, ids_2) + 8
 
 
 def test_prompt_checkpoint_interval(srv, model_root) -> None:
@@ -186,7 +158,7 @@ def test_prompt_checkpoint_interval(srv, model_root) -> None:
     _predict(srv, first)
     text, processed = _predict(srv, second)
     assert text == _reference(srv, ids_2)
-    shared = _lcp(ids_1, ids_2)
+    shared = common_prefix(ids_1, ids_2)
     assert processed == len(ids_2) - (shared // 16) * 16
 
 
@@ -280,7 +252,7 @@ def test_rotating_rows_with_nkeep_take_checkpoints_too(srv, model_root) -> None:
     assert _predict(srv, a) == (ref_a, len(ids_a))
     text, processed = _predict(srv, b)
     assert text == ref_b
-    assert processed <= len(ids_b) - _lcp(ids_a, ids_b) + 8
+    assert processed <= len(ids_b) - common_prefix(ids_a, ids_b) + 8
     assert _predict(srv, b) == (ref_b, 1)
 
 

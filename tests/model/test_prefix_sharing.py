@@ -14,16 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tiny_models
-from helpers import chat_request, greedy
+from helpers import chat_request, cold_greedy, greedy, request_ids
 from inprocess import InProcessServer
-from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
 
 import backend_pb2
-from engine import prompt as prompt_mod
 from engine import sharing
 from engine.core import Engine
 from engine.metrics import Metrics
+from prompt_cache import common_prefix
 
 MAX_TOKENS = 5
 SYSTEM = (
@@ -59,31 +57,12 @@ def _load(srv, path, options=()) -> None:
 
 
 def _ids(srv, req) -> list[int]:
-    tok = srv.engine.loaded.tokenizer
-    if req.Prompt:
-        return prompt_mod.encode(tok, req.Prompt)
-    messages = [{"role": m.role, "content": m.content} for m in req.Messages]
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return prompt_mod.encode(tok, text)
+    return request_ids(srv.engine.loaded.tokenizer, req)
 
 
 def _reference(srv, ids: list[int]) -> str:
     """mlx-lm's own greedy generation, cold (the engine is idle)."""
-    loaded = srv.engine.loaded
-    tok, out = loaded.tokenizer, []
-    cache = make_prompt_cache(loaded.model)
-    steps = generate_step(mx_array(ids), loaded.model, max_tokens=MAX_TOKENS, prompt_cache=cache)
-    for token, _ in steps:
-        if int(token) in tok.eos_token_ids:
-            break
-        out.append(int(token))
-    return tok.decode(out)
-
-
-def mx_array(ids):
-    import mlx.core as mx
-
-    return mx.array(ids)
+    return cold_greedy(srv.engine.loaded, ids, MAX_TOKENS)
 
 
 def _computed(srv) -> int:
@@ -97,31 +76,25 @@ def _together(srv, reqs) -> list[str]:
         return list(pool.map(lambda r: srv.stub.Predict(r).message.decode("utf-8"), reqs))
 
 
-def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_a_burst_prefills_its_shared_prefix_once(served, model_root, family) -> None:
     _load(served, tiny_models.build(family, model_root), ("max_batch_size:8",))
     reqs = [chat_request(q, SYSTEM, Tokens=MAX_TOKENS, Temperature=0) for q in QUESTIONS]
     ids = [_ids(served, r) for r in reqs]
     refs = [_reference(served, i) for i in ids]
-    shared = min(_lcp(ids[0], i) for i in ids[1:])
+    shared = min(common_prefix(ids[0], i) for i in ids[1:])
     assert shared > 250
 
     before = _computed(served)
     assert _together(served, reqs) == refs
     computed = _computed(served) - before
     tails = sum(len(i) - shared for i in ids)
-    # One prefill of the shared part, each request's own tail, and a few tokens where a
-    # request's prefix stops one short of the shared part (its last token).
-    assert computed <= shared + tails + 2 * len(reqs), (computed, shared, tails)
+    # One prefill of the shared part and each request's own tail, plus a few tokens a
+    # request may prefill again: one that arrives after the leader's prefill passed the
+    # shared part starts from the leader's chat-boundary checkpoint when the cache cannot
+    # be trimmed (the user turn's header, ~4 tokens, is computed again). Without sharing:
+    # shared * len(reqs) + tails.
+    assert computed <= shared + tails + 8 * len(reqs), (computed, shared, tails)
     # Sent one by one (the prefix is cached now), the same outputs.
     assert [served.stub.Predict(r).message.decode("utf-8") for r in reqs[:2]] == refs[:2]
 
@@ -132,7 +105,7 @@ def test_sharing_waits_only_for_a_prefix_worth_it(served, model_root) -> None:
     _load(served, tiny_models.build("llama", model_root), ("max_batch_size:8",))
     short = [greedy(f"{n} apples and {n + 1} pears.", MAX_TOKENS) for n in range(4)]
     ids = [_ids(served, r) for r in short]
-    assert max(_lcp(ids[0], i) for i in ids[1:]) < sharing.MIN_SHARED_PREFIX
+    assert max(common_prefix(ids[0], i) for i in ids[1:]) < sharing.MIN_SHARED_PREFIX
     refs = [_reference(served, i) for i in ids]
     before = _computed(served)
     assert _together(served, short) == refs
