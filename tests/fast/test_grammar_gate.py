@@ -212,7 +212,7 @@ def test_grammar_scope_option_and_metadata():
     req.Metadata["grammar_scope"] = "after_reasoning"
     assert params.generation_params(req, load).grammar_scope == "after_reasoning"
     req.Metadata["grammar_scope"] = "thinking"
-    with pytest.raises(ValueError, match="Metadata.grammar_scope must be one of"):
+    with pytest.raises(ValueError, match=r"Metadata\.grammar_scope must be one of"):
         params.generation_params(req, load)
     with pytest.raises(ValueError, match="grammar_scope"):
         load_opts("grammar_scope:bogus")
