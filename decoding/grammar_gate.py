@@ -17,8 +17,11 @@ opening on.
   trigger words): free text until one of the words appears in the decoded output; then
   the text from the word's first byte on is fed to the grammar (so the grammar must match
   the word itself, as in llama.cpp) and the grammar constrains the rest. Own code rather
-  than llguidance's lazy lexemes: those live in its Lark front end, while the request's
-  grammar arrives as GBNF or a JSON schema already compiled on its own (cached per source).
+  than llguidance's lazy support (Lark `lazy` lexemes, sugared as `llguidance.StructTag`,
+  `_struct_tag.py`): that is a Lark grammar of free text and tags that returns to free text
+  after each tag's end, so it would mean rewriting each request's GBNF or JSON schema into
+  a new Lark grammar per trigger set (no reuse of the per-source compile cache) and still
+  differ from llama.cpp, whose lazy grammar holds the whole rest once triggered.
 - `ChainGate`: open once all of its gates are open, each fed what the one before passes on
   (reasoning first, then the trigger in the answer).
 
