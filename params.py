@@ -103,6 +103,7 @@ from parsing.options import (
     DEFAULT_PROMPT_CACHE_DISK_BYTES,
     DEFAULT_RERANK_INSTRUCTION,
     DEFAULT_STEP_BUDGET_MS,
+    GRAMMAR_SCOPES,
     OPTIONS,
     SAMPLING,
     TOKENIZER_OPTION_KEYS,
@@ -170,6 +171,12 @@ class GenerationParams:
     # Metadata reasoning_budget, else option reasoning_budget: reasoning tokens before the
     # backend ends the think block (reasoning_budget.py); -1 unlimited, 0 no thinking.
     reasoning_budget: int = UNLIMITED_REASONING
+    # Metadata grammar_scope, else option grammar_scope: "after_reasoning" (the constraint
+    # starts after a think block) or "all" (parsing.options.GRAMMAR_SCOPES).
+    grammar_scope: str = "after_reasoning"
+    # ModelOptions.GrammarTriggers words: the constraint starts at the first of them
+    # (llama.cpp's lazy grammar); () = from the start.
+    grammar_triggers: tuple[str, ...] = ()
     # Disk tier of the prompt cache: option prompt_cache_dir, else the checked
     # PromptCachePath (absolute); "" = memory only.
     prompt_cache_dir: str = ""
@@ -238,6 +245,8 @@ class LoadParams:
     tool_parser: str = ""  # option tool_parser: a vLLM tool-parser name overriding mlx-lm's choice
     reasoning_parser: str = ""  # option reasoning_parser: a vLLM reasoning-parser name
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
+    grammar_scope: str = "after_reasoning"  # option grammar_scope: after_reasoning | all
+    grammar_triggers: tuple[str, ...] = ()  # ModelOptions.GrammarTriggers words (lazy grammar)
     prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
     prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
     # option max_pending_events: undelivered stream events before a non-reading client's
@@ -353,6 +362,7 @@ def load_params(req: Any) -> LoadParams:
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, value["kv_bits"]),
+        grammar_triggers=tuple(t.word for t in req.GrammarTriggers if t.word),
         draft_model=req.DraftModel,
         num_draft_tokens=value["num_draft_tokens"]
         or (DEFAULT_NGRAM_DRAFT_TOKENS if speculative == "ngram" else DEFAULT_NUM_DRAFT_TOKENS),
@@ -453,7 +463,6 @@ _REFUSED_LOAD = {
     "separate projector file)",
     "Quantization": "load a quantized MLX model or GGUF instead (vLLM's quantization option)",
     "Overrides": "GGUF metadata overrides are not supported",
-    "GrammarTriggers": "lazy grammars are not supported; send the Grammar with the request",
 }
 _DISABLED_AT_ONE = {"TypicalP", "TailFreeSamplingZ"}
 
@@ -514,6 +523,19 @@ def parse_logit_bias(raw: str) -> dict[int, float] | None:
             LOGIT_BIAS_LIMIT,
         )
     return bias or None
+
+
+def _grammar_scope(metadata: Any, load: LoadParams | None) -> str:
+    """Metadata grammar_scope (after_reasoning | all), else the load option."""
+    raw = metadata.get("grammar_scope", "").strip().lower()
+    if not raw:
+        return load.grammar_scope if load is not None else GRAMMAR_SCOPES[0]
+    if raw not in GRAMMAR_SCOPES:
+        raise ValueError(
+            "PredictOptions.Metadata.grammar_scope must be one of "
+            f"{', '.join(GRAMMAR_SCOPES)}, got {raw[:40]!r}"
+        )
+    return raw
 
 
 def _reasoning_budget(metadata: Any, load: LoadParams | None) -> int:
@@ -605,6 +627,8 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         # Bounds and JSON only here; compiling is `grammar.compile_constraint` (engine.prepare).
         constraint=read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),
+        grammar_scope=_grammar_scope(req.Metadata, load),
+        grammar_triggers=load.grammar_triggers if load is not None else (),
     )
 
 

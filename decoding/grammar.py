@@ -53,7 +53,9 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
 from decoding import arrays
+from decoding.grammar_gate import ChainGate, Gate, ReasoningGate, TriggerGate
 from parsing.constraint import Constraint
+from parsing.options import GRAMMAR_SCOPES
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared in its stubs only
@@ -401,13 +403,23 @@ class ConstraintProcessor:
     checks `failure` after every step and ends the request with that error, never with
     a "successful" reply that breaks its constraint.
 
+    With a `gate` (`decoding.grammar_gate`: after the reasoning, lazy triggers) the
+    constraint is dormant until the gate opens: logits pass unchanged and the generated
+    tokens go to the gate, which hands the grammar those it must consume.
+
     Not thread-safe; one instance per sequence (build it with `make_constraint_processor`).
     """
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, eos_ids: list[int], vocab_size: int, field: str
+        self,
+        matcher: llguidance.LLMatcher,
+        eos_ids: list[int],
+        vocab_size: int,
+        field: str,
+        gate: Gate | None = None,
     ) -> None:
         self._matcher = matcher
+        self._gate = gate
         self._field = field
         self._eos = mx.array(eos_ids, dtype=mx.int32) if eos_ids else None
         self._seen: int | None = None
@@ -419,10 +431,13 @@ class ConstraintProcessor:
         flat = tokens.reshape(-1)
         # Forces the previously sampled token to the CPU: the grammar needs it now.
         self.advance(flat.shape[0], lambda start: arrays.ints(flat[start:]))
+        if self.dormant:
+            return logits
         if self.masking:
             self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
             self.check_mask()
         if self.masking:
+            self.allow_extra(self._bits)
             return apply_bitmask(logits, self._bits)
         return self.only_eos(logits)
 
@@ -437,10 +452,23 @@ class ConstraintProcessor:
         return int(self._bits.shape[0])
 
     @property
+    def dormant(self) -> bool:
+        """Whether the constraint has not started yet (its gate is closed): the row's
+        logits must pass unchanged."""
+        return self.failure is None and self._gate is not None and not self._gate.open
+
+    @property
     def masking(self) -> bool:
-        """Whether the next mask comes from the grammar (else only EOS is allowed:
-        `only_eos`): neither failed nor finished."""
-        return self.failure is None and not self._matcher.is_stopped()
+        """Whether the next mask comes from the grammar (else, unless `dormant`, only EOS
+        is allowed: `only_eos`): started, neither failed nor finished."""
+        return self.failure is None and not self.dormant and not self._matcher.is_stopped()
+
+    def allow_extra(self, bits: np.ndarray) -> None:
+        """Add the gate's extra token (a think start the model may still open) to a mask
+        (words,) int32 the grammar just filled."""
+        extra = self._gate.extra if self._gate is not None else None
+        if extra is not None and extra < 32 * bits.shape[0]:
+            bits.view(np.uint32)[extra // 32] |= np.uint32(1 << (extra % 32))
 
     def advance(self, length: int, fetch: Callable[[int], list[int]]) -> None:
         """The sequence's context is now ``length`` tokens; ``fetch(start)`` gives its
@@ -478,6 +506,8 @@ class ConstraintProcessor:
         return only_eos
 
     def _consume(self, new_tokens: list[int]) -> None:
+        if self._gate is not None and self.failure is None:
+            new_tokens = self._gate.feed(new_tokens)
         for token in new_tokens:
             if self.failure is not None or self._matcher.is_stopped():
                 return  # after the end (EOS, pipelined steps): nothing left to check
@@ -536,7 +566,45 @@ def failure_of(processors: list) -> str | None:
     return None
 
 
-def make_constraint_processor(constraint: Constraint, tokenizer: Any) -> LogitsProcessor:
+#: `grammar_scope` values (`parsing.options.GRAMMAR_SCOPES`): the constraint covers the
+#: answer after the reasoning (the default), or everything generated, reasoning included.
+AFTER_REASONING, ALL = GRAMMAR_SCOPES
+
+
+def make_gate(
+    tokenizer: Any,
+    compiled: _Compiled,
+    initial_state: str = "normal",
+    scope: str = AFTER_REASONING,
+    triggers: tuple[str, ...] = (),
+) -> Gate | None:
+    """The gate of a sequence's constraint (`decoding.grammar_gate`), or None (it starts
+    at once). A `ReasoningGate` when `scope` is AFTER_REASONING and the tokenizer knows
+    think markers (mlx-lm's `has_thinking`, set by the chat template or the
+    `reasoning_parser` option); closed from the start when ``initial_state`` is
+    "reasoning" (the prompt left a think block open). A `TriggerGate` after it for
+    non-empty `triggers` (lazy grammar)."""
+    gates: list[Gate] = []
+    end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+    if scope == AFTER_REASONING and getattr(tokenizer, "has_thinking", False) and end:
+        start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
+        gates.append(ReasoningGate(start, end, initial_state == "reasoning"))
+    words = tuple(w for w in triggers if w)
+    if words:
+        llg = compiled.llg_tokenizer
+        gates.append(TriggerGate(words, llg.decode_bytes, llg.tokenize_bytes))
+    if not gates:
+        return None
+    return gates[0] if len(gates) == 1 else ChainGate(gates)
+
+
+def make_constraint_processor(
+    constraint: Constraint,
+    tokenizer: Any,
+    initial_state: str = "normal",
+    scope: str = AFTER_REASONING,
+    triggers: tuple[str, ...] = (),
+) -> LogitsProcessor:
     """A fresh logits processor enforcing `constraint` for one sequence.
 
     `tokenizer`: the model's tokenizer (mlx-lm `TokenizerWrapper` or a Hugging Face fast
@@ -544,11 +612,14 @@ def make_constraint_processor(constraint: Constraint, tokenizer: Any) -> LogitsP
     `eos_token_ids` are the tokens allowed when the grammar is complete. Compiling is
     cached per tokenizer (weakly held, ~2 s the first time for SmolLM2's vocabulary) and
     per (kind, source) in an LRU of COMPILED_CACHE_SIZE; each call returns a copy with
-    its own state. Raises ValueError naming `constraint.field` when the grammar does not
-    compile or the tokenizer is not a fast one. Returns a `ConstraintProcessor`; append
-    it last to the sequence's logits processors.
+    its own state. `initial_state`, `scope` (GRAMMAR_SCOPES) and `triggers` (lazy
+    grammar words) decide when it starts (`make_gate`). Raises ValueError naming
+    `constraint.field` when the grammar does not compile or the tokenizer is not a fast
+    one. Returns a `ConstraintProcessor`; append it last to the sequence's logits
+    processors.
     """
     matcher, compiled = _compiled_matcher(constraint, tokenizer)
+    gate = make_gate(tokenizer, compiled, initial_state, scope, triggers)
     return ConstraintProcessor(
-        matcher, compiled.eos_ids, compiled.llg_tokenizer.vocab_size, constraint.field
+        matcher, compiled.eos_ids, compiled.llg_tokenizer.vocab_size, constraint.field, gate
     )

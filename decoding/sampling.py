@@ -226,7 +226,9 @@ def check_logit_bias(params: GenerationParams, tokenizer: object) -> None:
         )
 
 
-def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[LogitsProcessor]:
+def make_logits_processors(
+    params: GenerationParams, tokenizer: object, initial_state: str = "normal"
+) -> list[LogitsProcessor]:
     """Build the logits processors for one request, in application order.
 
     Each takes (tokens (T,) or (1, T) int, logits (1, V)) and returns logits (1, V),
@@ -236,7 +238,9 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
     `repetition_context_size` tokens (mlx-lm's `make_*_penalty`).
 
     The tokenizer gives the EOS ids (for ignore_eos). LogitBias ids were checked against
-    the vocabulary when the request was prepared (`check_logit_bias`).
+    the vocabulary when the request was prepared (`check_logit_bias`). `initial_state`
+    (the job's: "reasoning" when the prompt left a think block open), `grammar_scope` and
+    `grammar_triggers` decide where the constraint starts (`grammar.make_gate`).
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
@@ -258,5 +262,13 @@ def make_logits_processors(params: GenerationParams, tokenizer: object) -> list[
         processors.append(Penalty("frequency", params.frequency_penalty, window))
     if params.constraint is not None:
         # Last: the grammar masks whatever the other processors left possible.
-        processors.append(grammar.make_constraint_processor(params.constraint, tokenizer))
+        processors.append(
+            grammar.make_constraint_processor(
+                params.constraint,
+                tokenizer,
+                initial_state,
+                params.grammar_scope,
+                params.grammar_triggers,
+            )
+        )
     return processors

@@ -327,7 +327,7 @@ class Scheduler:
         # Sampler and processors first: a request they refuse (e.g. a bad grammar) must
         # not have touched the prompt cache, whose order every rank keeps the same.
         sampler = sampling.make_sampler(params, tokenizer)
-        processors = sampling.make_logits_processors(params, tokenizer)
+        processors = sampling.make_logits_processors(params, tokenizer, job.initial_state)
         budget = make_budget_processor(tokenizer, params.reasoning_budget, job.initial_state)
         processors += [budget] if budget is not None else []
         near = self.cache.nearest(loaded.cache_key, ids)  # engine/divergence.py

@@ -75,6 +75,8 @@ def env_on(environ: Mapping[str, str], name: str, default: bool = True) -> bool:
 DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
 DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
+# grammar_scope: a constraint covers the answer after the reasoning, or all the output.
+GRAMMAR_SCOPES = ("after_reasoning", "all")
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
 # N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
 # accepted, so a wider cap pays on repetitive text and costs little elsewhere.
@@ -267,6 +269,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("reasoning_budget", "int", "reasoning tokens per request (overridden by "
            "`Metadata` `reasoning_budget`); 0 also turns thinking off", lo=-1,
            default=UNLIMITED_REASONING, shown="-1 (unlimited)", group=_PARSE),
+    Option("grammar_scope", "choice", "what a request's `Grammar` / JSON schema covers: "
+           "`after_reasoning` starts it after the think block (when the model has think "
+           "markers), `all` also holds the reasoning to it; `Metadata` `grammar_scope` "
+           "overrides it per request", choices=GRAMMAR_SCOPES, default="after_reasoning",
+           group=_PARSE),
     # distributed
     Option("distributed_mode", "choice", "split over the group by tensors or layers",
            choices=("", *DISTRIBUTED_MODES), default="", shown="the group's", group=_DIST),

@@ -126,7 +126,7 @@ class BatchLogits:
                     factor[e], size[e] = p.penalty, p.window
                 self._penalties.append((kind, mx.array(factor, mx.float32), size))
         self._bits: np.ndarray | None = None
-        self._tail: mx.array | None = None
+        self._tail: tuple[mx.array, tuple[int, ...]] | None = None
         if self._grammar:
             words = max(p.words for _, p in self._grammar)
             self._bits = np.full((len(rows), words), -1, np.int32)
@@ -201,7 +201,8 @@ class BatchLogits:
     def _mask(self, logits: mx.array, inputs: mx.array) -> mx.array:
         """The grammar rows' masks, filled in one llguidance call, applied in one
         ``mx.where``; a finished or failed grammar's row keeps only EOS
-        (`ConstraintProcessor.only_eos`)."""
+        (`ConstraintProcessor.only_eos`); a dormant one (its constraint not started yet:
+        after the reasoning, lazy trigger) is left unchanged."""
         assert self._bits is not None
         rows, bits = self._rows, self._bits
         host: list[int] = []
@@ -214,29 +215,36 @@ class BatchLogits:
                 return [*tokens[start:], host[e]]
 
             p.advance(len(tokens) + 1, fetch)
+        dormant = tuple(e for e, p in self._grammar if p.dormant)
+        if len(dormant) == len(self._grammar):
+            return logits  # no row's constraint has started
         active = [(p, e) for e, p in self._grammar if p.masking]
         mx.async_eval(logits)  # the forward pass runs while llguidance fills the masks
         bits[self._grammar_rows] = -1
         grammar.fill_masks(active, bits)
-        ended = [(e, p) for e, p in self._grammar if not p.masking]
+        for p, e in active:
+            p.allow_extra(bits[e])
+        ended = [(e, p) for e, p in self._grammar if not p.masking and not p.dormant]
         for e, _ in ended:
             bits[e] = -1
         vocab = logits.shape[-1]
-        if len(ended) < len(self._grammar):
+        if len(ended) + len(dormant) < len(self._grammar):
             packed = mx.array(bits.view(np.uint8))
             unpacked = (packed[:, :, None] >> mx.arange(8, dtype=mx.uint8)) & 1
             allowed = unpacked.reshape(len(rows), -1)[:, :vocab] != 0
             if allowed.shape[1] < vocab:  # ids past the grammar's vocabulary: banned
-                allowed = mx.concatenate([allowed, self._beyond(vocab - allowed.shape[1])], 1)
+                tail = self._beyond(vocab - allowed.shape[1], dormant)
+                allowed = mx.concatenate([allowed, tail], 1)
             logits = mx.where(allowed, logits, -mx.inf)
         for e, p in ended:
             logits[e : e + 1] = p.only_eos(logits[e : e + 1])
         return logits
 
-    def _beyond(self, n: int) -> mx.array:
-        """(B, n) bools: False on grammar rows, True on the others."""
-        if self._tail is None or self._tail.shape[1] != n:
+    def _beyond(self, n: int, dormant: tuple[int, ...]) -> mx.array:
+        """(B, n) bools: False on started grammar rows, True on the others."""
+        if self._tail is None or self._tail[0].shape[1] != n or self._tail[1] != dormant:
             tail = np.ones((len(self._rows), n), np.bool_)
             tail[self._grammar_rows] = False
-            self._tail = mx.array(tail)
-        return self._tail
+            tail[list(dormant)] = True
+            self._tail = (mx.array(tail), dormant)
+        return self._tail[0]

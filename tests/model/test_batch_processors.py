@@ -291,6 +291,8 @@ def test_make_logits_processors_builds_the_batch_kinds(smol):
             presence_penalty=0.5,
             frequency_penalty=0.2,
             constraint=SCHEMA,
+            grammar_scope="after_reasoning",
+            grammar_triggers=(),
         ),
         tok,
     )

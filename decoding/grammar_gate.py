@@ -1,0 +1,167 @@
+"""When a request's constraint starts: after the reasoning, and (lazy grammars) at a trigger.
+
+A `ConstraintProcessor` (`decoding.grammar`) may hold a gate. While the gate is closed the
+constraint is dormant: the row's logits go through unchanged (not the EOS-only mask of a
+finished grammar) and the generated tokens are not fed to the grammar. The gate sees every
+generated token first (`feed`) and hands on those the grammar must consume from its
+opening on.
+
+- `ReasoningGate`: closed while the sequence is inside a think block (the prompt left one
+  open: the job's `initial_state`, or the model opened one with its first token), open from
+  the token after the end marker on (a marker forced by the reasoning budget counts alike).
+  vLLM does the same with a reasoning parser: `vllm/v1/structured_output/__init__.py`,
+  `StructuredOutputManager.should_advance` / `should_fill_bitmask` skip a request until its
+  reasoner's `is_reasoning_end` sets `reasoning_ended`; its `enable_in_reasoning` setting is
+  our `grammar_scope:all`.
+- `TriggerGate`: llama.cpp's lazy grammars (`common/sampling.cpp`, `grammar_lazy` with
+  trigger words): free text until one of the words appears in the decoded output; then
+  the text from the word's first byte on is fed to the grammar (so the grammar must match
+  the word itself, as in llama.cpp) and the grammar constrains the rest. Own code rather
+  than llguidance's lazy support (Lark `lazy` lexemes, sugared as `llguidance.StructTag`,
+  `_struct_tag.py`): that is a Lark grammar of free text and tags that returns to free text
+  after each tag's end, so it would mean rewriting each request's GBNF or JSON schema into
+  a new Lark grammar per trigger set (no reuse of the per-source compile cache) and still
+  differ from llama.cpp, whose lazy grammar holds the whole rest once triggered.
+- `ChainGate`: open once all of its gates are open, each fed what the one before passes on
+  (reasoning first, then the trigger in the answer).
+
+Pure Python on token ids and bytes; no MLX. Not thread-safe: one gate per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+__all__ = ["ChainGate", "Gate", "ReasoningGate", "TriggerGate"]
+
+# ReasoningGate states.
+_INSIDE = "inside"  # in a think block: dormant
+_MAYBE = "maybe"  # nothing generated yet: the grammar masks, the think start is allowed too
+_OPEN = "open"
+
+
+class Gate(Protocol):
+    @property
+    def open(self) -> bool:
+        """Whether the grammar masks the next token (else the row is left alone)."""
+
+    @property
+    def extra(self) -> int | None:
+        """A token id allowed beside the grammar's mask at the next step (or None)."""
+
+    def feed(self, tokens: Sequence[int]) -> list[int]:
+        """Take the newly generated tokens; return those the grammar must consume."""
+
+
+class ReasoningGate:
+    """Closed inside a think block; `start` / `end`: the think markers' token ids.
+
+    inside: the prompt left a think block open (`output.initial_state_for` says
+    "reasoning"). Otherwise the grammar masks from the first token, but a one-token
+    `start` is allowed beside it there (`extra`): the model may still open a think block,
+    and then the gate closes until `end`. After the end marker the gate stays open.
+    Raises ValueError for an empty `end`.
+    """
+
+    def __init__(self, start: Sequence[int], end: Sequence[int], inside: bool) -> None:
+        if not end:
+            raise ValueError("the end-of-thinking marker must have at least one token")
+        self._start = tuple(int(t) for t in start)
+        self._end = tuple(int(t) for t in end)
+        self._state = _INSIDE if inside else (_MAYBE if len(self._start) == 1 else _OPEN)
+        self._recent: list[int] = []
+
+    @property
+    def open(self) -> bool:
+        return self._state != _INSIDE
+
+    @property
+    def extra(self) -> int | None:
+        return self._start[0] if self._state == _MAYBE else None
+
+    def feed(self, tokens: Sequence[int]) -> list[int]:
+        out: list[int] = []
+        for token in tokens:
+            if self._state == _OPEN:
+                out.append(token)
+            elif self._state == _MAYBE:
+                if token == self._start[0]:
+                    self._state = _INSIDE
+                else:
+                    self._state = _OPEN
+                    out.append(token)
+            else:
+                self._recent = [*self._recent, token][-len(self._end) :]
+                if tuple(self._recent) == self._end:
+                    self._state = _OPEN
+        return out
+
+
+class TriggerGate:
+    """Closed until one of `words` appears in the decoded output (llama.cpp's lazy grammar).
+
+    decode: token ids -> their bytes; encode: bytes -> token ids (any tokenization the
+    grammar's tokenizer reads back to those bytes). On the trigger, `feed` returns the
+    tokens of the text from the word's first byte through the token that completed it,
+    followed by the tokens after that one. Raises ValueError when no word is non-empty.
+    """
+
+    def __init__(
+        self,
+        words: Sequence[str],
+        decode: Callable[[list[int]], bytes],
+        encode: Callable[[bytes], list[int]],
+    ) -> None:
+        self._words = tuple(w.encode("utf-8") for w in words if w)
+        if not self._words:
+            raise ValueError("a lazy grammar needs at least one non-empty trigger word")
+        self._keep = max(len(w) for w in self._words) - 1  # bytes a word may span back
+        self._decode, self._encode = decode, encode
+        self._text = b""
+        self._open = False
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    @property
+    def extra(self) -> int | None:
+        return None
+
+    def feed(self, tokens: Sequence[int]) -> list[int]:
+        if self._open:
+            return list(tokens)
+        for n, token in enumerate(tokens):
+            self._text += self._decode([int(token)])
+            hits = [i for i in (self._text.find(w) for w in self._words) if i >= 0]
+            if hits:
+                self._open = True
+                tail = self._text[min(hits) :]
+                self._text = b""
+                return [*self._encode(tail), *tokens[n + 1 :]]
+            self._text = self._text[-self._keep :] if self._keep else b""
+        return []
+
+
+class ChainGate:
+    """Gates in order: each is fed what the one before passes on; open once all are."""
+
+    def __init__(self, gates: Sequence[Gate]) -> None:
+        self._gates = tuple(gates)
+
+    @property
+    def open(self) -> bool:
+        return all(g.open for g in self._gates)
+
+    @property
+    def extra(self) -> int | None:
+        if not self.open:
+            return None
+        return next((g.extra for g in self._gates if g.extra is not None), None)
+
+    def feed(self, tokens: Sequence[int]) -> list[int]:
+        out = list(tokens)
+        for gate in self._gates:
+            out = gate.feed(out)
+        return out
