@@ -26,8 +26,8 @@ vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open 
 - **olmo3** -> ours: one pythonic call a line, parsed by mlx-lm's pythonic parser:
   `<function_calls>` `</function_calls>`
 - **phi4_mini_json** -> ours: a JSON list: `functools[`, to the end
-- **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`, to
-  the end; plus the Harmony channels (below)
+- **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`
+  `<|call|>` (or `<|end|>`), one block per call message; plus the Harmony channels (below)
 - internlm, jamba, granite -> ours: a JSON object / list between their markers
 - deepseek_v32, gigachat3, granite_20b_fc, hunyuan_a13b, minimax, seed_oss, step3, step3p5,
   xlam: no MLX equivalent here (warning, mlx-lm's detection stays)
@@ -104,22 +104,29 @@ def _call(obj: Any) -> dict[str, Any]:
 
 # mlx-lm has no parser for this format (json_tools needs <tool_call> around one object).
 def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
-    """Llama 3.x / 4 calls: `{"name": ..., "parameters": {...}}`, several separated by `;`.
+    """Llama 3.x / 4 calls: `{"name": ..., "parameters": {...}}`, several separated by `;`
+    or a newline.
 
-    `text` follows the `{"name"` marker. The whole block must be calls: anything else
-    (prose after the JSON, an object that is no call) raises, so it comes back as content.
+    `text` follows the `{"name"` marker. The first object must be a call (else this raises
+    and the block comes back as content); the calls end at the first text that is no call
+    (prose, an object without a name), which is dropped, as vLLM's llama_tool_parser.py
+    does (tests/tool_parsers/test_llama3_json_tool_parser.py: brace / JSON in trailing text).
     """
     body, pos, calls = LLAMA_JSON_START + text, 0, []
     while True:
-        obj, pos = _DECODER.raw_decode(body, pos)
-        calls.append(_call(obj))
-        rest = body[pos:].lstrip()
+        try:
+            obj, end = _DECODER.raw_decode(body, pos)
+            call = _call(obj)
+        except ValueError:
+            if not calls:
+                raise
+            return calls
+        calls.append(call)
+        rest = body[end:].lstrip()
         if rest.startswith(";"):
             rest = rest[1:].lstrip()
-        if not rest:
-            return calls
         if not rest.startswith("{"):
-            raise ValueError(f"text after the tool call: {rest[:40]!r}")
+            return calls
         pos = len(body) - len(rest)
 
 
@@ -194,7 +201,8 @@ def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
 
 # gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
 # muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
-# commentary are content; the headers between them are stripped.
+# commentary are content; the headers between them are stripped; each call message is one
+# tool block (` to=functions.` to `<|call|>`).
 HARMONY_FORMAT: Mapping[str, Any] = {
     "transitions": {
         "normal": [
@@ -207,6 +215,10 @@ HARMONY_FORMAT: Mapping[str, Any] = {
             ("<|end|>", "normal"),
         ],
         "reasoning": [("<|message|>", "reasoning"), ("<|end|>", "normal")],
+        # A call message ends at `<|call|>` (`<|end|>` as a rendered conversation has it);
+        # later messages (more calls, the final answer) are read on, as vLLM's
+        # openai_tool_parser.py reads every message of the output.
+        "tool": [("<|call|>", "normal"), ("<|end|>", "normal")],
     },
 }
 HARMONY_TOOL_START = " to=functions."
