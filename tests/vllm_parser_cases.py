@@ -1,0 +1,473 @@
+"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI's importer
+writes (`tool_parser:` / `reasoning_parser:` options), with what vLLM's parser of that name
+extracts; each case names the vLLM test file it comes from (github.com/vllm-project/vllm).
+KNOWN_DIFFERENCES: cases where this backend differs for a reason, with ours and the reason.
+Used by tests/fast/test_parser_references.py (the output pipeline) and
+tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real gRPC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
+OPENAI = "tests/tool_parsers/test_openai_tool_parser.py"
+LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py"
+R1 = "tests/reasoning/test_deepseekr1_reasoning_parser.py"
+QWEN3 = "tests/reasoning/test_qwen3_reasoning_parser.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One vLLM reference case. calls: (name, arguments decoded) in order; content /
+    reasoning: vLLM's (None there is "" here). initial: the pipeline's initial state
+    ("reasoning" where vLLM's parser assumes the prompt opened the think block)."""
+
+    id: str
+    source: str
+    tool: str
+    reasoning_parser: str
+    output: str
+    calls: tuple = ()
+    content: str = ""
+    reasoning: str = ""
+    initial: str = "normal"
+    why: str = field(default="", compare=False)  # known differences: the reason
+
+
+def hermes(id, output, calls=(), content="", tool="hermes", **kw):
+    return Case(id, HERMES, tool, "", output, tuple(calls), content, **kw)
+
+
+TRIGGER = ("final_answer", {"trigger": True})
+HERMES_CASES = [
+    hermes(
+        "just_forward_text",
+        "This is some prior text that has nothing to do with tool calling.",
+        content="This is some prior text that has nothing to do with tool calling.",
+    ),
+    hermes("no_tool_call", "This is not a tool call.", content="This is not a tool call."),
+    hermes(
+        "between_tags",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        [TRIGGER],
+    ),
+    hermes(  # bug 19056
+        "streaming_failure_case_bug_19056",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        [TRIGGER],
+    ),
+    hermes(
+        "until_eos",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}',
+        [TRIGGER],
+    ),
+    hermes(
+        "streaming",
+        '<tool_call>\n{"name": "get_current_temperature",\n"arguments": {"location":\n'
+        '"San Francisco, California, United States", "unit": "celsius"}}\n</tool_call>',
+        [
+            (
+                "get_current_temperature",
+                {"location": "San Francisco, California, United States", "unit": "celsius"},
+            )
+        ],
+    ),
+    hermes(
+        "content_then_tool_call",
+        'Sure, let me check the weather.<tool_call>{"name": "get_weather", '
+        '"arguments": {"city": "NYC"}}</tool_call>',
+        [("get_weather", {"city": "NYC"})],
+        content="Sure, let me check the weather.",
+    ),
+    hermes(
+        "multiple_tool_calls",
+        '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call>'
+        '<tool_call>{"name": "search", "arguments": {"q": "dogs"}}</tool_call>',
+        [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+    ),
+    hermes(
+        "serialized_arguments",
+        '<tool_call>\n{"name": "get_db_config", '
+        '"arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
+        [("get_db_config", {"param": "max_connections"})],
+    ),
+    hermes(
+        "streaming_serialized_arguments",
+        '<tool_call>{"name": "get_db_config", '
+        '"arguments": "{\\"param\\": \\"max_connections\\"}"}</tool_call>',
+        [("get_db_config", {"param": "max_connections"})],
+    ),
+]
+# vLLM runs the same file's cases through its granite4 parser (CONFIGS), except until_eos
+# ("The Granite4 tool parser enforces a complete response").
+GRANITE4_CASES = [
+    Case(**{**c.__dict__, "id": "granite4_" + c.id, "tool": "granite4"})
+    for c in HERMES_CASES
+    if c.id != "until_eos"
+]
+
+
+def harmony_call(name: str, args: str, json_type: bool = True) -> str:
+    """One gpt-oss call message as the model writes it (after `<|start|>assistant`)."""
+    ctype = " <|constrain|>json" if json_type else ""
+    head = f"<|start|>assistant to=functions.{name}<|channel|>commentary{ctype}"
+    return f"{head}<|message|>{args}<|call|>"
+
+
+ANALYSIS = 'User asks: "What is the weather in Tokyo?" We need to use get_current_weather tool.'
+ANALYSIS_2 = (
+    'User asks: "What is the weather in Tokyo?" based on their location. We need to use '
+    "get_current_weather tool and get_user_location tool."
+)
+TOKYO = '{"location": "Tokyo"}'
+
+
+def openai(id, output, calls=(), content="", reasoning=""):
+    return Case(id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning)
+
+
+def analysis(text: str) -> str:  # the first message: the prompt ends in <|start|>assistant
+    return f"<|channel|>analysis<|message|>{text}<|end|>"
+
+
+OPENAI_CASES = [
+    openai(
+        "no_tools",
+        "<|channel|>final<|message|>This is a test<|end|>",
+        content="This is a test",
+    ),
+    *[
+        openai(
+            f"single_tool_{i}",
+            analysis(ANALYSIS) + harmony_call("get_current_weather", args),
+            [("get_current_weather", {"location": "Tokyo"})],
+            reasoning=ANALYSIS,
+        )
+        for i, args in enumerate([TOKYO, '{\n"location": "Tokyo"\n}'])
+    ],
+    openai(
+        "multiple_tools_json",  # test_extract_tool_calls_multiple_tools, its JSON calls
+        analysis(ANALYSIS_2)
+        + harmony_call("get_current_weather", TOKYO)
+        + harmony_call("get_user_location", TOKYO)
+        + harmony_call("no_content_type", TOKYO, json_type=False)
+        + harmony_call("empty_args", "{}"),
+        [
+            ("get_current_weather", {"location": "Tokyo"}),
+            ("get_user_location", {"location": "Tokyo"}),
+            ("no_content_type", {"location": "Tokyo"}),
+            ("empty_args", {}),
+        ],
+        reasoning=ANALYSIS_2,
+    ),
+    openai(
+        "with_content",
+        analysis(ANALYSIS_2)
+        + harmony_call("get_current_weather", TOKYO)
+        + "<|start|>assistant<|channel|>final<|message|>This tool call will get the weather."
+        + "<|end|>",
+        [("get_current_weather", {"location": "Tokyo"})],
+        content="This tool call will get the weather.",
+        reasoning=ANALYSIS_2,
+    ),
+]
+
+
+def llama(id, output, calls=(), content=""):
+    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content)
+
+
+S1 = '{"name": "searchTool", "parameters": {"query": "test1"}}'
+INC = '{"name": "getOpenIncidentsTool", "parameters": {}}'
+S2 = '{"name": "searchTool", "parameters": {"query": "test2"}}'
+THREE = [
+    ("searchTool", {"query": "test1"}),
+    ("getOpenIncidentsTool", {}),
+    ("searchTool", {"query": "test2"}),
+]
+LLAMA3_CASES = [
+    llama(
+        "with_arguments",
+        '{"name": "searchTool", "parameters": {"query": "test query", "limit": 10}}',
+        [("searchTool", {"query": "test query", "limit": 10})],
+    ),
+    llama(
+        "no_json",
+        "This is just some text without any tool calls",
+        content="This is just some text without any tool calls",
+    ),
+    llama(
+        "invalid_json",
+        '{"name": "invalidTool", "parameters": {invalid json}',
+        content='{"name": "invalidTool", "parameters": {invalid json}',
+    ),
+    llama(
+        "with_arguments_key",
+        '{"name": "searchTool", "arguments": {"query": "test"}}',
+        [("searchTool", {"query": "test"})],
+    ),
+    llama("multiple_json", f"{S1}; {INC}; {S2}", THREE),
+    llama("multiple_json_with_whitespace", f"{S1} ; {INC} ; {S2}", THREE),
+    llama(
+        "deeply_nested_json",
+        '{"name": "complexTool", "parameters": {"level1": {"level2": {"level3": '
+        '{"level4": {"value": "deep"}}}}}}',
+        [("complexTool", {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}})],
+    ),
+    llama(
+        "multiple_with_deep_nesting",
+        '{"name": "simpleTool", "parameters": {"value": "test"}}; {"name": "complexTool", '
+        '"parameters": {"config": {"database": {"connection": {"pool": {"size": 10}}}}}}',
+        [
+            ("simpleTool", {"value": "test"}),
+            ("complexTool", {"config": {"database": {"connection": {"pool": {"size": 10}}}}}),
+        ],
+    ),
+    llama(
+        "quotes_and_brackets_in_string",
+        '{"name": "searchTool", "parameters": {"query": "test {value} [complex]",'
+        '"nested": {"inner": "more {brackets}"}}}',
+        [
+            (
+                "searchTool",
+                {"query": "test {value} [complex]", "nested": {"inner": "more {brackets}"}},
+            )
+        ],
+    ),
+    llama(
+        "escaped_quotes_in_nested_json",
+        '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
+        [("parserTool", {"text": 'He said "Hello {world}"'})],
+    ),
+    llama("missing_name_key", '{"parameters": {}}', content='{"parameters": {}}'),
+    llama(
+        "missing_parameters_and_arguments_key",
+        '{"name": "toolWithoutParams"}',
+        content='{"name": "toolWithoutParams"}',
+    ),
+    llama(
+        "brace_in_trailing_text",
+        '{"name": "searchTool", "parameters": {"query": "test"}} I used {searchTool} for this.',
+        [("searchTool", {"query": "test"})],
+    ),
+    llama(
+        "json_fragment_in_trailing_text",
+        '{"name": "searchTool", "parameters": {"query": "test"}} '
+        'The arguments I passed were {"query": "test"}',
+        [("searchTool", {"query": "test"})],
+    ),
+    *[
+        llama(f"streaming_parallel_separators_{i}", S1 + sep + INC, THREE[:2])
+        for i, sep in enumerate(["; ", ";", ";\n", "\n"])
+    ],
+]
+
+
+def r1(id, output, reasoning="", content=""):
+    # vLLM's deepseek_r1 parser reads the output as inside the think block (R1's template
+    # opens it): here the prompt opened it, so the pipeline starts in reasoning.
+    return Case(id, R1, "", "deepseek_r1", output, (), content, reasoning, "reasoning")
+
+
+REASONING_SECTION = "This is a reasoning section"
+R1_CASES = [
+    r1(
+        "simple_reasoning",
+        f"{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    r1("complete_reasoning", f"{REASONING_SECTION}</think>", REASONING_SECTION),
+    r1("no_content_token", "This is content", "This is content"),
+    r1(
+        "multiple_lines",
+        "This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    r1("shortest", "</think>This is the rest", "", "This is the rest"),
+    r1(
+        "reasoning_with_think",
+        f"<think>{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    r1("complete_reasoning_with_think", f"<think>{REASONING_SECTION}</think>", REASONING_SECTION),
+    r1(
+        "multiple_lines_with_think",
+        "<think>This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    r1("think_no_end", f"<think>{REASONING_SECTION}", REASONING_SECTION),
+    r1("empty", ""),
+    r1(  # vLLM's streaming result (NEW_LINE_STREAMING); its non-streaming one differs
+        "new_line_streaming",
+        f"\n<think>{REASONING_SECTION}</think>\nThis is the rest",
+        "\n" + REASONING_SECTION,
+        "\nThis is the rest",
+    ),
+]
+
+QWEN3_TOOL_BODY = (
+    "<tool_call>\n<function=bash>\n<parameter=command>"
+    "\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
+)
+BASH = ("bash", {"command": "cat /etc/hosts"})
+
+
+def qwen3(id, output, reasoning="", content="", calls=(), initial="reasoning"):
+    # vLLM's qwen3 parser: "<think> in prompt, only </think> in output (typical)"; the tool
+    # body cases run with the tool parser Qwen3.5 / Qwen3-Coder models get (qwen3_coder),
+    # which reads what vLLM's reasoning parser hands on as content.
+    return Case(
+        id, QWEN3, "qwen3_coder", "qwen3", output, tuple(calls), content, reasoning, initial
+    )
+
+
+QWEN3_CASES = [
+    qwen3(
+        "without_start_token",
+        f"{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    qwen3(
+        "without_start_token_complete_reasoning", f"{REASONING_SECTION}</think>", REASONING_SECTION
+    ),
+    qwen3(
+        "with_think",
+        f"<think>{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    qwen3("without_think", "This is the rest", "This is the rest"),
+    qwen3("complete_reasoning", f"<think>{REASONING_SECTION}</think>", REASONING_SECTION),
+    qwen3(
+        "multiline_reasoning",
+        "<think>This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    qwen3("only_open_tag", f"<think>{REASONING_SECTION}", REASONING_SECTION),
+    qwen3("truncated_no_start_token", REASONING_SECTION, REASONING_SECTION),
+    qwen3(
+        "tool_call_no_think_end",
+        "I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        "I need to read the file.\n\n",
+        calls=[BASH],
+    ),
+    qwen3(
+        "tool_call_with_think_no_end",
+        "<think>I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        "I need to read the file.\n\n",
+        calls=[BASH],
+    ),
+    qwen3(
+        "thinking_disabled_plain_content",
+        "This is plain content",
+        content="This is plain content",
+        initial="normal",
+    ),
+    qwen3(
+        "thinking_disabled_with_tool_call",
+        "I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        content="I need to read the file.\n\n",
+        calls=[BASH],
+        initial="normal",
+    ),
+]
+
+CASES = HERMES_CASES + GRANITE4_CASES + OPENAI_CASES + LLAMA3_CASES + R1_CASES + QWEN3_CASES
+
+
+def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
+    return Case(**{**case.__dict__, "why": why}), ours
+
+
+KNOWN_DIFFERENCES = [
+    known(
+        hermes(
+            "bare_string_arguments",
+            '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
+            [("do_thing", "hello")],
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
+        },
+        "vLLM passes json.dumps('hello') on as the arguments; OpenAI's function.arguments is "
+        "a JSON object's text (LocalAI and clients decode it into a map), so a call whose "
+        "arguments are no object is malformed here and its text comes back as content",
+    ),
+    known(
+        openai(
+            "multiple_tools_not_json",  # the rest of test_extract_tool_calls_multiple_tools
+            analysis(ANALYSIS_2)
+            + harmony_call("not_json_no_content_type", "foo", json_type=False)
+            + harmony_call("no_args", ""),
+            [("not_json_no_content_type", "foo"), ("no_args", "")],
+            reasoning=ANALYSIS_2,
+        ),
+        {
+            "calls": [("no_args", {})],
+            "content": " to=functions.not_json_no_content_type<|channel|>commentary"
+            "<|message|>foo<|call|>",
+        },
+        "vLLM passes the message text on as the arguments as it is ('foo', ''); here "
+        "arguments are a JSON object's text: empty arguments are {}, and a message that "
+        "is no JSON object is a malformed call whose text comes back as content",
+    ),
+    known(
+        llama(
+            "simple",
+            'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} '
+            "Would you like to know more?",
+            [("getOpenIncidentsTool", {})],
+        ),
+        {"calls": [("getOpenIncidentsTool", {})], "content": "Here is the result: "},
+        "vLLM's llama3_json drops all content once it finds a call; here the text before a "
+        "call stays content, as for every other format (vLLM's hermes does the same)",
+    ),
+    known(
+        llama(
+            "multiple_json_with_surrounding_text",
+            f"Here are the results: {S1}; {INC}; {S2} Would you like to know more?",
+            THREE,
+        ),
+        {"calls": THREE, "content": "Here are the results: "},
+        "as llama3_json 'simple': the text before the calls stays content",
+    ),
+    known(
+        r1(
+            "new_line",
+            f"\n<think>{REASONING_SECTION}</think>\nThis is the rest",
+            REASONING_SECTION,
+            "\nThis is the rest",
+        ),
+        {"calls": [], "content": "\nThis is the rest", "reasoning": "\n" + REASONING_SECTION},
+        "vLLM's two paths disagree here (its NEW_LINE_STREAMING keeps the newline in the "
+        "reasoning); this backend has one path and gives vLLM's streaming result",
+    ),
+    known(
+        hermes(
+            "invalid_json",
+            '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            content='<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            "withdrawn": True,
+        },
+        'same result as vLLM, but the stream announced final_answer {"trigger": true} '
+        "before the missing closing brace showed the call malformed; LocalAI's proto "
+        "cannot withdraw a streamed call, so PredictStream shows it and Predict does not "
+        "(vLLM's own streaming path announces it too)",
+    ),
+]
+
+
+def expected(case: Case) -> dict:
+    return {"calls": list(case.calls), "content": case.content, "reasoning": case.reasoning}
