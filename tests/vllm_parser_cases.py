@@ -8,6 +8,7 @@ tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real g
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
@@ -379,7 +380,112 @@ QWEN3_CASES = [
     ),
 ]
 
-CASES = HERMES_CASES + GRANITE4_CASES + OPENAI_CASES + LLAMA3_CASES + R1_CASES + QWEN3_CASES
+
+DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py"
+DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py"
+B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CB, SEP, CE = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+
+
+def v3_call(name: str, args: str) -> str:
+    return f"{CB}function{SEP}{name}\n```json\n{args}\n```{CE}"
+
+
+def dsv3(id, output, calls=(), content=""):
+    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content)
+
+
+def dsv31(id, output, calls=(), content=""):
+    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content)
+
+
+VARIOUS = (
+    '{"string_field": "hello", "int_field": 42, "float_field": 3.14, "bool_field": true, '
+    '"null_field": null, "array_field": ["a", "b", "c"], "object_field": {"nested": "value"}, '
+    '"empty_array": [], "empty_object": {}}'
+)
+ESCAPED = (
+    '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", "newline": "line1\\nline2"}'
+)
+DEEPSEEK_CASES = [
+    dsv3(
+        "no_tool_calls",
+        "How can I help you today? I can check weather for you.",
+        content="How can I help you today? I can check weather for you.",
+    ),
+    dsv3(
+        "single_tool_call",
+        B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+    ),
+    dsv3(
+        "parallel_tool_calls",
+        B
+        + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+        + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
+        + E,
+        [
+            ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
+            ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+        ],
+    ),
+    dsv3(
+        "various_data_types",
+        B + v3_call("test_function", VARIOUS) + E,
+        [("test_function", json.loads(VARIOUS))],
+    ),
+    dsv3(
+        "empty_arguments",
+        B + v3_call("get_current_time", "{}") + E,
+        [("get_current_time", {})],
+    ),
+    dsv3(
+        "surrounding_text",
+        "Let me check the weather for you." + B + v3_call("get_weather", '{"city": "Paris"}') + E,
+        [("get_weather", {"city": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    dsv3(
+        "escaped_strings",
+        B + v3_call("send_message", ESCAPED) + E,
+        [("send_message", json.loads(ESCAPED))],
+    ),
+    *[
+        dsv3(f"malformed_input_{i}", text, content=text)
+        for i, text in enumerate(
+            [
+                B + v3_call("get_weather", '{"city": "Tokyo"') + E,
+                f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
+            ]
+        )
+    ],
+    dsv31(
+        "with_tool",
+        f'normal text{B}{CB}foo{SEP}{{"x":1}}{CE}{E}',
+        [("foo", {"x": 1})],
+        content="normal text",
+    ),
+    dsv31(
+        "unparsable_block_cut_off",
+        f"Let me look that up.{B}get_weather",
+        content=f"Let me look that up.{B}get_weather",
+    ),
+    dsv31(
+        "unparsable_block_no_call_markers",
+        f'{B}foo{SEP}{{"x":1}}{E}',
+        content=f'{B}foo{SEP}{{"x":1}}{E}',
+    ),
+]
+
+CASES = (
+    HERMES_CASES
+    + GRANITE4_CASES
+    + OPENAI_CASES
+    + LLAMA3_CASES
+    + DEEPSEEK_CASES
+    + R1_CASES
+    + QWEN3_CASES
+)
 
 
 def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
@@ -387,6 +493,18 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 
 KNOWN_DIFFERENCES = [
+    known(
+        dsv31(
+            "with_multiple_tools",
+            f'some prefix text{B}{CB}foo{SEP}{{"x":1}}{CE}{CB}bar{SEP}{{"y":2}}{CE}{E}'
+            " some suffix text",
+            [("foo", {"x": 1}), ("bar", {"y": 2})],
+            content="some prefix text",
+        ),
+        {"content": "some prefix text some suffix text"},
+        "vLLM's deepseek_v31 drops the text after the tool-call block; here it stays "
+        "content (the model wrote it, and every format here keeps text outside its block)",
+    ),
     known(
         hermes(
             "bare_string_arguments",
