@@ -14,7 +14,8 @@ vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open 
 
 - **hermes**, **granite4**, **ernie45** -> mlx-lm json_tools: `<tool_call>` `</tool_call>`
 - **qwen3_xml**, qwen3_coder -> mlx-lm qwen3_coder: `<tool_call>` `</tool_call>`
-- **mistral** -> mlx-lm mistral: `[TOOL_CALLS]`, to the end
+- **mistral** -> mlx-lm mistral, and ours where it reads nothing (v11 `NAME{...}`, a list
+  with text around it): `[TOOL_CALLS]`, to the end
 - **glm45**, **glm47** -> mlx-lm glm47: `<tool_call>` `</tool_call>`
 - **gemma4** -> mlx-lm gemma4: `<|tool_call>` `<tool_call|>`
 - **minimax_m2**, **kimi_k2**, pythonic, longcat, functiongemma -> the mlx-lm module of that
@@ -182,6 +183,50 @@ def _phi4_mini_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return [_call(c) for c in calls]
 
 
+_MISTRAL_V11 = regex.compile(r"\s*(?P<name>[\w.-]+)\s*(?=\{)")
+
+
+def _json_list_calls(text: str) -> list[dict[str, Any]]:
+    """The calls of the first JSON list of calls in ``text``; text around it is dropped."""
+    start = text.find("[")
+    if start < 0:
+        raise ValueError("no JSON list of calls")
+    calls, _ = _DECODER.raw_decode(text, start)
+    if not isinstance(calls, list) or not calls:
+        raise ValueError("the JSON list holds no call")
+    return [_call(c) for c in calls]
+
+
+# mlx-lm's mistral parser reads `NAME[ARGS]{...}` and a bare list `[{...}]`, nothing more;
+# vLLM's mistral_tool_parser.py also reads a list with text around it (pre-v11 tokenizers)
+# and v11's `NAME{...}` (tests/tool_parsers/test_mistral_tool_parser.py).
+def _mistral_parser(text: str, tools: Any = None) -> Any:
+    """Mistral calls after `[TOOL_CALLS]`: mlx-lm's mistral parser first; else each
+    `[TOOL_CALLS]`-separated part is `NAME{args}` (v11) or holds a JSON list of calls."""
+    from mlx_lm.tool_parsers import mistral
+
+    try:
+        return mistral.parse_tool_call(text, tools)
+    except Exception:  # mlx-lm raises ValueError / JSONDecodeError / KeyError here
+        pass
+    calls: list[dict[str, Any]] = []
+    for part in text.split(mistral.tool_call_start):
+        if not part.strip():
+            continue
+        head = _MISTRAL_V11.match(part)
+        if head is not None:
+            args, _ = _DECODER.raw_decode(part, head.end())
+            calls.append({"name": head["name"], "arguments": args})
+        else:
+            calls.extend(_json_list_calls(part))
+    if not calls:
+        raise ValueError("no Mistral tool call")
+    return calls
+
+
+_mistral_parser.tool_stream_format = "mistral"  # type: ignore[attr-defined]
+
+
 _HARMONY_NAME = regex.compile(r"\s*(?P<name>[^\s<]+)")
 
 
@@ -231,7 +276,7 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "ernie45": "json_tools",  # <tool_call>\n{...}\n</tool_call>
     "qwen3_coder": "qwen3_coder",
     "qwen3_xml": "qwen3_coder",
-    "mistral": "mistral",
+    "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
     "pythonic": "pythonic",
     "kimi_k2": "kimi_k2",
     "glm45": "glm47",

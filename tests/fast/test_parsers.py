@@ -22,7 +22,12 @@ def test_tool_parser_names_map_to_mlx_lm_parsers():
     )
     assert resolve_tool_parser("qwen3_coder")[0] is qwen3_coder.parse_tool_call
     assert resolve_tool_parser("qwen3_xml")[0] is qwen3_coder.parse_tool_call
-    assert resolve_tool_parser("Mistral") == (mistral.parse_tool_call, "[TOOL_CALLS]", "")
+    # Mistral: mlx-lm's parser first, ours for the forms it does not read (v11, pre-v11
+    # lists with text around them), as vLLM's mistral_tool_parser.py reads them.
+    parser, start, end = resolve_tool_parser("Mistral")
+    assert (start, end) == (mistral.tool_call_start, mistral.tool_call_end) == ("[TOOL_CALLS]", "")
+    assert parser('add[ARGS]{"a": 1}') == mistral.parse_tool_call('add[ARGS]{"a": 1}')
+    assert parser('add{"a": 1}') == [{"name": "add", "arguments": {"a": 1}}]
     assert resolve_tool_parser("glm45")[0] is glm47.parse_tool_call
     _, start, end = resolve_tool_parser("jamba")
     assert (start, end) == ("<tool_calls>", "</tool_calls>")
