@@ -159,7 +159,9 @@ def _deepseek_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
 def _olmo3_parser(text: str, tools: Any = None) -> Any:
     """OLMo 3: newline-separated pythonic calls (JSON literals allowed), as vLLM's
     olmo3_tool_parser.py; each line parsed by mlx-lm's pythonic parser as a list of one
-    (mlx-lm's main branch reads one call per list)."""
+    (mlx-lm's main branch reads one call per list). A line that is no call with JSON
+    arguments (bytes, 1e999) is left out while another line is one, as vLLM does
+    (tests/tool_parsers/test_olmo3_tool_parser.py, bad sibling / non-finite argument)."""
     from mlx_lm.tool_parsers import pythonic
 
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -167,7 +169,17 @@ def _olmo3_parser(text: str, tools: Any = None) -> Any:
         raise ValueError("empty function_calls block")
     if len(lines) == 1 and lines[0].startswith("["):
         return pythonic.parse_tool_call(lines[0], tools)
-    calls = [pythonic.parse_tool_call(f"[{line}]", tools) for line in lines]
+    calls, error = [], None
+    for line in lines:
+        try:
+            call = pythonic.parse_tool_call(f"[{line}]", tools)
+            json.dumps(call.get("arguments"), allow_nan=False)
+        except (TypeError, ValueError, SyntaxError, AttributeError) as exc:
+            error = exc
+            continue
+        calls.append(call)
+    if not calls:
+        raise ValueError(f"no call in the function_calls block: {error}")
     return calls[0] if len(calls) == 1 else calls
 
 

@@ -692,6 +692,67 @@ MISTRAL_CASES = [
     ),
 ]
 
+
+OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py"
+
+
+def olmo3(id, body, calls=(), content=""):
+    output = f"<function_calls>{body}</function_calls>" if calls else body
+    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content)
+
+
+OLMO_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
+OLMO_SIMPLE_CALL = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+OLMO_MORE = (
+    "register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, "
+    "role=None, passed_test=True, aliases=['John', 'Johnny'])"
+)
+OLMO_MORE_CALL = (
+    "register_user",
+    {
+        "name": "John Doe",
+        "age": 37,
+        "address": {"city": "San Francisco", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+OLMO3_CASES = [
+    olmo3("no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    olmo3("simple", OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3("more_types", OLMO_MORE, [OLMO_MORE_CALL]),
+    olmo3(
+        "more_types_json_literals",
+        OLMO_MORE.replace("None", "null").replace("True", "true"),
+        [OLMO_MORE_CALL],
+    ),
+    olmo3("parameterless", "get_weather()", [("get_weather", {})]),
+    olmo3(
+        "empty_dict",
+        "do_something_cool(additional_data={})",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    olmo3("empty_list", "do_something_cool(steps=[])", [("do_something_cool", {"steps": []})]),
+    olmo3(
+        "escaped_string",
+        r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')",
+        [("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})],
+    ),
+    olmo3("parallel_calls", OLMO_SIMPLE + "\n" + OLMO_MORE, [OLMO_SIMPLE_CALL, OLMO_MORE_CALL]),
+    olmo3(
+        "streaming_tool_call_with_large_steps",
+        OLMO_SIMPLE + "\nget_weather()\ndo_something_cool(steps=[])",
+        [OLMO_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    olmo3(
+        "bad_sibling_call_does_not_drop_good_calls",
+        "bad(x=b'z')\n" + OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+    ),
+    olmo3("non_finite_argument_rejected", "calc(x=1e999)\n" + OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+]
+
 CASES = (
     HERMES_CASES
     + GRANITE4_CASES
@@ -701,6 +762,7 @@ CASES = (
     + PHI4_CASES
     + JAMBA_CASES
     + MISTRAL_CASES
+    + OLMO3_CASES
     + R1_CASES
     + QWEN3_CASES
 )

@@ -4,6 +4,7 @@ tests/model/test_parsers.py."""
 
 from __future__ import annotations
 
+import pytest
 from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
 
 from decoding.parsers import (
@@ -12,6 +13,7 @@ from decoding.parsers import (
     resolve_reasoning_markers,
     resolve_tool_parser,
 )
+from decoding.tool_calls import parse_tool_block
 
 
 def test_tool_parser_names_map_to_mlx_lm_parsers():
@@ -43,3 +45,12 @@ def test_reasoning_parser_names_map_to_think_markers():
     assert resolve_reasoning_markers("mistral") == ("[THINK]", "[/THINK]")
     assert resolve_reasoning_markers("seed-oss") == ("<seed:think>", "</seed:think>")
     assert all(s and e and s != e for s, e in filter(None, REASONING_PARSERS.values()))
+
+
+def test_arguments_that_are_no_json_make_the_call_malformed():
+    # A pythonic parser can return bytes or inf (OLMo's `f(x=b'z')`, `f(x=1e999)`): the
+    # call is malformed (ValueError: its block comes back as content), never a crash and
+    # never "Infinity" in the arguments.
+    for value in (b"z", float("inf")):
+        with pytest.raises(ValueError, match="not JSON"):
+            parse_tool_block(lambda text, tools, v=value: {"name": "f", "arguments": {"x": v}}, "")
