@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import regex
+
 HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
 OPENAI = "tests/tool_parsers/test_openai_tool_parser.py"
 LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py"
@@ -309,6 +311,22 @@ R1_CASES = [
         "\n" + REASONING_SECTION,
         "\nThis is the rest",
     ),
+]
+
+
+MISTRAL_R = "tests/reasoning/test_mistral_reasoning_parser.py"
+
+
+def with_markers(case: Case, source: str, name: str, start: str, end: str) -> Case:
+    """An R1 case with another parser's think markers (vLLM's mistral reasoning test has
+    R1's cases with [THINK] / [/THINK])."""
+    swap = {"<think>": start, "</think>": end}
+    output = regex.sub("</?think>", lambda m: swap[m.group(0)], case.output)
+    return Case(**{**case.__dict__, "source": source, "reasoning_parser": name, "output": output})
+
+
+MISTRAL_REASONING_CASES = [
+    with_markers(c, MISTRAL_R, "mistral", "[THINK]", "[/THINK]") for c in R1_CASES
 ]
 
 QWEN3_TOOL_BODY = (
@@ -861,6 +879,7 @@ CASES = (
     + OLMO3_CASES
     + QWEN3XML_CASES
     + R1_CASES
+    + MISTRAL_REASONING_CASES
     + QWEN3_CASES
 )
 

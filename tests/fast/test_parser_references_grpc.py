@@ -17,11 +17,18 @@ from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
 
 import backend_pb2
 import params
-from decoding.parsers import apply_parser_overrides
+from decoding.parsers import apply_parser_overrides, resolve_reasoning_markers
 from engine import prompt as prompt_mod
 from seam.tokenizer import vocab_size
 
-PAIRS = sorted({(c.tool, c.reasoning_parser) for c in CASES})
+# The toy template's prompt opens a `<think>` block unless thinking is off: cases that start
+# inside another parser's think block (mistral's [THINK]) run in the pipeline test only.
+GRPC_CASES = [
+    c
+    for c in CASES
+    if c.initial != "reasoning" or resolve_reasoning_markers(c.reasoning_parser)[0] == "<think>"
+]
+PAIRS = sorted({(c.tool, c.reasoning_parser) for c in GRPC_CASES})
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +90,7 @@ def predict_and_stream(servers, case: Case) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: f"{c.tool or '-'}/{c.reasoning_parser or '-'}/{c.id}"
+    "case", GRPC_CASES, ids=lambda c: f"{c.tool or '-'}/{c.reasoning_parser or '-'}/{c.id}"
 )
 def test_predict_and_stream_extract_what_vllm_extracts(servers, case):
     whole, streamed = predict_and_stream(servers, case)
