@@ -113,7 +113,8 @@ def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
     (prose, an object without a name), which is dropped, as vLLM's llama_tool_parser.py
     does (tests/tool_parsers/test_llama3_json_tool_parser.py: brace / JSON in trailing text).
     """
-    body, pos, calls = LLAMA_JSON_START + text, 0, []
+    body, pos = LLAMA_JSON_START + text, 0
+    calls: list[dict[str, Any]] = []
     while True:
         try:
             obj, end = _DECODER.raw_decode(body, pos)
@@ -169,15 +170,18 @@ def _olmo3_parser(text: str, tools: Any = None) -> Any:
         raise ValueError("empty function_calls block")
     if len(lines) == 1 and lines[0].startswith("["):
         return pythonic.parse_tool_call(lines[0], tools)
-    calls, error = [], None
+    calls: list[dict[str, Any]] = []
+    error: Exception | None = None
     for line in lines:
         try:
-            call = pythonic.parse_tool_call(f"[{line}]", tools)
-            json.dumps(call.get("arguments"), allow_nan=False)
+            parsed = pythonic.parse_tool_call(f"[{line}]", tools)
+            items = parsed if isinstance(parsed, list) else [parsed]
+            for item in items:
+                json.dumps(item.get("arguments"), allow_nan=False)
         except (TypeError, ValueError, SyntaxError, AttributeError) as exc:
             error = exc
             continue
-        calls.append(call)
+        calls.extend(items)
     if not calls:
         raise ValueError(f"no call in the function_calls block: {error}")
     return calls[0] if len(calls) == 1 else calls
