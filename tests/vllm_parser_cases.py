@@ -867,6 +867,76 @@ QWEN3XML_CASES = [
     ],
 ]
 
+
+KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
+K_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+
+
+def kimi_tool(tool_id: str, args: str) -> str:
+    return f"<|tool_call_begin|>{tool_id} <|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+def kimi(id, prefix, tools, calls=(), content=None):
+    output = prefix + K_SECTION[0] + "".join(tools) + K_SECTION[1] if tools else prefix
+    return Case(
+        id, KIMI, "kimi_k2", "", output, tuple(calls), prefix if content is None else content
+    )
+
+
+KIMI_CASES = [
+    kimi("no_tools", "This is a test", []),
+    kimi(
+        "single_tool_call",
+        "I'll check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "parallel_tool_calls",
+        "Compare weather. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Beijing"}'),
+            kimi_tool("functions.get_weather:1", '{"city": "Shanghai"}'),
+        ],
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+    ),
+    kimi(
+        "three_tool_calls",
+        "Multiple tasks. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "New York"}'),
+            kimi_tool("functions.get_news:1", '{"topic": "technology"}'),
+            kimi_tool(
+                "functions.send_email:2", '{"to": "user@example.com", "subject": "Daily Update"}'
+            ),
+        ],
+        [
+            ("get_weather", {"city": "New York"}),
+            ("get_news", {"topic": "technology"}),
+            ("send_email", {"to": "user@example.com", "subject": "Daily Update"}),
+        ],
+    ),
+    kimi(
+        "angle_brackets_in_json",
+        "Process HTML. ",
+        [kimi_tool("functions.process_html:0", '{"html": "<div>content</div>"}')],
+        [("process_html", {"html": "<div>content</div>"})],
+    ),
+    kimi(
+        "multiline_json",
+        "Formatted. ",
+        [kimi_tool("functions.process_data:0", '{\n  "name": "test",\n  "value": 123\n}')],
+        [("process_data", {"name": "test", "value": 123})],
+    ),
+    kimi(
+        "no_functions_prefix",
+        "No prefix. ",
+        [kimi_tool("get_weather:0", '{"city": "Tokyo"}')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi("empty_arguments", "Empty args. ", [kimi_tool("functions.test:0", "{}")], [("test", {})]),
+]
+
 CASES = (
     HERMES_CASES
     + GRANITE4_CASES
@@ -878,9 +948,25 @@ CASES = (
     + MISTRAL_CASES
     + OLMO3_CASES
     + QWEN3XML_CASES
+    + KIMI_CASES
     + R1_CASES
     + MISTRAL_REASONING_CASES
     + QWEN3_CASES
+)
+
+KIMI_BAD = (
+    "Help. "
+    + K_SECTION[0]
+    + kimi_tool("functions.bad:0", '{"city": "Beijing"')
+    + kimi_tool("functions.good:1", '{"city": "Shanghai"}')
+    + K_SECTION[1]
+)
+KIMI_BAD_ID = (
+    "Help. "
+    + K_SECTION[0]
+    + kimi_tool("functions.invalid.0", '{"city": "Beijing"}')
+    + kimi_tool("functions.valid:1", '{"city": "Shanghai"}')
+    + K_SECTION[1]
 )
 
 
@@ -889,6 +975,35 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 
 KNOWN_DIFFERENCES = [
+    known(
+        kimi(
+            "invalid_json_still_extracted",
+            "Help. ",
+            [
+                kimi_tool("functions.bad:0", '{"city": "Beijing"'),
+                kimi_tool("functions.good:1", '{"city": "Shanghai"}'),
+            ],
+            [("bad", '{"city": "Beijing"'), ("good", {"city": "Shanghai"})],
+        ),
+        {"calls": [], "content": KIMI_BAD, "withdrawn": True},
+        "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
+        "object's text, and a block with a malformed call comes back whole as content; the "
+        "stream had announced the first call (LocalAI's proto cannot withdraw it)",
+    ),
+    known(
+        kimi(
+            "invalid_funcall_id_skipped",
+            "Help. ",
+            [
+                kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
+                kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
+            ],
+            [("valid", {"city": "Shanghai"})],
+        ),
+        {"calls": [], "content": KIMI_BAD_ID},
+        "mlx-lm's kimi_k2 parser rejects the block with a malformed call id, which then "
+        "comes back whole as content; vLLM skips that call and keeps the others",
+    ),
     known(
         qwen3xml(
             "malformed_input_cut_off",
