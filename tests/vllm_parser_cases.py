@@ -329,6 +329,39 @@ MISTRAL_REASONING_CASES = [
     with_markers(c, MISTRAL_R, "mistral", "[THINK]", "[/THINK]") for c in R1_CASES
 ]
 
+
+GRANITE_R = "tests/reasoning/test_granite_reasoning_parser.py"
+G_START, G_END = "Here is my thought process:", "Here is my response:"
+
+
+def granite_r(id, output, reasoning="", content=""):
+    return Case(id, GRANITE_R, "", "granite", output, (), content, reasoning)
+
+
+GRANITE_REASONING_CASES = [
+    granite_r(
+        "simple_reasoning",
+        f"{G_START}{REASONING_SECTION}{G_END}This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    granite_r("complete_reasoning", f"{G_START}{REASONING_SECTION}{G_END}", REASONING_SECTION),
+    granite_r("no_reasoning", "This is content", content="This is content"),
+    granite_r(
+        "multiple_lines",
+        f"{G_START}This\nThat{G_END}This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    # Streaming sub-case 9 ("Delta contains everything"): spaces around the markers stay.
+    granite_r(
+        "delta_contains_everything",
+        f"{G_START} foo {G_END} bar",
+        " foo ",
+        " bar",
+    ),
+]
+
 QWEN3_TOOL_BODY = (
     "<tool_call>\n<function=bash>\n<parameter=command>"
     "\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
@@ -1021,6 +1054,7 @@ CASES = (
     + GLM45_CASES
     + R1_CASES
     + MISTRAL_REASONING_CASES
+    + GRANITE_REASONING_CASES
     + QWEN3_CASES
 )
 
