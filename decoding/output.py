@@ -273,8 +273,9 @@ class OutputPipeline:
 
         Held text that can no longer complete a marker or stop is released in its state; if
         the final flush completes a stop string, that stop applies. Unterminated reasoning is
-        flushed as reasoning; an unterminated tool call is parsed when the format has no end
-        marker (Mistral), otherwise returned as content with a warning. `finish_reason`
+        flushed as reasoning; an unterminated tool call is parsed as it stands (vLLM's rule:
+        a complete call without its end marker still counts), and returned as content with a
+        warning when it does not parse. `finish_reason`
         becomes "stop" when a stop string matched, else `reason`. Idempotent.
         """
         if self.finish_reason is not None:
@@ -325,11 +326,14 @@ class OutputPipeline:
         raw = self._tool_open + streamer.text + close
         if not self._tools_on:
             return [], raw
-        complete = bool(close) or not self._tok.tool_call_end
-        pieces, calls, ok = streamer.close(complete)
+        # A block still open at the end (close "") is parsed as it stands, as vLLM's hermes
+        # parser does (hermes_tool_parser.py reads `<tool_call>(.*)` up to the end).
+        pieces, calls, ok = streamer.close(True)
         self._next_index = streamer.next_index
-        if not complete:
-            logger.warning("unterminated tool call returned as content: %r", raw[:200])
+        if not ok and not close and self._tok.tool_call_end:
+            logger.warning(
+                "unterminated tool call returned as content (%s): %r", streamer.error, raw[:200]
+            )
         elif not ok:
             logger.warning(
                 "malformed tool call returned as content (%s): %r", streamer.error, raw[:200]

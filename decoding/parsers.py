@@ -14,7 +14,8 @@ vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open 
 
 - **hermes**, **granite4**, **ernie45** -> mlx-lm json_tools: `<tool_call>` `</tool_call>`
 - **qwen3_xml**, qwen3_coder -> mlx-lm qwen3_coder: `<tool_call>` `</tool_call>`
-- **mistral** -> mlx-lm mistral: `[TOOL_CALLS]`, to the end
+- **mistral** -> mlx-lm mistral, and ours where it reads nothing (v11 `NAME{...}`, a list
+  with text around it): `[TOOL_CALLS]`, to the end
 - **glm45**, **glm47** -> mlx-lm glm47: `<tool_call>` `</tool_call>`
 - **gemma4** -> mlx-lm gemma4: `<|tool_call>` `<tool_call|>`
 - **minimax_m2**, **kimi_k2**, pythonic, longcat, functiongemma -> the mlx-lm module of that
@@ -26,8 +27,8 @@ vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open 
 - **olmo3** -> ours: one pythonic call a line, parsed by mlx-lm's pythonic parser:
   `<function_calls>` `</function_calls>`
 - **phi4_mini_json** -> ours: a JSON list: `functools[`, to the end
-- **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`, to
-  the end; plus the Harmony channels (below)
+- **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`
+  `<|call|>` (or `<|end|>`), one block per call message; plus the Harmony channels (below)
 - internlm, jamba, granite -> ours: a JSON object / list between their markers
 - deepseek_v32, gigachat3, granite_20b_fc, hunyuan_a13b, minimax, seed_oss, step3, step3p5,
   xlam: no MLX equivalent here (warning, mlx-lm's detection stays)
@@ -104,22 +105,30 @@ def _call(obj: Any) -> dict[str, Any]:
 
 # mlx-lm has no parser for this format (json_tools needs <tool_call> around one object).
 def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
-    """Llama 3.x / 4 calls: `{"name": ..., "parameters": {...}}`, several separated by `;`.
+    """Llama 3.x / 4 calls: `{"name": ..., "parameters": {...}}`, several separated by `;`
+    or a newline.
 
-    `text` follows the `{"name"` marker. The whole block must be calls: anything else
-    (prose after the JSON, an object that is no call) raises, so it comes back as content.
+    `text` follows the `{"name"` marker. The first object must be a call (else this raises
+    and the block comes back as content); the calls end at the first text that is no call
+    (prose, an object without a name), which is dropped, as vLLM's llama_tool_parser.py
+    does (tests/tool_parsers/test_llama3_json_tool_parser.py: brace / JSON in trailing text).
     """
-    body, pos, calls = LLAMA_JSON_START + text, 0, []
+    body, pos = LLAMA_JSON_START + text, 0
+    calls: list[dict[str, Any]] = []
     while True:
-        obj, pos = _DECODER.raw_decode(body, pos)
-        calls.append(_call(obj))
-        rest = body[pos:].lstrip()
+        try:
+            obj, end = _DECODER.raw_decode(body, pos)
+            call = _call(obj)
+        except ValueError:
+            if not calls:
+                raise
+            return calls
+        calls.append(call)
+        rest = body[end:].lstrip()
         if rest.startswith(";"):
             rest = rest[1:].lstrip()
-        if not rest:
-            return calls
         if not rest.startswith("{"):
-            raise ValueError(f"text after the tool call: {rest[:40]!r}")
+            return calls
         pos = len(body) - len(rest)
 
 
@@ -151,7 +160,9 @@ def _deepseek_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
 def _olmo3_parser(text: str, tools: Any = None) -> Any:
     """OLMo 3: newline-separated pythonic calls (JSON literals allowed), as vLLM's
     olmo3_tool_parser.py; each line parsed by mlx-lm's pythonic parser as a list of one
-    (mlx-lm's main branch reads one call per list)."""
+    (mlx-lm's main branch reads one call per list). A line that is no call with JSON
+    arguments (bytes, 1e999) is left out while another line is one, as vLLM does
+    (tests/tool_parsers/test_olmo3_tool_parser.py, bad sibling / non-finite argument)."""
     from mlx_lm.tool_parsers import pythonic
 
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -159,21 +170,77 @@ def _olmo3_parser(text: str, tools: Any = None) -> Any:
         raise ValueError("empty function_calls block")
     if len(lines) == 1 and lines[0].startswith("["):
         return pythonic.parse_tool_call(lines[0], tools)
-    calls = [pythonic.parse_tool_call(f"[{line}]", tools) for line in lines]
+    calls: list[dict[str, Any]] = []
+    error: Exception | None = None
+    for line in lines:
+        try:
+            parsed = pythonic.parse_tool_call(f"[{line}]", tools)
+            items = parsed if isinstance(parsed, list) else [parsed]
+            for item in items:
+                json.dumps(item.get("arguments"), allow_nan=False)
+        except (TypeError, ValueError, SyntaxError, AttributeError) as exc:
+            error = exc
+            continue
+        calls.extend(items)
+    if not calls:
+        raise ValueError(f"no call in the function_calls block: {error}")
     return calls[0] if len(calls) == 1 else calls
 
 
 # mlx-lm has no parser for this format.
 def _phi4_mini_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
     """Phi-4-mini: `functools[{"name", "arguments"|"parameters"}, ...]` (vLLM's
-    phi4mini_tool_parser.py); `text` follows `functools[`."""
+    phi4mini_tool_parser.py); `text` follows `functools[`. Text after the list is dropped,
+    as vLLM does (tests/tool_parsers/test_phi4mini_tool_parser.py, surrounding text)."""
     body = "[" + text.strip()
-    calls, end = _DECODER.raw_decode(body)
-    if body[end:].strip():
-        raise ValueError(f"text after the tool calls: {body[end:][:40]!r}")
+    calls, _ = _DECODER.raw_decode(body)
     if not isinstance(calls, list) or not calls:
         raise ValueError("functools[...] holds no call")
     return [_call(c) for c in calls]
+
+
+_MISTRAL_V11 = regex.compile(r"\s*(?P<name>[\w.-]+)\s*(?=\{)")
+
+
+def _json_list_calls(text: str) -> list[dict[str, Any]]:
+    """The calls of the first JSON list of calls in ``text``; text around it is dropped."""
+    start = text.find("[")
+    if start < 0:
+        raise ValueError("no JSON list of calls")
+    calls, _ = _DECODER.raw_decode(text, start)
+    if not isinstance(calls, list) or not calls:
+        raise ValueError("the JSON list holds no call")
+    return [_call(c) for c in calls]
+
+
+# mlx-lm's mistral parser reads `NAME[ARGS]{...}` and a bare list `[{...}]`, nothing more;
+# vLLM's mistral_tool_parser.py also reads a list with text around it (pre-v11 tokenizers)
+# and v11's `NAME{...}` (tests/tool_parsers/test_mistral_tool_parser.py).
+def _mistral_parser(text: str, tools: Any = None) -> Any:
+    """Mistral calls after `[TOOL_CALLS]`: mlx-lm's mistral parser first; else each
+    `[TOOL_CALLS]`-separated part is `NAME{args}` (v11) or holds a JSON list of calls."""
+    from mlx_lm.tool_parsers import mistral
+
+    try:
+        return mistral.parse_tool_call(text, tools)
+    except Exception:  # mlx-lm raises ValueError / JSONDecodeError / KeyError here
+        pass
+    calls: list[dict[str, Any]] = []
+    for part in text.split(mistral.tool_call_start):
+        if not part.strip():
+            continue
+        head = _MISTRAL_V11.match(part)
+        if head is not None:
+            args, _ = _DECODER.raw_decode(part, head.end())
+            calls.append({"name": head["name"], "arguments": args})
+        else:
+            calls.extend(_json_list_calls(part))
+    if not calls:
+        raise ValueError("no Mistral tool call")
+    return calls
+
+
+_mistral_parser.tool_stream_format = "mistral"  # type: ignore[attr-defined]
 
 
 _HARMONY_NAME = regex.compile(r"\s*(?P<name>[^\s<]+)")
@@ -194,7 +261,8 @@ def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
 
 # gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
 # muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
-# commentary are content; the headers between them are stripped.
+# commentary are content; the headers between them are stripped; each call message is one
+# tool block (` to=functions.` to `<|call|>`).
 HARMONY_FORMAT: Mapping[str, Any] = {
     "transitions": {
         "normal": [
@@ -207,6 +275,10 @@ HARMONY_FORMAT: Mapping[str, Any] = {
             ("<|end|>", "normal"),
         ],
         "reasoning": [("<|message|>", "reasoning"), ("<|end|>", "normal")],
+        # A call message ends at `<|call|>` (`<|end|>` as a rendered conversation has it);
+        # later messages (more calls, the final answer) are read on, as vLLM's
+        # openai_tool_parser.py reads every message of the output.
+        "tool": [("<|call|>", "normal"), ("<|end|>", "normal")],
     },
 }
 HARMONY_TOOL_START = " to=functions."
@@ -220,7 +292,7 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "ernie45": "json_tools",  # <tool_call>\n{...}\n</tool_call>
     "qwen3_coder": "qwen3_coder",
     "qwen3_xml": "qwen3_coder",
-    "mistral": "mistral",
+    "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
     "pythonic": "pythonic",
     "kimi_k2": "kimi_k2",
     "glm45": "glm47",

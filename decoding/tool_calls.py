@@ -168,7 +168,10 @@ def _arguments_json(args: Any) -> str:
         args = {}
     if not isinstance(args, dict):
         raise ValueError(f"tool call arguments are a {type(args).__name__}, not an object")
-    return json.dumps(args, ensure_ascii=False)
+    try:  # parsers of Python-like calls can return bytes, sets, inf: no JSON
+        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tool call arguments are not JSON: {exc}") from exc
 
 
 # --- streaming -------------------------------------------------------------------------------

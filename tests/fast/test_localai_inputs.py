@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlx_lm.tool_parsers import gemma4, glm47, json_tools, kimi_k2, minimax_m2, mistral, qwen3_coder
+from mlx_lm.tool_parsers import gemma4, glm47, json_tools, kimi_k2, minimax_m2, qwen3_coder
 
 import backend_pb2 as pb
 import params
@@ -239,7 +239,7 @@ LOCALAI_TOOL_PARSERS = {
     "qwen3_xml": qwen3_coder.parse_tool_call,
     "llama4_pythonic": None,  # ours (the Llama JSON reader)
     "llama3_json": None,
-    "mistral": mistral.parse_tool_call,
+    "mistral": None,  # ours: mlx-lm's mistral parser first, then the forms vLLM also reads
     "deepseek_v3": None,
     "glm47": glm47.parse_tool_call,
     "glm45": glm47.parse_tool_call,

@@ -4,6 +4,7 @@ tests/model/test_parsers.py."""
 
 from __future__ import annotations
 
+import pytest
 from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
 
 from decoding.parsers import (
@@ -12,6 +13,7 @@ from decoding.parsers import (
     resolve_reasoning_markers,
     resolve_tool_parser,
 )
+from decoding.tool_calls import parse_tool_block
 
 
 def test_tool_parser_names_map_to_mlx_lm_parsers():
@@ -22,7 +24,12 @@ def test_tool_parser_names_map_to_mlx_lm_parsers():
     )
     assert resolve_tool_parser("qwen3_coder")[0] is qwen3_coder.parse_tool_call
     assert resolve_tool_parser("qwen3_xml")[0] is qwen3_coder.parse_tool_call
-    assert resolve_tool_parser("Mistral") == (mistral.parse_tool_call, "[TOOL_CALLS]", "")
+    # Mistral: mlx-lm's parser first, ours for the forms it does not read (v11, pre-v11
+    # lists with text around them), as vLLM's mistral_tool_parser.py reads them.
+    parser, start, end = resolve_tool_parser("Mistral")
+    assert (start, end) == (mistral.tool_call_start, mistral.tool_call_end) == ("[TOOL_CALLS]", "")
+    assert parser('add[ARGS]{"a": 1}') == mistral.parse_tool_call('add[ARGS]{"a": 1}')
+    assert parser('add{"a": 1}') == [{"name": "add", "arguments": {"a": 1}}]
     assert resolve_tool_parser("glm45")[0] is glm47.parse_tool_call
     _, start, end = resolve_tool_parser("jamba")
     assert (start, end) == ("<tool_calls>", "</tool_calls>")
@@ -38,3 +45,12 @@ def test_reasoning_parser_names_map_to_think_markers():
     assert resolve_reasoning_markers("mistral") == ("[THINK]", "[/THINK]")
     assert resolve_reasoning_markers("seed-oss") == ("<seed:think>", "</seed:think>")
     assert all(s and e and s != e for s, e in filter(None, REASONING_PARSERS.values()))
+
+
+def test_arguments_that_are_no_json_make_the_call_malformed():
+    # A pythonic parser can return bytes or inf (OLMo's `f(x=b'z')`, `f(x=1e999)`): the
+    # call is malformed (ValueError: its block comes back as content), never a crash and
+    # never "Infinity" in the arguments.
+    for value in (b"z", float("inf")):
+        with pytest.raises(ValueError, match="not JSON"):
+            parse_tool_block(lambda text, tools, v=value: {"name": "f", "arguments": {"x": v}}, "")

@@ -1,0 +1,1299 @@
+"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI's importer
+writes (`tool_parser:` / `reasoning_parser:` options), with what vLLM's parser of that name
+extracts; each case names the vLLM test file it comes from (github.com/vllm-project/vllm).
+KNOWN_DIFFERENCES: cases where this backend differs for a reason, with ours and the reason.
+Used by tests/fast/test_parser_references.py (the output pipeline) and
+tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real gRPC).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import regex
+
+HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
+OPENAI = "tests/tool_parsers/test_openai_tool_parser.py"
+LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py"
+R1 = "tests/reasoning/test_deepseekr1_reasoning_parser.py"
+QWEN3 = "tests/reasoning/test_qwen3_reasoning_parser.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One vLLM reference case. calls: (name, arguments decoded) in order; content /
+    reasoning: vLLM's (None there is "" here). initial: the pipeline's initial state
+    ("reasoning" where vLLM's parser assumes the prompt opened the think block)."""
+
+    id: str
+    source: str
+    tool: str
+    reasoning_parser: str
+    output: str
+    calls: tuple = ()
+    content: str = ""
+    reasoning: str = ""
+    initial: str = "normal"
+    why: str = field(default="", compare=False)  # known differences: the reason
+
+
+def hermes(id, output, calls=(), content="", tool="hermes", **kw):
+    return Case(id, HERMES, tool, "", output, tuple(calls), content, **kw)
+
+
+TRIGGER = ("final_answer", {"trigger": True})
+HERMES_CASES = [
+    hermes(
+        "just_forward_text",
+        "This is some prior text that has nothing to do with tool calling.",
+        content="This is some prior text that has nothing to do with tool calling.",
+    ),
+    hermes("no_tool_call", "This is not a tool call.", content="This is not a tool call."),
+    hermes(
+        "between_tags",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        [TRIGGER],
+    ),
+    hermes(  # bug 19056
+        "streaming_failure_case_bug_19056",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        [TRIGGER],
+    ),
+    hermes(
+        "until_eos",
+        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}',
+        [TRIGGER],
+    ),
+    hermes(
+        "streaming",
+        '<tool_call>\n{"name": "get_current_temperature",\n"arguments": {"location":\n'
+        '"San Francisco, California, United States", "unit": "celsius"}}\n</tool_call>',
+        [
+            (
+                "get_current_temperature",
+                {"location": "San Francisco, California, United States", "unit": "celsius"},
+            )
+        ],
+    ),
+    hermes(
+        "content_then_tool_call",
+        'Sure, let me check the weather.<tool_call>{"name": "get_weather", '
+        '"arguments": {"city": "NYC"}}</tool_call>',
+        [("get_weather", {"city": "NYC"})],
+        content="Sure, let me check the weather.",
+    ),
+    hermes(
+        "multiple_tool_calls",
+        '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call>'
+        '<tool_call>{"name": "search", "arguments": {"q": "dogs"}}</tool_call>',
+        [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+    ),
+    hermes(
+        "serialized_arguments",
+        '<tool_call>\n{"name": "get_db_config", '
+        '"arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
+        [("get_db_config", {"param": "max_connections"})],
+    ),
+    hermes(
+        "streaming_serialized_arguments",
+        '<tool_call>{"name": "get_db_config", '
+        '"arguments": "{\\"param\\": \\"max_connections\\"}"}</tool_call>',
+        [("get_db_config", {"param": "max_connections"})],
+    ),
+]
+# vLLM runs the same file's cases through its granite4 parser (CONFIGS), except until_eos
+# ("The Granite4 tool parser enforces a complete response").
+GRANITE4_CASES = [
+    Case(**{**c.__dict__, "id": "granite4_" + c.id, "tool": "granite4"})
+    for c in HERMES_CASES
+    if c.id != "until_eos"
+]
+
+
+def harmony_call(name: str, args: str, json_type: bool = True) -> str:
+    """One gpt-oss call message as the model writes it (after `<|start|>assistant`)."""
+    ctype = " <|constrain|>json" if json_type else ""
+    head = f"<|start|>assistant to=functions.{name}<|channel|>commentary{ctype}"
+    return f"{head}<|message|>{args}<|call|>"
+
+
+ANALYSIS = 'User asks: "What is the weather in Tokyo?" We need to use get_current_weather tool.'
+ANALYSIS_2 = (
+    'User asks: "What is the weather in Tokyo?" based on their location. We need to use '
+    "get_current_weather tool and get_user_location tool."
+)
+TOKYO = '{"location": "Tokyo"}'
+
+
+def openai(id, output, calls=(), content="", reasoning=""):
+    return Case(id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning)
+
+
+def analysis(text: str) -> str:  # the first message: the prompt ends in <|start|>assistant
+    return f"<|channel|>analysis<|message|>{text}<|end|>"
+
+
+OPENAI_CASES = [
+    openai(
+        "no_tools",
+        "<|channel|>final<|message|>This is a test<|end|>",
+        content="This is a test",
+    ),
+    *[
+        openai(
+            f"single_tool_{i}",
+            analysis(ANALYSIS) + harmony_call("get_current_weather", args),
+            [("get_current_weather", {"location": "Tokyo"})],
+            reasoning=ANALYSIS,
+        )
+        for i, args in enumerate([TOKYO, '{\n"location": "Tokyo"\n}'])
+    ],
+    openai(
+        "multiple_tools_json",  # test_extract_tool_calls_multiple_tools, its JSON calls
+        analysis(ANALYSIS_2)
+        + harmony_call("get_current_weather", TOKYO)
+        + harmony_call("get_user_location", TOKYO)
+        + harmony_call("no_content_type", TOKYO, json_type=False)
+        + harmony_call("empty_args", "{}"),
+        [
+            ("get_current_weather", {"location": "Tokyo"}),
+            ("get_user_location", {"location": "Tokyo"}),
+            ("no_content_type", {"location": "Tokyo"}),
+            ("empty_args", {}),
+        ],
+        reasoning=ANALYSIS_2,
+    ),
+    openai(
+        "with_content",
+        analysis(ANALYSIS_2)
+        + harmony_call("get_current_weather", TOKYO)
+        + "<|start|>assistant<|channel|>final<|message|>This tool call will get the weather."
+        + "<|end|>",
+        [("get_current_weather", {"location": "Tokyo"})],
+        content="This tool call will get the weather.",
+        reasoning=ANALYSIS_2,
+    ),
+]
+
+
+def llama(id, output, calls=(), content=""):
+    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content)
+
+
+S1 = '{"name": "searchTool", "parameters": {"query": "test1"}}'
+INC = '{"name": "getOpenIncidentsTool", "parameters": {}}'
+S2 = '{"name": "searchTool", "parameters": {"query": "test2"}}'
+THREE = [
+    ("searchTool", {"query": "test1"}),
+    ("getOpenIncidentsTool", {}),
+    ("searchTool", {"query": "test2"}),
+]
+LLAMA3_CASES = [
+    llama(
+        "with_arguments",
+        '{"name": "searchTool", "parameters": {"query": "test query", "limit": 10}}',
+        [("searchTool", {"query": "test query", "limit": 10})],
+    ),
+    llama(
+        "no_json",
+        "This is just some text without any tool calls",
+        content="This is just some text without any tool calls",
+    ),
+    llama(
+        "invalid_json",
+        '{"name": "invalidTool", "parameters": {invalid json}',
+        content='{"name": "invalidTool", "parameters": {invalid json}',
+    ),
+    llama(
+        "with_arguments_key",
+        '{"name": "searchTool", "arguments": {"query": "test"}}',
+        [("searchTool", {"query": "test"})],
+    ),
+    llama("multiple_json", f"{S1}; {INC}; {S2}", THREE),
+    llama("multiple_json_with_whitespace", f"{S1} ; {INC} ; {S2}", THREE),
+    llama(
+        "deeply_nested_json",
+        '{"name": "complexTool", "parameters": {"level1": {"level2": {"level3": '
+        '{"level4": {"value": "deep"}}}}}}',
+        [("complexTool", {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}})],
+    ),
+    llama(
+        "multiple_with_deep_nesting",
+        '{"name": "simpleTool", "parameters": {"value": "test"}}; {"name": "complexTool", '
+        '"parameters": {"config": {"database": {"connection": {"pool": {"size": 10}}}}}}',
+        [
+            ("simpleTool", {"value": "test"}),
+            ("complexTool", {"config": {"database": {"connection": {"pool": {"size": 10}}}}}),
+        ],
+    ),
+    llama(
+        "quotes_and_brackets_in_string",
+        '{"name": "searchTool", "parameters": {"query": "test {value} [complex]",'
+        '"nested": {"inner": "more {brackets}"}}}',
+        [
+            (
+                "searchTool",
+                {"query": "test {value} [complex]", "nested": {"inner": "more {brackets}"}},
+            )
+        ],
+    ),
+    llama(
+        "escaped_quotes_in_nested_json",
+        '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
+        [("parserTool", {"text": 'He said "Hello {world}"'})],
+    ),
+    llama("missing_name_key", '{"parameters": {}}', content='{"parameters": {}}'),
+    llama(
+        "missing_parameters_and_arguments_key",
+        '{"name": "toolWithoutParams"}',
+        content='{"name": "toolWithoutParams"}',
+    ),
+    llama(
+        "brace_in_trailing_text",
+        '{"name": "searchTool", "parameters": {"query": "test"}} I used {searchTool} for this.',
+        [("searchTool", {"query": "test"})],
+    ),
+    llama(
+        "json_fragment_in_trailing_text",
+        '{"name": "searchTool", "parameters": {"query": "test"}} '
+        'The arguments I passed were {"query": "test"}',
+        [("searchTool", {"query": "test"})],
+    ),
+    *[
+        llama(f"streaming_parallel_separators_{i}", S1 + sep + INC, THREE[:2])
+        for i, sep in enumerate(["; ", ";", ";\n", "\n"])
+    ],
+]
+
+
+def r1(id, output, reasoning="", content=""):
+    # vLLM's deepseek_r1 parser reads the output as inside the think block (R1's template
+    # opens it): here the prompt opened it, so the pipeline starts in reasoning.
+    return Case(id, R1, "", "deepseek_r1", output, (), content, reasoning, "reasoning")
+
+
+REASONING_SECTION = "This is a reasoning section"
+R1_CASES = [
+    r1(
+        "simple_reasoning",
+        f"{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    r1("complete_reasoning", f"{REASONING_SECTION}</think>", REASONING_SECTION),
+    r1("no_content_token", "This is content", "This is content"),
+    r1(
+        "multiple_lines",
+        "This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    r1("shortest", "</think>This is the rest", "", "This is the rest"),
+    r1(
+        "reasoning_with_think",
+        f"<think>{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    r1("complete_reasoning_with_think", f"<think>{REASONING_SECTION}</think>", REASONING_SECTION),
+    r1(
+        "multiple_lines_with_think",
+        "<think>This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    r1("think_no_end", f"<think>{REASONING_SECTION}", REASONING_SECTION),
+    r1("empty", ""),
+    r1(  # vLLM's streaming result (NEW_LINE_STREAMING); its non-streaming one differs
+        "new_line_streaming",
+        f"\n<think>{REASONING_SECTION}</think>\nThis is the rest",
+        "\n" + REASONING_SECTION,
+        "\nThis is the rest",
+    ),
+]
+
+
+MISTRAL_R = "tests/reasoning/test_mistral_reasoning_parser.py"
+
+
+def with_markers(case: Case, source: str, name: str, start: str, end: str) -> Case:
+    """An R1 case with another parser's think markers (vLLM's mistral reasoning test has
+    R1's cases with [THINK] / [/THINK])."""
+    swap = {"<think>": start, "</think>": end}
+    output = regex.sub("</?think>", lambda m: swap[m.group(0)], case.output)
+    return Case(**{**case.__dict__, "source": source, "reasoning_parser": name, "output": output})
+
+
+MISTRAL_REASONING_CASES = [
+    with_markers(c, MISTRAL_R, "mistral", "[THINK]", "[/THINK]") for c in R1_CASES
+]
+
+
+GRANITE_R = "tests/reasoning/test_granite_reasoning_parser.py"
+G_START, G_END = "Here is my thought process:", "Here is my response:"
+
+
+def granite_r(id, output, reasoning="", content=""):
+    return Case(id, GRANITE_R, "", "granite", output, (), content, reasoning)
+
+
+GRANITE_REASONING_CASES = [
+    granite_r(
+        "simple_reasoning",
+        f"{G_START}{REASONING_SECTION}{G_END}This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    granite_r("complete_reasoning", f"{G_START}{REASONING_SECTION}{G_END}", REASONING_SECTION),
+    granite_r("no_reasoning", "This is content", content="This is content"),
+    granite_r(
+        "multiple_lines",
+        f"{G_START}This\nThat{G_END}This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    # Streaming sub-case 9 ("Delta contains everything"): spaces around the markers stay.
+    granite_r(
+        "delta_contains_everything",
+        f"{G_START} foo {G_END} bar",
+        " foo ",
+        " bar",
+    ),
+]
+
+QWEN3_TOOL_BODY = (
+    "<tool_call>\n<function=bash>\n<parameter=command>"
+    "\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
+)
+BASH = ("bash", {"command": "cat /etc/hosts"})
+
+
+def qwen3(id, output, reasoning="", content="", calls=(), initial="reasoning"):
+    # vLLM's qwen3 parser: "<think> in prompt, only </think> in output (typical)"; the tool
+    # body cases run with the tool parser Qwen3.5 / Qwen3-Coder models get (qwen3_coder),
+    # which reads what vLLM's reasoning parser hands on as content.
+    return Case(
+        id, QWEN3, "qwen3_coder", "qwen3", output, tuple(calls), content, reasoning, initial
+    )
+
+
+QWEN3_CASES = [
+    qwen3(
+        "without_start_token",
+        f"{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    qwen3(
+        "without_start_token_complete_reasoning", f"{REASONING_SECTION}</think>", REASONING_SECTION
+    ),
+    qwen3(
+        "with_think",
+        f"<think>{REASONING_SECTION}</think>This is the rest",
+        REASONING_SECTION,
+        "This is the rest",
+    ),
+    qwen3("without_think", "This is the rest", "This is the rest"),
+    qwen3("complete_reasoning", f"<think>{REASONING_SECTION}</think>", REASONING_SECTION),
+    qwen3(
+        "multiline_reasoning",
+        "<think>This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    qwen3("only_open_tag", f"<think>{REASONING_SECTION}", REASONING_SECTION),
+    qwen3("truncated_no_start_token", REASONING_SECTION, REASONING_SECTION),
+    qwen3(
+        "tool_call_no_think_end",
+        "I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        "I need to read the file.\n\n",
+        calls=[BASH],
+    ),
+    qwen3(
+        "tool_call_with_think_no_end",
+        "<think>I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        "I need to read the file.\n\n",
+        calls=[BASH],
+    ),
+    qwen3(
+        "thinking_disabled_plain_content",
+        "This is plain content",
+        content="This is plain content",
+        initial="normal",
+    ),
+    qwen3(
+        "thinking_disabled_with_tool_call",
+        "I need to read the file.\n\n" + QWEN3_TOOL_BODY,
+        content="I need to read the file.\n\n",
+        calls=[BASH],
+        initial="normal",
+    ),
+]
+
+
+DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py"
+DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py"
+B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CB, SEP, CE = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+
+
+def v3_call(name: str, args: str) -> str:
+    return f"{CB}function{SEP}{name}\n```json\n{args}\n```{CE}"
+
+
+def dsv3(id, output, calls=(), content=""):
+    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content)
+
+
+def dsv31(id, output, calls=(), content=""):
+    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content)
+
+
+VARIOUS = (
+    '{"string_field": "hello", "int_field": 42, "float_field": 3.14, "bool_field": true, '
+    '"null_field": null, "array_field": ["a", "b", "c"], "object_field": {"nested": "value"}, '
+    '"empty_array": [], "empty_object": {}}'
+)
+ESCAPED = (
+    '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", "newline": "line1\\nline2"}'
+)
+DEEPSEEK_CASES = [
+    dsv3(
+        "no_tool_calls",
+        "How can I help you today? I can check weather for you.",
+        content="How can I help you today? I can check weather for you.",
+    ),
+    dsv3(
+        "single_tool_call",
+        B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+    ),
+    dsv3(
+        "parallel_tool_calls",
+        B
+        + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+        + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
+        + E,
+        [
+            ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
+            ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+        ],
+    ),
+    dsv3(
+        "various_data_types",
+        B + v3_call("test_function", VARIOUS) + E,
+        [("test_function", json.loads(VARIOUS))],
+    ),
+    dsv3(
+        "empty_arguments",
+        B + v3_call("get_current_time", "{}") + E,
+        [("get_current_time", {})],
+    ),
+    dsv3(
+        "surrounding_text",
+        "Let me check the weather for you." + B + v3_call("get_weather", '{"city": "Paris"}') + E,
+        [("get_weather", {"city": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    dsv3(
+        "escaped_strings",
+        B + v3_call("send_message", ESCAPED) + E,
+        [("send_message", json.loads(ESCAPED))],
+    ),
+    # vLLM asserts only that these do not raise (common_tests.py: "exact behavior varies");
+    # here no call is made and the text comes back as content.
+    *[
+        dsv3(f"malformed_input_{i}", text, content=text)
+        for i, text in enumerate(
+            [
+                B + v3_call("get_weather", '{"city": "Tokyo"') + E,
+                f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
+            ]
+        )
+    ],
+    dsv31(
+        "with_tool",
+        f'normal text{B}{CB}foo{SEP}{{"x":1}}{CE}{E}',
+        [("foo", {"x": 1})],
+        content="normal text",
+    ),
+    dsv31(
+        "unparsable_block_cut_off",
+        f"Let me look that up.{B}get_weather",
+        content=f"Let me look that up.{B}get_weather",
+    ),
+    dsv31(
+        "unparsable_block_no_call_markers",
+        f'{B}foo{SEP}{{"x":1}}{E}',
+        content=f'{B}foo{SEP}{{"x":1}}{E}',
+    ),
+]
+
+
+PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py"
+JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py"
+
+
+def phi4(id, output, calls=(), content=""):
+    return Case(id, PHI4, "phi4_mini_json", "", output, tuple(calls), content)
+
+
+PHI4_VARIOUS = """functools[{
+  "name": "test_function",
+  "arguments": {
+    "string_field": "hello",
+    "int_field": 42,
+    "float_field": 3.14,
+    "bool_field": true,
+    "null_field": null,
+    "array_field": ["a", "b", "c"],
+    "object_field": {"nested": "value"},
+    "empty_array": [],
+    "empty_object": {}
+  }
+}]"""
+PHI4_ESCAPED = """functools[{
+  "name": "test_function",
+  "arguments": {
+    "quoted": "He said \\"hello\\"",
+    "path": "C:\\\\Users\\\\file.txt",
+    "newline": "line1\\nline2",
+    "unicode": "emoji: 🎉"
+  }
+}]"""
+PHI4_CASES = [
+    phi4(
+        "no_tool_calls",
+        "This is a regular response without any tool calls.",
+        content="This is a regular response without any tool calls.",
+    ),
+    phi4(
+        "single_tool_call",
+        'functools[{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    phi4(
+        "parallel_tool_calls",
+        """functools[
+  {"name": "get_weather", "arguments": {"city": "Tokyo"}},
+  {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}
+]""",
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    phi4(
+        "various_data_types",
+        PHI4_VARIOUS,
+        [("test_function", json.loads(PHI4_VARIOUS[len("functools") :])[0]["arguments"])],
+    ),
+    phi4(
+        "empty_arguments",
+        'functools[{"name": "refresh", "arguments": {}}]',
+        [("refresh", {})],
+    ),
+    phi4(
+        "escaped_strings",
+        PHI4_ESCAPED,
+        [("test_function", json.loads(PHI4_ESCAPED[len("functools") :])[0]["arguments"])],
+    ),
+    # vLLM asserts only that these do not raise ("exact behavior varies"); here no call is
+    # made and the text comes back as content.
+    *[
+        phi4(f"malformed_input_{i}", text, content=text)
+        for i, text in enumerate(
+            [
+                'functools[{"name": "func", "arguments": {',
+                'functools[{"name": "func", "arguments": "not a dict"}]',
+                'functools{"name": "func"}',
+                'functools[{"name": "func"}]',
+                "functools[] This is just text",
+                "functools[ This is just text ]",
+            ]
+        )
+    ],
+]
+
+JAMBA_CALL = (
+    '<tool_calls>[\n    {"name": "get_current_weather", "arguments": '
+    '{"city": "Dallas", "state": "TX", "unit": "fahrenheit"}}\n]</tool_calls>'
+)
+DALLAS = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+ORLANDO = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})
+
+
+def jamba(id, output, calls=(), content=""):
+    return Case(id, JAMBA, "jamba", "", output, tuple(calls), content)
+
+
+JAMBA_CASES = [
+    jamba("no_tools", "This is a test", content="This is a test"),
+    # vLLM's streaming result (test_extract_tool_calls_streaming): the leading space stays
+    # content; its non-streaming path returns None there.
+    jamba("single_tool", " " + JAMBA_CALL, [DALLAS], content=" "),
+    jamba(
+        "single_tool_with_content",
+        " Sure! let me call the tool for you." + JAMBA_CALL,
+        [DALLAS],
+        content=" Sure! let me call the tool for you.",
+    ),
+    jamba(
+        "parallel_tools",
+        ' <tool_calls>[\n    {"name": "get_current_weather", "arguments": {"city": "Dallas", '
+        '"state": "TX", "unit": "fahrenheit"}},\n    {"name": "get_current_weather", '
+        '"arguments": {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}}\n]</tool_calls>',
+        [DALLAS, ORLANDO],
+        content=" ",
+    ),
+    jamba(
+        "streaming_arguments_in_single_delta",
+        '<tool_calls>[{"name": "get_current_weather", "arguments": {"city": "Dallas", '
+        '"state": "TX"}}]</tool_calls>',
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+]
+
+
+MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py"
+
+
+def mistral(id, output, calls=(), content=""):
+    return Case(id, MISTRAL, "mistral", "", output, tuple(calls), content)
+
+
+SF = ("get_current_weather", {"city": "San Francisco", "state": "CA", "unit": "celsius"})
+SF_JSON = '{"city": "San Francisco", "state": "CA", "unit": "celsius"}'
+BASH_CMD = '{"command": "print(\\"hello world!\\")\\nre.compile(r\'{}\')"}'
+MISTRAL_CASES = [
+    mistral("no_tools", "This is a test", content="This is a test"),
+    # test_extract_tool_calls_pre_v11_tokenizer
+    mistral(
+        "pre_v11_single_tool_add",
+        '[TOOL_CALLS][{"name": "add", "arguments":{"a": 3.5, "b": 4}}]',
+        [("add", {"a": 3.5, "b": 4})],
+    ),
+    mistral(
+        "pre_v11_single_tool_weather",
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
+        [SF],
+    ),
+    mistral(
+        "pre_v11_argument_before_name",
+        '[TOOL_CALLS] [{"arguments":' + SF_JSON + ', "name": "get_current_weather"}]',
+        [SF],
+    ),
+    mistral(
+        "pre_v11_argument_before_name_and_name_in_argument",
+        '[TOOL_CALLS] [{"arguments":{"name": "John Doe"}, "name": "get_age"}]',
+        [("get_age", {"name": "John Doe"})],
+    ),
+    mistral(
+        "pre_v11_multiple_tools",
+        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, '
+        '{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
+        [("add", {"a": 3.5, "b": 4}), SF],
+    ),
+    mistral(
+        "pre_v11_content_before_tool",
+        'Hello[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
+        [("add", {"a": 1, "b": 2})],
+        content="Hello",
+    ),
+    mistral(  # vLLM's non-streaming result (its streaming one keeps the trailing text)
+        "pre_v11_trailing_data_after_json",
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", '
+        '"state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
+        [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
+    ),
+    mistral(
+        "pre_v11_regex_fallback",
+        '[TOOL_CALLS]  junk [{"name": "add", "arguments":{"a": 1, "b": 2}}] trail',
+        [("add", {"a": 1, "b": 2})],
+    ),
+    mistral(
+        "pre_v11_streaming_single_tool_add",
+        '[TOOL_CALLS]  [ {"name":"add" , "arguments" : {"a": 3, "b": 4} } ]',
+        [("add", {"a": 3, "b": 4})],
+    ),
+    mistral(
+        "pre_v11_streaming_single_tool_add_strings",
+        '[TOOL_CALLS] [{"name": "add", "arguments":{"a": "3", "b": "4"}}]',
+        [("add", {"a": "3", "b": "4"})],
+    ),
+    # test_extract_tool_calls (v11 tokenizer: NAME{args})
+    mistral(
+        "v11_single_tool_add",
+        '[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
+        [("add_this_and_that", {"a": 3.5, "b": 4})],
+    ),
+    mistral("v11_single_tool_weather", "[TOOL_CALLS]get_current_weather" + SF_JSON, [SF]),
+    mistral(
+        "v11_multiple_tool_calls",
+        '[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]multiply{"a": 3, "b": 6}',
+        [("add", {"a": 3.5, "b": 4}), ("multiply", {"a": 3, "b": 6})],
+    ),
+    mistral(
+        "v11_wrong_json",
+        "hi{hi[TOOL_CALLS]bash" + BASH_CMD,
+        [("bash", json.loads(BASH_CMD))],
+        content="hi{hi",
+    ),
+    mistral(
+        "v11_content_before_tool",
+        'bla[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
+        [("add_this_and_that", {"a": 3.5, "b": 4})],
+        content="bla",
+    ),
+]
+
+
+OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py"
+
+
+def olmo3(id, body, calls=(), content=""):
+    output = f"<function_calls>{body}</function_calls>" if calls else body
+    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content)
+
+
+OLMO_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
+OLMO_SIMPLE_CALL = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+OLMO_MORE = (
+    "register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, "
+    "role=None, passed_test=True, aliases=['John', 'Johnny'])"
+)
+OLMO_MORE_CALL = (
+    "register_user",
+    {
+        "name": "John Doe",
+        "age": 37,
+        "address": {"city": "San Francisco", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+OLMO3_CASES = [
+    olmo3("no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    olmo3("simple", OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3("more_types", OLMO_MORE, [OLMO_MORE_CALL]),
+    olmo3(
+        "more_types_json_literals",
+        OLMO_MORE.replace("None", "null").replace("True", "true"),
+        [OLMO_MORE_CALL],
+    ),
+    olmo3("parameterless", "get_weather()", [("get_weather", {})]),
+    olmo3(
+        "empty_dict",
+        "do_something_cool(additional_data={})",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    olmo3("empty_list", "do_something_cool(steps=[])", [("do_something_cool", {"steps": []})]),
+    olmo3(
+        "escaped_string",
+        r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')",
+        [("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})],
+    ),
+    olmo3("parallel_calls", OLMO_SIMPLE + "\n" + OLMO_MORE, [OLMO_SIMPLE_CALL, OLMO_MORE_CALL]),
+    olmo3(
+        "streaming_tool_call_with_large_steps",
+        OLMO_SIMPLE + "\nget_weather()\ndo_something_cool(steps=[])",
+        [OLMO_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    olmo3(
+        "bad_sibling_call_does_not_drop_good_calls",
+        "bad(x=b'z')\n" + OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+    ),
+    olmo3("non_finite_argument_rejected", "calc(x=1e999)\n" + OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+]
+
+
+QWEN3XML = "tests/tool_parsers/test_qwen3xml_tool_parser.py"
+
+
+def qwen3xml(id, output, calls=(), content=""):
+    return Case(id, QWEN3XML, "qwen3_xml", "", output, tuple(calls), content)
+
+
+def xml_call(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+QWEN3XML_CASES = [
+    qwen3xml(
+        "no_tool_calls",
+        "This is a regular response without any tool calls.",
+        content="This is a regular response without any tool calls.",
+    ),
+    qwen3xml(
+        "single_tool_call",
+        xml_call("get_weather", ("city", "Tokyo")),
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    qwen3xml(
+        "parallel_tool_calls",
+        xml_call("get_weather", ("city", "Tokyo"))
+        + xml_call("get_time", ("timezone", "Asia/Tokyo")),
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    # vLLM's test checks the fields only (supports_typed_arguments=False): without a tool
+    # schema the values stay text, null is None.
+    qwen3xml(
+        "various_data_types",
+        xml_call(
+            "test_function",
+            ("string_field", "hello"),
+            ("int_field", "42"),
+            ("float_field", "3.14"),
+            ("bool_field", "true"),
+            ("null_field", "null"),
+            ("array_field", '["a", "b", "c"]'),
+            ("object_field", '{"nested": "value"}'),
+        ),
+        [
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": "42",
+                    "float_field": "3.14",
+                    "bool_field": "true",
+                    "null_field": None,
+                    "array_field": '["a", "b", "c"]',
+                    "object_field": '{"nested": "value"}',
+                },
+            )
+        ],
+    ),
+    qwen3xml("empty_arguments", xml_call("refresh"), [("refresh", {})]),
+    # vLLM's test asserts at least one call (content unchecked); the text around the call
+    # stays content here.
+    qwen3xml(
+        "surrounding_text",
+        "Let me check the weather for you.\n\n"
+        + xml_call("get_weather", ("city", "Tokyo"))
+        + "\n\nI will get that information.",
+        [("get_weather", {"city": "Tokyo"})],
+        content="Let me check the weather for you.\n\n\n\nI will get that information.",
+    ),
+    qwen3xml(
+        "escaped_strings",
+        xml_call(
+            "test_function",
+            ("quoted", 'He said "hello"'),
+            ("path", "C:\\Users\\file.txt"),
+            ("newline", "line1\nline2"),
+        ),
+        [
+            (
+                "test_function",
+                {
+                    "quoted": 'He said "hello"',
+                    "path": "C:\\Users\\file.txt",
+                    "newline": "line1\nline2",
+                },
+            )
+        ],
+    ),
+    # vLLM asserts only that these do not raise; here they are content.
+    *[
+        qwen3xml(f"malformed_input_{i}", text, content=text)
+        for i, text in enumerate(["<tool_call><function=></function></tool_call>"])
+    ],
+]
+
+
+KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
+K_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+
+
+def kimi_tool(tool_id: str, args: str) -> str:
+    return f"<|tool_call_begin|>{tool_id} <|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+def kimi(id, prefix, tools, calls=(), content=None):
+    output = prefix + K_SECTION[0] + "".join(tools) + K_SECTION[1] if tools else prefix
+    return Case(
+        id, KIMI, "kimi_k2", "", output, tuple(calls), prefix if content is None else content
+    )
+
+
+KIMI_CASES = [
+    kimi("no_tools", "This is a test", []),
+    kimi(
+        "single_tool_call",
+        "I'll check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "parallel_tool_calls",
+        "Compare weather. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Beijing"}'),
+            kimi_tool("functions.get_weather:1", '{"city": "Shanghai"}'),
+        ],
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+    ),
+    kimi(
+        "three_tool_calls",
+        "Multiple tasks. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "New York"}'),
+            kimi_tool("functions.get_news:1", '{"topic": "technology"}'),
+            kimi_tool(
+                "functions.send_email:2", '{"to": "user@example.com", "subject": "Daily Update"}'
+            ),
+        ],
+        [
+            ("get_weather", {"city": "New York"}),
+            ("get_news", {"topic": "technology"}),
+            ("send_email", {"to": "user@example.com", "subject": "Daily Update"}),
+        ],
+    ),
+    kimi(
+        "angle_brackets_in_json",
+        "Process HTML. ",
+        [kimi_tool("functions.process_html:0", '{"html": "<div>content</div>"}')],
+        [("process_html", {"html": "<div>content</div>"})],
+    ),
+    kimi(
+        "multiline_json",
+        "Formatted. ",
+        [kimi_tool("functions.process_data:0", '{\n  "name": "test",\n  "value": 123\n}')],
+        [("process_data", {"name": "test", "value": 123})],
+    ),
+    kimi(
+        "no_functions_prefix",
+        "No prefix. ",
+        [kimi_tool("get_weather:0", '{"city": "Tokyo"}')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi("empty_arguments", "Empty args. ", [kimi_tool("functions.test:0", "{}")], [("test", {})]),
+]
+
+
+GLM45 = "tests/tool_parsers/test_glm4_moe_tool_parser.py"
+
+
+def glm(id, output, calls=(), content=""):
+    return Case(id, GLM45, "glm45", "", output, tuple(calls), content)
+
+
+def glm_call(name: str, *params: tuple[str, str], indent: str = "    ") -> str:
+    body = "".join(
+        f"{indent}<arg_key>{k}</arg_key>\n{indent}<arg_value>{v}</arg_value>\n" for k, v in params
+    )
+    return f"<tool_call>{name}\n{body}{indent}</tool_call>"
+
+
+def weather(city: str, state: str, unit: str) -> tuple:
+    return ("get_current_weather", {"city": city, "state": state, "unit": unit})
+
+
+GLM45_CASES = [
+    glm("no_tools", "This is a test", content="This is a test"),
+    glm(
+        "single_tool_call",
+        glm_call(
+            "get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit")
+        ),
+        [weather("Dallas", "TX", "fahrenheit")],
+    ),
+    glm(
+        "tool_call_with_content_before",
+        "I'll help you check the weather. "
+        + glm_call(
+            "get_current_weather", ("city", "Seattle"), ("state", "WA"), ("unit", "celsius")
+        ),
+        [weather("Seattle", "WA", "celsius")],
+        content="I'll help you check the weather. ",
+    ),
+    glm(
+        "tool_call_with_mixed_args",
+        glm_call("get_current_weather", ("city", "New York"), ("state", "NY"), ("unit", "celsius")),
+        [weather("New York", "NY", "celsius")],
+    ),
+    glm(
+        "tool_call_with_chinese_content",
+        "I will help you get the weather."
+        + glm_call("get_weather", ("city", "Beijing"), ("date", "2025-08-01")),
+        [("get_weather", {"city": "Beijing", "date": "2025-08-01"})],
+        content="I will help you get the weather.",
+    ),
+    glm(
+        "empty_arguments",
+        "<tool_call>get_current_time\n</tool_call>",
+        [("get_current_time", {})],
+    ),
+    glm(
+        "special_characters",
+        glm_call(
+            "send_message",
+            ("recipient", "Amy"),
+            ("message", "It is a nice day"),
+            ("priority", "high"),
+            indent="",
+        ),
+        [("send_message", {"recipient": "Amy", "message": "It is a nice day", "priority": "high"})],
+    ),
+]
+
+CASES = (
+    HERMES_CASES
+    + GRANITE4_CASES
+    + OPENAI_CASES
+    + LLAMA3_CASES
+    + DEEPSEEK_CASES
+    + PHI4_CASES
+    + JAMBA_CASES
+    + MISTRAL_CASES
+    + OLMO3_CASES
+    + QWEN3XML_CASES
+    + KIMI_CASES
+    + GLM45_CASES
+    + R1_CASES
+    + MISTRAL_REASONING_CASES
+    + GRANITE_REASONING_CASES
+    + QWEN3_CASES
+)
+
+KIMI_BAD = (
+    "Help. "
+    + K_SECTION[0]
+    + kimi_tool("functions.bad:0", '{"city": "Beijing"')
+    + kimi_tool("functions.good:1", '{"city": "Shanghai"}')
+    + K_SECTION[1]
+)
+KIMI_BAD_ID = (
+    "Help. "
+    + K_SECTION[0]
+    + kimi_tool("functions.invalid.0", '{"city": "Beijing"}')
+    + kimi_tool("functions.valid:1", '{"city": "Shanghai"}')
+    + K_SECTION[1]
+)
+
+GLM_TWO = (
+    glm_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+    + "\n    "
+    + glm_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
+)
+GLM_INCOMPLETE = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+    "<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>"
+)
+
+
+def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
+    return Case(**{**case.__dict__, "why": why}), ours
+
+
+KNOWN_DIFFERENCES = [
+    known(
+        glm(
+            "multiple_tool_calls",
+            GLM_TWO,
+            [weather("Dallas", "TX", "fahrenheit"), weather("Orlando", "FL", "fahrenheit")],
+        ),
+        {"content": "\n    "},
+        "vLLM's glm45 keeps only the text before the first call as content; here text between "
+        "calls stays content too (the model wrote it; every format here does the same)",
+    ),
+    known(
+        glm(
+            "mixed_content",
+            "I will help you get the weather info.\n\n"
+            + glm_call("get_weather", ("city", "Beijing"), ("date", "2025-08-01"), indent="")
+            + "\n\nmeaningwhile, I will also check the weather in Shanghai.\n\n"
+            + glm_call("get_weather", ("city", "Shanghai"), ("date", "2025-08-01"), indent=""),
+            [
+                ("get_weather", {"city": "Beijing", "date": "2025-08-01"}),
+                ("get_weather", {"city": "Shanghai", "date": "2025-08-01"}),
+            ],
+            content="I will help you get the weather info.\n\n",
+        ),
+        {
+            "content": "I will help you get the weather info.\n\n\n\nmeaningwhile, I will "
+            "also check the weather in Shanghai.\n\n"
+        },
+        "as glm45 multiple_tool_calls: the text between calls stays content",
+    ),
+    known(
+        glm(
+            "incomplete_tool_call",
+            GLM_INCOMPLETE,
+            content=GLM_INCOMPLETE,
+        ),
+        {"calls": [("get_weather", {"city": "Beijing", "date": "2025-08-01"})], "content": ""},
+        "vLLM's glm45 leaves out a call cut off before </tool_call>, after its streaming path "
+        "has sent it; here a block still open at the end is parsed as it stands (vLLM's "
+        "hermes rule), so Predict and the stream give the same call",
+    ),
+    known(
+        kimi(
+            "invalid_json_still_extracted",
+            "Help. ",
+            [
+                kimi_tool("functions.bad:0", '{"city": "Beijing"'),
+                kimi_tool("functions.good:1", '{"city": "Shanghai"}'),
+            ],
+            [("bad", '{"city": "Beijing"'), ("good", {"city": "Shanghai"})],
+        ),
+        {"calls": [], "content": KIMI_BAD, "withdrawn": True},
+        "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
+        "object's text, and a block with a malformed call comes back whole as content; the "
+        "stream had announced the first call (LocalAI's proto cannot withdraw it)",
+    ),
+    known(
+        kimi(
+            "invalid_funcall_id_skipped",
+            "Help. ",
+            [
+                kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
+                kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
+            ],
+            [("valid", {"city": "Shanghai"})],
+        ),
+        {"calls": [], "content": KIMI_BAD_ID},
+        "mlx-lm's kimi_k2 parser rejects the block with a malformed call id, which then "
+        "comes back whole as content; vLLM skips that call and keeps the others",
+    ),
+    known(
+        qwen3xml(
+            "malformed_input_cut_off",
+            "<tool_call><function=func>",
+            content="<tool_call><function=func>",
+        ),
+        {"withdrawn": True},
+        "same result as vLLM's non-streaming path, but the stream announced func before the "
+        "block (cut off at the end) proved malformed; LocalAI's proto cannot withdraw a "
+        "streamed call, so PredictStream shows it and Predict does not",
+    ),
+    known(
+        mistral(
+            "pre_v11_regex_fallback_fails",
+            "[TOOL_CALLS] not json at all",
+            content="not json at all",
+        ),
+        {"content": "[TOOL_CALLS] not json at all"},
+        "a block that holds no call comes back as content as the model wrote it, marker "
+        "included, for every format here; vLLM's mistral drops the marker",
+    ),
+    known(
+        mistral(
+            "v11_complex",
+            "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1],
+            [("bash", json.dumps(json.loads(BASH_CMD))[:-2])],
+            content="hi{hi",
+        ),
+        {"calls": [], "content": "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1]},
+        "the arguments were cut off; vLLM passes the truncated text on as arguments (no "
+        "JSON); here a call whose arguments are no JSON object comes back as content",
+    ),
+    known(
+        phi4(
+            "surrounding_text",
+            'Let me check the weather for you.\nfunctools[{"name": "get_weather", '
+            '"arguments": {"city": "Tokyo"}}]\nWould you like to know more?',
+            [("get_weather", {"city": "Tokyo"})],
+        ),
+        {"content": "Let me check the weather for you.\n"},
+        "vLLM's phi4_mini_json drops all content once it finds a call; here the text before "
+        "the call stays content, as for every other format",
+    ),
+    known(
+        dsv31(
+            "with_multiple_tools",
+            f'some prefix text{B}{CB}foo{SEP}{{"x":1}}{CE}{CB}bar{SEP}{{"y":2}}{CE}{E}'
+            " some suffix text",
+            [("foo", {"x": 1}), ("bar", {"y": 2})],
+            content="some prefix text",
+        ),
+        {"content": "some prefix text some suffix text"},
+        "vLLM's deepseek_v31 drops the text after the tool-call block; here it stays "
+        "content (the model wrote it, and every format here keeps text outside its block)",
+    ),
+    known(
+        hermes(
+            "bare_string_arguments",
+            '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
+            [("do_thing", "hello")],
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
+        },
+        "vLLM passes json.dumps('hello') on as the arguments; OpenAI's function.arguments is "
+        "a JSON object's text (LocalAI and clients decode it into a map), so a call whose "
+        "arguments are no object is malformed here and its text comes back as content",
+    ),
+    known(
+        openai(
+            "multiple_tools_not_json",  # the rest of test_extract_tool_calls_multiple_tools
+            analysis(ANALYSIS_2)
+            + harmony_call("not_json_no_content_type", "foo", json_type=False)
+            + harmony_call("no_args", ""),
+            [("not_json_no_content_type", "foo"), ("no_args", "")],
+            reasoning=ANALYSIS_2,
+        ),
+        {
+            "calls": [("no_args", {})],
+            "content": " to=functions.not_json_no_content_type<|channel|>commentary"
+            "<|message|>foo<|call|>",
+        },
+        "vLLM passes the message text on as the arguments as it is ('foo', ''); here "
+        "arguments are a JSON object's text: empty arguments are {}, and a message that "
+        "is no JSON object is a malformed call whose text comes back as content",
+    ),
+    known(
+        llama(
+            "simple",
+            'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} '
+            "Would you like to know more?",
+            [("getOpenIncidentsTool", {})],
+        ),
+        {"calls": [("getOpenIncidentsTool", {})], "content": "Here is the result: "},
+        "vLLM's llama3_json drops all content once it finds a call; here the text before a "
+        "call stays content, as for every other format (vLLM's hermes does the same)",
+    ),
+    known(
+        llama(
+            "multiple_json_with_surrounding_text",
+            f"Here are the results: {S1}; {INC}; {S2} Would you like to know more?",
+            THREE,
+        ),
+        {"calls": THREE, "content": "Here are the results: "},
+        "as llama3_json 'simple': the text before the calls stays content",
+    ),
+    known(
+        r1(
+            "new_line",
+            f"\n<think>{REASONING_SECTION}</think>\nThis is the rest",
+            REASONING_SECTION,
+            "\nThis is the rest",
+        ),
+        {"calls": [], "content": "\nThis is the rest", "reasoning": "\n" + REASONING_SECTION},
+        "vLLM's two paths disagree here (its NEW_LINE_STREAMING keeps the newline in the "
+        "reasoning); this backend has one path and gives vLLM's streaming result",
+    ),
+    known(
+        hermes(
+            "invalid_json",
+            '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            content='<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            "withdrawn": True,
+        },
+        'same result as vLLM, but the stream announced final_answer {"trigger": true} '
+        "before the missing closing brace showed the call malformed; LocalAI's proto "
+        "cannot withdraw a streamed call, so PredictStream shows it and Predict does not "
+        "(vLLM's own streaming path announces it too)",
+    ),
+]
+
+
+def expected(case: Case) -> dict:
+    return {"calls": list(case.calls), "content": case.content, "reasoning": case.reasoning}
