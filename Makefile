@@ -66,7 +66,7 @@ test:
 	bash test.sh
 else
 test: install-test
-	eval "$$($(PY) -m loading.cpu_fast_path --exports)"; $(PY) -m pytest -q tests
+	eval "$$($(PY) -m loading.cpu_fast_path --exports)"; $(PY) -m pytest -q --durations=25 tests
 
 # The fast tier for quick loops: tests/fast, no model, no backend process (under a minute).
 test-fast: install-test
