@@ -64,6 +64,7 @@ PROMPT_SOURCES = ("prefill", *TIERS)  # where a prompt token's KV came from
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 MEMORY_KINDS = (
     "weights", "kv", "prompt_cache", "prompt_cache_disk", "mlx_active", "mlx_peak", "mlx_cache",
+    "budget", "reserved",
 )  # fmt: skip
 # grpc.StatusCode names; anything else counts as UNKNOWN (labels stay bounded).
 STATUS_CODES = frozenset(
@@ -550,11 +551,17 @@ class Metrics:
         mlx_active: int | None = None,
         mlx_peak: int | None = None,
         mlx_cache: int | None = None,
+        budget: int | None = None,
+        reserved: int | None = None,
     ) -> None:
         """Memory in bytes (None leaves a value as it was): model ``weights``, ``kv`` of
         the running batch, the prompt cache's memory tier and its disk tier (bytes on
-        disk), MLX's active, peak and cache memory."""
-        values = (weights, kv, prompt_cache, prompt_cache_disk, mlx_active, mlx_peak, mlx_cache)
+        disk), MLX's active, peak (since the last LoadModel) and cache memory, the memory
+        ``budget`` (0: off) and the KV ``reserved`` by admitted requests."""
+        values = (
+            weights, kv, prompt_cache, prompt_cache_disk, mlx_active, mlx_peak, mlx_cache,
+            budget, reserved,
+        )  # fmt: skip
         for kind, value in zip(MEMORY_KINDS, values, strict=True):
             if value is not None:
                 self._memory[kind].set(value)
@@ -650,6 +657,8 @@ class NullMetrics:
         mlx_active: int | None = None,
         mlx_peak: int | None = None,
         mlx_cache: int | None = None,
+        budget: int | None = None,
+        reserved: int | None = None,
     ) -> None:
         pass
 

@@ -126,6 +126,8 @@ def push_gauges(engine: EngineFacts, metrics: Recorder) -> None:
         mlx_active=mem["mlx_active"],
         mlx_peak=mem["mlx_peak"],
         mlx_cache=mem["mlx_cache"],
+        budget=mem.get("memory_budget", 0),
+        reserved=mem.get("memory_reserved", 0),
     )
     sched = engine.scheduler
     if sched is not None:

@@ -73,6 +73,7 @@ def record_known_sequence(m: Metrics) -> None:
     m.speculation(drafted=12, accepted=9)
     m.speculation(4, 1)
     m.set_memory(weights=1000, kv=200, prompt_cache=300, mlx_active=1500, mlx_peak=2000)
+    m.set_memory(budget=4096, reserved=512)
     m.set_memory(kv=250)  # the others stay
     m.set_load(running=2, waiting=5)
 
@@ -126,6 +127,8 @@ def test_scrape_reports_exact_counts_and_sums(served):
     assert value(f, p + "memory_bytes", kind="mlx_active") == 1500
     assert value(f, p + "memory_bytes", kind="mlx_peak") == 2000
     assert value(f, p + "memory_bytes", kind="mlx_cache") == 0
+    assert value(f, p + "memory_bytes", kind="budget") == 4096
+    assert value(f, p + "memory_bytes", kind="reserved") == 512
     assert value(f, p + "requests_running") == 2
     assert value(f, p + "requests_waiting") == 5
 

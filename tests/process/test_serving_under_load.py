@@ -64,7 +64,12 @@ def test_the_metrics_endpoint_counts_the_traffic_sent(srv) -> None:
     finished = sum(v for (name, _), v in m.items() if name == p + "requests_finished_total")
     assert finished == 3
     assert m[(p + "request_errors_total", (("code", "INVALID_ARGUMENT"),))] == 1
-    assert m[(p + "memory_bytes", (("kind", "weights"),))] == status(srv.stub)["weights"]
+    st = status(srv.stub)
+    assert m[(p + "memory_bytes", (("kind", "weights"),))] == st["weights"]
+    # The budget (issue 32: visible in Status and Prometheus alike), 0 when off.
+    assert st["memory_budget"] > 0  # on by default (75% of RAM on a CPU)
+    assert m[(p + "memory_bytes", (("kind", "budget"),))] == st["memory_budget"]
+    assert m[(p + "memory_bytes", (("kind", "reserved"),))] == 0  # nothing runs now
     assert m[(p + "requests_running", ())] == 0
 
 
