@@ -35,11 +35,9 @@ with the grammar on half the rows; at 1 stream ours no slower than main.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,60 +79,6 @@ def grpc_stream(stub, prompt: str, max_tokens: int, fields: dict) -> bl.StreamRe
     return bl.grpc_stream(stub, req)
 
 
-def http_stream(port: int, prompt: str, max_tokens: int, extra: dict) -> bl.StreamResult:
-    """One streamed ``/v1/completions`` on mlx_lm.server (as `benchlib.http_stream`, with
-    the scenario's fields instead of its EOS bias)."""
-    body = {
-        "model": "default_model",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **extra,
-    }
-    res = bl.StreamResult(t_start=time.perf_counter())
-    headers = {"Content-Type": "application/json"}
-    for attempt in range(20):
-        conn = http.client.HTTPConnection(bl.HOST, port, timeout=600)
-        try:  # its HTTP server's accept queue is 5: a burst of 32 connects gets resets
-            conn.request("POST", "/v1/completions", json.dumps(body), headers)
-            resp = conn.getresponse()
-            break
-        except ConnectionError:
-            conn.close()
-            if attempt == 19:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-    try:
-        if resp.status != 200:
-            raise RuntimeError(f"mlx_lm.server answered {resp.status}: {resp.read()[:500]!r}")
-        chunks = 0
-        for raw in resp:
-            line = raw.decode("utf-8", errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            msg = json.loads(data)
-            now = time.perf_counter()
-            usage = msg.get("usage")
-            if usage and not msg.get("choices"):
-                res.tokens = usage.get("completion_tokens", chunks)
-                continue
-            if "".join(c.get("text", "") for c in msg.get("choices", [])):
-                chunks += 1
-                if not res.t_first:
-                    res.t_first, res.k_first = now, 1
-                res.t_last, res.k_last = now, chunks
-                res.marks.append((now, chunks))
-        res.tokens = res.tokens or chunks
-    finally:
-        conn.close()
-    return res
-
-
 def backend_at(root: Path, name: str) -> bl.Backend:
     """Our backend started from the checkout at ``root`` (its own run.sh and code)."""
     saved = server_process.ROOT
@@ -172,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "mlx_lm.server":
                 mlx = bl.MlxLmServer(model)
                 procs.append(mlx)
-                fns[name] = lambda p, row, sc, port=mlx.port: http_stream(
-                    port, p, args.new_tokens, _body("none" if sc == "grammar_half" else sc)
+                fns[name] = lambda p, row, sc, port=mlx.port: bl.http_stream(
+                    port, p, args.new_tokens, fields=_body("none" if sc == "grammar_half" else sc)
                 )
                 continue
             server = backend_at(args.main_root, name) if name == "main" else bl.Backend(name)

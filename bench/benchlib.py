@@ -442,14 +442,24 @@ def grpc_stream(stub, req: backend_pb2.PredictOptions, timeout: float = 600.0) -
 
 
 def http_stream(
-    port: int, prompt: str, max_tokens: int, timeout: float = 600.0, model: str = "default_model"
+    port: int,
+    prompt: str,
+    max_tokens: int,
+    timeout: float = 600.0,
+    model: str = "default_model",
+    fields: dict | None = None,
 ) -> StreamResult:
     """Run one streamed ``/v1/completions`` on mlx_lm.server and time it.
 
-    Each SSE chunk with text counts as one token for the decode rate (mlx_lm.server
-    writes one chunk per token whose text is not empty); the usage chunk
-    (``stream_options.include_usage``) gives the exact total in ``tokens``.
+    ``fields``: request fields instead of the default EOS logit bias (e.g. a scenario's
+    penalties). Each SSE chunk with text counts as one token for the decode rate
+    (mlx_lm.server writes one chunk per token whose text is not empty); the usage chunk
+    (``stream_options.include_usage``) gives the exact total in ``tokens``. Connection
+    resets are retried: its HTTP server's accept queue is 5, so a burst of 32 connects
+    gets some.
     """
+    if fields is None:
+        fields = {"logit_bias": {str(k): v for k, v in EOS_BIAS.items()}}
     body = json.dumps(
         {
             "model": model,
@@ -458,14 +468,22 @@ def http_stream(
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "logit_bias": {str(k): v for k, v in EOS_BIAS.items()},
+            **fields,
         }
     )
     res = StreamResult(t_start=time.perf_counter())
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    for attempt in range(20):
+        conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+        try:
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            break
+        except ConnectionError:
+            conn.close()
+            if attempt == 19:
+                raise
+            time.sleep(0.05 * (attempt + 1))
     try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"mlx_lm.server answered {resp.status}: {resp.read()[:500]!r}")
         chunks, parts = 0, []
