@@ -325,3 +325,30 @@ def cold_greedy(loaded, ids: list[int], max_tokens: int) -> str:
             break
         out.append(int(token))
     return tok.decode(out)
+
+
+def served(tok, context: int | None = 64, options: tuple[str, ...] = (), **model):
+    """A `LoadedModel` of ``tok`` around a stand-in model (attributes ``model``), loaded
+    with ``options``, for the prepare step's tests (no MLX model is run)."""
+    from types import SimpleNamespace
+
+    from loading.loaded_model import LoadedModel, max_token_chars
+
+    load = params.load_params(backend_pb2.ModelOptions(Model="toy", Options=list(options)))
+    return LoadedModel(
+        model=SimpleNamespace(**model),
+        tokenizer=tok,
+        params=load,
+        draft=None,
+        context_len=context,
+        weights_bytes=1000,
+        max_token_chars=max_token_chars(tok),
+        cpu_mode="",
+        blas=None,
+        serial=7,
+    )
+
+
+def ids(tok, text: str) -> tuple[int, ...]:
+    """``text``'s token ids (the tokenizer's own encode)."""
+    return tuple(tok.encode(text))

@@ -9,9 +9,9 @@ import asyncio
 import base64
 import io
 import threading
-from types import SimpleNamespace
 
 import pytest
+from helpers import ids, served
 from PIL import Image
 
 import backend_pb2 as pb
@@ -20,7 +20,6 @@ from decoding import grammar
 from engine import fit, prepare
 from engine.memory import MemoryBudget, MemoryProfile
 from errors import InvalidArgument, ResourceExhausted
-from loading.loaded_model import LoadedModel, max_token_chars
 from parsing import constraint as reading
 
 
@@ -31,26 +30,6 @@ def _png() -> str:
 
 
 PNG = _png()
-
-
-def served(tok, context: int | None = 64, options: tuple[str, ...] = (), **model) -> LoadedModel:
-    load = params.load_params(pb.ModelOptions(Model="toy", Options=list(options)))
-    return LoadedModel(
-        model=SimpleNamespace(**model),
-        tokenizer=tok,
-        params=load,
-        draft=None,
-        context_len=context,
-        weights_bytes=1000,
-        max_token_chars=max_token_chars(tok),
-        cpu_mode="",
-        blas=None,
-        serial=7,
-    )
-
-
-def ids(tok, text: str) -> tuple[int, ...]:
-    return tuple(tok.encode(text))
 
 
 # --------------------------------------------------------------------------- the context

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 import time
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
+import helpers
 import pytest
-from helpers import token_kv
+from helpers import ids, token_kv
 from mlx_lm.models.cache import RotatingKVCache
 
 import backend_pb2 as pb
@@ -18,7 +19,6 @@ import params
 from engine import divergence, prepare
 from engine.metrics import Metrics
 from engine.prompt import without_volatile
-from loading.loaded_model import LoadedModel, max_token_chars
 from parsing import volatile_spans as vs
 from prompt_cache import CacheLookup, Nearest, PromptCache
 
@@ -30,24 +30,8 @@ IDENTITY = "You are Claude Code, Anthropic's official CLI for Claude."
 DEFAULT = vs.read(None)
 
 
-def served(tok, options: tuple[str, ...] = ()) -> LoadedModel:
-    load = params.load_params(pb.ModelOptions(Model="toy", Options=list(options)))
-    return LoadedModel(
-        model=SimpleNamespace(),
-        tokenizer=tok,
-        params=load,
-        draft=None,
-        context_len=512,
-        weights_bytes=1000,
-        max_token_chars=max_token_chars(tok),
-        cpu_mode="",
-        blas=None,
-        serial=7,
-    )
-
-
-def ids(tok, text: str) -> tuple[int, ...]:
-    return tuple(tok.encode(text))
+def served(tok, options: tuple[str, ...] = ()):
+    return helpers.served(tok, 512, options)
 
 
 @pytest.mark.parametrize(
