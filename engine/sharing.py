@@ -84,8 +84,8 @@ class SharedPrefixes:
             n = min(common_prefix(other.prompt_ids, ids), len(other.prompt_ids) - 1, len(ids) - 1)
             if n > best:
                 best, leader = n, other
-        if leader is None or leader.uid is None:
-            return False
+        if leader is None or leader.uid is None or best < MIN_SHARED_PREFIX:
+            return False  # then the cache scan below could not make it worth waiting
         if best - self.cache.longest_common_prefix(self.cache_key, ids) < MIN_SHARED_PREFIX:
             return False
         if share(leader, best) != "later":
