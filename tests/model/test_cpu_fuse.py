@@ -67,10 +67,10 @@ def test_logits_close_on_prompt_and_step(dense_pair):
 
 def test_greedy_identical_batch_1(dense_pair):
     plain, fused, tok = dense_pair
-    for prompt in PROMPTS[:3]:
+    for prompt in PROMPTS[:2]:
         ids = mx.array(tok.encode(prompt))
-        want = [t for t, _ in generate_step(ids, plain, max_tokens=32)]
-        got = [t for t, _ in generate_step(ids, fused, max_tokens=32)]
+        want = [t for t, _ in generate_step(ids, plain, max_tokens=24)]
+        got = [t for t, _ in generate_step(ids, fused, max_tokens=24)]
         assert got == want, prompt
 
 

@@ -165,9 +165,9 @@ PLANETS = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n" * 4 
 
 def test_ngram_speculation_gives_the_same_greedy_text(stub, other):
     prompts = [
-        greedy(PLANETS, tokens=40),  # the continuation repeats the prompt's pattern
-        greedy(STORY, tokens=24),  # a story: little to copy
-        chat_request("Name a colour.", Tokens=16, Temperature=0.0),
+        greedy(PLANETS, tokens=28),  # the continuation repeats the prompt's pattern
+        greedy(STORY, tokens=12),  # a story: little to copy
+        chat_request("Name a colour.", Tokens=8, Temperature=0.0),
     ]
     expected = [stub.Predict(p).message for p in prompts]
     load(other, Options=["speculative:ngram"])

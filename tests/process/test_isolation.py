@@ -373,10 +373,9 @@ def test_failed_loads_keep_the_previous_model(tmp_path):
                 assert s["state"] == backend_pb2.StatusResponse.READY or s["requests_running"]
                 assert s["state"] != backend_pb2.StatusResponse.UNINITIALIZED, (name, s)
                 assert "released" not in msg, (name, msg)
-                out = stream_text(
-                    stub, greedy(PROMPTS[0], INNOCENT_TOKENS, IgnoreEOS=True), CALL_TIMEOUT
-                )[0]
-                assert out == refs[PROMPTS[0]], (name, out)
+        # The innocent streams served through every load; a new request after them too.
+        out = stream_text(stub, greedy(PROMPTS[0], INNOCENT_TOKENS, IgnoreEOS=True), CALL_TIMEOUT)
+        assert out[0] == refs[PROMPTS[0]], out
         assert (
             wait_idle(stub, call_timeout=HEALTH_BOUND)["state"] == backend_pb2.StatusResponse.READY
         )
@@ -387,8 +386,8 @@ def test_failed_loads_keep_the_previous_model(tmp_path):
 # -- 6: a client that stops reading -----------------------------------------------------
 @pytest.mark.slow
 def test_client_that_stops_reading_is_ended():
-    """With option max_pending_events:64, a stream whose client reads one reply and then
-    nothing is ended by the server once the flow-control window and 64 events are full:
+    """With option max_pending_events:16, a stream whose client reads one reply and then
+    nothing is ended by the server once the flow-control window and 16 events are full:
     its KV is released while an innocent stream completes; reading on, the client finds
     RESOURCE_EXHAUSTED."""
     srv = ServerProcess(entry="run.sh")
@@ -402,7 +401,7 @@ def test_client_that_stops_reading_is_ended():
             backend_pb2.ModelOptions(
                 Model=str(model_loader.embedded_model_path()),
                 ContextSize=4096,
-                Options=["max_pending_events:64"],
+                Options=["max_pending_events:16"],
             ),
             timeout=120,
         )

@@ -19,14 +19,14 @@ from loading import model_loader
 
 GGUF = str(model_loader.embedded_model_path())
 HEADER = "x-anthropic-billing-header: cc_version=2.1.177.{}; cc_entrypoint=cli; cch={};"
-# A long constant system prompt (~400 tokens), as an agent's instructions and tools are.
+# A long constant system prompt (~200 tokens), as an agent's instructions and tools are.
 SYSTEM = (
     "You are Claude Code, Anthropic's official CLI for Claude."
     + (
         " You help users with software engineering tasks: read the files you are pointed to,"
         " run the tests, keep every change small, and explain what you changed and why."
     )
-    * 12
+    * 6
 )
 TURN_END = "<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's ChatML after a user turn
 
