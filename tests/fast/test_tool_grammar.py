@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import llguidance
 import pytest
-from helpers import served
-from toy_tokenizer import EOS_TEXT
+from helpers import chat_request, served
+from inprocess import InProcessServer
+from scripted import ScriptedModel
+from toy_tokenizer import EOS_TEXT, ids
 
 import backend_pb2
 import params
 from decoding import grammar, parsers, tool_grammar
+from decoding.tool_calls import merge_tool_call_deltas
 from decoding.tool_grammar import HERMES, LLAMA_JSON
 from engine import prepare
+from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from parsing.tool_choice import ToolChoice, read_tool_choice
+from seam.tokenizer import vocab_size
 
 UNITS = {"type": "string", "enum": ["c", "f"]}
 TOOLS = [
@@ -250,3 +256,94 @@ def test_the_grammar_compiles_and_its_processor_masks(tok):
     assert m.consume_tokens(ids) and m.is_accepting()
     eos = tok.convert_tokens_to_ids(EOS_TEXT)
     assert m.consume_token(eos) and m.is_stopped()
+
+
+# --- over gRPC: a scripted model certain of an undeclared name -----------------------------
+
+
+@pytest.fixture(scope="module")
+def scripted(tok):
+    """{format: (server, model)}: the scripted model behind the real engine and servicer,
+    with the toy tokenizer (its template leaves a think block open) and each parser."""
+    servers = {}
+    for fmt in ("hermes", "llama3_json"):
+        model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+        servers[fmt] = (InProcessServer(model, tok, [f"tool_parser:{fmt}"]), model)
+    yield servers
+    for srv, _ in servers.values():
+        srv.stop()
+
+
+def run_script(server, tok, req, *parts: str):
+    """Predict's one delta for `req` with the model scripted to `parts`, after checking
+    that the stream's content, reasoning and merged calls equal it."""
+    srv, model = server
+    model.set_script(
+        len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids), ids(tok, *parts)
+    )
+    deltas = [d for r in srv.stub.PredictStream(req) for d in r.chat_deltas]
+    (whole,) = srv.stub.Predict(req).chat_deltas
+    assert whole.content == "".join(d.content for d in deltas)
+    assert whole.reasoning_content == "".join(d.reasoning_content for d in deltas)
+    merged = merge_tool_call_deltas(c for d in deltas for c in d.tool_calls)
+    assert [(c.name, c.arguments) for c in merged] == [
+        (c.name, c.arguments) for c in whole.tool_calls
+    ]
+    return whole
+
+
+def checked_calls(whole) -> list[str]:
+    """The calls' names, each call's arguments validated under its tool's schema."""
+    for call in whole.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), BOUNDED[call.name])
+    return [c.name for c in whole.tool_calls]
+
+
+# Bounded (strings with maxLength, no other keys): a scripted model's flat logits would
+# otherwise write a string until max_tokens once its script no longer fits.
+BOUNDED = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": UNITS},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "get_time": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "maxLength": 4}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+}
+BOUNDED_TOOLS = json.dumps(
+    [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in BOUNDED.items()]
+)
+FORECAST = {
+    "hermes": ["<tool_call>", 'b:\n{"name": "get_forecast", "arguments": {"city": "Rome"}}\n',
+               "</tool_call>"],
+    "llama3_json": ['b:{"name": "get_forecast", "parameters": {"city": "Rome"}}'],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_lazy_call_after_reasoning_and_free_text(scripted, tok, fmt):
+    req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, Metadata={"tool_grammar": "on"})
+    parts = ["plan", "</think>", "Sure", "b: I will check.\n", *FORECAST[fmt]]
+    whole = run_script(scripted[fmt], tok, req, *parts)
+    assert whole.reasoning_content == "plan"  # the reasoning is free (the gate)
+    assert whole.content.startswith("Sure I will check.\n")  # so is the text before the call
+    assert checked_calls(whole) and checked_calls(whole)[0] in BOUNDED  # not get_forecast
+    # Without the grammar the scripted name comes through.
+    req.Metadata["tool_grammar"] = "off"
+    assert [c.name for c in run_script(scripted[fmt], tok, req, *parts).tool_calls] == [
+        "get_forecast"
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_required_call_when_the_model_would_only_talk(scripted, tok, fmt):
+    req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, ToolChoice='"required"')
+    whole = run_script(scripted[fmt], tok, req, "plan", "</think>", "Hello", " world", "!")
+    assert whole.reasoning_content == "plan"
+    assert checked_calls(whole)[0] in BOUNDED
+    assert not whole.content.startswith("Hello")  # the call came first
