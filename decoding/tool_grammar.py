@@ -5,10 +5,12 @@ Built from `PredictOptions.Tools` (OpenAI tool definitions) for the tool parser 
 llguidance Lark grammar, which then runs as any request constraint (compiled and cached by
 `decoding.grammar`, masked batch-wide, dormant inside a think block by the `ReasoningGate`):
 
-- free text (any text and EOS; no added tokens but EOS: llguidance never matches them as
-  text) until the format's call marker
-  appears; the marker is a lazy lexeme (llguidance's `[lazy]`, as its `StructTag` sugar in
-  `llguidance/_struct_tag.py` builds it), so the constraint engages from the marker on;
+- free text until the format's call marker appears: before the first call the constraint
+  is dormant (a `grammar_gate.TriggerGate` on the marker: logits untouched, no mask to
+  compute), after a call the grammar's own free text (any text and EOS; no added tokens
+  but EOS, llguidance never matches them as text) with the marker as a lazy lexeme
+  (llguidance's `[lazy]`, as its `StructTag` sugar in `llguidance/_struct_tag.py` builds
+  it), so the constraint engages again at the next marker;
 - after the marker: the call object with `"name"` one of the declared tools (or the one
   ToolChoice names), its arguments valid under that tool's `parameters` JSON schema
   (llguidance's `%json`, lenient about keywords it does not implement), then the closing
@@ -154,13 +156,15 @@ def build_grammar(
     tools: Mapping[str, Mapping[str, Any]],
     fmt: ToolFormat,
     *,
-    required: bool = False,
+    opening: str = "lazy",
     special: Callable[[str], int | None] = lambda text: None,
 ) -> str:
     """The Lark grammar (llguidance dialect) of free text with calls of `tools` ({name:
-    parameters schema}, at least one) in format `fmt` (module doc). `required`: the output
-    opens with a call. `special(marker)`: the id of the special token that is `marker`, or
-    None (then the marker is text).
+    parameters schema}, at least one) in format `fmt` (module doc). `opening`: "lazy" (free
+    text first, the marker a lazy lexeme), "required" (up to 4 whitespace characters, then
+    a call) or "triggered" (a call at once: the text from the marker on, as a
+    `TriggerGate` hands it over). `special(marker)`: the id of the special token that is
+    `marker`, or None (then the marker is text).
 
     Raises ValueError naming PredictOptions.Tools when there is no tool or the grammar
     would exceed MAX_GRAMMAR_BYTES."""
@@ -173,14 +177,17 @@ def build_grammar(
 
     start, start_special = marker(fmt.start)
     text_start = _literal(fmt.start)
+    # The first call's marker: the token, or its text (a TriggerGate re-tokenizes the text).
+    first = f"({start} | {text_start})" if start_special else start
     newline = ' "\\n"?' if fmt.newline else ""
     close = f"{newline} {marker(fmt.end)[0]}" if fmt.end else ""
     names = " | ".join(f"fn_{i}" for i in range(len(tools)))
-    lines = [
-        "%llguidance {}",
-        f"start: {f'{LEAD_WHITESPACE} {start} body ' if required else ''}call* TEXT",
-        "TEXT: /(.|\\n)*/",
-    ]
+    openers = {
+        "lazy": "",
+        "required": f"{LEAD_WHITESPACE} {first} body ",
+        "triggered": f"{first} body ",
+    }
+    lines = ["%llguidance {}", f"start: {openers[opening]}call* TEXT", "TEXT: /(.|\\n)*/"]
     # The marker as text ends the free text at its first occurrence (a lazy lexeme); as a
     # special token it never occurs inside TEXT, and the text form stays a second way in.
     lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
@@ -228,8 +235,10 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
     Applies when the request has tools, ToolChoice is not "none", no explicit constraint,
     and `tool_grammar` (Metadata or option) is "on", or "required" (the default) with a
     ToolChoice that requires a call or names a function; and the tool parser in effect
-    has a format here (`tool_format`). The constraint's field is PredictOptions.Tools; the
-    request's lazy grammar triggers are dropped.
+    has a format here (`tool_format`). The constraint's field is PredictOptions.Tools; its
+    trigger (`grammar_triggers`, replacing the model's) is the call marker when no call is
+    required (the constraint sleeps until then, `grammar_gate.TriggerGate`), none when one
+    is (it holds from the first token after any reasoning).
 
     Raises ValueError naming PredictOptions.ToolChoice when it names a function Tools
     does not declare, or PredictOptions.Tools (`build_grammar`)."""
@@ -257,6 +266,13 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
                 f"PredictOptions.Tools does not declare (declared: {known[:200]})"
             )
         tools = {spec.tool_name: tools[spec.tool_name]}
-    source = build_grammar(tools, fmt, required=forced, special=_special_finder(tokenizer))
+    # Not forced: dormant (no mask, logits untouched) until the marker, then the call and
+    # the grammar's own lazy free text: a lazy lexeme from the first token would mask every
+    # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
+    opening = "required" if forced else "triggered"
+    source = build_grammar(tools, fmt, opening=opening, special=_special_finder(tokenizer))
     constraint = Constraint("lark", source, TOOLS_FIELD)
-    return replace(request, params=replace(params, constraint=constraint, grammar_triggers=()))
+    triggers = () if forced else (fmt.start,)
+    return replace(
+        request, params=replace(params, constraint=constraint, grammar_triggers=triggers)
+    )

@@ -137,16 +137,27 @@ def special(tok):
 
 
 def test_required_opens_with_a_call(tok):
-    source = tool_grammar.build_grammar(DECLARED, HERMES, required=True, special=special(tok))
+    source = tool_grammar.build_grammar(DECLARED, HERMES, opening="required", special=special(tok))
     assert not accepts(tok, source, "Hello", ends=False)
     assert not accepts(tok, source, "")  # no EOS before the call
     assert accepts(tok, source, f"\n<tool_call>\n{CALL}\n</tool_call>")
     assert accepts(tok, source, f"<tool_call>{CALL}</tool_call> and then text")
 
 
+def test_triggered_grammar_starts_at_the_marker_as_text_or_token(tok):
+    source = tool_grammar.build_grammar(DECLARED, HERMES, opening="triggered", special=special(tok))
+    marker = tok.convert_tokens_to_ids("<tool_call>")
+    text_marker = list(b"<tool_call>")  # how a TriggerGate's tokenize_bytes gives it back
+    body = tok.encode(f"{CALL}</tool_call> then text", add_special_tokens=False)
+    for opening in ([marker], text_marker):
+        m = matcher(tok, source)
+        assert m.consume_tokens([*opening, *body]) and m.is_accepting()
+    assert not accepts(tok, source, "Hello", ends=False)
+
+
 def test_named_function_only(tok):
     source = tool_grammar.build_grammar(
-        {"get_time": {"type": "object"}}, HERMES, required=True, special=special(tok)
+        {"get_time": {"type": "object"}}, HERMES, opening="required", special=special(tok)
     )
     assert accepts(tok, source, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
     assert not accepts(tok, source, f"<tool_call>{CALL}", ends=False)
@@ -158,7 +169,7 @@ def test_llama_json_calls(tok):
     assert accepts(tok, source, f'Text first {first}; {{"name": "get_time", "parameters": {{}}}}')
     assert not accepts(tok, source, '{"name": "get_wrong"', ends=False)
     assert not accepts(tok, source, '{"name": "get_weather", "arguments"', ends=False)
-    required = tool_grammar.build_grammar(DECLARED, LLAMA_JSON, required=True)
+    required = tool_grammar.build_grammar(DECLARED, LLAMA_JSON, opening="required")
     assert accepts(tok, required, first) and not accepts(tok, required, "Hi", ends=False)
 
 
@@ -216,7 +227,10 @@ def test_when_the_tool_grammar_applies(tok, options, fields, applies):
     got = request.params.constraint
     assert (got is not None and got.kind == "lark") == applies
     if applies:
-        assert got.field == "PredictOptions.Tools" and request.params.grammar_triggers == ()
+        assert got.field == "PredictOptions.Tools"
+        # Not required: dormant until the call marker (a trigger), then the call.
+        lazy = "ToolChoice" not in fields
+        assert request.params.grammar_triggers == (("<tool_call>",) if lazy else ())
 
 
 def test_named_function_limits_the_names(tok):
