@@ -15,8 +15,8 @@ Scenarios, each with 8 concurrent greedy streams on unique prompts, EOS biased a
 * ``json_schema``: ``Metadata`` json_schema, an object holding an array of at least 500
   short strings (the output stays inside the grammar to the end);
 * ``tool_lazy``: ``tool_grammar:on`` with two tools, ToolChoice auto: the tool-call grammar
-  waits in its free-text part for ``<tool_call>`` (these models never write it), so every
-  step still computes a mask: the cost of a lazy grammar that never engages;
+  sleeps until ``<tool_call>`` (these models never write it): the cost of a lazy tool
+  grammar that never engages (its trigger gate decodes each token; no mask);
 * ``tool_required``: ToolChoice names ``take_notes`` (a call required): the call is
   constrained from the first token (its arguments an array of at least 500 short strings).
 
