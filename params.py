@@ -29,6 +29,8 @@ TopLogprobs (51)      | no alternatives                 | 0                 | [0
 IgnoreEOS (14)        | stop at EOS                     | False             |
 LogitBias (23)        | no bias                         | None              | {"id": [-100, 100]}
 Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null"
+ToolChoice (49)       | "auto"                          | "auto"            | never an error
+                      |                                 |                   | (parsing/tool_choice)
 CorrelationId (47)    | none                            | ""                |
 ModelIdentity (54)    | no identity check               | ""                |
 NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
@@ -46,6 +48,9 @@ template's enable_thinking false unless the request sets enable_thinking itself.
 
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
 llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
+
+Metadata["tool_grammar"] (required | on | off; unset: option tool_grammar, else required)
+decides when tool calls are held to the request's Tools (decoding/tool_grammar.py).
 
 ModelOptions field    | zero means                       | valid
 ----------------------|----------------------------------|-----------------
@@ -107,6 +112,7 @@ from parsing.options import (
     OPTIONS,
     SAMPLING,
     TOKENIZER_OPTION_KEYS,
+    TOOL_GRAMMAR_MODES,
     UNLIMITED_REASONING,
     read_options,
 )
@@ -117,6 +123,7 @@ from parsing.options import (
 )
 from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
+from parsing.tool_choice import ToolChoice, read_tool_choice
 from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
 
@@ -177,6 +184,9 @@ class GenerationParams:
     # ModelOptions.GrammarTriggers words: the constraint starts at the first of them
     # (llama.cpp's lazy grammar); () = from the start.
     grammar_triggers: tuple[str, ...] = ()
+    # Metadata tool_grammar, else option tool_grammar: when tool calls are held to the
+    # request's Tools (parsing.options.TOOL_GRAMMAR_MODES; decoding/tool_grammar.py).
+    tool_grammar: str = "required"
     # Disk tier of the prompt cache: option prompt_cache_dir, else the checked
     # PromptCachePath (absolute); "" = memory only.
     prompt_cache_dir: str = ""
@@ -247,6 +257,7 @@ class LoadParams:
     reasoning_budget: int = UNLIMITED_REASONING  # option reasoning_budget: tokens, -1 unlimited
     grammar_scope: str = "after_reasoning"  # option grammar_scope: after_reasoning | all
     grammar_triggers: tuple[str, ...] = ()  # ModelOptions.GrammarTriggers words (lazy grammar)
+    tool_grammar: str = "required"  # option tool_grammar: required | on | off
     prompt_cache_dir: str = ""  # option prompt_cache_dir: absolute disk-tier directory; "" = none
     prompt_cache_disk_bytes: int = DEFAULT_PROMPT_CACHE_DISK_BYTES  # option: bytes per directory
     # option max_pending_events: undelivered stream events before a non-reading client's
@@ -538,6 +549,19 @@ def _grammar_scope(metadata: Any, load: LoadParams | None) -> str:
     return raw
 
 
+def _tool_grammar(metadata: Any, load: LoadParams | None) -> str:
+    """Metadata tool_grammar (required | on | off), else the load option."""
+    raw = metadata.get("tool_grammar", "").strip().lower()
+    if not raw:
+        return load.tool_grammar if load is not None else TOOL_GRAMMAR_MODES[0]
+    if raw not in TOOL_GRAMMAR_MODES:
+        raise ValueError(
+            "PredictOptions.Metadata.tool_grammar must be one of "
+            f"{', '.join(TOOL_GRAMMAR_MODES)}, got {raw[:40]!r}"
+        )
+    return raw
+
+
 def _reasoning_budget(metadata: Any, load: LoadParams | None) -> int:
     """Metadata reasoning_budget (an integer >= -1), else the load option, else -1."""
     raw = metadata.get("reasoning_budget", "").strip()
@@ -629,6 +653,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         reasoning_budget=_reasoning_budget(req.Metadata, load),
         grammar_scope=_grammar_scope(req.Metadata, load),
         grammar_triggers=load.grammar_triggers if load is not None else (),
+        tool_grammar=_tool_grammar(req.Metadata, load),
     )
 
 
@@ -649,7 +674,9 @@ class PromptSpec:
     when set and tool_calls (decoded; each `function.arguments` string decoded to an
     object when it is a JSON object, since templates index into it). `tools`: the
     request's tool definitions (None = none), offered to the template unless
-    `tool_choice` is "none", and handed to the tool-call parser. `template_kwargs`:
+    `tool_choice` is "none", and handed to the tool-call parser; `tool_choice` is
+    ToolChoice's mode (`parsing.tool_choice`: auto, none, required, function) and
+    `tool_name` the function it names (mode "function"). `template_kwargs`:
     extra keyword arguments of the chat template (`enable_thinking`, then
     `chat_template_kwargs` merged over it).
     """
@@ -659,6 +686,7 @@ class PromptSpec:
     tools: tuple[dict[str, Any], ...] | None = None
     template_kwargs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     tool_choice: str = ""
+    tool_name: str = ""
     # PredictOptions.Images, decoded from base64 and bounded (`parsing.images`); each
     # fills one media marker or image slot of the prompt, in order.
     images: tuple[images_mod.ImageData, ...] = ()
@@ -753,17 +781,25 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     load options max_images / max_image_bytes bound them).
     """
     tools = parse_tools(req.Tools)
+    choice: ToolChoice = read_tool_choice(req.ToolChoice)
     images: tuple[images_mod.ImageData, ...] = ()
     if req.Images:
         limits = load.vision.limits if load is not None else images_mod.ImageLimits()
         images = images_mod.read_images(req.Images, limits.max_images, limits.max_bytes)
     if not (req.UseTokenizerTemplate and req.Messages):
-        return PromptSpec(prompt=req.Prompt, tools=tools, images=images)
+        return PromptSpec(
+            prompt=req.Prompt,
+            tools=tools,
+            tool_choice=choice.mode,
+            tool_name=choice.name,
+            images=images,
+        )
     return PromptSpec(
         messages=_messages(req),
         tools=tools,
         template_kwargs=MappingProxyType(_template_kwargs(req.Metadata)),
-        tool_choice=req.ToolChoice.strip().lower(),
+        tool_choice=choice.mode,
+        tool_name=choice.name,
         images=images,
     )
 

@@ -127,6 +127,8 @@ def _to_llguidance(constraint: Constraint) -> str:
     try:
         if constraint.kind == "gbnf":
             return llguidance.grammar_from("gbnf", constraint.source)
+        if constraint.kind == "lark":
+            return llguidance.grammar_from("lark", constraint.source)
         return llguidance.LLMatcher.grammar_from_json_schema(
             constraint.source, defaults=JSON_OPTIONS
         )
@@ -142,6 +144,8 @@ def _to_llguidance(constraint: Constraint) -> str:
 
 
 def _what(constraint: Constraint) -> str:
+    if constraint.kind == "lark":
+        return "tool-call grammar (built from the tools' JSON schemas)"
     return "GBNF grammar" if constraint.kind == "gbnf" else "JSON schema"
 
 
@@ -341,6 +345,12 @@ def warm_up(tokenizer: Any) -> None:
     stall the decode loop that long. Raises ValueError if the tokenizer is not a fast one.
     """
     _compiled_for(tokenizer)
+
+
+def llg_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
+    """llguidance's view of `tokenizer` (built once per tokenizer, `warm_up`); ValueError
+    when it is not a fast tokenizer."""
+    return _compiled_for(tokenizer).llg_tokenizer
 
 
 def _compiled_matcher(

@@ -2,7 +2,8 @@
 
 Between the event loop and the engine thread a request takes a single trip to one worker
 pool, where it is
-- parsed (`params.parse_request`: every field read and bounded),
+- parsed (`params.parse_request`: every field read and bounded), its tool-call grammar
+  built when one applies (`tool_grammar.with_tool_grammar`: needs the model's tool parser),
 - its constraint compiled for the model's tokenizer (`grammar.compile_constraint`; the
   compile is kept, so the sequence's processor reuses it) and its LogitBias ids checked
   against the vocabulary,
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import params as params_mod
-from decoding import grammar, sampling
+from decoding import grammar, sampling, tool_grammar
 from engine import fit, vision_prompt
 from engine.prompt import PreparedPrompt, without_volatile
 from errors import invalid_argument
@@ -113,6 +114,7 @@ def prepare(message: Any, intake: Intake, progress: Progress | None = None) -> P
     loaded = intake.loaded
     request = parse(message, loaded.params)
     try:
+        request = tool_grammar.with_tool_grammar(request, loaded.tokenizer)
         constraint = request.params.constraint
         if constraint is not None:
             if progress is not None:

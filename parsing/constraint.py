@@ -39,17 +39,19 @@ MAX_JSON_BYTES = 128 * 1024
 # at 128 and Python's json at ~1000 with a RecursionError.
 MAX_JSON_DEPTH = 64
 
-ConstraintKind = Literal["gbnf", "json_schema", "json_object"]
+ConstraintKind = Literal["gbnf", "json_schema", "json_object", "lark"]
 
 
 @dataclass(frozen=True)
 class Constraint:
     """What one request's output must match.
 
-    `kind`: "gbnf" (llama.cpp GBNF; Lark syntax is accepted too), "json_schema" or
-    "json_object" (any JSON object). `source`: the grammar text, or the schema as compact
-    JSON with its key order kept (property order decides output order). `field`: the
-    request field it came from, named in every error about it.
+    `kind`: "gbnf" (llama.cpp GBNF; Lark syntax is accepted too), "json_schema",
+    "json_object" (any JSON object) or "lark" (llguidance's Lark, as the tool-call grammar
+    of `decoding.tool_grammar` is built; never read from a request). `source`: the
+    grammar text, or the schema as compact JSON with its key order kept (property order
+    decides output order). `field`: the request field it came from, named in every error
+    about it.
     """
 
     kind: ConstraintKind
@@ -59,7 +61,7 @@ class Constraint:
     def __post_init__(self) -> None:
         # The bounds are the type's invariant: every constraint that exists is cheap to
         # validate and compile, wherever it was built.
-        if self.kind == "gbnf":
+        if self.kind in ("gbnf", "lark"):
             check_grammar_bounds(self.source, self.field)
         else:
             check_json_bounds(self.source, self.field)

@@ -77,6 +77,9 @@ DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
 # grammar_scope: a constraint covers the answer after the reasoning, or all the output.
 GRAMMAR_SCOPES = ("after_reasoning", "all")
+# tool_grammar: when a request's calls are held to its declared tools (decoding/tool_grammar.py):
+# only when ToolChoice requires a call or names a function, for every request with tools, or never.
+TOOL_GRAMMAR_MODES = ("required", "on", "off")
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
 # N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
 # accepted, so a wider cap pays on repetitive text and costs little elsewhere.
@@ -274,6 +277,13 @@ OPTIONS: tuple[Option, ...] = (
            "markers), `all` also holds the reasoning to it; `Metadata` `grammar_scope` "
            "overrides it per request", choices=GRAMMAR_SCOPES, default="after_reasoning",
            group=_PARSE),
+    Option("tool_grammar", "choice", "hold tool calls to the request's `Tools` once the "
+           "model's tool-call marker appears (hermes `<tool_call>` and Llama JSON formats: "
+           "a declared name, arguments valid under its JSON schema, the closing marker): "
+           "`required` only when `ToolChoice` requires a call or names a function (then "
+           "from the first token on), `on` for every request with tools, `off` never; an "
+           "explicit `Grammar` / JSON schema wins; `Metadata` `tool_grammar` overrides it "
+           "per request", choices=TOOL_GRAMMAR_MODES, default="required", group=_PARSE),
     # distributed
     Option("distributed_mode", "choice", "split over the group by tensors or layers",
            choices=("", *DISTRIBUTED_MODES), default="", shown="the group's", group=_DIST),

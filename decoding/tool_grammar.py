@@ -1,0 +1,278 @@
+"""Tool-call grammars: a request's calls held to its declared `Tools`, in the model's format.
+
+Built from `PredictOptions.Tools` (OpenAI tool definitions) for the tool parser in effect
+(the tokenizer's, after LocalAI's `tool_parser` hint: `decoding.parsers`) as one
+llguidance Lark grammar, which then runs as any request constraint (compiled and cached by
+`decoding.grammar`, masked batch-wide, dormant inside a think block by the `ReasoningGate`):
+
+- free text until the format's call marker appears: before the first call the constraint
+  is dormant (a `grammar_gate.TriggerGate` on the marker: logits untouched, no mask to
+  compute), after a call the grammar's own free text (any text and EOS; no added tokens
+  but EOS, llguidance never matches them as text) with the marker as a lazy lexeme
+  (llguidance's `[lazy]`, as its `StructTag` sugar in `llguidance/_struct_tag.py` builds
+  it), so the constraint engages again at the next marker;
+- after the marker: the call object with `"name"` one of the declared tools (or the one
+  ToolChoice names), its arguments valid under that tool's `parameters` JSON schema
+  (llguidance's `%json`, lenient about keywords it does not implement), then the closing
+  marker; back to free text, where further calls may start.
+- When ToolChoice requires a call ("required") or names a function, the output must open
+  with a call (up to 4 whitespace characters first), not lazily; later calls and text stay
+  as above.
+
+Formats (the marker text from the tokenizer; a marker that is one added token of the
+vocabulary, special to llguidance whether or not the tokenizer marks it special, e.g.
+Qwen's `<tool_call>`, is matched as that token, `<[id]>`, or as its text):
+
+| tool parser in effect            | call                                                     |
+|----------------------------------|----------------------------------------------------------|
+| mlx-lm json_tools (hermes,       | `<tool_call>` `\n`? `{"name": N, "arguments": {...}}`    |
+| granite4, ernie45; templates     | `\n`? `</tool_call>`                                     |
+| mlx-lm detects as json_tools)    |                                                          |
+| llama3_json / llama4_json /      | `{"name": N, "parameters": {...}}` (`{"name"` is the     |
+| llama4_pythonic (ours)           | marker; no closing marker; `; ` between calls is text)   |
+
+Other formats stay unconstrained (a debug line says so): their calls are XML-like
+parameter lists (qwen3_coder, glm47, minimax_m2), Python calls (pythonic, olmo3), lists
+(jamba, granite, phi4_mini_json, mistral's `[{...}]`) or channel messages (Harmony), each
+needing a grammar of its own; LocalAI's own function grammar (`Grammar`) covers them.
+
+JSON inside a call is written on one line with ", " and ": " (as `decoding.grammar`'s JSON
+schemas), so a sampled small model cannot pad a call with newlines until max_tokens.
+
+Precedence: an explicit constraint (`Grammar`, `Metadata` json_schema / response_format)
+wins; LocalAI sends its function grammar unless the model file sets
+`function.grammar.disable`, and then parses the output itself by that grammar's format.
+The tool-call grammar is for the grammar-disabled, `tool_parser` case; it replaces a
+model's lazy `GrammarTriggers` (those belong to a `Grammar`).
+
+References: LM Studio's mlx-engine (`mlx_engine/tool_runtime.py`,
+`NativeToolReasoningGuardLogitsProcessor`: an llguidance grammar once the native tool-call
+marker is sampled, names limited to the declared tools); vLLM (`vllm/tool_parsers/utils.py`,
+`get_json_schema_from_tools`): "required" and a named function are constrained, "auto"
+is not; a named function that Tools does not declare is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from decoding import grammar, parsers
+from params import GenerationRequest
+from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
+
+__all__ = [
+    "HERMES",
+    "LLAMA_JSON",
+    "TOOLS_FIELD",
+    "ToolFormat",
+    "build_grammar",
+    "declared_tools",
+    "tool_format",
+    "with_tool_grammar",
+]
+
+logger = logging.getLogger("localai.mlx." + __name__)
+
+TOOLS_FIELD = "PredictOptions.Tools"
+# llguidance's JSON options inside a call (`x-guidance`; a tool schema's own win).
+JSON_STYLE = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,  # unknown keywords and formats are ignored, not a refused request
+}
+LEAD_WHITESPACE = r"/[ \t\r\n]{0,4}/"  # before a required first call
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one call is written. `start`: the marker that opens it (the lazy trigger);
+    `head`: the text between the marker and the name's value (`\\n`? allowed before it
+    when `newline`); `args_key`: the key holding the arguments; `end`: the closing marker
+    ("" = none). `name`: the format's name in logs and docs."""
+
+    name: str
+    start: str
+    head: str
+    args_key: str
+    end: str = ""
+    newline: bool = False
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
+LLAMA_JSON = ToolFormat("llama_json", parsers.LLAMA_JSON_START, ": ", "parameters")
+
+_LLAMA_PARSER = parsers.resolve_tool_parser("llama3_json")
+
+
+def tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The format of the tool parser in effect (`tokenizer.tool_parser`), with the
+    tokenizer's own markers; None for a format without a tool-call grammar (module doc)."""
+    parser = getattr(tokenizer, "tool_parser", None)
+    if parser is None:
+        return None
+    if _LLAMA_PARSER is not None and parser is _LLAMA_PARSER[0]:
+        return LLAMA_JSON
+    if getattr(parser, "__module__", "") == "mlx_lm.tool_parsers.json_tools":
+        start = getattr(tokenizer, "tool_call_start", "") or HERMES.start
+        end = getattr(tokenizer, "tool_call_end", "") or HERMES.end
+        return replace(HERMES, start=start, end=end)
+    return None
+
+
+def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
+    """{name: parameters JSON schema} of OpenAI tool definitions, in order; a tool without
+    a name is skipped (the first of a repeated name counts), a missing or non-object
+    `parameters` is any JSON object."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            function = tool if isinstance(tool, dict) else {}
+        name = function.get("name")
+        if not isinstance(name, str) or not name or name in out:
+            continue
+        schema = function.get("parameters")
+        out[name] = dict(schema) if isinstance(schema, dict) else {"type": "object"}
+    return out
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal of `text` (JSON escapes, as llguidance's StructTag writes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _schema(schema: Mapping[str, Any]) -> str:
+    full = dict(schema)
+    full["x-guidance"] = {**JSON_STYLE, **(full.get("x-guidance") or {})}
+    return json.dumps(full, ensure_ascii=False, separators=(",", ":"))
+
+
+def build_grammar(
+    tools: Mapping[str, Mapping[str, Any]],
+    fmt: ToolFormat,
+    *,
+    opening: str = "lazy",
+    special: Callable[[str], int | None] = lambda text: None,
+) -> str:
+    """The Lark grammar (llguidance dialect) of free text with calls of `tools` ({name:
+    parameters schema}, at least one) in format `fmt` (module doc). `opening`: "lazy" (free
+    text first, the marker a lazy lexeme), "required" (up to 4 whitespace characters, then
+    a call) or "triggered" (a call at once: the text from the marker on, as a
+    `TriggerGate` hands it over). `special(marker)`: the id of the special token that is
+    `marker`, or None (then the marker is text).
+
+    Raises ValueError naming PredictOptions.Tools when there is no tool or the grammar
+    would exceed MAX_GRAMMAR_BYTES."""
+    if not tools:
+        raise ValueError(f"{TOOLS_FIELD} declares no function with a name to call")
+
+    def marker(text: str) -> tuple[str, bool]:
+        token = special(text)
+        return (f"<[{token}]>", True) if token is not None else (_literal(text), False)
+
+    start, start_special = marker(fmt.start)
+    text_start = _literal(fmt.start)
+    # The first call's marker: the token, or its text (a TriggerGate re-tokenizes the text).
+    first = f"({start} | {text_start})" if start_special else start
+    newline = ' "\\n"?' if fmt.newline else ""
+    close = f"{newline} {marker(fmt.end)[0]}" if fmt.end else ""
+    names = " | ".join(f"fn_{i}" for i in range(len(tools)))
+    openers = {
+        "lazy": "",
+        "required": f"{LEAD_WHITESPACE} {first} body ",
+        "triggered": f"{first} body ",
+    }
+    lines = ["%llguidance {}", f"start: {openers[opening]}call* TEXT", "TEXT: /(.|\\n)*/"]
+    # The marker as text ends the free text at its first occurrence (a lazy lexeme); as a
+    # special token it never occurs inside TEXT, and the text form stays a second way in.
+    lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
+    if start_special:
+        lines[-1] += f" | TEXT {start} body"
+    lines.append(f"body:{newline} {_literal(fmt.head)} ({names}){close}")
+    for i, (name, schema) in enumerate(tools.items()):
+        head = _literal(f"{json.dumps(name, ensure_ascii=False)}, {json.dumps(fmt.args_key)}: ")
+        lines.append(f'fn_{i}: {head} %json {_schema(schema)} "}}"')
+    source = "\n".join(lines) + "\n"
+    size = len(source.encode("utf-8"))
+    if size > MAX_GRAMMAR_BYTES:
+        raise ValueError(
+            f"{TOOLS_FIELD}: the tool-call grammar of {len(tools)} tools is {size} bytes, over "
+            f"the {MAX_GRAMMAR_BYTES} byte limit: declare fewer or smaller tools, or send "
+            "Metadata tool_grammar:off"
+        )
+    return source
+
+
+def _special_finder(tokenizer: Any) -> Callable[[str], int | None]:
+    """marker text -> its id when the tokenizer writes it as one special token (as
+    llguidance counts them: such a token never matches text), else None."""
+    llg = grammar.llg_tokenizer(tokenizer)
+
+    def special(text: str) -> int | None:
+        try:
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+        except Exception:  # a tokenizer that cannot encode it: the marker stays text
+            return None
+        if len(ids) == 1 and llg.is_special_token(int(ids[0])):
+            return int(ids[0])
+        return None
+
+    return special
+
+
+_unsupported_logged: set[str] = set()
+
+
+def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationRequest:
+    """`request` with its tool-call grammar as its constraint when one applies, else
+    `request` itself (the prepare step's, `engine.prepare`; any thread).
+
+    Applies when the request has tools, ToolChoice is not "none", no explicit constraint,
+    and `tool_grammar` (Metadata or option) is "on", or "required" (the default) with a
+    ToolChoice that requires a call or names a function; and the tool parser in effect
+    has a format here (`tool_format`). The constraint's field is PredictOptions.Tools; its
+    trigger (`grammar_triggers`, replacing the model's) is the call marker when no call is
+    required (the constraint sleeps until then, `grammar_gate.TriggerGate`), none when one
+    is (it holds from the first token after any reasoning).
+
+    Raises ValueError naming PredictOptions.ToolChoice when it names a function Tools
+    does not declare, or PredictOptions.Tools (`build_grammar`)."""
+    params, spec = request.params, request.prompt
+    choice = spec.tool_choice
+    forced = choice in ("required", "function")
+    mode = params.tool_grammar
+    if mode == "off" or not spec.tools or choice == "none" or params.constraint is not None:
+        return request
+    if not (forced or mode == "on"):
+        return request
+    fmt = tool_format(tokenizer)
+    if fmt is None:
+        parser = getattr(getattr(tokenizer, "tool_parser", None), "__module__", "none")
+        if parser not in _unsupported_logged:
+            _unsupported_logged.add(parser)
+            logger.info("tool calls stay unconstrained: no tool-call grammar for %s", parser)
+        return request
+    tools = declared_tools(spec.tools)
+    if choice == "function":
+        if spec.tool_name not in tools:
+            known = ", ".join(tools) or "none"
+            raise ValueError(
+                f"PredictOptions.ToolChoice names function {spec.tool_name[:80]!r}, which "
+                f"PredictOptions.Tools does not declare (declared: {known[:200]})"
+            )
+        tools = {spec.tool_name: tools[spec.tool_name]}
+    # Not forced: dormant (no mask, logits untouched) until the marker, then the call and
+    # the grammar's own lazy free text: a lazy lexeme from the first token would mask every
+    # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
+    opening = "required" if forced else "triggered"
+    source = build_grammar(tools, fmt, opening=opening, special=_special_finder(tokenizer))
+    constraint = Constraint("lark", source, TOOLS_FIELD)
+    triggers = () if forced else (fmt.start,)
+    return replace(
+        request, params=replace(params, constraint=constraint, grammar_triggers=triggers)
+    )

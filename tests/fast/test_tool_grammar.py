@@ -1,0 +1,363 @@
+"""Tool-call grammars (decoding/tool_grammar.py) on the toy tokenizer: ToolChoice as LocalAI
+sends it, when the grammar applies, and what the grammar lets through, token by token
+(llguidance's matcher on the toy vocabulary; no model). Over gRPC on SmolLM2:
+tests/model/test_tool_grammar.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import llguidance
+import pytest
+from helpers import chat_request, served
+from inprocess import InProcessServer
+from scripted import ScriptedModel
+from toy_tokenizer import EOS_TEXT, ids
+
+import backend_pb2
+import params
+from decoding import grammar, parsers, tool_grammar
+from decoding.tool_calls import merge_tool_call_deltas
+from decoding.tool_grammar import HERMES, LLAMA_JSON
+from engine import prepare
+from engine import prompt as prompt_mod
+from errors import InvalidArgument
+from parsing.tool_choice import ToolChoice, read_tool_choice
+from seam.tokenizer import vocab_size
+
+UNITS = {"type": "string", "enum": ["c", "f"]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": UNITS},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time"}},  # no parameters: any object
+]
+DECLARED = tool_grammar.declared_tools(TOOLS)
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
+
+
+# --- ToolChoice as LocalAI sends it (json.Marshal of the request's tool_choice) -----------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("", ToolChoice("auto")),
+        ('"auto"', ToolChoice("auto")),
+        ("auto", ToolChoice("auto")),
+        ('"none"', ToolChoice("none")),
+        ("none", ToolChoice("none")),
+        ('"required"', ToolChoice("required")),
+        ("REQUIRED", ToolChoice("required")),
+        ('{"type": "function", "function": {"name": "f"}}', ToolChoice("function", "f")),
+        ('{"type": "function", "name": "f"}', ToolChoice("function", "f")),
+        (json.dumps(json.dumps({"type": "function", "function": {"name": "f"}})),
+         ToolChoice("function", "f")),
+        ('{"type": "required"}', ToolChoice("required")),
+        ("{not json", ToolChoice("auto")),
+        ("[1, 2]", ToolChoice("auto")),
+        ("something else", ToolChoice("auto")),
+    ],
+)  # fmt: skip
+def test_tool_choice_shapes(raw, expected):
+    assert read_tool_choice(raw) == expected
+    assert expected.forces_call == (expected.mode in ("required", "function"))
+
+
+def test_quoted_none_offers_no_tools_to_the_template():
+    spec = params.prompt_spec(
+        backend_pb2.PredictOptions(
+            UseTokenizerTemplate=True, Tools=json.dumps(TOOLS), ToolChoice='"none"',
+            Messages=[backend_pb2.Message(role="user", content="hi")],
+        )
+    )  # fmt: skip
+    assert spec.tool_choice == "none" and spec.template_tools is None
+
+
+def test_declared_tools_skip_nameless_and_repeated():
+    tools = [*TOOLS, {"type": "function", "function": {"name": "get_time", "parameters": 1}}]
+    tools.append({"type": "function", "function": {"description": "no name"}})
+    got = tool_grammar.declared_tools(tools)
+    assert list(got) == ["get_weather", "get_time"]
+    assert got["get_time"] == {"type": "object"}
+
+
+# --- what the grammar lets through ---------------------------------------------------------
+
+
+def matcher(tok, source: str) -> llguidance.LLMatcher:
+    m = llguidance.LLMatcher(
+        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
+    )
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def accepts(tok, source: str, text: str, *, ends: bool = True) -> bool:
+    """Whether the grammar takes `text` token by token (and, with `ends`, EOS after it)."""
+    m = matcher(tok, source)
+    ids = tok.encode(text, add_special_tokens=False)
+    if m.validate_tokens(ids) != len(ids):
+        return False
+    m.consume_tokens(ids)
+    return not ends or m.is_accepting()
+
+
+def test_hermes_calls_between_free_text(tok):
+    fmt = tool_grammar.tool_format(tok)
+    assert fmt == HERMES  # the toy template makes mlx-lm infer json_tools
+    source = tool_grammar.build_grammar(DECLARED, fmt, special=tool_grammar._special_finder(tok))
+    two = f'Sure.\n<tool_call>\n{CALL}\n</tool_call>\nand <tool_call>{{"name": "get_time", "arguments": {{}}}}</tool_call> done'  # noqa: E501
+    assert accepts(tok, source, two)
+    assert accepts(tok, source, "Hello world, no call at all")
+    assert accepts(tok, source, "")  # EOS at once: free text may be empty
+    assert not accepts(tok, source, 'Hi <tool_call>\n{"name": "delete_all"', ends=False)
+    bad_args = '<tool_call>{"name": "get_weather", "arguments": {"city": 3'
+    assert not accepts(tok, source, bad_args, ends=False)
+    unit = '<tool_call>{"name": "get_weather", "arguments": {"city": "a", "unit": "k"'
+    assert not accepts(tok, source, unit, ends=False)
+    # An open call cannot end the output; its closing marker must follow the arguments.
+    assert not accepts(tok, source, f"<tool_call>{CALL}")
+    assert not accepts(tok, source, f"<tool_call>{CALL} text", ends=False)
+
+
+def special(tok):
+    return tool_grammar._special_finder(tok)
+
+
+def test_required_opens_with_a_call(tok):
+    source = tool_grammar.build_grammar(DECLARED, HERMES, opening="required", special=special(tok))
+    assert not accepts(tok, source, "Hello", ends=False)
+    assert not accepts(tok, source, "")  # no EOS before the call
+    assert accepts(tok, source, f"\n<tool_call>\n{CALL}\n</tool_call>")
+    assert accepts(tok, source, f"<tool_call>{CALL}</tool_call> and then text")
+
+
+def test_triggered_grammar_starts_at_the_marker_as_text_or_token(tok):
+    source = tool_grammar.build_grammar(DECLARED, HERMES, opening="triggered", special=special(tok))
+    marker = tok.convert_tokens_to_ids("<tool_call>")
+    text_marker = list(b"<tool_call>")  # how a TriggerGate's tokenize_bytes gives it back
+    body = tok.encode(f"{CALL}</tool_call> then text", add_special_tokens=False)
+    for opening in ([marker], text_marker):
+        m = matcher(tok, source)
+        assert m.consume_tokens([*opening, *body]) and m.is_accepting()
+    assert not accepts(tok, source, "Hello", ends=False)
+
+
+def test_named_function_only(tok):
+    source = tool_grammar.build_grammar(
+        {"get_time": {"type": "object"}}, HERMES, opening="required", special=special(tok)
+    )
+    assert accepts(tok, source, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    assert not accepts(tok, source, f"<tool_call>{CALL}", ends=False)
+
+
+def test_llama_json_calls(tok):
+    source = tool_grammar.build_grammar(DECLARED, LLAMA_JSON)
+    first = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "f"}}'
+    assert accepts(tok, source, f'Text first {first}; {{"name": "get_time", "parameters": {{}}}}')
+    assert not accepts(tok, source, '{"name": "get_wrong"', ends=False)
+    assert not accepts(tok, source, '{"name": "get_weather", "arguments"', ends=False)
+    required = tool_grammar.build_grammar(DECLARED, LLAMA_JSON, opening="required")
+    assert accepts(tok, required, first) and not accepts(tok, required, "Hi", ends=False)
+
+
+def test_special_token_marker_is_matched_as_the_token(tok):
+    special = tok.convert_tokens_to_ids("<|im_start|>")
+    fmt = tool_grammar.ToolFormat("test", "<|im_start|>", '{"name": ', "arguments", "")
+    finder = tool_grammar._special_finder(tok)
+    # Added tokens are special to llguidance, marked special or not (Qwen's <tool_call>).
+    assert finder("<|im_start|>") == special
+    assert finder("<tool_call>") == tok.convert_tokens_to_ids("<tool_call>")
+    assert finder("{not json") is None  # text of several tokens
+    source = tool_grammar.build_grammar(DECLARED, fmt, special=finder)
+    assert f"<[{special}]>" in source
+    m = matcher(tok, source)
+    body = tok.encode('{"name": "get_time", "arguments": {}} after', add_special_tokens=False)
+    assert m.consume_tokens([*tok.encode("Hi ", add_special_tokens=False), special, *body])
+
+
+def test_too_many_tools_is_a_clear_error():
+    tools = {f"tool_{i}": {"type": "object", "description": "x" * 400} for i in range(200)}
+    with pytest.raises(ValueError, match=r"PredictOptions\.Tools: .* tool_grammar:off"):
+        tool_grammar.build_grammar(tools, HERMES)
+
+
+# --- when it applies (the prepare step) -----------------------------------------------------
+
+
+def prepared(tok, options=(), **fields):
+    meta = fields.pop("Metadata", {})
+    req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS), **fields)
+    req.Metadata.update(meta)
+    return prepare.prepare(req, prepare.Intake(served(tok, 4096, tuple(options)))).request
+
+
+@pytest.mark.parametrize(
+    ("options", "fields", "applies"),
+    [
+        ((), {}, False),  # the default: only when a call is required
+        ((), {"ToolChoice": '"auto"'}, False),
+        ((), {"ToolChoice": '"required"'}, True),
+        ((), {"ToolChoice": '{"type": "function", "function": {"name": "get_time"}}'}, True),
+        (("tool_grammar:on",), {}, True),
+        (("tool_grammar:on",), {"ToolChoice": '"none"'}, False),
+        (("tool_grammar:off",), {"ToolChoice": '"required"'}, False),
+        ((), {"Metadata": {"tool_grammar": "on"}}, True),
+        (("tool_grammar:on",), {"Metadata": {"tool_grammar": "off"}}, False),
+        # An explicit constraint wins (LocalAI's own function grammar, a JSON schema).
+        ((), {"ToolChoice": '"required"', "Grammar": 'root ::= "x"'}, False),
+        ((), {"ToolChoice": '"required"', "Metadata": {"json_schema": '{"type": "object"}'}},
+         False),
+    ],
+)  # fmt: skip
+def test_when_the_tool_grammar_applies(tok, options, fields, applies):
+    request = prepared(tok, options, **fields)
+    got = request.params.constraint
+    assert (got is not None and got.kind == "lark") == applies
+    if applies:
+        assert got.field == "PredictOptions.Tools"
+        # Not required: dormant until the call marker (a trigger), then the call.
+        lazy = "ToolChoice" not in fields
+        assert request.params.grammar_triggers == (("<tool_call>",) if lazy else ())
+
+
+def test_named_function_limits_the_names(tok):
+    choice = '{"type": "function", "function": {"name": "get_time"}}'
+    source = prepared(tok, ToolChoice=choice).params.constraint.source
+    assert "get_time" in source and "get_weather" not in source
+    assert source.splitlines()[1].startswith("start: /")  # required: opens with a call
+
+
+def test_named_function_not_declared_is_invalid(tok):
+    choice = '{"type": "function", "function": {"name": "rm_rf"}}'
+    with pytest.raises(InvalidArgument, match=r"ToolChoice names function 'rm_rf'.*get_weather"):
+        prepared(tok, ToolChoice=choice)
+
+
+def test_bad_metadata_value_names_the_field(tok):
+    with pytest.raises(InvalidArgument, match=r"Metadata\.tool_grammar must be one of"):
+        prepared(tok, Metadata={"tool_grammar": "maybe"})
+
+
+def test_formats_without_a_grammar_stay_unconstrained(tok):
+    coder = parsers.apply_parser_overrides(tok, "qwen3_coder")
+    assert tool_grammar.tool_format(coder) is None
+    assert tool_grammar.tool_format(parsers.apply_parser_overrides(tok, "llama3_json")) == (
+        LLAMA_JSON
+    )
+    loaded = served(coder, 4096)
+    req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS), ToolChoice="required")
+    assert prepare.prepare(req, prepare.Intake(loaded)).request.params.constraint is None
+
+
+def test_the_grammar_compiles_and_its_processor_masks(tok):
+    request = prepared(tok, ToolChoice='"required"')
+    processor = grammar.make_constraint_processor(request.params.constraint, tok, "normal")
+    m = processor.matcher
+    ids = tok.encode(f"<tool_call>{CALL}</tool_call>", add_special_tokens=False)
+    assert m.consume_tokens(ids) and m.is_accepting()
+    eos = tok.convert_tokens_to_ids(EOS_TEXT)
+    assert m.consume_token(eos) and m.is_stopped()
+
+
+# --- over gRPC: a scripted model certain of an undeclared name -----------------------------
+
+
+@pytest.fixture(scope="module")
+def scripted(tok):
+    """{format: (server, model)}: the scripted model behind the real engine and servicer,
+    with the toy tokenizer (its template leaves a think block open) and each parser."""
+    servers = {}
+    for fmt in ("hermes", "llama3_json"):
+        model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+        servers[fmt] = (InProcessServer(model, tok, [f"tool_parser:{fmt}"]), model)
+    yield servers
+    for srv, _ in servers.values():
+        srv.stop()
+
+
+def run_script(server, tok, req, *parts: str):
+    """Predict's one delta for `req` with the model scripted to `parts`, after checking
+    that the stream's content, reasoning and merged calls equal it."""
+    srv, model = server
+    model.set_script(
+        len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids), ids(tok, *parts)
+    )
+    deltas = [d for r in srv.stub.PredictStream(req) for d in r.chat_deltas]
+    (whole,) = srv.stub.Predict(req).chat_deltas
+    assert whole.content == "".join(d.content for d in deltas)
+    assert whole.reasoning_content == "".join(d.reasoning_content for d in deltas)
+    merged = merge_tool_call_deltas(c for d in deltas for c in d.tool_calls)
+    assert [(c.name, c.arguments) for c in merged] == [
+        (c.name, c.arguments) for c in whole.tool_calls
+    ]
+    return whole
+
+
+def checked_calls(whole) -> list[str]:
+    """The calls' names, each call's arguments validated under its tool's schema."""
+    for call in whole.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), BOUNDED[call.name])
+    return [c.name for c in whole.tool_calls]
+
+
+# Bounded (strings with maxLength, no other keys): a scripted model's flat logits would
+# otherwise write a string until max_tokens once its script no longer fits.
+BOUNDED = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": UNITS},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "get_time": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "maxLength": 4}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+}
+BOUNDED_TOOLS = json.dumps(
+    [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in BOUNDED.items()]
+)
+FORECAST = {
+    "hermes": ["<tool_call>", 'b:\n{"name": "get_forecast", "arguments": {"city": "Rome"}}\n',
+               "</tool_call>"],
+    "llama3_json": ['b:{"name": "get_forecast", "parameters": {"city": "Rome"}}'],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_lazy_call_after_reasoning_and_free_text(scripted, tok, fmt):
+    req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, Metadata={"tool_grammar": "on"})
+    parts = ["plan", "</think>", "Sure", "b: I will check.\n", *FORECAST[fmt]]
+    whole = run_script(scripted[fmt], tok, req, *parts)
+    assert whole.reasoning_content == "plan"  # the reasoning is free (the gate)
+    assert whole.content.startswith("Sure I will check.\n")  # so is the text before the call
+    assert checked_calls(whole) and checked_calls(whole)[0] in BOUNDED  # not get_forecast
+    # Without the grammar the scripted name comes through.
+    req.Metadata["tool_grammar"] = "off"
+    assert [c.name for c in run_script(scripted[fmt], tok, req, *parts).tool_calls] == [
+        "get_forecast"
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_required_call_when_the_model_would_only_talk(scripted, tok, fmt):
+    req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, ToolChoice='"required"')
+    whole = run_script(scripted[fmt], tok, req, "plan", "</think>", "Hello", " world", "!")
+    assert whole.reasoning_content == "plan"
+    assert checked_calls(whole)[0] in BOUNDED
+    assert not whole.content.startswith("Hello")  # the call came first
