@@ -1,8 +1,9 @@
 """Hostile files and inputs (issue 32, item 7), over real gRPC to the real engine in this
 process (``inprocess.InProcessServer``) with a tiny random-weight model, each with an
 innocent stream running beside it that must end OK with its solo text: a FIFO named like
-a prompt-cache disk entry, a grammar failing in the middle of a generation, and a model
-directory whose config.json disagrees with its weights.
+a prompt-cache disk entry, a disk-tier read that stalls (a hung file system), a grammar
+failing in the middle of a generation, and a model directory whose config.json disagrees
+with its weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import grpc
 import pytest
@@ -20,6 +22,7 @@ from helpers import greedy, stream_text
 from inprocess import InProcessServer
 
 import backend_pb2
+from caches import prompt_disk
 
 CALL_TIMEOUT = 30.0  # seconds; a frozen engine thread fails the test with DEADLINE_EXCEEDED
 INNOCENT = greedy("Once upon a time, in a small village,", 48, IgnoreEOS=True)
@@ -106,6 +109,51 @@ def test_a_fifo_named_like_a_disk_entry_is_a_miss_and_freezes_nothing(server, mo
     assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
     # Served as a miss: the directory holds the FIFO, untouched, and the new entries.
     assert fifo.exists()
+
+
+def test_a_stalled_disk_read_is_a_miss_within_its_bound(server, models, monkeypatch):
+    # A disk-tier entry whose read hangs (a stuck network mount; stood in for by the
+    # reader's read_file waiting on an event): the engine waits at most read_wait, serves
+    # the request as a miss, and the innocent stream streams on.
+    stub = server.stub
+    solo = stream_text(stub, INNOCENT, CALL_TIMEOUT)[0]
+    cache = models / "stalled"
+    prompt = "The old ferry crossed the river twice a day"
+    alone = stub.Predict(greedy(prompt, 8), timeout=CALL_TIMEOUT)
+    hostile = greedy(prompt, 8, PromptCachePath=str(cache))
+    assert stub.Predict(hostile, timeout=CALL_TIMEOUT).message == alone.message
+    for _ in range(200):  # the writer thread saves the entry
+        if list(cache.glob("*.safetensors")):
+            break
+        time.sleep(0.05)
+    assert list(cache.glob("*.safetensors")), "no entry was written"
+    # Reloading with another memory-tier bound empties the memory tier, so the next
+    # request must go to the disk for its prefix.
+    res = stub.LoadModel(
+        backend_pb2.ModelOptions(
+            Model=str(models / "llama"), ModelPath=str(models), Options=["max_cache_entries:31"]
+        ),
+        timeout=120,
+    )
+    assert res.success, res.message
+    stall = threading.Event()
+    real = prompt_disk.fmt.read_file
+    monkeypatch.setattr(prompt_disk.fmt, "read_file", lambda p: stall.wait(60) and real(p))
+    monkeypatch.setattr(prompt_disk, "_READ_WAIT_S", 0.5)
+    try:
+        with Beside(stub) as innocent:
+            start = time.monotonic()
+            reply = stub.Predict(hostile, timeout=CALL_TIMEOUT)
+            took = time.monotonic() - start
+            again = stub.Predict(hostile, timeout=CALL_TIMEOUT)  # the read still hangs
+    finally:
+        stall.set()
+    assert innocent.error == "" and innocent.text == solo
+    assert reply.message == again.message == alone.message and reply.tokens == 8
+    assert took < 0.5 + 5.0, took  # the bound, plus this host's slowest 8 tokens
+    info = json.loads(stub.GetMetrics(backend_pb2.MetricsRequest()).prompt_json_for_slot)
+    disk = info["prompt_cache"]["disk"][str(cache)]
+    assert (disk["late"], disk["hits"]) == (2, 0), disk
 
 
 # -- a grammar that fails in the middle of a generation ----------------------------------
