@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import backend_pb2
+import params
 from loading import model_loader
 from loading.model_loader import ModelLoadError, ResolvedModel, load_model, resolve_model
 
@@ -170,6 +172,12 @@ def test_a_config_disagreeing_with_the_weights_is_refused(tmp_path, config, mess
     assert len(str(info.value)) < 500
     with pytest.raises(ModelLoadError, match=message):  # LoadModel's path, before mlx-lm
         load_model(str(directory))
+    # LoadModel checks it first on a worker thread (loaded_model.validate), so the engine
+    # thread and its running streams are never asked to load it.
+    from loading import loaded_model
+
+    with pytest.raises(ModelLoadError, match=message):
+        loaded_model.validate(params.load_params(backend_pb2.ModelOptions(Model=str(directory))))
 
 
 @pytest.mark.parametrize(
