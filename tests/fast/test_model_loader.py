@@ -222,3 +222,18 @@ def test_load_error_messages_are_capped() -> None:
     assert message.startswith("Missing 359982 parameters: model.layers.0.w")
     assert message.endswith(" END") and f"[{len(text) + 4} characters, cut]" in message
     assert str(ModelLoadError("short")) == "short"
+
+
+def test_the_tokenizer_read_by_validate_is_the_one_the_load_uses(tmp_path) -> None:
+    # LoadModel's validate (a worker thread) reads the tokenizer; load_model on the engine
+    # thread takes it instead of reading it again (mlx_lm.utils.load's tokenizer part).
+    import tiny_models
+
+    from loading import loaded_model
+
+    directory = tiny_models.build("llama", tmp_path)
+    loaded_model.validate(params.load_params(backend_pb2.ModelOptions(Model=str(directory))))
+    (prefetched,) = model_loader._prefetched.values()
+    _, tokenizer = load_model(str(directory))
+    assert tokenizer is prefetched and not model_loader._prefetched
+    assert tokenizer.encode("hello") == load_model(str(directory))[1].encode("hello")
