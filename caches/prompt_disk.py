@@ -13,13 +13,20 @@ Three parts, one job each, behind the :class:`DiskCache` façade:
   eviction, deleting files) and the counters, behind one lock;
 - ``_Writer``: the write queue and its thread (temporary file, fsync, rename, directory
   fsync; a full disk or unwritable directory stops writing);
+- ``_Reader``: the thread that reads entry files (and refreshes their mtimes), whose
+  reads the engine waits for at most a bound (:func:`read_wait`);
 - ``prompt_disk_format``: file names, the file format and its checks, as functions.
 
 Threads: :meth:`DiskCache.put` and :meth:`DiskCache.lookup` run on the caller's thread
-(the engine thread, which owns MLX): ``put`` materialises the KV and serialises it into
-an in-memory buffer there (the only MLX work), then queues it; the writer thread
-hashes the buffer and writes it, with no MLX call. ``lookup`` reads, checks and loads a
-file on the caller's thread.
+(the engine thread, which owns MLX) and never touch the file system there: ``put``
+materialises the KV and serialises it into an in-memory buffer (the only MLX work), then
+queues it without waiting (a full queue drops the entry, counted); the writer thread
+hashes the buffer and writes it, with no MLX call. ``lookup`` picks the entry from the
+in-memory index, has the reader thread read and checksum its file, waits at most
+:func:`read_wait` seconds, then builds the MLX arrays from the bytes on the caller's
+thread. A read that comes later is a miss (counted in ``late``; its bytes are dropped
+when they arrive), and while it still runs further lookups miss at once instead of
+waiting again: a slow or stuck file system costs the engine one bounded wait.
 
 File names are ``<key>-<sha256>.safetensors``: ``key`` is a hash of the fingerprint and
 the token ids, ``sha256`` the checksum of the whole file, checked on every load (a torn,
@@ -38,7 +45,8 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,10 +69,32 @@ __all__ = [
 
 logger = logging.getLogger("localai.mlx.prompt_disk")
 
+_LATE = object()  # DiskCache._load: the read outlasted its bound
+
 _STALE_TMP_S = 3600.0  # a temporary file this old is a dead writer's, whoever wrote it
 # Errors after which writing stops for good (the directory will not take files).
 _FATAL_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-_COUNTERS = ("hits", "misses", "evictions", "loads", "writes", "dropped", "write_errors", "corrupt")
+_COUNTERS = (
+    "hits",
+    "misses",
+    "late",
+    "evictions",
+    "loads",
+    "writes",
+    "dropped",
+    "write_errors",
+    "corrupt",
+)
+# The engine thread (every stream) waits for a disk read at most _READ_WAIT_S plus the
+# file at _READ_BYTES_PER_S: a healthy SSD or page cache reads several times faster, and
+# past that recomputing the prefill beats a frozen batch.
+_READ_WAIT_S = 0.5
+_READ_BYTES_PER_S = 256 << 20
+
+
+def read_wait(nbytes: int) -> float:
+    """Seconds a lookup waits for the read of an entry file of ``nbytes`` bytes."""
+    return _READ_WAIT_S + nbytes / _READ_BYTES_PER_S
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -101,6 +131,8 @@ class DiskCacheStats:
     ``entries`` / ``nbytes`` (bytes on disk) count every file of the cache in the
     directory, including other fingerprints' (they share the budget); ``usable`` counts
     this fingerprint's. ``hits`` / ``misses`` count :meth:`DiskCache.lookup` calls;
+    ``late`` the misses whose file read outlasted :func:`read_wait` (or found the reader
+    still busy with such a read);
     ``evictions`` files deleted for the budget; ``load_ms`` the total milliseconds
     spent loading hits (``loads`` of them; mean = load_ms / loads); ``writes`` files
     written, ``write_ms`` the writer thread's total milliseconds; ``dropped`` puts
@@ -116,6 +148,7 @@ class DiskCacheStats:
     max_bytes: int
     hits: int
     misses: int
+    late: int
     evictions: int
     loads: int
     load_ms: float
@@ -308,15 +341,20 @@ class _Index:
                 else:
                     self._counts[name] += int(delta)
 
-    def touch(self, entry: _Entry) -> None:
-        """Mark ``entry`` most recently used: in memory, and (unless read-only) in its
-        file's mtime, so the order survives a restart."""
+    def touch(self, entry: _Entry) -> int:
+        """Mark ``entry`` most recently used in memory; returns the time (ns) for
+        :meth:`touch_file`."""
         now = time.time_ns()
+        with self._lock:
+            entry.last_use = now
+        return now
+
+    def touch_file(self, entry: _Entry, now: int) -> None:
+        """Set ``entry``'s file mtime to ``now`` (ns; unless read-only), so the LRU
+        order survives a restart. File I/O: call off the engine thread."""
         if not self.read_only:
             with contextlib.suppress(OSError):  # else the order is kept in memory only
                 os.utime(self.directory / entry.name, ns=(now, now), follow_symlinks=False)
-        with self._lock:
-            entry.last_use = now
 
     def add(self, key: str, entry: _Entry, budget: int) -> None:
         """Record a newly written file of this fingerprint (counted in ``writes``), then
@@ -557,6 +595,41 @@ class _Writer:
         return now
 
 
+# --------------------------------------------------------------------------- the reader
+class _Reader:
+    """One daemon thread that runs file reads for a cache, so the engine thread can wait
+    for one at most a bound (``Future.result(timeout)``) and go on without it.
+
+    ``submit`` queues ``fn(*args)`` and returns its Future. No MLX call is made here.
+    A daemon thread: a read stuck in the kernel cannot keep the process from exiting.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future, Callable, tuple] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="prompt-disk-reader", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        """Run ``fn(*args)`` on the thread; its Future holds the result or exception."""
+        fut: Future = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def close(self, timeout: float) -> None:
+        """Finish queued jobs (waiting at most ``timeout`` seconds), then stop."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args = job
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # handed to the waiter (or dropped if late)
+                    fut.set_exception(exc)
+
+
 # --------------------------------------------------------------------------- the cache
 class DiskCache:
     """A directory of prompt KV caches for one model fingerprint, LRU within ``max_bytes``.
@@ -630,6 +703,8 @@ class DiskCache:
             "" if self._writer.writable else ", read-only",
         )
         self._writer.start()
+        self._reader = _Reader()
+        self._late: Future | None = None  # a read that outlasted its wait, while it runs
 
     @property
     def _queue(self) -> queue.Queue:
@@ -646,7 +721,10 @@ class DiskCache:
         capped at ``len(tokens) - 1`` so a token is left to feed; ties prefer an
         untrimmed entry, then the most recently used. A candidate whose file fails its
         checksum or does not load is deleted with one warning and the next is tried.
-        A hit marks the entry most recently used (file mtime, unless read-only).
+        The file is read on the reader thread and waited for at most
+        :func:`read_wait` seconds; a later read is a miss (``late``), and while it
+        runs every lookup misses at once. A hit marks the entry most recently used
+        (file mtime, set on the reader thread, unless read-only).
 
         Args:
             tokens: the whole prompt's token ids.
@@ -660,10 +738,13 @@ class DiskCache:
         for cached, entry in self._index.candidates(toks, max(1, int(min_tokens))):
             start = time.perf_counter()
             kv = self._load(entry)
+            if kv is _LATE:
+                break
             if kv is None:
                 continue
             ms = (time.perf_counter() - start) * 1000
-            self._index.touch(entry)
+            now = self._index.touch(entry)
+            self._touch_file(entry, now)
             self._index.count(hits=1, loads=1, load_ms=ms)
             logger.debug(
                 "prompt disk cache: hit %d/%d tokens from %s in %.1f ms",
@@ -676,8 +757,52 @@ class DiskCache:
         self._index.count(misses=1)
         return None
 
-    def _load(self, entry: _Entry) -> list | None:
-        """``entry``'s KV, or None when its file is gone, unreadable or corrupt."""
+    def _load(self, entry: _Entry) -> Any:
+        """``entry``'s KV (MLX arrays built here, on the caller's thread), None when its
+        file is gone, unreadable or corrupt, or ``_LATE`` when the reader did not
+        deliver its bytes within :func:`read_wait` (or is still busy with a late read)."""
+        if self._stuck():
+            self._index.count(late=1)
+            return _LATE
+        wait = read_wait(entry.nbytes)
+        future = self._reader.submit(self._read, entry)
+        try:
+            data = future.result(timeout=wait)
+        except TimeoutError:
+            self._late = future  # its result is never read
+            self._index.count(late=1)
+            logger.warning(
+                "prompt disk cache: reading %s took over %.1f s; served as a miss "
+                "(is the file system slow or stuck?)",
+                self.directory / entry.name,
+                wait,
+            )
+            return _LATE
+        if data is None:
+            return None
+        try:
+            return fmt.parse_entry(
+                data, entry.name, self.fingerprint, entry.tokens, FORMAT_VERSION, checked=True
+            )
+        except fmt.CorruptFile as exc:
+            self._index.drop_corrupt(self.directory / entry.name, str(exc))
+            return None
+
+    def _stuck(self) -> bool:
+        """Whether a read that outlasted its wait is still running."""
+        if self._late is not None and self._late.done():
+            self._late = None
+        return self._late is not None
+
+    def _touch_file(self, entry: _Entry, now: int) -> None:
+        """Queue ``entry``'s mtime update for the reader thread (not while it is stuck)."""
+        if not self.read_only and not self._stuck():
+            self._reader.submit(self._index.touch_file, entry, now)
+
+    def _read(self, entry: _Entry) -> bytes | None:
+        """On the reader thread: ``entry``'s file bytes with their checksum checked, or
+        None when the file is gone, not a regular file, unreadable or corrupt (handled
+        here: forgotten, logged or deleted)."""
         path = self.directory / entry.name
         try:
             data = fmt.read_file(path)
@@ -692,10 +817,11 @@ class DiskCache:
             logger.warning("prompt disk cache: cannot read %s: %s", path, exc)
             return None
         try:
-            return fmt.parse_entry(data, entry.name, self.fingerprint, entry.tokens, FORMAT_VERSION)
+            fmt.check_checksum(data, entry.name)
         except fmt.CorruptFile as exc:
             self._index.drop_corrupt(path, str(exc))
             return None
+        return data
 
     # ----------------------------------------------------------------- put
     def put(self, tokens: Sequence[int], kv: list) -> bool:
@@ -730,7 +856,8 @@ class DiskCache:
         key = fmt.entry_key(self.fingerprint, toks)
         existing = self._index.get(key)
         if existing is not None:
-            self._index.touch(existing)
+            now = self._index.touch(existing)
+            self._touch_file(existing, now)
             return False
         kv = [fmt.compact(c) for c in kv]
         size = sum(int(layer.nbytes) for layer in kv)
@@ -751,8 +878,12 @@ class DiskCache:
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Write what is queued (waiting at most ``timeout`` seconds), then stop the
-        writer thread. Later puts are ignored. Idempotent."""
+        writer thread, and the reader's (its queued mtime updates; a read stuck in the
+        kernel is left to its daemon thread). Later puts are ignored. Idempotent."""
+        start = time.monotonic()
         self._writer.close(timeout)
+        left = 1.0 if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        self._reader.close(min(left, 1.0))
 
     def stats(self) -> DiskCacheStats:
         """A consistent snapshot of the counters and sizes (see :class:`DiskCacheStats`)."""

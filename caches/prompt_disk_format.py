@@ -34,6 +34,7 @@ __all__ = [
     "CorruptFile",
     "Header",
     "NotRegularFile",
+    "check_checksum",
     "compact",
     "entry_key",
     "file_name",
@@ -385,20 +386,35 @@ def read_file(path: Path) -> bytes:
         return f.read()
 
 
+def check_checksum(data: bytes, name: str) -> None:
+    """Raise :class:`CorruptFile` unless ``data`` hashes to the checksum in entry file
+    name ``name``. No MLX: callable on any thread."""
+    if hashlib.sha256(data).hexdigest() != name_checksum(name):
+        raise CorruptFile("checksum mismatch (torn, truncated or altered)")
+
+
 def parse_entry(
-    data: bytes, name: str, fingerprint: str, tokens: tuple[int, ...], version: int
+    data: bytes,
+    name: str,
+    fingerprint: str,
+    tokens: tuple[int, ...],
+    version: int,
+    *,
+    checked: bool = False,
 ) -> list:
     """The per-layer KV cache objects in ``data``, the bytes of entry file ``name``,
-    after checking them against the checksum in ``name`` and the expected
-    ``fingerprint``, ``tokens`` and format ``version``.
+    after checking them against the checksum in ``name`` (skipped when ``checked``:
+    :func:`check_checksum` already ran, e.g. on the reader thread) and the expected
+    ``fingerprint``, ``tokens`` and format ``version``. Creates MLX arrays: call on the
+    thread that owns MLX.
 
     Raises:
         CorruptFile: saying why the bytes are unusable.
     """
     from mlx_lm.models.cache import load_prompt_cache
 
-    if hashlib.sha256(data).hexdigest() != name_checksum(name):
-        raise CorruptFile("checksum mismatch (torn, truncated or altered)")
+    if not checked:
+        check_checksum(data, name)
     try:
         buf = io.BytesIO(data)
         buf.name = name  # mx.load picks the format from the name

@@ -8,7 +8,11 @@ unload), the load's fingerprint (``load_fingerprint``) and the figures Status an
 GetMetrics report. Never imports grpc.
 
 Threads: every method that takes KV (``fetch``, ``insert``) runs on the engine thread,
-which owns MLX; the disk tier's files are written by its own writer thread.
+which owns MLX; the disk tier's files are written by its own writer thread and read by its
+reader thread (``prompt_disk``). A directory is opened (created, its entries' headers
+scanned) on a thread of its own: the engine waits for that at most ``_OPEN_WAIT_S``, and
+until it is done the directory is not used (requests are served from memory), so a slow or
+stuck file system never freezes the running streams.
 
 Which directory: ``GenerationParams.prompt_cache_dir``, already resolved by
 ``params.generation_params`` (load option ``prompt_cache_dir`` wins over the request's
@@ -22,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -36,6 +42,9 @@ logger = logging.getLogger("localai.mlx." + __name__)
 
 MAX_DISK_DIRS = 4  # directories open at once; each has a writer thread and an index
 _CLOSE_TIMEOUT = 4.0  # seconds to finish queued writes at unload (Engine.stop joins for 5)
+# The engine waits this long for a directory to open (its headers scanned): a healthy
+# directory of a few hundred entries opens in milliseconds; a slower one is used once open.
+_OPEN_WAIT_S = 0.5
 
 
 TieredLookup = CacheLookup  # its ``disk_hit`` says whether the disk tier served it
@@ -168,6 +177,7 @@ class TieredPromptCache:
         self.fingerprint = fingerprint
         self.disk_bytes = disk_bytes
         self._disks: dict[str, DiskCache] = {}
+        self._opening: dict[str, Future] = {}  # directories whose DiskCache is being built
         self._refused: set[str] = set()
         self._closed = False
         if default_dir:
@@ -175,15 +185,19 @@ class TieredPromptCache:
 
     # ------------------------------------------------------------------ disk tiers
     def disk(self, directory: str) -> DiskCache | None:
-        """The ``DiskCache`` of ``directory``, opened (and created) on first use; None
-        when the disk tier is off or closed, the directory is "" or ``MAX_DISK_DIRS``
-        are open. Call on the engine thread."""
+        """The ``DiskCache`` of ``directory``, opened (and created) on first use on a
+        thread of its own, waited for at most ``_OPEN_WAIT_S``; None while it is still
+        opening, when the disk tier is off or closed, the directory is "" or
+        ``MAX_DISK_DIRS`` are open. Call on the engine thread."""
         if not directory or self.fingerprint is None or self._closed:
             return None
         key = os.path.abspath(directory)
         cache = self._disks.get(key)
-        if cache is None:
-            if len(self._disks) >= MAX_DISK_DIRS:
+        if cache is not None:
+            return cache
+        opening = self._opening.get(key)
+        if opening is None:
+            if len(self._disks) + len(self._opening) >= MAX_DISK_DIRS:
                 if key not in self._refused:
                     self._refused.add(key)
                     logger.warning(
@@ -192,9 +206,34 @@ class TieredPromptCache:
                         key,
                     )
                 return None
-            cache = DiskCache(key, self.disk_bytes, self.fingerprint)
-            self._disks[key] = cache
+            opening = self._opening[key] = self._open(key)
+        try:
+            cache = opening.result(timeout=_OPEN_WAIT_S)
+        except TimeoutError:
+            return None  # still scanning: this request is served from memory
+        except Exception as exc:  # DiskCache logs I/O failures itself; this is unexpected
+            logger.warning("prompt disk cache: cannot open %s: %r", key, exc)
+            cache = None
+        del self._opening[key]
+        if cache is None:
+            self._refused.add(key)
+            return None
+        self._disks[key] = cache
         return cache
+
+    def _open(self, key: str) -> Future:
+        """Build ``key``'s ``DiskCache`` (no MLX: mkdir, header scan) on a daemon thread."""
+        future: Future = Future()
+        fingerprint = self.fingerprint or ""
+
+        def run() -> None:
+            try:
+                future.set_result(DiskCache(key, self.disk_bytes, fingerprint))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="prompt-disk-open", daemon=True).start()
+        return future
 
     def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
         """``PromptCache.fetch``, then, unless memory already serves all but the last
@@ -256,8 +295,11 @@ class TieredPromptCache:
         disk tier's writer; the disk tier stays off afterwards. Idempotent."""
         self._closed = True
         disks, self._disks = self._disks, {}
+        opening, self._opening = self._opening, {}
         for cache in disks.values():
             cache.close(_CLOSE_TIMEOUT)
+        for future in opening.values():  # close them once open (their threads are ours)
+            future.add_done_callback(_close_opened)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued disk write is done (seconds); False on timeout."""
@@ -293,6 +335,12 @@ class TieredPromptCache:
     def __len__(self) -> int:
         """Entries in the memory tier."""
         return len(self.memory)
+
+
+def _close_opened(future: Future) -> None:
+    """Close the ``DiskCache`` a future opened after its tiers were closed."""
+    if future.exception() is None:
+        future.result().close(_CLOSE_TIMEOUT)
 
 
 # ---------------------------------------------------------------------- engine seams

@@ -1,9 +1,11 @@
 """The engine thread's model slot: the loaded model, its scheduler, and what runs on them.
 
-`ModelHost` loads (keeping the current model serving while the new one loads when both
-fit), installs, serves and unloads models, and runs the operations on the loaded model
-(tokenize, metadata, Score, Rerank, Embedding: `model_calls.py`). Engine thread only; other
-threads may read `loaded` and `scheduler` (plain references).
+`ModelHost` loads (the current model, when both fit, serves on while the new one is
+built; the build runs here, on the engine thread, so running streams pause for it: the
+file checks, download and tokenizer happen before, on a worker thread, in
+`loaded_model.validate`), installs, serves and unloads models, and runs the operations
+on the loaded model (tokenize, metadata, Score, Rerank, Embedding: `model_calls.py`).
+Engine thread only; other threads may read `loaded` and `scheduler` (plain references).
 """
 
 from __future__ import annotations

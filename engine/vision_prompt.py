@@ -15,9 +15,11 @@ one with images becomes a `VisionPrompt`:
   rule; LocalAI sends message text without markers). A trailing assistant message is
   continued, as for text. The family's own image tokens typed as text are refused: only
   markers place images.
-- Decoding (`parsing.images.decode`: bounded pixels) and the processor (mlx-vlm's, numpy
-  output), whose token ids are the prompt (image tokens expanded); ``prompt_tokens``
-  counts them.
+- Decoding (`parsing.images.decode`: bounded pixels, at the processor's size, the
+  request's total checked from the headers first by `parsing.images.check_request`) and
+  the processor (mlx-vlm's, numpy output), whose token ids are the prompt (image tokens
+  expanded); ``prompt_tokens`` counts them. The decoded pictures are closed once the
+  processor has made its arrays.
 - Cache identity (``key_ids``, what the prompt cache is keyed by): the token ids, with each
   image's tokens replaced by ids derived from the image's SHA-256, its token count and the
   processor's signature (never below 2**100, so never a vocabulary id), so the same image
@@ -129,10 +131,12 @@ def prepare(
         return prompt_mod.prepare_prompt(spec, loaded.tokenizer, check_text, checkpoints)
     fit.check_images(loaded, len(spec.images))
     parts = loaded.vision
-    pictures = [images_mod.decode(image, parts.limits.max_pixels) for image in spec.images]
-    text = render(spec, parts, len(pictures))
+    limit, target = parts.limits.max_pixels, parts.decode_target
+    images_mod.check_request(spec.images, limit, target)  # headers only: nothing decoded yet
+    text = render(spec, parts, len(spec.images))
     if check_text is not None:
         check_text(text)
+    pictures = [images_mod.decode(image, limit, target) for image in spec.images]
     try:
         data = parts.process(text, pictures)
     except ValueError as exc:
@@ -144,6 +148,10 @@ def prepare(
             f"PredictOptions.Images: the model's processor failed on them: "
             f"{type(exc).__name__}: {str(exc)[:300]}"
         ) from None
+    finally:  # the processor's arrays are what the request keeps: free the pictures now
+        for picture in pictures:
+            picture.close()
+        del pictures
     vision = build(parts, spec.images, data)
     tokenizer = loaded.tokenizer
     state = (

@@ -108,15 +108,26 @@ class LoadedModel:
 
 
 def validate(params: LoadParams) -> int:
-    """Check what can be checked before the current model is dropped: the model, the
-    draft model and the adapter exist (a Hugging Face id is downloaded here). Returns
-    the bytes of the model's and draft's weight files. Raises ModelLoadError naming
-    what is missing."""
+    """Check what can be checked before the current model is dropped, off the engine
+    thread (no MLX): the model, the draft model and the adapter exist (a Hugging Face id
+    is downloaded here), and a model directory's config.json agrees with its weights'
+    headers (`model_loader.check_config_against_weights`); the model's tokenizer is
+    read here (`model_loader.prefetch_tokenizer`). Returns the bytes of the model's and
+    draft's weight files. Raises ModelLoadError naming what is missing or
+    wrong."""
     resolved = [model_loader.resolve_model(params.model, params.model_file, params.model_path)]
     if params.draft_model:
         resolved.append(model_loader.resolve_model(params.draft_model, "", params.model_path))
     if params.lora_adapter:
         model_loader.resolve_adapter(params.lora_adapter, params.model_path)
+    for r in resolved:
+        if r.path.is_dir():
+            model_loader.check_config_against_weights(r.path)
+    directory = model_loader.loads_from(resolved[0])
+    if directory is not None:  # the tokenizer is read here, not on the engine thread
+        model_loader.prefetch_tokenizer(
+            directory, params.tokenizer_config, params.trust_remote_code
+        )
     return sum(_weight_file_bytes(r.path) for r in resolved)
 
 

@@ -35,6 +35,7 @@ import site
 import stat
 import sys
 import sysconfig
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,12 +318,18 @@ def load_model(
     if is_vision:
         logger.warning("%s: vision part off (%s); serving it text-only", resolved.name, vision_off)
     try:
-        loaded_model, tokenizer = load(
-            str(directory),
-            tokenizer_config=tok_config,
-            trust_remote_code=trust_remote_code,
-            lazy=lazy,
-        )
+        tokenizer = _take_tokenizer(directory, tok_config)
+        if tokenizer is None:
+            loaded_model, tokenizer = load(
+                str(directory),
+                tokenizer_config=tok_config,
+                trust_remote_code=trust_remote_code,
+                lazy=lazy,
+            )
+        else:  # mlx_lm.utils.load without its tokenizer part, read by prefetch_tokenizer
+            from mlx_lm.utils import load_model as lm_load_model
+
+            loaded_model, _ = lm_load_model(directory, lazy, trust_remote_code=trust_remote_code)
     except ModelLoadError:
         raise
     except Exception as exc:  # mlx-lm raises FileNotFoundError/ValueError/KeyError/...
@@ -345,6 +352,59 @@ def load_model(
         time.perf_counter() - converted,
     )
     return loaded_model, tokenizer
+
+
+# --------------------------------------------------------------------------- prefetch
+# The tokenizer LoadModel's validate step read on a worker thread, for load_model on the
+# engine thread: (directory, tokenizer config as JSON) -> TokenizerWrapper; at most one.
+_prefetched: dict[tuple[str, str], Any] = {}
+_prefetch_lock = threading.Lock()
+
+
+def _tokenizer_key(directory: Path, tok_config: dict[str, Any]) -> tuple[str, str]:
+    return str(Path(directory).resolve()), json.dumps(tok_config, sort_keys=True, default=str)
+
+
+def loads_from(resolved: ResolvedModel) -> Path | None:
+    """The directory mlx-lm will load for ``resolved``: the model directory, or a GGUF's
+    conversion in the default cache when it already exists; None otherwise."""
+    if resolved.kind != "gguf":
+        return resolved.path if resolved.path.is_dir() else None
+    converted = gguf_convert.default_cache_dir() / gguf_convert.cache_key(resolved.path)
+    return converted if (converted / "config.json").is_file() else None
+
+
+def prefetch_tokenizer(
+    directory: Path, tokenizer_config: dict[str, Any] | None, trust_remote_code: bool
+) -> None:
+    """Read the tokenizer of the model in ``directory`` (a Hugging Face tokenizer: no
+    MLX) on the calling worker thread, for the next `load_model` of that directory with
+    the same ``tokenizer_config`` to use instead of reading it on the engine thread, as
+    mlx-lm's ``load`` does (``load_config`` / ``load_tokenizer``, with the config's
+    ``eos_token_id``). Vision models are left to mlx-vlm. A failure is left for the
+    load to report in its own words."""
+    from mlx_lm.utils import load_config, load_tokenizer
+
+    if vision.vision_config(directory) is not None:
+        return
+    tok_config = dict(tokenizer_config or {})
+    tok_config["trust_remote_code"] = trust_remote_code
+    try:
+        eos = load_config(directory).get("eos_token_id")
+        tokenizer = load_tokenizer(directory, tok_config, eos_token_ids=eos)
+    except Exception as exc:  # the engine-thread load reads it again and reports
+        logger.debug("tokenizer prefetch of %s failed: %r", directory, exc)
+        return
+    with _prefetch_lock:
+        _prefetched.clear()
+        _prefetched[_tokenizer_key(directory, tok_config)] = tokenizer
+
+
+def _take_tokenizer(directory: Path, tok_config: dict[str, Any]) -> Any:
+    """The tokenizer `prefetch_tokenizer` read for ``directory`` and ``tok_config``
+    (taken: a second load reads its own), or None."""
+    with _prefetch_lock:
+        return _prefetched.pop(_tokenizer_key(directory, tok_config), None)
 
 
 # --------------------------------------------------------------------------- LoRA adapters

@@ -45,7 +45,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from errors import ModelLoadError
-from parsing.images import ImageLimits, VisionOptions
+from parsing.images import DecodeTarget, ImageLimits, VisionOptions
 from seam import vision as seam_vision
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -179,6 +179,31 @@ def _file_text(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- the parts
+def decode_target(processor: Any, max_pixels: int | None = None) -> DecodeTarget:
+    """The size ``processor``'s image processor resizes images to (its ``size``: height
+    and width, shortest or longest edge; its ``max_pixels``, or ``max_pixels`` = the option
+    ``vision_max_pixels`` when set), for `parsing.images.decode`; nothing known when the
+    processor does not resize (``do_resize`` false) or names no size."""
+    ip = getattr(processor, "image_processor", None)
+    if ip is None or getattr(ip, "do_resize", True) is False:
+        return DecodeTarget()
+
+    def get(obj: Any, key: str) -> int:
+        value = obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+        return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+
+    size = getattr(ip, "size", None)
+    if isinstance(size, (int, float)):  # older processors: one int = the shortest edge
+        size = {"shortest_edge": size}
+    return DecodeTarget(
+        height=get(size, "height"),
+        width=get(size, "width"),
+        shortest_edge=get(size, "shortest_edge"),
+        longest_edge=get(size, "longest_edge"),
+        max_pixels=max_pixels or get(ip, "max_pixels") or get(size, "max_pixels"),
+    )
+
+
 class VisionParts:
     """The vision part of a loaded vision-language model (see the module doc).
 
@@ -187,7 +212,8 @@ class VisionParts:
     ``image_token_id``; ``signature``: a hash of what turns an image file into vision
     features and tokens (processor configs, resize options, mlx-vlm version);
     ``limits``: the request bounds (`parsing.images.ImageLimits`); ``size_kwargs``: the
-    processor's per-call resize options (option ``vision_max_pixels``).
+    processor's per-call resize options (option ``vision_max_pixels``); ``decode_target``:
+    the size the processor resizes to (`decode_target`), what images are decoded at.
     """
 
     def __init__(self, model: Any, processor: Any, directory: Path, options: VisionOptions) -> None:
@@ -221,6 +247,7 @@ class VisionParts:
         self.size_kwargs: dict[str, int] = {}
         if options.max_pixels is not None:
             self.size_kwargs["max_pixels"] = options.max_pixels
+        self.decode_target = decode_target(processor, options.max_pixels)
         blob = json.dumps(
             [
                 mlx_vlm.__version__ if hasattr(mlx_vlm, "__version__") else "",
@@ -228,6 +255,7 @@ class VisionParts:
                 _file_text(directory / "preprocessor_config.json"),
                 _file_text(directory / "processor_config.json"),
                 self.size_kwargs,
+                "decoded at the processor's size",  # parsing.images.decode's draft/reduce
             ]
         )
         self.signature = hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -10,6 +10,15 @@ refusing more than ``max_pixels`` before any pixel is decoded (a small file can 
 gigabytes); it runs on the prompt worker threads (`engine.vision_prompt`), off the event
 loop and off the engine thread.
 
+Memory: the model's processor resizes every image to its own size anyway
+(`DecodeTarget`), so `decode` keeps no more pixels than that: a JPEG is decoded at 1/2,
+1/4 or 1/8 scale by libjpeg (PIL's ``draft``), and any image is then reduced by the largest
+integer factor (PIL's ``reduce``, a box average) that keeps it at least the processor's
+size; the full-size buffer is freed before the next image. `held_size` predicts, from the
+header alone, the size `decode` returns, so `check_request` bounds a request's images
+(``MAX_REQUEST_PIXELS`` in all) before any is decoded. At most ``DECODES_AT_ONCE`` images
+are decoded at a time in the process, which bounds the full-size buffers across requests.
+
 Every refusal is a ``ValueError`` naming ``PredictOptions.Images[i]`` (INVALID_ARGUMENT).
 No MLX here, and PIL is imported only when an image is decoded.
 """
@@ -20,7 +29,9 @@ import base64
 import binascii
 import hashlib
 import io
+import math
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +39,15 @@ from typing import Any
 MAX_IMAGES = 16  # images per request (load option max_images)
 MAX_IMAGE_BYTES = 20 << 20  # bytes of one image file, after base64 decoding
 MAX_IMAGE_PIXELS = 40_000_000  # width x height decoded (load option max_image_pixels)
+# Pixels a request's images may hold once decoded (after the reduction to the processor's
+# size): 64 M pixels = 192 MB of RGB, more than 16 images at any common processor size.
+MAX_REQUEST_PIXELS = 64_000_000
+# Full-size decodes at once in the process: the transient buffers (up to max_image_pixels
+# x 4 bytes each) of concurrent image requests stay bounded at two images.
+DECODES_AT_ONCE = 2
+_DECODING = threading.BoundedSemaphore(DECODES_AT_ONCE)
+# EXIF orientation -> the transpose that undoes it (as PIL's ImageOps.exif_transpose).
+_ORIENT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # values of PIL.Image.Transpose
 FORMATS = ("PNG", "JPEG", "WEBP")
 VISION_CACHE_ENTRIES = 32  # images whose vision-tower output is kept (vision_cache_entries)
 VISION_CACHE_BYTES = 512 << 20  # bytes those may hold (option vision_cache_bytes)
@@ -124,36 +144,165 @@ def read_images(
     return tuple(read_image(i, e, max_bytes) for i, e in enumerate(entries))
 
 
-def decode(image: ImageData, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
-    """The image as an RGB ``PIL.Image`` (EXIF orientation applied, as mlx-vlm's
-    ``load_image``). ValueError naming the entry when PIL cannot decode it, when it is
-    larger than ``max_pixels`` (width x height; checked from the header, before the
-    pixels are decoded) or when it is animated with more than one frame."""
-    from PIL import Image, ImageOps
+@dataclass(frozen=True)
+class DecodeTarget:
+    """The size the model's processor resizes every image to (0 = not known): a fixed
+    ``height`` x ``width`` (Gemma 3, SigLIP), a ``shortest_edge`` or ``longest_edge``, or at
+    most ``max_pixels`` (Qwen-style dynamic resolution). Built by `loading.vision` from the
+    processor's config; the default knows nothing and reduces nothing."""
+
+    height: int = 0
+    width: int = 0
+    shortest_edge: int = 0
+    longest_edge: int = 0
+    max_pixels: int = 0
+
+    def factor(self, width: int, height: int) -> int:
+        """The largest integer factor (>= 1) an image of ``width`` x ``height`` can be
+        reduced by and still be at least the target in every bound that is known."""
+        bounds = []
+        if self.height and self.width:
+            bounds.append(min(width // self.width, height // self.height))
+        if self.shortest_edge:
+            bounds.append(min(width, height) // self.shortest_edge)
+        if self.longest_edge:
+            bounds.append(max(width, height) // self.longest_edge)
+        if self.max_pixels:
+            bounds.append(math.isqrt(width * height // self.max_pixels))
+        return max(1, min(bounds)) if bounds else 1
+
+
+def _draft_scale(width: int, height: int, factor: int) -> int:
+    """libjpeg's scale (1, 2, 4 or 8) for PIL's ``draft`` asked for ``1/factor`` of the
+    size (PIL's JpegImagePlugin.draft: the largest scale not above the request)."""
+    if factor < 2:
+        return 1
+    want = min(width // max(1, width // factor), height // max(1, height // factor))
+    return next(s for s in (8, 4, 2, 1) if want >= s)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def held_size(
+    width: int, height: int, fmt: str, target: DecodeTarget, rotated: bool = False
+) -> tuple[int, int]:
+    """The (width, height) `decode` returns for an image of ``width`` x ``height`` pixels
+    in format ``fmt`` (``rotated``: its EXIF orientation swaps the sides)."""
+    w, h = (height, width) if rotated else (width, height)
+    factor = target.factor(w, h)
+    if fmt == "JPEG":
+        scale = _draft_scale(width, height, factor)
+        width, height = _ceil_div(width, scale), _ceil_div(height, scale)
+        w, h = (height, width) if rotated else (width, height)
+        factor = target.factor(w, h)
+    return _ceil_div(w, factor), _ceil_div(h, factor)
+
+
+def _header(img: Any, field: str, max_pixels: int) -> tuple[int, int, int]:
+    """(width, height, EXIF orientation) from an opened image's header; ValueError when
+    it has no pixels, more than ``max_pixels`` or several frames."""
+    width, height = img.size
+    if width <= 0 or height <= 0:
+        raise ValueError(f"{field} has no pixels ({width}x{height})")
+    if width * height > max_pixels:
+        raise ValueError(
+            f"{field} is {width}x{height} = {width * height} pixels, more than the "
+            f"{max_pixels} allowed (load option max_image_pixels); send a smaller image"
+        )
+    if getattr(img, "n_frames", 1) > 1:
+        raise ValueError(f"{field} is animated ({img.n_frames} frames): send one frame")
+    try:
+        orientation = int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # an unreadable EXIF block: as PIL's exif_transpose, no rotation
+        orientation = 1
+    return width, height, orientation
+
+
+def _open(image: ImageData) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(image.data), formats=list(FORMATS))
+
+
+def _undecodable(image: ImageData, exc: Exception) -> ValueError:
+    return ValueError(
+        f"{_field(image.index)} cannot be decoded as a {image.format} image: "
+        f"{type(exc).__name__}: {str(exc)[:200]}"
+    )
+
+
+def check_request(
+    images: Sequence[ImageData],
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    target: DecodeTarget = DecodeTarget(),
+    max_request_pixels: int | None = None,
+) -> int:
+    """The pixels ``images`` will hold once decoded (`held_size`), read from their
+    headers only. ValueError naming the field: an image over ``max_pixels``, animated,
+    undecodable, or all of them holding more than ``max(max_request_pixels,
+    max_pixels)`` (default ``MAX_REQUEST_PIXELS``)."""
+    total = 0
+    for image in images:
+        try:
+            with _open(image) as img:
+                width, height, orientation = _header(img, _field(image.index), max_pixels)
+        except ValueError:
+            raise
+        except Exception as exc:  # PIL raises OSError, SyntaxError, DecompressionBombError...
+            raise _undecodable(image, exc) from None
+        w, h = held_size(width, height, image.format, target, orientation in (5, 6, 7, 8))
+        total += w * h
+    bound = max(
+        MAX_REQUEST_PIXELS if max_request_pixels is None else max_request_pixels, max_pixels
+    )
+    if total > bound:
+        raise ValueError(
+            f"PredictOptions.Images: the {len(images)} images hold {total} pixels once decoded "
+            f"(each reduced to about the model's image size), more than the {bound} a "
+            "request may hold; send fewer or smaller images, or several requests"
+        )
+    return total
+
+
+def decode(
+    image: ImageData, max_pixels: int = MAX_IMAGE_PIXELS, target: DecodeTarget = DecodeTarget()
+) -> Any:
+    """The image as an RGB ``PIL.Image`` of `held_size` (EXIF orientation applied, as
+    mlx-vlm's ``load_image``), no larger than ``target`` needs (module doc). ValueError
+    naming the entry when PIL cannot decode it, when it is larger than ``max_pixels``
+    (width x height; checked from the header, before the pixels are decoded) or when it
+    is animated with more than one frame."""
+    from PIL import Image
 
     field = _field(image.index)
     try:
-        with Image.open(io.BytesIO(image.data), formats=list(FORMATS)) as img:
-            width, height = img.size
-            if width <= 0 or height <= 0:
-                raise ValueError(f"{field} has no pixels ({width}x{height})")
-            if width * height > max_pixels:
-                raise ValueError(
-                    f"{field} is {width}x{height} = {width * height} pixels, more than the "
-                    f"{max_pixels} allowed (load option max_image_pixels); send a smaller image"
-                )
-            if getattr(img, "n_frames", 1) > 1:
-                raise ValueError(f"{field} is animated ({img.n_frames} frames): send one frame")
-            img.load()
-            out = ImageOps.exif_transpose(img)
-            return out.convert("RGB")
+        with _open(image) as img:
+            width, height, orientation = _header(img, field, max_pixels)
+            rotated = orientation in (5, 6, 7, 8)
+            w, h = (height, width) if rotated else (width, height)
+            factor = target.factor(w, h)
+            if img.format == "JPEG" and factor > 1:
+                img.draft("RGB", (max(1, width // factor), max(1, height // factor)))
+            with _DECODING:
+                img.load()
+                w, h = (img.height, img.width) if rotated else img.size
+                factor = target.factor(w, h)
+                out = img
+                if factor > 1:
+                    # reduce averages RGBA premultiplied; mlx-vlm drops alpha first.
+                    rgb = out if out.mode in ("RGB", "L") else out.convert("RGB")
+                    out = rgb.reduce(factor)
+                    del rgb
+                method = _ORIENT.get(orientation)
+                if method is not None:
+                    out = out.transpose(Image.Transpose(method))
+                return out.convert("RGB")  # a copy: the decoded buffer is freed on close
     except ValueError:
         raise
     except Exception as exc:  # PIL raises OSError, SyntaxError, DecompressionBombError...
-        raise ValueError(
-            f"{field} cannot be decoded as a {image.format} image: {type(exc).__name__}: "
-            f"{str(exc)[:200]}"
-        ) from None
+        raise _undecodable(image, exc) from None
 
 
 @dataclass(frozen=True)

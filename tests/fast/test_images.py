@@ -91,6 +91,64 @@ def test_undecodable_image_names_its_index():
         images.decode(image)
 
 
+# --------------------------------------------------------------------------- decoded size
+GEMMA = images.DecodeTarget(height=896, width=896)
+
+
+def noise(w: int, h: int, fmt: str, orientation: int = 1) -> images.ImageData:
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img.save(buf, format=fmt, exif=exif.tobytes())
+    return images.read_image(0, b64(buf.getvalue()))
+
+
+def test_decode_target_factor():
+    assert GEMMA.factor(6300, 6300) == 7 and GEMMA.factor(900, 6300) == 1
+    assert images.DecodeTarget(max_pixels=50176).factor(6300, 6300) == 28  # 225 x 225
+    assert images.DecodeTarget(shortest_edge=336).factor(4000, 3000) == 8
+    assert images.DecodeTarget(longest_edge=1000).factor(4000, 3000) == 4
+    assert images.DecodeTarget().factor(6300, 6300) == 1  # nothing known: full size
+
+
+@pytest.mark.parametrize(
+    ("fmt", "orientation", "want"),
+    [
+        ("JPEG", 1, (1000, 938)),  # libjpeg at 1/2 (2000x1875), then reduced by 2
+        ("PNG", 1, (1000, 938)),  # decoded whole, reduced by 2
+        ("JPEG", 6, (938, 1000)),  # rotated by its EXIF orientation, as mlx-vlm's loader
+    ],
+)
+def test_decode_keeps_no_more_than_the_processor_needs(fmt, orientation, want):
+    image = noise(2000, 1875, fmt, orientation)
+    target = images.DecodeTarget(height=900, width=900)
+    got = images.decode(image, target=target)
+    assert got.mode == "RGB" and got.size == want
+    assert images.held_size(2000, 1875, fmt, target, orientation == 6) == want
+    assert images.check_request([image], target=target) == want[0] * want[1]
+    # Without a target, the full picture, rotated as mlx-vlm's load_image does.
+    full = images.decode(image)
+    assert full.size == ((1875, 2000) if orientation == 6 else (2000, 1875))
+
+
+def test_a_request_whose_images_would_hold_too_many_pixels_is_refused_before_decoding(
+    monkeypatch,
+):
+    decoded = []
+    monkeypatch.setattr(images, "decode", lambda *a, **k: decoded.append(a))
+    batch = [noise(400, 300, "PNG")] * 3
+    assert images.check_request(batch, 120_000, max_request_pixels=360_000) == 360_000
+    with pytest.raises(ValueError, match=r"the 3 images hold 360000 pixels once decoded") as e:
+        images.check_request(batch, 120_000, max_request_pixels=359_999)
+    assert "send fewer or smaller images" in str(e.value) and not decoded
+    # One image at max_image_pixels always fits.
+    assert images.check_request(batch[:1], max_pixels=120_000, max_request_pixels=1) == 120_000
+    with pytest.raises(ValueError, match=r"Images\[0\] is 400x300 = 120000 pixels"):
+        images.check_request(batch, max_pixels=119_999)
+
+
 def test_alpha_and_grey_images_decode_to_rgb():
     buf = io.BytesIO()
     Image.new("LA", (4, 4)).save(buf, format="PNG")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import backend_pb2
+import params
 from loading import model_loader
 from loading.model_loader import ModelLoadError, ResolvedModel, load_model, resolve_model
 
@@ -170,6 +172,12 @@ def test_a_config_disagreeing_with_the_weights_is_refused(tmp_path, config, mess
     assert len(str(info.value)) < 500
     with pytest.raises(ModelLoadError, match=message):  # LoadModel's path, before mlx-lm
         load_model(str(directory))
+    # LoadModel checks it first on a worker thread (loaded_model.validate), so the engine
+    # thread and its running streams are never asked to load it.
+    from loading import loaded_model
+
+    with pytest.raises(ModelLoadError, match=message):
+        loaded_model.validate(params.load_params(backend_pb2.ModelOptions(Model=str(directory))))
 
 
 @pytest.mark.parametrize(
@@ -214,3 +222,18 @@ def test_load_error_messages_are_capped() -> None:
     assert message.startswith("Missing 359982 parameters: model.layers.0.w")
     assert message.endswith(" END") and f"[{len(text) + 4} characters, cut]" in message
     assert str(ModelLoadError("short")) == "short"
+
+
+def test_the_tokenizer_read_by_validate_is_the_one_the_load_uses(tmp_path) -> None:
+    # LoadModel's validate (a worker thread) reads the tokenizer; load_model on the engine
+    # thread takes it instead of reading it again (mlx_lm.utils.load's tokenizer part).
+    import tiny_models
+
+    from loading import loaded_model
+
+    directory = tiny_models.build("llama", tmp_path)
+    loaded_model.validate(params.load_params(backend_pb2.ModelOptions(Model=str(directory))))
+    (prefetched,) = model_loader._prefetched.values()
+    _, tokenizer = load_model(str(directory))
+    assert tokenizer is prefetched and not model_loader._prefetched
+    assert tokenizer.encode("hello") == load_model(str(directory))[1].encode("hello")

@@ -356,3 +356,38 @@ def test_a_fifo_or_directory_named_like_an_entry_never_blocks(tmp_path, caplog):
     assert out == [None] and len(cache) == 0
     assert cache.lookup([1, 2, 3, 4]) is None and cache.stats().misses == 2
     cache.close()
+
+
+def test_a_read_that_outlasts_its_bound_is_a_miss_and_dropped(tmp_path, monkeypatch, caplog):
+    # A file system that stalls (a hung network mount): the reader thread blocks on the
+    # read; the lookup waits its bound and misses; while the read hangs, lookups miss at
+    # once (no second wait); the late bytes are dropped, and the entry serves again after.
+    cache = DiskCache(tmp_path, 1 << 20, DISK_FP)
+    put_all(cache, [1, 2, 3])
+    stall = threading.Event()
+    real = prompt_disk.fmt.read_file
+
+    def stalling(path):
+        stall.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(prompt_disk.fmt, "read_file", stalling)
+    monkeypatch.setattr(prompt_disk, "_READ_WAIT_S", 0.3)
+    assert prompt_disk.read_wait(0) == 0.3
+    with caplog.at_level(logging.WARNING):
+        done, out = _within(10, lambda: cache.lookup([1, 2, 3, 4]))
+        assert done and out == [None]
+        done, again = _within(0.25, lambda: cache.lookup([1, 2, 3, 4]))  # under the bound
+        assert done and again == [None]
+    assert "served as a miss" in caplog.text
+    st = cache.stats()
+    assert (st.hits, st.misses, st.late, st.loads) == (0, 2, 2, 0)
+    stall.set()
+    for _ in range(200):  # the stalled read ends; its bytes go nowhere
+        if not cache._stuck():
+            break
+        threading.Event().wait(0.01)
+    hit = cache.lookup([1, 2, 3, 4])
+    assert (hit.cached_len, held(hit.kv)) == (3, [1, 2, 3])
+    assert (cache.stats().hits, len(cache)) == (1, 1)
+    cache.close()

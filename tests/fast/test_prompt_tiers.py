@@ -70,3 +70,40 @@ def test_tiered_cache_falls_back_to_disk_and_back_fills_memory(tmp_path):
     fresh = TieredPromptCache(PromptCache(4), None, 1 << 20)
     assert fresh.fetch("m", [*toks, 99], d).cached_tokens == 0 and fresh.disk(d) is None
     assert not tiers.fetch("m", [1, 2, 3, 5], "").disk_hit
+
+
+def test_a_directory_slow_to_open_is_not_waited_for(tmp_path, monkeypatch):
+    # Opening a directory scans its entries' headers; on a stalled file system (stood in
+    # for by a DiskCache that waits on an event) the engine waits at most _OPEN_WAIT_S,
+    # serves from memory meanwhile, and uses the directory once it has opened.
+    import threading
+    import time
+
+    from caches import prompt_tiers
+
+    stall = threading.Event()
+    real = prompt_tiers.DiskCache
+
+    def stalled(*args, **kwargs):
+        stall.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prompt_tiers, "DiskCache", stalled)
+    monkeypatch.setattr(prompt_tiers, "_OPEN_WAIT_S", 0.2)
+    tiers = TieredPromptCache(PromptCache(4), "0123456789abcdef:" + "a" * 32, 1 << 20)
+    d = str(tmp_path / "d")
+    toks = [1, 2, 3, 4]
+    kv = token_kv(toks, heads=2, dim=8, dtype=mx.float16)
+    start = time.monotonic()
+    tiers.insert("m", toks, kv, d)  # memory only: the directory is still opening
+    assert tiers.fetch("m", [*toks, 5], d).cached_tokens == 4  # from memory
+    assert time.monotonic() - start < 5  # two bounded waits, not the stall
+    assert tiers.disk_memory()["prompt_cache_disk_entries"] == 0
+    stall.set()
+    for _ in range(500):
+        if tiers.disk(d) is not None:
+            break
+        time.sleep(0.01)
+    tiers.insert("m", [9, 9, 9], token_kv([9, 9, 9], heads=2, dim=8, dtype=mx.float16), d)
+    assert tiers.flush(10) and tiers.disk_memory()["prompt_cache_disk_entries"] == 1
+    tiers.close()
