@@ -278,7 +278,7 @@ class BatchRunner:
         # most prefill_step_size tokens per step, interleaved with decoding).
         uid = self._batch.insert(
             segments,
-            max_tokens=job.max_tokens,
+            max_tokens=job.max_tokens - job.tokens,  # a resumed job: what it has left
             cache=kv,
             tokens=ids[: lookup.cached_tokens],
             sampler=sampler,
@@ -390,6 +390,21 @@ class BatchRunner:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
+
+    def pending(self, job: Job) -> Token | None:
+        """``job``'s next token, sampled and queued but not returned yet
+        (`DecodeBatch.pending`), with the finish it makes ("stop" at EOS, "length" at
+        ``job.max_tokens``); None while its row prefills."""
+        got = self._batch.pending(job.uid) if job.uid in self._uids else None
+        if got is None:
+            return None
+        token, logprobs = got
+        finish = None
+        if token in self._eos_ids and stops_at_eos(job.params):
+            finish = "stop"
+        elif job.tokens + 1 >= job.max_tokens:
+            finish = "length"
+        return Token(job.uid, token, logprobs, finish)
 
     def drop(self, job: Job) -> None:
         """Take ``job``'s row out, discarding its KV."""

@@ -299,6 +299,19 @@ class DecodeBatch:
                 out[uid] = (self.extract_row(i), self._rows[i].tokens)
         return out
 
+    def pending(self, uid: int) -> tuple[int, mx.array | None] | None:
+        """(token, logprobs (V,) or None) that decoding row ``uid`` has queued, sampled
+        but not yet returned (the pipelined step); None when the row does not decode.
+        Reading it waits for the queued step. The row's KV does not hold it yet, its
+        sampler and processors have seen it: a row taken out now (`engine.preemption`)
+        resumes by feeding it."""
+        for i, row in enumerate(self._rows):
+            if row.uid == uid and self._next_tokens is not None:
+                lp = self._next_logprobs[i]
+                mx.eval(self._next_tokens, *([lp] if lp is not None else []))
+                return int(self._next_tokens[i].item()), lp
+        return None
+
     def extract_row(self, i: int) -> list:
         """Decoding row ``i``'s KV, its own copy."""
         return [c.extract(i) for c in self._cache]
