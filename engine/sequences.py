@@ -36,7 +36,7 @@ from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup, trim_exactly
-from seam.batch import DecodeBatch
+from seam.batch import DecodeBatch, pending
 from seam.rows import row_cache
 from seam.speculation import DraftedModel, SpeculativeBatch
 
@@ -395,8 +395,9 @@ class BatchRunner:
         """``job``'s next token, sampled and queued but not returned yet
         (`DecodeBatch.pending`), with the finish it makes ("stop" at EOS, "length" at
         ``job.max_tokens``); None while its row prefills."""
-        got = self._batch.pending(job.uid) if job.uid in self._uids else None
-        if got is None:
+        uid = job.uid
+        got = pending(self._batch, uid) if uid is not None and uid in self._uids else None
+        if uid is None or got is None:
             return None
         token, logprobs = got
         finish = None
@@ -404,7 +405,7 @@ class BatchRunner:
             finish = "stop"
         elif job.tokens + 1 >= job.max_tokens:
             finish = "length"
-        return Token(job.uid, token, logprobs, finish)
+        return Token(uid, token, logprobs, finish)
 
     def drop(self, job: Job) -> None:
         """Take ``job``'s row out, discarding its KV."""
