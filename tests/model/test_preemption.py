@@ -1,0 +1,84 @@
+"""Preemption under the memory budget (engine/preemption.py) over real gRPC, in this
+process, on the embedded model: a budget set from the figures Status reports (weights,
+KV per token, prefill working set per token), so that every request is admitted on the
+KV it holds now and the newest give way when the running rows cross into their next
+256-token KV step. Every output equals the request's solo output (greedy, and seeded
+sampling), Status counts the preemptions and the resumes, and the KV moved.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import greedy, status, wait_idle
+from inprocess import InProcessServer
+
+import backend_pb2
+from loading import model_loader
+
+CHUNK = 32  # prefill_step_size: the admission floor is one chunk's working set
+NEW = 24  # tokens each request generates (IgnoreEOS): the rows cross 256 tokens
+SENT = 4
+OPTIONS = ("warmup:false", f"prefill_step_size:{CHUNK}", "max_batch_size:16")
+KV_STEP = 256
+
+
+def _prompts(n: int) -> list[str]:
+    # ~245 tokens each: the KV of prompt + the first few tokens is one 256-token step.
+    words = ["river", "stone", "lamp", "orchard", "violet", "harbor", "copper", "meadow"]
+    return [
+        f"Story {i}: " + " ".join(words[(i * 3 + k) % len(words)] for k in range(236))
+        for i in range(n)
+    ]
+
+
+def _request(prompt: str, seeded: bool) -> backend_pb2.PredictOptions:
+    extra = {"Temperature": 0.9, "Seed": 1234, "TopP": 0.95} if seeded else {}
+    return greedy(prompt, NEW, IgnoreEOS=True, **extra)
+
+
+@pytest.fixture(scope="module")
+def served():
+    s = InProcessServer()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _load(srv, budget: int) -> None:
+    path = str(model_loader.embedded_model_path())
+    res = srv.stub.LoadModel(
+        backend_pb2.ModelOptions(Model=path, Options=[f"memory_budget:{budget}", *OPTIONS])
+    )
+    assert res.success, res.message
+
+
+def _together(srv, reqs) -> list[bytes]:
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        return list(pool.map(lambda r: srv.stub.Predict(r).message, reqs))
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_preempted_requests_resume_with_their_solo_output(served, seeded) -> None:
+    prompts = _prompts(SENT)
+    reqs = [_request(p, seeded) for p in prompts]
+    _load(served, 64 * 1024**3)  # a budget that never binds: the solo outputs
+    s = status(served.stub)
+    lengths = [len(served.stub.TokenizeString(greedy(p, 1)).tokens) for p in prompts]
+    assert all(n + 3 < KV_STEP < n + NEW for n in lengths), lengths
+    solo = [served.stub.Predict(r).message for r in reqs]
+    step = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * KV_STEP
+    # All four are admitted at one KV step each; once they cross into their second step,
+    # only two fit (the newest two give way, then resume as the first two end).
+    budget = s["weights"] + s["memory_prefill_per_token"] * CHUNK + int(4.5 * step)
+    _load(served, budget)
+    together = _together(served, reqs)
+    after = wait_idle(served.stub)
+    assert together == solo
+    assert after["preemptions"] >= 2, after
+    assert after["preemption_resumes"] == after["preemptions"]
+    assert after["preemption_bytes_to_cache"] > 0
+    assert after["preemption_bytes_from_cache"] == after["preemption_bytes_to_cache"]
+    assert after["memory_reserved"] == 0
