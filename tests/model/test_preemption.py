@@ -1,5 +1,7 @@
 """Preemption under the memory budget (engine/preemption.py) over real gRPC, in this
-process, on the embedded model: a budget set from the figures Status reports (weights,
+process, on the embedded model and on a family with recurrent state beside its KV
+(qwen3_5: gated delta layers, tests/tiny_models.py): a budget set from the figures Status
+reports (weights,
 KV per token, prefill working set per token), so that every request is admitted on the
 KV it holds now and the newest give way when the running rows cross into their next
 256-token KV step. Every output equals the request's solo output (greedy, and seeded
@@ -11,13 +13,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import tiny_models
 from helpers import greedy, status, wait_idle
 from inprocess import InProcessServer
 
 import backend_pb2
 from loading import model_loader
 
-CHUNK = 32  # prefill_step_size: the admission floor is one chunk's working set
+CHUNK = 16  # prefill_step_size: admission and the step check leave the same working set
 NEW = 24  # tokens each request generates (IgnoreEOS): the rows cross 256 tokens
 SENT = 4
 OPTIONS = ("warmup:false", f"prefill_step_size:{CHUNK}", "max_batch_size:16")
@@ -47,8 +50,7 @@ def served():
         s.stop()
 
 
-def _load(srv, budget: int) -> None:
-    path = str(model_loader.embedded_model_path())
+def _load(srv, path: str, budget: int) -> None:
     res = srv.stub.LoadModel(
         backend_pb2.ModelOptions(Model=path, Options=[f"memory_budget:{budget}", *OPTIONS])
     )
@@ -61,10 +63,18 @@ def _together(srv, reqs) -> list[bytes]:
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
-def test_preempted_requests_resume_with_their_solo_output(served, seeded) -> None:
+@pytest.mark.parametrize("family", ["embedded", "qwen3_5"])
+def test_preempted_requests_resume_with_their_solo_output(
+    served, model_root, family, seeded
+) -> None:
+    path = (
+        str(model_loader.embedded_model_path())
+        if family == "embedded"
+        else str(tiny_models.build(family, model_root))
+    )
     prompts = _prompts(SENT)
     reqs = [_request(p, seeded) for p in prompts]
-    _load(served, 64 * 1024**3)  # a budget that never binds: the solo outputs
+    _load(served, path, 64 * 1024**3)  # a budget that never binds: the solo outputs
     s = status(served.stub)
     lengths = [len(served.stub.TokenizeString(greedy(p, 1)).tokens) for p in prompts]
     assert all(n + 3 < KV_STEP < n + NEW for n in lengths), lengths
@@ -73,7 +83,7 @@ def test_preempted_requests_resume_with_their_solo_output(served, seeded) -> Non
     # All four are admitted at one KV step each; once they cross into their second step,
     # only two fit (the newest two give way, then resume as the first two end).
     budget = s["weights"] + s["memory_prefill_per_token"] * CHUNK + int(4.5 * step)
-    _load(served, budget)
+    _load(served, path, budget)
     together = _together(served, reqs)
     after = wait_idle(served.stub)
     assert together == solo
