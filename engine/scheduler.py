@@ -353,7 +353,8 @@ class Scheduler:
         """Preempt the newest sequences whose KV the budget cannot hold after this step
         (`Preemption.make_room`): each one's queued token is delivered first (it may end
         it), then it waits at the head of the queue to resume."""
-        for job in self.preemption.make_room(self._admitted()):
+        victims = self.preemption.make_room(self._admitted())
+        for job in victims:
             token = self._rows.pending(job)
             if token is not None:
                 self._on_token(token)
@@ -362,7 +363,7 @@ class Scheduler:
                 continue  # that token ended it
             del self.active[uid]
             pending = token.token if token is not None else None
-            self.preemption.take(job, pending, self._admitted())
+            self.preemption.take(job, pending, [j for j in self._admitted() if j not in victims])
             self.waiting.appendleft(job)  # the older one preempted after it goes first
         self.preemption.settle(self._admitted())
 

@@ -25,6 +25,7 @@ NEW = 24  # tokens each request generates (IgnoreEOS): the rows cross 256 tokens
 SENT = 4
 OPTIONS = ("warmup:false", f"prefill_step_size:{CHUNK}", "max_batch_size:16")
 KV_STEP = 256
+KINDS = ("greedy", "seeded")
 
 
 def _prompts(n: int) -> list[str]:
@@ -62,33 +63,34 @@ def _together(srv, reqs) -> list[bytes]:
         return list(pool.map(lambda r: srv.stub.Predict(r).message, reqs))
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("family", ["embedded", "qwen3_5"])
-def test_preempted_requests_resume_with_their_solo_output(
-    served, model_root, family, seeded
-) -> None:
+def test_preempted_requests_resume_with_their_solo_output(served, model_root, family) -> None:
     path = (
         str(model_loader.embedded_model_path())
         if family == "embedded"
         else str(tiny_models.build(family, model_root))
     )
     prompts = _prompts(SENT)
-    reqs = [_request(p, seeded) for p in prompts]
+    bursts = {kind: [_request(p, kind == "seeded") for p in prompts] for kind in KINDS}
     _load(served, path, 64 * 1024**3)  # a budget that never binds: the solo outputs
     s = status(served.stub)
     lengths = [len(served.stub.TokenizeString(greedy(p, 1)).tokens) for p in prompts]
     assert all(n + 3 < KV_STEP < n + NEW for n in lengths), lengths
-    solo = [served.stub.Predict(r).message for r in reqs]
+    solo = {kind: [served.stub.Predict(r).message for r in reqs] for kind, reqs in bursts.items()}
     step = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * KV_STEP
     # All four are admitted at one KV step each; once they cross into their second step,
-    # only two fit (the newest two give way, then resume as the first two end).
-    budget = s["weights"] + s["memory_prefill_per_token"] * CHUNK + int(4.5 * step)
+    # only two fit: the newest two give way (the older one's KV stays in the prompt
+    # cache's memory tier, the room left holds one) and resume as the first two end.
+    budget = s["weights"] + s["memory_prefill_per_token"] * CHUNK + int(5.5 * step)
     _load(served, path, budget)
-    together = _together(served, reqs)
-    after = wait_idle(served.stub)
-    assert together == solo
-    assert after["preemptions"] >= 2, after
-    assert after["preemption_resumes"] == after["preemptions"]
-    assert after["preemption_bytes_to_cache"] > 0
-    assert after["preemption_bytes_from_cache"] == after["preemption_bytes_to_cache"]
+    for kind, reqs in bursts.items():
+        before = status(served.stub)
+        together = _together(served, reqs)
+        after = wait_idle(served.stub)
+        assert together == solo[kind], kind
+        count = after["preemptions"] - before["preemptions"]
+        assert count >= 2, (kind, after)
+        assert after["preemption_resumes"] == after["preemptions"]
+    assert after["preemption_bytes_to_cache"] > 0, after
+    assert after["preemption_bytes_from_cache"] > 0, after
     assert after["memory_reserved"] == 0
