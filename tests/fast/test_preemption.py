@@ -160,3 +160,37 @@ def test_a_sequence_preempted_while_it_prefills_resumes_from_its_prompt() -> Non
     assert job.resume_ids == list(range(300))
     _, lookup = pre.resume(job)
     assert lookup.cached_tokens == 128
+
+
+class _Disk:
+    def __init__(self) -> None:
+        self.puts: list[list[int]] = []
+
+    def put(self, tokens, kv) -> bool:
+        self.puts.append(list(tokens))
+        return True
+
+
+class _Tiers(PromptCache):
+    """A memory tier with a disk tier per directory (`caches.prompt_tiers` has the real)."""
+
+    def __init__(self) -> None:
+        super().__init__(100)
+        self.disks: dict[str, _Disk] = {}
+
+    def disk(self, directory: str) -> _Disk | None:
+        return self.disks.setdefault(directory, _Disk()) if directory else None
+
+
+def test_when_memory_is_the_problem_the_kv_goes_to_the_disk_tier() -> None:
+    pre, rows, _, _ = _setup(12.2)
+    tiers = _Tiers()
+    pre.cache = tiers
+    stay = _job(1, prompt=300, tokens=100, runner=rows)
+    job = _job(2, prompt=200, tokens=40, runner=rows)
+    job.params = gen_params(prompt_cache_dir="/models/cache")
+    rows.held[2] = list(range(239))
+    pre.take(job, 9, staying=[stay])
+    assert tiers.nbytes == 0  # no room in memory
+    assert tiers.disks["/models/cache"].puts == [list(range(239))]
+    assert pre.status()["preemption_bytes_to_cache"] == 239 * PER_TOKEN
