@@ -138,10 +138,9 @@ class Preemption:
         prompt = len(job.resume_ids or job.prompt_ids)
         floor = max(mem.profile.prefill(min(mem.chunk, max(prompt, 1))), self.floor(len(jobs)))
         if mem.room(after, self.cache.nbytes) < floor:
-            if mem.room(after, 0) >= floor:
-                self._shrink(after, floor)
-            elif running:
-                return False  # waits for running sequences to end
+            if running and mem.room(after, 0) < floor:
+                return False  # waits for running sequences to end; the cache stays
+            self._shrink(after, floor)
         mem.reserved = after
         return True
 
