@@ -92,6 +92,7 @@ class Preemption:
         self.resumed = 0  # sequences resumed
         self.bytes_out = 0  # KV bytes preemption put in the prompt cache
         self.bytes_in = 0  # KV bytes resumed sequences took back from it
+        self._fetched: dict[int, tuple[list[int], CacheLookup]] = {}  # by id(job)
 
     # ------------------------------------------------------------------ counting
     def preemptible(self, job: Job) -> bool:
@@ -140,6 +141,8 @@ class Preemption:
         if mem.room(after, self.cache.nbytes) < floor:
             if running and mem.room(after, 0) < floor:
                 return False  # waits for running sequences to end; the cache stays
+            if job.resume_ids is not None:  # its KV out of the cache before it makes room
+                self._fetched[id(job)] = self._fetch(job)
             self._shrink(after, floor)
         mem.reserved = after
         return True
@@ -225,10 +228,14 @@ class Preemption:
         prof = self.memory.profile
         return prof.fixed + prof.kv_per_token * tokens
 
-    def resume(self, job: Job) -> tuple[list[int], CacheLookup]:
-        """(the ids preempted ``job`` resumes from, the prompt cache's KV for them)."""
+    def _fetch(self, job: Job) -> tuple[list[int], CacheLookup]:
         ids = job.resume_ids or list(job.prompt_ids)
-        lookup = self.cache.fetch(self.loaded.cache_key, ids, job.params.prompt_cache_dir)
+        return ids, self.cache.fetch(self.loaded.cache_key, ids, job.params.prompt_cache_dir)
+
+    def resume(self, job: Job) -> tuple[list[int], CacheLookup]:
+        """(the ids preempted ``job`` resumes from, the prompt cache's KV for them: taken
+        before `reserve` made room, or now)."""
+        ids, lookup = self._fetched.pop(id(job), None) or self._fetch(job)
         moved = self._bytes(lookup.cached_tokens) if lookup.cached_tokens else 0
         self.resumed += 1
         self.bytes_in += moved
