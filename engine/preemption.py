@@ -235,7 +235,8 @@ class Preemption:
     def resume(self, job: Job) -> tuple[list[int], CacheLookup]:
         """(the ids preempted ``job`` resumes from, the prompt cache's KV for them: taken
         before `reserve` made room, or now)."""
-        ids, lookup = self._fetched.pop(id(job), None) or self._fetch(job)
+        fetched = self._fetched.pop(id(job)) if id(job) in self._fetched else None
+        ids, lookup = fetched or self._fetch(job)
         moved = self._bytes(lookup.cached_tokens) if lookup.cached_tokens else 0
         self.resumed += 1
         self.bytes_in += moved
