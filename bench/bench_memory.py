@@ -38,7 +38,7 @@ def breakdown(stub) -> dict[str, int]:
 
 def run(
     server: bl.Backend, prompts: list[str], new_tokens: int, stops: list[str] | None = None
-) -> tuple[float, int, int]:
+) -> tuple[float, int, int, int, float]:
     seen = [0]
     stop = threading.Event()
 
@@ -66,7 +66,7 @@ def run(
     stop.set()
     watcher.join()
     tokens = sum(r.tokens for r in results)
-    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"]
+    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"], tokens, elapsed
 
 
 def main(argv: list[str]) -> int:
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
         budget += int(args.rows * seq)
         # The agents' stop strings: where each prompt's own output reaches --new-tokens.
         stops = [
-            bl.grpc_stream(server.stub, bl.predict_options(p, args.new_tokens)).text[-8:]
+            bl.grpc_stream(server.stub, bl.predict_options(p, args.new_tokens)).text[-24:]
             for p in prompts
         ]
         declared = -(-(args.prompt_tokens + args.tokens) // 256) * 256
@@ -104,14 +104,18 @@ def main(argv: list[str]) -> int:
         )
         for name, value, tokens, stop, held in configs:
             server.load(bl.embedded_gguf(), [f"memory_budget:{value}"])
-            tps, most, peak = run(server, prompts, tokens, stop)
+            tps, most, peak, made, secs = run(server, prompts, tokens, stop)
             limit = f"{budget / 2**20:.0f} MiB" if value else "-"
             ok = bl.verdict(peak <= budget * 1.1) if value else "-"
-            rows.append((name, limit, f"{tps:.1f}", most, held, f"{peak / 2**20:.0f} MiB", ok))
+            rows.append(
+                (name, limit, made, f"{secs:.1f}", f"{tps:.1f}", most, held,
+                 f"{peak / 2**20:.0f} MiB", ok)
+            )  # fmt: skip
     finally:
         server.stop()
     headers = (
-        "config", "budget", "tok/s", "most running", "reserved (longest)", "MLX peak",
+        "config", "budget", "tokens", "s", "tok/s", "most running", "reserved (longest)",
+        "MLX peak",
         "peak <= budget+10%",
     )  # fmt: skip
     print(bl.table(headers, rows))
