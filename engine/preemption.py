@@ -141,7 +141,7 @@ class Preemption:
         if mem.room(after, self.cache.nbytes) < floor:
             if running and mem.room(after, 0) < floor:
                 return False  # waits for running sequences to end; the cache stays
-            if job.resume_ids is not None:  # its KV out of the cache before it makes room
+            if job.preemptions:  # its KV out of the cache before it makes room
                 self._fetched[id(job)] = self._fetch(job)
             self._shrink(after, floor)
         mem.reserved = after
@@ -188,7 +188,8 @@ class Preemption:
     def take(self, job: Job, pending: int | None, staying: Sequence[Job]) -> None:
         """Take preempted ``job``'s row out of the batch and store its KV (module doc)
         where the budget has room beside the ``staying`` jobs; ``pending``: its next
-        input, the token it sampled last (None: it was still prefilling). Sets
+        input, the token it sampled last (None: it was still prefilling: it resumes from
+        what it started from, its prompt or an earlier resume's ids). Sets
         ``job.resume_ids``."""
         held = self.rows.release(job)
         kv, tokens = (held[0], list(held[1])) if held is not None else (None, [])

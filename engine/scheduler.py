@@ -238,7 +238,7 @@ class Scheduler:
                 if not self.preemption.reserve(job, self._admitted(), bool(self.active)):
                     break
                 self.waiting.popleft()
-                if job.resume_ids is not None:
+                if job.preemptions:
                     self._resume(job)
                 else:
                     self._admit(job)
@@ -250,7 +250,7 @@ class Scheduler:
 
     def _reap(self, job: Job) -> None:
         """End a waiting job cancelled by its client (a preempted one with its output)."""
-        if job.resume_ids is not None:
+        if job.preemptions:
             self.retire(job, "cancelled")
         else:
             self.end(job, error=Cancelled("cancelled before it started"))
@@ -372,7 +372,6 @@ class Scheduler:
         sampler, processors and output state (`Preemption.resume`)."""
         ids, lookup = self.preemption.resume(job)
         job.uid = self._batch.start(job, ids, lookup, job.sampler, job.processors, 0)
-        job.resume_ids = None
         self.active[job.uid] = job
 
     def mirror_step(self) -> dict[int, Handover]:

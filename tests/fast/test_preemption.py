@@ -194,3 +194,16 @@ def test_when_memory_is_the_problem_the_kv_goes_to_the_disk_tier() -> None:
     assert tiers.nbytes == 0  # no room in memory
     assert tiers.disks["/models/cache"].puts == [list(range(239))]
     assert pre.status()["preemption_bytes_to_cache"] == 239 * PER_TOKEN
+
+
+def test_preempted_again_before_it_decodes_it_resumes_from_the_same_tokens() -> None:
+    pre, rows, _, _ = _setup(100)
+    job = _job(5, prompt=200, tokens=30, runner=rows)
+    rows.held[5] = list(range(229))
+    pre.take(job, 4242, staying=[])
+    first = job.resume_ids
+    ids, _ = pre.resume(job)
+    job.uid = 6
+    rows.held[6] = ids[:-1]  # resumed: its KV restored, its next input not fed yet
+    pre.take(job, None, staying=[])
+    assert job.resume_ids == first == [*range(229), 4242] and job.preemptions == 2
