@@ -9,7 +9,14 @@ the weights, one prompt's prefill working set and ``--rows`` sequences at their 
 from the KV and prefill figures the server reports (Status ``memory_kv_per_token``,
 ``memory_prefill_per_token``). Target (issue 21): peak <= budget + 10%.
 
-    python bench/bench_memory.py            # ~3 minutes on 2 cores
+A third row, ``agents``: the same budget, the same streams declaring ``--tokens`` (2048,
+as agents send large max_tokens) while each stops after about ``--new-tokens`` (a stop
+string taken from its own output, computed alone first). Admitted on the KV they hold
+(engine/preemption.py), they run as many at once as the ``budget`` row, where reserving
+each at its longest (prompt + Tokens) would run ``reserved`` of them (issue 32 target:
+at least 2x).
+
+    python bench/bench_memory.py            # ~5 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ def breakdown(stub) -> dict[str, int]:
     return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
 
 
-def run(server: bl.Backend, prompts: list[str], new_tokens: int) -> tuple[float, int, int]:
+def run(
+    server: bl.Backend, prompts: list[str], new_tokens: int, stops: list[str] | None = None
+) -> tuple[float, int, int, int, float]:
     seen = [0]
     stop = threading.Event()
 
@@ -44,14 +53,20 @@ def run(server: bl.Backend, prompts: list[str], new_tokens: int) -> tuple[float,
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         results = list(
             pool.map(
-                lambda p: bl.grpc_stream(server.stub, bl.predict_options(p, new_tokens)), prompts
+                lambda i: bl.grpc_stream(
+                    server.stub,
+                    bl.predict_options(
+                        prompts[i], new_tokens, StopPrompts=[stops[i]] if stops else []
+                    ),
+                ),
+                range(len(prompts)),
             )
         )
     elapsed = time.perf_counter() - start
     stop.set()
     watcher.join()
     tokens = sum(r.tokens for r in results)
-    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"]
+    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"], tokens, elapsed
 
 
 def main(argv: list[str]) -> int:
@@ -60,6 +75,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rows", type=float, default=4.0)
+    ap.add_argument("--tokens", type=int, default=2048, help="Tokens the agents row declares")
     args = ap.parse_args(argv)
     print(bl.header("O. eight streams with and without a memory budget", argv))
     maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
@@ -73,15 +89,35 @@ def main(argv: list[str]) -> int:
         seq = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * longest
         budget = s["weights"] + s["memory_prefill_per_token"] * args.prompt_tokens
         budget += int(args.rows * seq)
-        for name, value in (("off", 0), ("budget", budget)):
+        # The agents' stop strings: where each prompt's own output reaches --new-tokens.
+        stops = [
+            bl.grpc_stream(server.stub, bl.predict_options(p, args.new_tokens)).text[-24:]
+            for p in prompts
+        ]
+        declared = -(-(args.prompt_tokens + args.tokens) // 256) * 256
+        at_longest = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * declared
+        reserved = max(int(args.rows * seq) // at_longest, 1)
+        configs = (
+            ("off", 0, args.new_tokens, None, "-"),
+            ("budget", budget, args.new_tokens, None, "-"),
+            ("agents", budget, args.tokens, stops, str(reserved)),
+        )
+        for name, value, tokens, stop, held in configs:
             server.load(bl.embedded_gguf(), [f"memory_budget:{value}"])
-            tps, most, peak = run(server, prompts, args.new_tokens)
+            tps, most, peak, made, secs = run(server, prompts, tokens, stop)
             limit = f"{budget / 2**20:.0f} MiB" if value else "-"
             ok = bl.verdict(peak <= budget * 1.1) if value else "-"
-            rows.append((name, limit, f"{tps:.1f}", most, f"{peak / 2**20:.0f} MiB", ok))
+            rows.append(
+                (name, limit, made, f"{secs:.1f}", f"{tps:.1f}", most, held,
+                 f"{peak / 2**20:.0f} MiB", ok)
+            )  # fmt: skip
     finally:
         server.stop()
-    headers = ("config", "budget", "tok/s", "most running", "MLX peak", "peak <= budget+10%")
+    headers = (
+        "config", "budget", "tokens", "s", "tok/s", "most running", "reserved (longest)",
+        "MLX peak",
+        "peak <= budget+10%",
+    )  # fmt: skip
     print(bl.table(headers, rows))
     return 0
 

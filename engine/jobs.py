@@ -156,6 +156,11 @@ class Job:
         self.vision = vision
         self.disk_hit = False  # its prompt came from the prompt cache's disk tier
         self.processors: list = []  # its logits processors (a grammar's reports a failure)
+        self.sampler: Any = None  # its sampler, kept with the processors across a preemption
+        # Once preempted (`engine.preemption`): the tokens it resumes (resumed) from,
+        # prompt and generated, the last one its next input; None before.
+        self.resume_ids: list[int] | None = None
+        self.preemptions = 0  # times it was preempted (> 0 in the queue: it resumes)
         self.done = False  # the final event was sent; set once, under _done_lock
         self._done_lock = threading.Lock()
 

@@ -76,6 +76,8 @@ STATUS_CODES = frozenset(
 # Why a request's prompt was mostly prefilled although the prompt cache is on
 # (engine/divergence.py says when and how each is told).
 MISS_REASONS = ("cold", "diverged", "evicted", "untrimmable")
+# Which way preemption moved a sequence's KV (engine/preemption.py).
+PREEMPTION_DIRECTIONS = ("to_cache", "from_cache")
 OTHER = "other"  # the label value of a finish reason or tier this module does not know
 
 
@@ -360,6 +362,25 @@ class Metrics:
             "Draft tokens the model accepted.",
             registry=r,
         )
+        self._preemptions = Counter(
+            PREFIX + "preemptions",
+            "Sequences preempted because the memory budget could not hold the running "
+            "set's KV after the next step (the newest gives way; it resumes later).",
+            registry=r,
+        )
+        self._resumes = Counter(
+            PREFIX + "preemption_resumes",
+            "Preempted sequences resumed (from the prompt cache, or recomputed).",
+            registry=r,
+        )
+        moved = Counter(
+            PREFIX + "preemption_kv_bytes",
+            "KV bytes preemption moved, by direction: to_cache (a preempted sequence's KV "
+            "stored in the prompt cache) and from_cache (what a resumed one took back).",
+            ["direction"],
+            registry=r,
+        )
+        self._moved = {d: moved.labels(direction=d) for d in PREEMPTION_DIRECTIONS}
         memory = Gauge(
             PREFIX + "memory_bytes",
             "Memory in bytes, by kind: weights, kv (running batch), prompt_cache (memory "
@@ -388,6 +409,9 @@ class Metrics:
             "spec_decode_draft_tokens": self._drafted,
             "spec_decode_accepted_tokens": self._accepted,
             "memory_bytes": memory,
+            "preemptions": self._preemptions,
+            "preemption_resumes": self._resumes,
+            "preemption_kv_bytes": moved,
         }
         self._totals: dict[tuple[str, str], int] = {}  # cache_totals' last readings
         self._totals_lock = threading.Lock()
@@ -535,6 +559,16 @@ class Metrics:
         self._drafted.inc(max(0, drafted))
         self._accepted.inc(max(0, accepted))
 
+    def preempted(self, nbytes: int) -> None:
+        """A sequence was preempted; ``nbytes`` of its KV went to the prompt cache."""
+        self._preemptions.inc()
+        self._moved["to_cache"].inc(max(0, nbytes))
+
+    def resumed(self, nbytes: int) -> None:
+        """A preempted sequence resumed; ``nbytes`` of its KV came from the prompt cache."""
+        self._resumes.inc()
+        self._moved["from_cache"].inc(max(0, nbytes))
+
     # ------------------------------------------------------------------ gauges
     def set_load(self, running: int, waiting: int) -> None:
         """Requests decoding now (``running``) and queued (``waiting``)."""
@@ -642,6 +676,12 @@ class NullMetrics:
         pass
 
     def speculation(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def preempted(self, nbytes: int) -> None:
+        pass
+
+    def resumed(self, nbytes: int) -> None:
         pass
 
     def set_load(self, running: int, waiting: int) -> None:

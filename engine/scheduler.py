@@ -1,6 +1,7 @@
 """The scheduler: the running set of one loaded model, stepped by the engine thread.
 
-Owns admission (waiting jobs join when a batch slot is free), the running sequences of
+Owns admission (waiting jobs join when a batch slot is free and the memory budget holds
+them; preemption when it no longer does: `engine.preemption`), the running sequences of
 every kind behind one interface (`engine.sequences`: the continuous batch, and the solo
 runs the batch cannot hold), the prompt cache (fetch at start, insert at retirement;
 prefill checkpoints for caches that cannot be trimmed: `engine.checkpoints`),
@@ -25,11 +26,12 @@ from caches.prompt_tiers import PromptTiers
 from decoding import grammar, sampling
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
-from engine import divergence, fit, request_log
+from engine import divergence, request_log
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
 from engine.memory import MemoryBudget
 from engine.metrics import NULL, Recorder
+from engine.preemption import Preemption
 from engine.request_log import RequestMetrics
 from engine.runner import Batch, Handover, Runner, Token
 from engine.sequences import BatchRunner, SoloRunner
@@ -144,7 +146,13 @@ class Scheduler:
         self.kv_bytes = 0
         self.checkpoints = Checkpoints(loaded, self.cache, group.single_process)
         eos_ids = frozenset(loaded.tokenizer.eos_token_ids)
-        self._batch: Batch = BatchRunner(loaded, eos_ids, self.checkpoints)
+        batch = BatchRunner(loaded, eos_ids, self.checkpoints)
+        self._batch: Batch = batch
+        self._rows = batch  # the batch's own calls (`BatchRunner.pending`)
+        # Admission by memory, preemption and resumption (engine/preemption.py).
+        self.preemption = Preemption(
+            loaded, self.memory, batch, self.cache, group.single_process, metrics
+        )
         self._solo: Runner = SoloRunner(loaded, eos_ids, self.checkpoints)
         # Image prompts (vision models): prefilled from embeddings, then handed to the batch
         # (first in the step, so a prompt joins the batch in the step it finishes).
@@ -202,7 +210,7 @@ class Scheduler:
         """Reap cancelled and stalled jobs, then admit waiting jobs into free slots."""
         for job in [j for j in self.waiting if j.cancelled]:
             self.waiting.remove(job)
-            self.end(job, error=Cancelled("cancelled before it started"))
+            self._reap(job)
         self._unpark()
         for job in list(self.active.values()):
             if job.cancelled:
@@ -220,58 +228,32 @@ class Scheduler:
             job = self.waiting[0]
             if job.cancelled:
                 self.waiting.popleft()
-                self.end(job, error=Cancelled("cancelled before it started"))
+                self._reap(job)
                 continue
             try:
                 if job.model_serial != self.loaded.serial:
                     raise Unavailable("the model was replaced while the request waited; retry")
-                if not self._reserve(job):
-                    break  # it waits, and those behind it too: admission is in order
+                # The memory budget (engine/preemption.py): it fits now, or it waits, and
+                # those behind it too: admission is in order.
+                if not self.preemption.reserve(job, self._admitted(), bool(self.active)):
+                    break
                 self.waiting.popleft()
-                self._admit(job)
+                if job.preemptions:
+                    self._resume(job)
+                else:
+                    self._admit(job)
             except (BackendError, ValueError) as exc:
                 if self.waiting and self.waiting[0] is job:
                     self.waiting.popleft()
                 self.end(job, error=as_backend_error(exc))
-        self._reserve_running()
+        self.preemption.settle(self._admitted())
 
-    # ------------------------------------------------------------------ memory
-    def _reserve(self, job: Job) -> bool:
-        """Whether ``job`` fits the memory budget beside the running sequences now,
-        evicting prompt-cache entries (least recently used first) to make room; raises
-        the prepare step refused those that never can (`fit.check_memory`). Reserves its
-        KV when it fits."""
-        mem = self.memory
-        job.kv_tokens = fit.kv_tokens(self.loaded, len(job.prompt_ids), job.max_tokens)
-        if not mem.enabled:
-            return True
-        after = self._kv_cost([*self._admitted(), job])
-        floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))
-        if mem.room(after, self.cache.nbytes) < floor:
-            self._shrink_cache(after, floor)
-            if mem.room(after, self.cache.nbytes) < floor and self.active:
-                return False  # waits for running sequences to end
-        mem.reserved = after
-        return True
-
-    def _kv_cost(self, jobs: list[Job]) -> int:
-        """What ``jobs`` reserve together: mlx-lm pads a batch's rows to its longest."""
-        longest = max((j.kv_tokens for j in jobs), default=0)
-        return self.memory.batch_cost(len(jobs), longest)
-
-    def _shrink_cache(self, kv: int, floor: int) -> None:
-        """Evict prompt-cache entries (least recently used first) until ``kv`` bytes of
-        running KV and a prefill working set of ``floor`` bytes fit beside it."""
-        self.cache.trim_to(max_bytes=max(self.memory.room(kv, 0) - floor, 0))
-
-    def _reserve_running(self) -> None:
-        """Reservations and the prefill chunk the budget allows, for who runs now."""
-        mem = self.memory
-        if not mem.enabled:
-            return
-        mem.reserved = self._kv_cost(self._admitted())
-        room = mem.room(mem.reserved, self.cache.nbytes)
-        self._batch.budget.memory_cap = max(mem.chunk_for(room), 1)
+    def _reap(self, job: Job) -> None:
+        """End a waiting job cancelled by its client (a preempted one with its output)."""
+        if job.preemptions:
+            self.retire(job, "cancelled")
+        else:
+            self.end(job, error=Cancelled("cancelled before it started"))
 
     def _admit(self, job: Job) -> None:
         job.t_admit = time.perf_counter()
@@ -349,7 +331,8 @@ class Scheduler:
             runner = self._batch if self._batch.holds(params) else self._solo
         job.runner = runner
         job.uid = runner.start(job, ids, lookup, sampler, processors, diverges)
-        job.processors = processors  # a grammar failing mid-generation: see _on_token
+        # Kept for a preemption's resume; a grammar failing mid-generation: see _on_token.
+        job.sampler, job.processors = sampler, processors
         self.active[job.uid] = job
         self.group.joined(job, ids)
 
@@ -357,6 +340,7 @@ class Scheduler:
     def step(self) -> None:
         """Decode one token for every active sequence (image prompts' prefill first, then
         the batch, then solo runs)."""
+        self._make_room()
         self.metrics.step(len(self.active))
         for runner in self._runners:
             if runner.rows:
@@ -364,6 +348,31 @@ class Scheduler:
                     self._on_token(token)
         self._unpark()  # followers start in the step it was stored
         self.kv_bytes = sum(runner.nbytes for runner in self._runners) if self.active else 0
+
+    def _make_room(self) -> None:
+        """Preempt the newest sequences whose KV the budget cannot hold after this step
+        (`Preemption.make_room`): each one's queued token is delivered first (it may end
+        it), then it waits at the head of the queue to resume."""
+        victims = self.preemption.make_room(self._admitted())
+        for job in victims:
+            token = self._rows.pending(job)
+            if token is not None:
+                self._on_token(token)
+            uid = job.uid
+            if job.done or uid is None or self.active.get(uid) is not job:
+                continue  # that token ended it
+            del self.active[uid]
+            pending = token.token if token is not None else None
+            self.preemption.take(job, pending, [j for j in self._admitted() if j not in victims])
+            self.waiting.appendleft(job)  # the older one preempted after it goes first
+        self.preemption.settle(self._admitted())
+
+    def _resume(self, job: Job) -> None:
+        """Start a preempted job again from its prompt and generated tokens, with its
+        sampler, processors and output state (`Preemption.resume`)."""
+        ids, lookup = self.preemption.resume(job)
+        job.uid = self._batch.start(job, ids, lookup, job.sampler, job.processors, 0)
+        self.active[job.uid] = job
 
     def mirror_step(self) -> dict[int, Handover]:
         """A distributed follower's `step`: the same decode, no output.
@@ -437,11 +446,8 @@ class Scheduler:
                 self.cache.insert(self.loaded.cache_key, tokens, kv[0], job.params.prompt_cache_dir)
             except ValueError:  # a KV/token mismatch must not leave the client hanging
                 logger.exception("prompt cache refused the KV of request %s", job.uid)
-            if self.memory.enabled:  # the new entry must not take what others reserved
-                others = [j for j in self._admitted() if j is not job]
-                self._shrink_cache(
-                    self._kv_cost(others), self.memory.profile.prefill(self.memory.chunk)
-                )
+            # The new entry must not take what the others hold.
+            self.preemption.shrink_for([j for j in self._admitted() if j is not job])
         # The cache keeps its own copy: drop ours now, so memory read at `end` is real.
         kv = None
         if error is not None:
@@ -467,7 +473,7 @@ class Scheduler:
             return
         if job.uid is not None:
             self.active.pop(job.uid, None)
-        self._reserve_running()  # Status's memory_reserved is current when the reply is
+        self.preemption.settle(self._admitted())  # Status's memory_reserved is current
         if not self.active:
             self.kv_bytes = 0  # Status right after the last reply must not show stale KV
             self._on_idle()

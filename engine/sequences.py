@@ -36,7 +36,7 @@ from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup, trim_exactly
-from seam.batch import DecodeBatch
+from seam.batch import DecodeBatch, pending
 from seam.rows import row_cache
 from seam.speculation import DraftedModel, SpeculativeBatch
 
@@ -278,7 +278,7 @@ class BatchRunner:
         # most prefill_step_size tokens per step, interleaved with decoding).
         uid = self._batch.insert(
             segments,
-            max_tokens=job.max_tokens,
+            max_tokens=job.max_tokens - job.tokens,  # a resumed job: what it has left
             cache=kv,
             tokens=ids[: lookup.cached_tokens],
             sampler=sampler,
@@ -390,6 +390,22 @@ class BatchRunner:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
+
+    def pending(self, job: Job) -> Token | None:
+        """``job``'s next token, sampled and queued but not returned yet
+        (`DecodeBatch.pending`), with the finish it makes ("stop" at EOS, "length" at
+        ``job.max_tokens``); None while its row prefills."""
+        uid = job.uid
+        got = pending(self._batch, uid) if uid is not None and uid in self._uids else None
+        if uid is None or got is None:
+            return None
+        token, logprobs = got
+        finish = None
+        if token in self._eos_ids and stops_at_eos(job.params):
+            finish = "stop"
+        elif job.tokens + 1 >= job.max_tokens:
+            finish = "length"
+        return Token(uid, token, logprobs, finish)
 
     def drop(self, job: Job) -> None:
         """Take ``job``'s row out, discarding its KV."""

@@ -76,6 +76,8 @@ def snapshot(engine: EngineFacts) -> StatusSnapshot:
         **({"vision_cache": loaded.vision.features_nbytes} if loaded and loaded.vision else {}),
         # memory_budget, memory_reserved (KV of running sequences), memory_free
         **(sched.memory.status() if sched is not None else {}),
+        # preemptions, preemption_resumes, preemption_bytes_to/from_cache (since load)
+        **(sched.preemption.status() if sched is not None else {}),
         **engine.mlx_memory,
         **engine.group.memory(),  # distributed: group_size, weights_rank_<i>
     }

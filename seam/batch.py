@@ -546,3 +546,17 @@ class DecodeBatch:
         if len(keep) < len(self._rows):
             self._filter(keep)
         return out
+
+
+def pending(batch: DecodeBatch, uid: int) -> tuple[int, mx.array | None] | None:
+    """(token, logprobs (V,) or None) that ``batch``'s decoding row ``uid`` has queued,
+    sampled but not yet returned (the pipelined step); None when the row does not decode.
+    Reading it waits for the queued step. The row's KV does not hold it yet; its sampler
+    and processors have seen it: a row taken out now (`engine.preemption`) resumes by
+    feeding it. A plain decode's queue (a `SpeculativeBatch` is never asked)."""
+    for i, row in enumerate(batch._rows):
+        if row.uid == uid and batch._next_tokens is not None:
+            logprobs = batch._next_logprobs[i]
+            mx.eval(batch._next_tokens, *([logprobs] if logprobs is not None else []))
+            return int(batch._next_tokens[i].item()), logprobs
+    return None

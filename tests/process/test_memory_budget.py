@@ -6,7 +6,9 @@ recurrent state (mamba2).
 More requests than the budget holds at once all finish with their solo greedy output,
 fewer run at once than were sent, MLX's peak stays within the budget (+10%); a request
 that can never fit is refused at once (RESOURCE_EXHAUSTED, with the numbers) while the
-others stream on; a budget below the weights fails LoadModel.
+others stream on; a budget below the weights fails LoadModel. Requests with a large
+Tokens and short outputs are admitted on the KV they hold (more at once than reserving
+at the longest allowed).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ PROMPT_WORDS = 60  # ~130-token prompts
 NEW_TOKENS = 8
 SENT = 4  # concurrent requests; the budget holds 2
 OPTIONS = ("warmup:false",)  # the kernels are warm after the first load anyway
+AGENTS = 8  # requests with a large Tokens and a short output, sent at once
+AGENT_TOKENS = 2048
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,7 @@ class Measured:
 
 @pytest.fixture(scope="module")
 def smol(srv) -> Measured:
-    return Measured(srv, str(model_loader.embedded_model_path()), _prompts(SENT))
+    return Measured(srv, str(model_loader.embedded_model_path()), _prompts(AGENTS))
 
 
 def test_more_requests_than_fit_all_finish_with_their_solo_output(srv, smol) -> None:
@@ -103,11 +107,40 @@ def test_more_requests_than_fit_all_finish_with_their_solo_output(srv, smol) -> 
     running = _watch_running(srv.stub, stop)
     together = _predict_all(srv.stub, _prompts(SENT))
     stop.set()
-    assert together == smol.solo
+    assert together == smol.solo[:SENT]
     assert 1 <= max(running) < SENT, running  # the budget held some back
     after = status(srv.stub)
     assert after["mlx_peak"] <= budget * 1.1, (after["mlx_peak"], budget)
     assert after["memory_reserved"] == 0
+
+
+def test_large_tokens_with_short_outputs_run_more_at_once_than_reservation(srv, smol) -> None:
+    """Agents send Tokens of thousands and use a fraction: admitted on the KV they hold
+    (engine/preemption.py), eight such requests run at once under a budget in which
+    reserving each at its longest (prompt + Tokens) ran two, with their solo outputs."""
+    prompts = _prompts(AGENTS)
+    smol.load(64 * 1024**3)
+    # Each request stops where its own greedy text reaches the end of its first
+    # NEW_TOKENS tokens (a stop string: its output is the same alone or batched).
+    stops = [text.decode()[-8:] for text in smol.solo]
+    assert all(s.strip() for s in stops), stops
+    reqs = [greedy(p, AGENT_TOKENS, StopPrompts=[s]) for p, s in zip(prompts, stops, strict=True)]
+    solo = [srv.stub.Predict(r).message for r in reqs]
+    assert all(len(t) < 200 for t in solo), solo
+    longest = max(smol.ids) + AGENT_TOKENS
+    seq = smol.fixed + smol.per_token * -(-longest // 256) * 256
+    budget = smol.weights + smol.prefill * max(smol.ids) + int(2.5 * seq)
+    reserved_at_once = 2  # what the budget holds at the longest: 2.5 sequences
+    smol.load(budget)
+    stop = threading.Event()
+    running = _watch_running(srv.stub, stop)
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        together = list(pool.map(lambda r: srv.stub.Predict(r).message, reqs))
+    stop.set()
+    assert together == solo
+    assert max(running) >= 2 * reserved_at_once, running
+    after = status(srv.stub)
+    assert after["mlx_peak"] <= budget * 1.1, (after["mlx_peak"], budget)
 
 
 def test_what_can_never_fit_is_refused_at_once_while_others_stream(srv, smol) -> None:
