@@ -246,7 +246,7 @@ class Scheduler:
         if not mem.enabled:
             return True
         after = self._kv_cost([*self._admitted(), job])
-        floor = mem.profile.prefill(min(mem.chunk, max(len(job.prompt_ids), 1)))
+        floor = mem.profile.floor(len(job.prompt_ids), mem.chunk)
         if mem.room(after, self.cache.nbytes) < floor:
             self._shrink_cache(after, floor)
             if mem.room(after, self.cache.nbytes) < floor and self.active:
@@ -270,8 +270,7 @@ class Scheduler:
         if not mem.enabled:
             return
         mem.reserved = self._kv_cost(self._admitted())
-        room = mem.room(mem.reserved, self.cache.nbytes)
-        self._batch.budget.memory_cap = max(mem.chunk_for(room), 1)
+        self._batch.budget.limit(mem.room(mem.reserved, self.cache.nbytes), mem.profile)
 
     def _admit(self, job: Job) -> None:
         job.t_admit = time.perf_counter()

@@ -39,12 +39,34 @@ def test_a_fast_device_keeps_full_chunks() -> None:
     assert budget.chunk(1, decoding=True) == 512
 
 
-def test_the_memory_cap_bounds_the_chunk_too() -> None:
+def test_the_memory_room_bounds_the_step_over_all_prefilling_rows() -> None:
+    """Issue 32: the room holds the whole step's prefill working set, every prefilling
+    row's chunk priced beside the context (attention scores are chunk x context)."""
+    prof = MemoryProfile(kv_per_token=0, fixed=0, prefill_per_token=1000, prefill_per_pair=10)
     budget = PrefillBudget(0, 512)
-    budget.memory_cap = 100
-    assert budget.chunk(1, decoding=False) == 100
-    assert budget.chunk(4, decoding=False) == 25  # four rows share the cap
-    assert budget.chunk(10, decoding=False) == MIN_CHUNK  # never below the smallest chunk
+    budget.limit(100 * 1000, prof)
+    one = budget.chunk(1, decoding=False)
+    assert one == 61  # 61 * (1000 + 10 * 61) = 98,210; 62 * (1000 + 10 * 62) = 100,440
+    assert prof.prefill(one) <= 100 * 1000 < prof.prefill(one + 1)
+    four = budget.chunk(4, decoding=False)
+    assert prof.prefill(four, rows=4) <= 100 * 1000 < prof.prefill(four + 1, rows=4)
+    long = budget.chunk(1, decoding=False, context=500)
+    assert long < one and prof.prefill(long, 500) <= 100 * 1000 < prof.prefill(long + 1, 500)
+    assert budget.chunk(1, decoding=False, context=5000) == MIN_CHUNK  # never below it
+    budget.limit(10**12, prof)
+    assert budget.chunk(4, decoding=False, context=100) == 512
+
+
+def test_the_profile_prices_chunks_rows_and_context() -> None:
+    prof = MemoryProfile(kv_per_token=0, fixed=0, prefill_per_token=1000, prefill_per_pair=10)
+    assert prof.prefill(64) == 64 * 1000 + 10 * 64 * 64
+    assert prof.prefill(64, context=1000) == 64 * 1000 + 10 * 64 * 1064
+    assert prof.prefill(64, context=1000, rows=3) == 3 * prof.prefill(64, context=1000)
+    assert prof.chunk_within(10**12, 1, 0, 512) == 512
+    assert prof.chunk_within(prof.prefill(MIN_CHUNK) - 1, 1, 0, 512) == 0
+    # A prompt's floor: its first chunk, or the smallest chunk beside its whole context.
+    assert prof.floor(100, 512) == prof.prefill(100)
+    assert prof.floor(100_000, 512) == prof.prefill(MIN_CHUNK, 100_000)
 
 
 def _budget(budget_mib: int, weights_mib: int = 500) -> MemoryBudget:
