@@ -156,6 +156,11 @@ def _working_set(model, cache: list, n: int) -> int:
     return max(mx.get_peak_memory() - mx.get_active_memory(), 0)
 
 
+def _zeros(like: mx.array, tokens: int) -> mx.array:
+    """Zeros shaped as KV buffer ``like`` (batch, kv heads, tokens, head dim), ``tokens`` long."""
+    return mx.zeros((like.shape[0], like.shape[1], tokens, like.shape[3]), like.dtype)
+
+
 def _held(probed: list, context: int, n: int, fresh: list) -> list | None:
     """``fresh`` (a new cache of the model) holding ``context`` tokens of zeros in the
     layers that grow with the sequence (shaped as ``probed``'s after the first probe,
@@ -164,13 +169,11 @@ def _held(probed: list, context: int, n: int, fresh: list) -> list | None:
     filled = False
     for old, new in zip(probed, fresh, strict=True):
         keys, values = getattr(old, "keys", None), getattr(old, "values", None)
-        plain = isinstance(keys, mx.array) and isinstance(values, mx.array)
-        if not plain or getattr(old, "max_size", None) is not None or not old.is_trimmable():
-            continue
-        shape = lambda a: (a.shape[0], a.shape[1], allocated, a.shape[3])  # noqa: E731
-        new.update_and_fetch(
-            mx.zeros(shape(keys), keys.dtype), mx.zeros(shape(values), values.dtype)
-        )
+        if not isinstance(keys, mx.array) or not isinstance(values, mx.array):
+            continue  # recurrent state, quantized KV
+        if getattr(old, "max_size", None) is not None or not old.is_trimmable():
+            continue  # a rotating window: bounded
+        new.update_and_fetch(*(_zeros(a, allocated) for a in (keys, values)))
         new.trim(allocated - context)
         filled = True
     return fresh if filled else None

@@ -63,8 +63,8 @@ class PrefillBudget:
         ``prefill_rows`` rows (each chunk beside the context) fits its room."""
         largest = for_context(context, self.max_chunk)
         if self.memory is not None and prefill_rows > 0:
-            room, profile = self.memory
-            largest = profile.chunk_within(room, prefill_rows, context, largest)
+            room_bytes, profile = self.memory
+            largest = profile.chunk_within(room_bytes, prefill_rows, context, largest)
         largest = max(MIN_CHUNK, largest)
         if not decoding or self.budget_s <= 0 or prefill_rows == 0:
             return largest
