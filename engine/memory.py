@@ -88,6 +88,13 @@ class MemoryProfile:
                 hi = mid - 1
         return lo if lo >= MIN_CHUNK or lo == largest else 0
 
+    def copy(self, tokens: int) -> int:
+        """One copy of the KV of rows that prefill together, holding ``tokens`` tokens in
+        all: the batch copies its prefilling rows' KV when some of them start decoding
+        (`seam.batch.DecodeBatch`: the prefill cache is copied, then each part filtered),
+        so a step may hold it twice."""
+        return self.kv_per_token * max(tokens, 0)
+
     def floor(self, tokens: int, chunk: int) -> int:
         """The least prefill working set a prompt of ``tokens`` tokens needs alone: its
         first chunk (at most ``chunk``) and the smallest chunk at its full context."""

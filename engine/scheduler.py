@@ -246,7 +246,10 @@ class Scheduler:
         if not mem.enabled:
             return True
         after = self._kv_cost([*self._admitted(), job])
+        # Its prefill, and a copy of the KV of the prompts prefilling beside it (issue 32).
+        prefilling = sum(len(j.prompt_ids) for j in self._admitted() if j.t_first is None)
         floor = mem.profile.floor(len(job.prompt_ids), mem.chunk)
+        floor += mem.profile.copy(prefilling + len(job.prompt_ids))
         if mem.room(after, self.cache.nbytes) < floor:
             self._shrink_cache(after, floor)
             if mem.room(after, self.cache.nbytes) < floor and self.active:
