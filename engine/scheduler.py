@@ -28,7 +28,7 @@ from decoding.reasoning_budget import make_budget_processor
 from engine import divergence, fit, request_log
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
-from engine.memory import MemoryBudget
+from engine.memory import MemoryBudget, copies
 from engine.metrics import NULL, Recorder
 from engine.request_log import RequestMetrics
 from engine.runner import Batch, Handover, Runner, Token
@@ -246,10 +246,8 @@ class Scheduler:
         if not mem.enabled:
             return True
         after = self._kv_cost([*self._admitted(), job])
-        # Its prefill, and a copy of the KV of the prompts prefilling beside it (issue 32).
-        prefilling = sum(len(j.prompt_ids) for j in self._admitted() if j.t_first is None)
-        floor = mem.profile.floor(len(job.prompt_ids), mem.chunk)
-        floor += mem.profile.copy(prefilling + len(job.prompt_ids))
+        # Its prefill, and the copies of the running KV a step may hold (issue 32).
+        floor = mem.profile.floor(len(job.prompt_ids), mem.chunk) + copies(after)
         if mem.room(after, self.cache.nbytes) < floor:
             self._shrink_cache(after, floor)
             if mem.room(after, self.cache.nbytes) < floor and self.active:

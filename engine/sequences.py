@@ -342,7 +342,7 @@ class BatchRunner:
         A distributed follower plans the same (its budget has no time part there)."""
         held = [(self._batch.held(u) or (0, 0))[0] for u in self._uids - self._decoding]
         self._batch.prefill_step_size = self.budget.chunk(
-            len(held), decoding, max(held, default=0), sum(held)
+            len(held), decoding, max(held, default=0), self.nbytes
         )
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:

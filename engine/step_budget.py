@@ -13,7 +13,7 @@ speed fits into ``budget_ms`` after the decode step; with nobody decoding, the f
 
 from __future__ import annotations
 
-from engine.memory import MemoryProfile
+from engine.memory import MemoryProfile, copies
 
 MIN_CHUNK = 16  # smallest prefill chunk (tokens per row): below it, per-step overhead rules
 FIRST_CHUNK = 64  # the chunk before any speed was measured
@@ -56,16 +56,16 @@ class PrefillBudget:
         set, priced by ``profile`` (`MemoryProfile.prefill`)."""
         self.memory = (room, profile)
 
-    def chunk(self, prefill_rows: int, decoding: bool, context: int = 0, held: int = 0) -> int:
+    def chunk(self, prefill_rows: int, decoding: bool, context: int = 0, kv: int = 0) -> int:
         """Prompt tokens per prefilling row for the next step; ``context``: the most
         tokens a prefilling row's KV holds (`for_context`; the batch pads every row to
-        the longest); ``held``: the tokens all prefilling rows' KV holds. Under a memory
-        budget, the step's working set over all ``prefill_rows`` rows (each chunk beside
-        the context) fits its room beside a copy of that KV (`MemoryProfile.copy`)."""
+        the longest); ``kv``: the batch's KV bytes now. Under a memory budget, the step's
+        working set over all ``prefill_rows`` rows (each chunk beside the context) fits
+        its room beside the copies of that KV a step may hold (`engine.memory.copies`)."""
         largest = for_context(context, self.max_chunk)
         if self.memory is not None and prefill_rows > 0:
             room_bytes, profile = self.memory
-            room_bytes -= profile.copy(held)
+            room_bytes -= copies(kv)
             largest = profile.chunk_within(room_bytes, prefill_rows, context, largest)
         largest = max(MIN_CHUNK, largest)
         if not decoding or self.budget_s <= 0 or prefill_rows == 0:

@@ -47,15 +47,14 @@ def _predict_all(stub, prompts: list[str]) -> list[bytes]:
         return list(pool.map(lambda p: stub.Predict(greedy(p, NEW_TOKENS)).message, prompts))
 
 
-@pytest.mark.parametrize(("rows", "words"), [(8, 250), (3, 1010)], ids=["8x256", "3x1k"])
+@pytest.mark.parametrize(("rows", "words"), [(8, 250), (2, 1010)], ids=["8x256", "2x1k"])
 def test_rows_sent_at_once_stay_within_a_budget_from_one_measured_peak(srv, rows, words) -> None:
     model = str(model_loader.embedded_model_path())
     prompts = _prompts(rows, words)
-    srv.load(model, [UNBOUND])
-    solo = [srv.stub.Predict(greedy(p, NEW_TOKENS)).message for p in prompts]
-    srv.load(model, [UNBOUND])  # a fresh prompt cache and peak: one request alone
-    srv.stub.Predict(greedy(prompts[0], NEW_TOKENS))
-    single = status(srv.stub)["mlx_peak"]
+    srv.load(model, [UNBOUND])  # a fresh prompt cache; the peak counts from here
+    solo = [srv.stub.Predict(greedy(prompts[0], NEW_TOKENS)).message]
+    single = status(srv.stub)["mlx_peak"]  # one request alone
+    solo += [srv.stub.Predict(greedy(p, NEW_TOKENS)).message for p in prompts[1:]]
     budget = single + MARGIN_MIB * MIB
     srv.load(model, [f"memory_budget:{budget}"])
     assert _predict_all(srv.stub, prompts) == solo
