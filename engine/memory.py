@@ -7,9 +7,13 @@ sequences, the prompt cache's memory tier and the prefill working set.
 
 - `MemoryProfile`, measured once per loaded model (`profile`): KV bytes per token of the
   layers that grow with the sequence, the bytes of layers of fixed size (recurrent
-  state, and rotating windows at their full size), and the prefill working set per
-  prompt token of a chunk (logits, attention scores, activations), by running one
-  chunk and reading MLX's peak memory.
+  state, and rotating windows at their full size), and the prefill working set of a
+  chunk (activations per chunk token, attention scores per chunk x context pair), by
+  running two probe chunks (one beside held KV) and reading MLX's peak memory. A step
+  prices every prefilling row's chunk beside its context (`MemoryProfile.prefill`,
+  `engine.step_budget`) and the copies of the running KV that rows joining or leaving
+  the batch make (`copies`); bench/bench_memory_model.py and
+  tests/process/test_memory_model.py check the sum against MLX's real peak.
 - `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
   token it may generate) when it starts, so nothing admitted can outgrow the budget
   later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
