@@ -7,9 +7,13 @@ sequences, the prompt cache's memory tier and the prefill working set.
 
 - `MemoryProfile`, measured once per loaded model (`profile`): KV bytes per token of the
   layers that grow with the sequence, the bytes of layers of fixed size (recurrent
-  state, and rotating windows at their full size), and the prefill working set per
-  prompt token of a chunk (logits, attention scores, activations), by running one
-  chunk and reading MLX's peak memory.
+  state, and rotating windows at their full size), and the prefill working set of a
+  chunk (activations per chunk token, attention scores per chunk x context pair), by
+  running two probe chunks (one beside held KV) and reading MLX's peak memory. A step
+  prices every prefilling row's chunk beside its context (`MemoryProfile.prefill`,
+  `engine.step_budget`) and the copies of the running KV that rows joining or leaving
+  the batch make (`copies`); bench/bench_memory_model.py and
+  tests/process/test_memory_model.py check the sum against MLX's real peak.
 - `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
   token it may generate) when it starts, so nothing admitted can outgrow the budget
   later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
@@ -38,9 +42,17 @@ logger = logging.getLogger("localai.mlx." + __name__)
 MIB = 1024 * 1024
 RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of physical memory
 METAL_MARGIN = 0.10  # default budget on Metal: the recommended working set minus this share
-PROBE_TOKENS = 64  # prompt tokens of the probe that measures the prefill working set
-WORKING_SET_MARGIN = 1.25  # measured working set per token, times this (longer contexts)
+PROBE_TOKENS = 64  # prompt tokens of each probe chunk that measures the prefill working set
+PROBE_CONTEXT = 1024  # context (tokens already held) of the second probe
+WORKING_SET_MARGIN = 1.25  # measured working set, times this (what the probes do not see)
 MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
+# A step may hold the running KV twice: the batch copies it when rows join or leave
+# (`seam.batch.DecodeBatch`: the prefill cache is deep-copied and filtered when some rows
+# start decoding, the decoding rows' cache concatenated or filtered, a leaving row's KV
+# extracted, then copied again into the prompt cache). Measured (bench/bench_memory_model.py,
+# 8 x 1,061 tokens): counting only weights, KV and the prefill working set, the peak was
+# 951 MiB against an 835 MiB budget, about one copy of the 4 rows' KV above the model.
+KV_COPIES = 1.0
 KV_STEP = 256  # mlx-lm's KVCache.step: KV buffers grow by this many tokens
 
 
@@ -50,13 +62,16 @@ class MemoryProfile:
 
     ``kv_per_token``: KV bytes per token of the layers that grow with the sequence;
     ``fixed``: bytes per sequence of layers that do not (recurrent state; rotating windows
-    counted at their full size); ``prefill_per_token``: the prefill working set per
-    prompt token of one chunk (transient: logits, scores, activations).
+    counted at their full size); the prefill working set of a chunk (transient:
+    activations, attention scores) is ``prefill_per_token`` per chunk token plus
+    ``prefill_per_pair`` per (chunk token, attended token) pair: a chunk's attention
+    scores are chunk x context per head.
     """
 
     kv_per_token: int
     fixed: int
     prefill_per_token: int
+    prefill_per_pair: float = 0.0
 
     def sequence(self, tokens: int) -> int:
         """KV bytes of one sequence of ``tokens`` tokens at its longest, as allocated
@@ -64,9 +79,36 @@ class MemoryProfile:
         allocated = -(-max(tokens, 0) // KV_STEP) * KV_STEP
         return self.fixed + self.kv_per_token * allocated
 
-    def prefill(self, chunk: int) -> int:
-        """The working set of a prefill chunk of ``chunk`` tokens."""
-        return self.prefill_per_token * max(chunk, 0)
+    def prefill(self, chunk: int, context: int = 0, rows: int = 1) -> int:
+        """The working set of one step in which ``rows`` rows each prefill ``chunk``
+        tokens beside ``context`` tokens their KV already holds (the batch pads rows to
+        the longest chunk and the longest context)."""
+        chunk = max(chunk, 0)
+        pairs = chunk * (max(context, 0) + chunk)
+        return int(rows * (self.prefill_per_token * chunk + self.prefill_per_pair * pairs))
+
+    def chunk_within(self, room: int, rows: int, context: int, largest: int) -> int:
+        """The largest chunk (tokens per row, at most ``largest``) whose step working set
+        (`prefill`) fits ``room`` bytes; 0 when not even MIN_CHUNK does."""
+        lo, hi = 0, max(largest, 0)
+        while lo < hi:  # the working set grows with the chunk: bisect
+            mid = (lo + hi + 1) // 2
+            if self.prefill(mid, context, rows) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo if lo >= MIN_CHUNK or lo == largest else 0
+
+    def floor(self, tokens: int, chunk: int) -> int:
+        """The least prefill working set a prompt of ``tokens`` tokens needs alone: its
+        first chunk (at most ``chunk``) and the smallest chunk at its full context."""
+        first = min(chunk, max(tokens, 1))
+        return max(self.prefill(first), self.prefill(min(MIN_CHUNK, first), tokens))
+
+
+def copies(kv: int) -> int:
+    """Bytes a step may hold beside ``kv`` bytes of running KV for its copies (KV_COPIES)."""
+    return int(max(kv, 0) * KV_COPIES)
 
 
 def _layer_bytes(layer) -> tuple[int, int]:
@@ -93,25 +135,64 @@ def _arrays(state) -> list[mx.array]:
 
 
 def profile(model, chunk: int) -> MemoryProfile:
-    """Measure `MemoryProfile` by running one chunk of PROBE_TOKENS tokens (at most
-    ``chunk``) through ``model`` with a fresh cache. Engine thread only."""
+    """Measure `MemoryProfile` with two probe chunks of PROBE_TOKENS tokens (at most
+    ``chunk``) through ``model``: one on a fresh cache (the KV per token, the working set
+    per chunk token), one beside PROBE_CONTEXT tokens of KV already held (the attention
+    term: scores are chunk x context). The held KV is written as zeros, not computed, so
+    the second probe costs one more chunk. Only the cache is evaluated, as the batch's
+    prefill does (no logits). Engine thread only."""
     n = max(2, min(PROBE_TOKENS, chunk))
     cache = make_prompt_cache(model)
-    mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
-    base = mx.get_active_memory()
-    mx.reset_peak_memory()
-    logits = model(mx.zeros((1, n), dtype=mx.uint32), cache=cache)
-    mx.eval(logits, [c.state for c in cache])
-    peak = mx.get_peak_memory()
+    alone = _working_set(model, cache, n)
     per_token = fixed = 0
     for layer in cache:
         t, f = _layer_bytes(layer)
         per_token += t
         fixed += f
-    kv_now = per_token * n + fixed
-    working = max(peak - base - kv_now, 0)
-    del logits, cache
-    return MemoryProfile(per_token, fixed, int(working / n * WORKING_SET_MARGIN))
+    pair = 0.0
+    held = _held(cache, PROBE_CONTEXT, n, make_prompt_cache(model))
+    if held is not None:  # a model with attention layers that grow with the sequence
+        beside = _working_set(model, held, n)
+        pair = max(beside - alone, 0) / (n * PROBE_CONTEXT)
+    token = max(alone / n - pair * n, 0.0)
+    del cache, held
+    return MemoryProfile(
+        per_token, fixed, int(token * WORKING_SET_MARGIN), pair * WORKING_SET_MARGIN
+    )
+
+
+def _working_set(model, cache: list, n: int) -> int:
+    """Bytes MLX held above the cache while ``n`` tokens ran through ``model`` into
+    ``cache`` (the KV they add not counted)."""
+    mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
+    mx.reset_peak_memory()
+    logits = model(mx.zeros((1, n), dtype=mx.uint32), cache=cache)  # never evaluated
+    mx.eval([c.state for c in cache])
+    del logits
+    return max(mx.get_peak_memory() - mx.get_active_memory(), 0)
+
+
+def _zeros(like: mx.array, tokens: int) -> mx.array:
+    """Zeros shaped as KV buffer ``like`` (batch, kv heads, tokens, head dim), ``tokens`` long."""
+    return mx.zeros((like.shape[0], like.shape[1], tokens, like.shape[3]), like.dtype)
+
+
+def _held(probed: list, context: int, n: int, fresh: list) -> list | None:
+    """``fresh`` (a new cache of the model) holding ``context`` tokens of zeros in the
+    layers that grow with the sequence (shaped as ``probed``'s after the first probe,
+    with room for ``n`` more tokens); None when no layer grows so."""
+    allocated = -(-(context + n) // KV_STEP) * KV_STEP
+    filled = False
+    for old, new in zip(probed, fresh, strict=True):
+        keys, values = getattr(old, "keys", None), getattr(old, "values", None)
+        if not isinstance(keys, mx.array) or not isinstance(values, mx.array):
+            continue  # recurrent state, quantized KV
+        if getattr(old, "max_size", None) is not None or not old.is_trimmable():
+            continue  # a rotating window: bounded
+        new.update_and_fetch(*(_zeros(a, allocated) for a in (keys, values)))
+        new.trim(allocated - context)
+        filled = True
+    return fresh if filled else None
 
 
 def default_budget() -> int:
@@ -209,14 +290,6 @@ class MemoryBudget:
         """Bytes left for the prefill working set if the running KV became ``kv_after``
         with ``cache_bytes`` in the prompt cache (negative: does not fit)."""
         return self.budget - self.weights - kv_after - cache_bytes
-
-    def chunk_for(self, room: int) -> int:
-        """The largest prefill chunk whose working set fits ``room`` bytes (0 if none)."""
-        per = self.profile.prefill_per_token
-        if not self.enabled or per <= 0:
-            return self.chunk
-        fits = room // per
-        return int(min(self.chunk, fits)) if fits >= MIN_CHUNK else 0
 
     def status(self) -> dict[str, int]:
         """Status entries: the budget, what the running sequences reserve, and what is

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import fit
 from engine.jobs import Handover, Job
-from engine.memory import MIN_CHUNK, MemoryBudget
+from engine.memory import MIN_CHUNK, MemoryBudget, copies
 from engine.metrics import NULL, Recorder
 
 if TYPE_CHECKING:
@@ -114,10 +114,11 @@ class Preemption:
         longest = max((self.tokens(j) for j in jobs), default=0)
         return self.memory.batch_cost(len(jobs), longest)
 
-    def floor(self, rows: int) -> int:
-        """The working set of a step of ``rows`` sequences: one token each, or the
-        smallest prefill chunk."""
-        return self.memory.profile.prefill(max(rows, MIN_CHUNK))
+    def floor(self, rows: int, kv: int) -> int:
+        """The working set of a step of ``rows`` sequences holding ``kv`` KV bytes: one
+        token each, or the smallest prefill chunk, beside the copy of the KV a step that
+        rows join or leave makes (`engine.memory.copies`)."""
+        return self.memory.profile.prefill(max(rows, MIN_CHUNK)) + copies(kv)
 
     def _shrink(self, kv: int, floor: int) -> None:
         """Evict prompt-cache entries (least recently used first) until ``kv`` bytes of
@@ -137,7 +138,9 @@ class Preemption:
         jobs = [*admitted, job]
         after = self.kv_cost(jobs)
         prompt = len(job.resume_ids or job.prompt_ids)
-        floor = max(mem.profile.prefill(min(mem.chunk, max(prompt, 1))), self.floor(len(jobs)))
+        floor = max(
+            mem.profile.floor(prompt, mem.chunk) + copies(after), self.floor(len(jobs), after)
+        )
         if mem.room(after, self.cache.nbytes) < floor:
             if running and mem.room(after, 0) < floor:
                 return False  # waits for running sequences to end; the cache stays
@@ -153,13 +156,13 @@ class Preemption:
         if not mem.enabled:
             return
         mem.reserved = self.kv_cost(admitted)
-        room = mem.room(mem.reserved, self.cache.nbytes)
-        self.rows.budget.memory_cap = max(mem.chunk_for(room), 1)
+        self.rows.budget.limit(mem.room(mem.reserved, self.cache.nbytes), mem.profile)
 
     def shrink_for(self, admitted: Sequence[Job]) -> None:
         """After a prompt-cache insert: evict what the ``admitted`` ones need."""
         if self.memory.enabled:
-            self._shrink(self.kv_cost(admitted), self.memory.profile.prefill(self.memory.chunk))
+            kv = self.kv_cost(admitted)
+            self._shrink(kv, self.memory.profile.prefill(self.memory.chunk) + copies(kv))
 
     # ------------------------------------------------------------------ preemption
     def make_room(self, admitted: Sequence[Job]) -> list[Job]:
@@ -169,17 +172,18 @@ class Preemption:
         mem = self.memory
         if not self.on:
             return []
-        kv, floor = self.kv_cost(admitted), self.floor(len(admitted))
-        if mem.room(kv, self.cache.nbytes) >= floor:
+        kv = self.kv_cost(admitted)
+        if mem.room(kv, self.cache.nbytes) >= self.floor(len(admitted), kv):
             return []
         keep, out = list(admitted), []
-        while len(keep) > 1 and mem.room(self.kv_cost(keep), 0) < self.floor(len(keep)):
+        while len(keep) > 1 and mem.room(kv := self.kv_cost(keep), 0) < self.floor(len(keep), kv):
             newest = next((j for j in reversed(keep) if self._running(j)), None)
             if newest is None:
                 break
             keep.remove(newest)
             out.append(newest)
-        self._shrink(self.kv_cost(keep), self.floor(len(keep)))
+        kv = self.kv_cost(keep)
+        self._shrink(kv, self.floor(len(keep), kv))
         return out
 
     def _running(self, job: Job) -> bool:
@@ -210,7 +214,8 @@ class Preemption:
         has room beside ``staying``, else in its disk tier; the bytes stored (0: none)."""
         mem, directory = self.memory, job.params.prompt_cache_dir
         size = self._bytes(len(tokens))
-        kv_after, floor = self.kv_cost(staying), self.floor(len(staying))
+        kv_after = self.kv_cost(staying)
+        floor = self.floor(len(staying), kv_after)
         if size <= mem.room(kv_after, 0) - floor:
             try:
                 self.cache.insert(self.loaded.cache_key, tokens, kv, directory)

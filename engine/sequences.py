@@ -340,9 +340,10 @@ class BatchRunner:
     def _plan_chunk(self, decoding: bool) -> None:
         """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
         A distributed follower plans the same (its budget has no time part there)."""
-        prefilling = self._uids - self._decoding
-        context = max((self._batch.held(u) or (0, 0))[0] for u in prefilling) if prefilling else 0
-        self._batch.prefill_step_size = self.budget.chunk(len(prefilling), decoding, context)
+        held = [(self._batch.held(u) or (0, 0))[0] for u in self._uids - self._decoding]
+        self._batch.prefill_step_size = self.budget.chunk(
+            len(held), decoding, max(held, default=0), self.nbytes
+        )
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints

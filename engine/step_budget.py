@@ -13,6 +13,8 @@ speed fits into ``budget_ms`` after the decode step; with nobody decoding, the f
 
 from __future__ import annotations
 
+from engine.memory import MemoryProfile, copies
+
 MIN_CHUNK = 16  # smallest prefill chunk (tokens per row): below it, per-step overhead rules
 FIRST_CHUNK = 64  # the chunk before any speed was measured
 CHUNK_QUANTUM = 16  # chunks are multiples of this (fewer distinct shapes for the kernels)
@@ -45,13 +47,27 @@ class PrefillBudget:
         self.max_chunk = max_chunk
         self.decode_s = 0.0  # moving average of a decode-only step, seconds
         self.rate: float | None = None  # moving average of prefill tokens per second
-        self.memory_cap = max_chunk  # the largest chunk the memory budget allows now
+        # The memory budget's room for the step's prefill working set (bytes) and the
+        # model's profile that prices it; None: no memory budget.
+        self.memory: tuple[int, MemoryProfile] | None = None
 
-    def chunk(self, prefill_rows: int, decoding: bool, context: int = 0) -> int:
+    def limit(self, room: int, profile: MemoryProfile) -> None:
+        """The memory budget leaves ``room`` bytes for the next steps' prefill working
+        set, priced by ``profile`` (`MemoryProfile.prefill`)."""
+        self.memory = (room, profile)
+
+    def chunk(self, prefill_rows: int, decoding: bool, context: int = 0, kv: int = 0) -> int:
         """Prompt tokens per prefilling row for the next step; ``context``: the most
-        tokens a prefilling row's KV holds (`for_context`)."""
-        largest = min(self.max_chunk, self.memory_cap // max(prefill_rows, 1))
-        largest = max(MIN_CHUNK, min(largest, for_context(context, self.max_chunk)))
+        tokens a prefilling row's KV holds (`for_context`; the batch pads every row to
+        the longest); ``kv``: the batch's KV bytes now. Under a memory budget, the step's
+        working set over all ``prefill_rows`` rows (each chunk beside the context) fits
+        its room beside the copies of that KV a step may hold (`engine.memory.copies`)."""
+        largest = for_context(context, self.max_chunk)
+        if self.memory is not None and prefill_rows > 0:
+            room_bytes, profile = self.memory
+            room_bytes -= copies(kv)
+            largest = profile.chunk_within(room_bytes, prefill_rows, context, largest)
+        largest = max(MIN_CHUNK, largest)
         if not decoding or self.budget_s <= 0 or prefill_rows == 0:
             return largest
         if self.rate is None:

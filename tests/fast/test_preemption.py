@@ -7,9 +7,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import mlx.core as mx
+import pytest
 from helpers import gen_params
 from mlx_lm.models.cache import KVCache
 
+from engine import memory
 from engine.jobs import Job
 from engine.memory import MIB, MemoryBudget, MemoryProfile
 from engine.metrics import Metrics
@@ -20,6 +22,14 @@ from prompt_cache import PromptCache
 
 PER_TOKEN = 4096  # KV bytes per token: one 256-token step is 1 MiB
 PREFILL = 1024  # working set per prompt token: the 16-token floor is 16 KiB
+
+
+@pytest.fixture(autouse=True)
+def _no_copies(request, monkeypatch):
+    """The cases below count KV in whole MiB without the copy a step may hold
+    (`engine.memory.copies`); the test that prices the copy keeps it."""
+    if "copy" not in request.node.name:
+        monkeypatch.setattr(memory, "KV_COPIES", 0.0)
 
 
 class Rows:
@@ -207,3 +217,11 @@ def test_preempted_again_before_it_decodes_it_resumes_from_the_same_tokens() -> 
     rows.held[6] = ids[:-1]  # resumed: its KV restored, its next input not fed yet
     pre.take(job, None, staying=[])
     assert job.resume_ids == first == [*range(229), 4242] and job.preemptions == 2
+
+
+def test_a_step_keeps_room_for_one_copy_of_the_running_kv() -> None:
+    # 4.5 MiB beside the weights: 2 rows of 1 MiB and their copy (2 MiB) fit, 3 do not.
+    pre, rows, _, _ = _setup(14.5)
+    jobs = [_job(uid, prompt=200, tokens=50, runner=rows) for uid in range(3)]
+    assert pre.make_room(jobs) == [jobs[2]]
+    assert pre.make_room(jobs[:2]) == []

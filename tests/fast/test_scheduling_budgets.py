@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import errors
-from engine.memory import MIN_CHUNK, MemoryBudget, MemoryProfile
+from engine.memory import KV_COPIES, MIN_CHUNK, MemoryBudget, MemoryProfile, copies
 from engine.step_budget import FIRST_CHUNK, PrefillBudget
 
 MIB = 1024 * 1024
@@ -39,12 +39,40 @@ def test_a_fast_device_keeps_full_chunks() -> None:
     assert budget.chunk(1, decoding=True) == 512
 
 
-def test_the_memory_cap_bounds_the_chunk_too() -> None:
+def test_the_memory_room_bounds_the_step_over_all_prefilling_rows() -> None:
+    """Issue 32: the room holds the whole step's prefill working set, every prefilling
+    row's chunk priced beside the context (attention scores are chunk x context)."""
+    prof = MemoryProfile(kv_per_token=0, fixed=0, prefill_per_token=1000, prefill_per_pair=10)
     budget = PrefillBudget(0, 512)
-    budget.memory_cap = 100
-    assert budget.chunk(1, decoding=False) == 100
-    assert budget.chunk(4, decoding=False) == 25  # four rows share the cap
-    assert budget.chunk(10, decoding=False) == MIN_CHUNK  # never below the smallest chunk
+    budget.limit(100 * 1000, prof)
+    one = budget.chunk(1, decoding=False)
+    assert one == 61  # 61 * (1000 + 10 * 61) = 98,210; 62 * (1000 + 10 * 62) = 100,440
+    assert prof.prefill(one) <= 100 * 1000 < prof.prefill(one + 1)
+    four = budget.chunk(4, decoding=False)
+    assert prof.prefill(four, rows=4) <= 100 * 1000 < prof.prefill(four + 1, rows=4)
+    long = budget.chunk(1, decoding=False, context=500)
+    assert long < one and prof.prefill(long, 500) <= 100 * 1000 < prof.prefill(long + 1, 500)
+    assert budget.chunk(1, decoding=False, context=5000) == MIN_CHUNK  # never below it
+    # The copies of the batch's KV a step may hold (rows joining or leaving) come out of
+    # the room first.
+    kv = 40 * 1000
+    assert copies(kv) == kv * KV_COPIES
+    expected = prof.chunk_within(100 * 1000 - copies(kv), 1, 0, 512)
+    assert budget.chunk(1, decoding=False, kv=kv) == expected < one
+    budget.limit(10**12, prof)
+    assert budget.chunk(4, decoding=False, context=100) == 512
+
+
+def test_the_profile_prices_chunks_rows_and_context() -> None:
+    prof = MemoryProfile(kv_per_token=0, fixed=0, prefill_per_token=1000, prefill_per_pair=10)
+    assert prof.prefill(64) == 64 * 1000 + 10 * 64 * 64
+    assert prof.prefill(64, context=1000) == 64 * 1000 + 10 * 64 * 1064
+    assert prof.prefill(64, context=1000, rows=3) == 3 * prof.prefill(64, context=1000)
+    assert prof.chunk_within(10**12, 1, 0, 512) == 512
+    assert prof.chunk_within(prof.prefill(MIN_CHUNK) - 1, 1, 0, 512) == 0
+    # A prompt's floor: its first chunk, or the smallest chunk beside its whole context.
+    assert prof.floor(100, 512) == prof.prefill(100)
+    assert prof.floor(100_000, 512) == prof.prefill(MIN_CHUNK, 100_000)
 
 
 def _budget(budget_mib: int, weights_mib: int = 500) -> MemoryBudget:
@@ -72,9 +100,10 @@ def test_what_can_never_fit_says_so_with_the_numbers() -> None:
 
 def test_the_chunk_shrinks_to_what_the_room_holds() -> None:
     mem = _budget(2000)
-    assert mem.chunk_for(10**12) == 512
-    assert mem.chunk_for(100 * 900 * 1024) == 100
-    assert mem.chunk_for(MIN_CHUNK * 900 * 1024 - 1) == 0
+    prof = mem.profile
+    assert prof.chunk_within(10**12, 1, 0, mem.chunk) == 512
+    assert prof.chunk_within(100 * 900 * 1024, 1, 0, mem.chunk) == 100
+    assert prof.chunk_within(MIN_CHUNK * 900 * 1024 - 1, 1, 0, mem.chunk) == 0
 
 
 def test_a_budget_below_weights_and_one_chunk_fails_the_load() -> None:
