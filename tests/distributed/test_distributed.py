@@ -47,6 +47,7 @@ from helpers import (
 import backend_pb2
 from backend_pb2_grpc import BackendStub
 from clients.server_process import ServerProcess
+from engine.sharing import MIN_SHARED_PREFIX
 
 RANKS = 3
 TOKENS = 4
@@ -175,7 +176,9 @@ def cluster(solo, tiny_llama):
 # The groups of their own come first: the shared ``cluster`` (module scope) lives until the
 # end of the module, and even idle its ranks sync every 0.1 s (~0.4 of a core), which
 # would slow the other groups down on a 2-core machine.
-WATCHDOG = 5  # seconds: --distributed-timeout of the hung-rank group (tiny-model steps: ms)
+# Seconds: --distributed-timeout of the hung-rank group. A step of the tiny model's group
+# takes ~0.2 s on a busy 2-core machine (the first, with its prefill, under 1 s).
+WATCHDOG = 3
 
 
 def _stream_until_error(stub, req, on_first) -> tuple[grpc.StatusCode, float, str]:
@@ -332,13 +335,17 @@ def test_requests_sent_together_share_their_new_prefix_on_every_rank(cluster, so
         for q in ("Tag it.", "Build it.", "Publish it.")
     ]
     want = [solo.stub.Predict(r).message for r in requests]
-    before = _prompt_cache(cluster.stub)["hits_checkpoint"]  # no checkpoints in a group
+    before = _prompt_cache(cluster.stub)  # no checkpoints in a group
     with ThreadPoolExecutor(len(requests)) as pool:
         got = list(pool.map(lambda r: cluster.stub.Predict(r, timeout=300).message, requests))
     assert got == want
     # The two that waited started from the shared entry (a strict prefix: its hits count
-    # as checkpoint hits), on rank 0 and, or the group would have failed, on the others.
-    assert _prompt_cache(cluster.stub)["hits_checkpoint"] - before == len(requests) - 1
+    # as checkpoint hits), on rank 0 and, or the group would have failed, on the others;
+    # each reused more than the MIN_SHARED_PREFIX tokens that make waiting worth it.
+    after = _prompt_cache(cluster.stub)
+    assert after["hits_checkpoint"] - before["hits_checkpoint"] == len(requests) - 1
+    reused = after["tokens_reused"] - before["tokens_reused"]
+    assert reused >= (len(requests) - 1) * MIN_SHARED_PREFIX, reused
     assert cluster.stub.Status(backend_pb2.HealthMessage()).state == StatusResponse.READY
 
 
