@@ -29,6 +29,7 @@ and CUDA, 75% of the physical memory (the cgroup limit when lower). ``0`` turns 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -303,4 +304,5 @@ class MemoryBudget:
             "memory_kv_per_token": self.profile.kv_per_token,
             "memory_fixed_per_sequence": self.profile.fixed,
             "memory_prefill_per_token": self.profile.prefill_per_token,
+            "memory_prefill_per_pair": math.ceil(self.profile.prefill_per_pair),
         }

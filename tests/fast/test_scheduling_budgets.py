@@ -4,6 +4,8 @@ mapping of a ValueError to INVALID_ARGUMENT only where the request is read (erro
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import errors
@@ -117,6 +119,7 @@ def test_a_budget_below_weights_and_one_chunk_fails_the_load() -> None:
         "memory_kv_per_token": 46 * 1024,
         "memory_fixed_per_sequence": 0,
         "memory_prefill_per_token": 900 * 1024,
+        "memory_prefill_per_pair": math.ceil(mem.profile.prefill_per_pair),
     }
 
 

@@ -1,6 +1,6 @@
 """Preemption under the memory budget (engine/preemption.py) over real gRPC, in this
-process, on the embedded model and on a family with recurrent state beside its KV
-(qwen3_5: gated delta layers, tests/tiny_models.py): a budget set from the figures Status
+process, on a tiny llama and on a family with recurrent state beside its KV
+(qwen3_5: gated delta layers; both tests/tiny_models.py): a budget set from the figures Status
 reports (weights, KV per token, prefill working set per token), so that every request is
 admitted on the KV it holds now and the newest give way when the running rows cross into
 their next 256-token KV step. Every output equals the request's solo output (greedy, and
@@ -18,7 +18,6 @@ from helpers import greedy, status, wait_idle
 from inprocess import InProcessServer
 
 import backend_pb2
-from loading import model_loader
 
 CHUNK = 16  # prefill_step_size: admission and the step check leave the same working set
 NEW = 24  # tokens each request generates (IgnoreEOS): the rows cross 256 tokens
@@ -68,13 +67,11 @@ def _in_order(srv, reqs) -> list[bytes]:
         return list(pool.map(send, range(len(reqs))))
 
 
-@pytest.mark.parametrize("family", ["embedded", "qwen3_5"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_preempted_requests_resume_with_their_solo_output(served, model_root, family) -> None:
-    path = (
-        str(model_loader.embedded_model_path())
-        if family == "embedded"
-        else str(tiny_models.build(family, model_root))
-    )
+    # Tiny random-weight models: the same path as the embedded model's, in a tenth of the
+    # time (tests/process/test_memory_budget.py runs the embedded model under a budget).
+    path = str(tiny_models.build(family, model_root))
     prompts = _prompts(SENT)
     # Sent in this order (greedy, seeded, greedy): the newest two give way, one of each.
     reqs = [_request(p, seeded=i % 2 == 1) for i, p in enumerate(prompts)]
@@ -84,10 +81,14 @@ def test_preempted_requests_resume_with_their_solo_output(served, model_root, fa
     assert all(n + 3 < KV_STEP < n + NEW for n in lengths), lengths
     solo = [served.stub.Predict(r).message for r in reqs]
     step = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * KV_STEP
-    # All three are admitted at one KV step each; once they cross into their second
-    # step, only one fits: the newest two give way (the older one's KV stays in the
-    # prompt cache's memory tier, the room left holds one) and resume as the first ends.
-    budget = s["weights"] + s["memory_prefill_per_token"] * CHUNK + int(3.5 * step)
+    # A step leaves room for one copy of the running KV (engine.memory.copies): all three
+    # are admitted at one KV step each (3 steps and their copy: 6); once they cross into
+    # their second step only one fits (2 rows: 8 > 6.5): the newest two give way (a
+    # victim's KV goes to the prompt cache's memory tier where the room left holds it)
+    # and resume as the first ends. The prefill floor: a chunk beside a full KV step.
+    prefill = CHUNK * s["memory_prefill_per_token"]
+    prefill += CHUNK * (KV_STEP + CHUNK) * s["memory_prefill_per_pair"]
+    budget = s["weights"] + prefill + int(6.5 * step)
     _load(served, path, budget)
     together = _in_order(served, reqs)
     after = wait_idle(served.stub)
