@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed import lifeline, sharding
-from distributed.collectives import Collectives, GroupLost
+from distributed.collectives import RESTART, Collectives, GroupLost
 from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan, Share
 from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
 from engine.jobs import Job
@@ -130,12 +130,7 @@ class Coordinator(GroupHooks):
             os._exit(1)
         if self.failed:
             return
-        self._mark_failed(
-            f"lost the distributed group ({self.size} ranks): {reason}. Restart that rank "
-            "(`local-ai worker mlx-distributed --hostfile FILE --rank N`, or the whole "
-            "`mlx.launch` group); this backend exits so that LocalAI starts it again and "
-            "it rejoins at the next LoadModel"
-        )
+        self._mark_failed(f"lost the distributed group ({self.size} ranks): {reason}. {RESTART}")
         engine = self._engine
         if engine is not None:
             with contextlib.suppress(RuntimeError):  # a job list the engine thread changes
@@ -236,7 +231,7 @@ class Coordinator(GroupHooks):
         if isinstance(exc, GroupLost):
             logger.error("%s", exc)
         elif _lost_peer(exc):  # the model's own collectives met the lost rank first
-            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}")
+            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}. {RESTART}")
         else:
             logger.exception("distributed step failed; the group must be restarted")
         self._mark_failed(self.failed or f"a distributed step failed: {exc}")
