@@ -19,6 +19,8 @@ What lives where:
   coordinator and by the split step alike.
 - ``coordinator.py``: ``Coordinator``, rank 0's ``GroupHooks`` (plans, replicated
   calls, loads), the watchdog.
+- ``lifeline.py``: one idle TCP connection from every rank to rank 0, so a rank that
+  dies fails the group at once (MLX's own error can wait behind a large collective).
 - ``sharding.py``: splitting a model (``check_split``, tensor / pipeline, the
   vocabulary-parallel embedding, sharded dequantizing) and loading each rank's part
   through the one loader (``ShardStep``, the loader's split step).

@@ -32,6 +32,12 @@ from errors import ModelLoadError, Unavailable
 
 logger = logging.getLogger("localai.mlx.distributed")
 
+# What to do once a rank is lost (ends every message that says so).
+RESTART = (
+    "Restart that rank (`local-ai worker mlx-distributed --hostfile FILE --rank N`, or the "
+    "whole `mlx.launch` group); this backend exits so that LocalAI starts it again and it "
+    "rejoins at the next LoadModel"
+)
 _STATUS_BYTES = 1024  # per-rank record of a load agreement: weights (int64), error text
 
 
@@ -137,5 +143,5 @@ class Collectives:
         try:
             return fn(*args)
         except Exception as exc:
-            self.mark_failed(f"lost the distributed group ({self.size} ranks): {exc}")
+            self.mark_failed(f"lost the distributed group ({self.size} ranks): {exc}. {RESTART}")
             raise GroupLost(self.failed) from exc

@@ -20,17 +20,19 @@ repaired in-process: restart it. While rank 0 is idle it still syncs every
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from distributed import sharding
-from distributed.collectives import Collectives, GroupLost
+from distributed import lifeline, sharding
+from distributed.collectives import RESTART, Collectives, GroupLost
 from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan, Share
 from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
 from engine.jobs import Job
@@ -98,12 +100,41 @@ class Coordinator(GroupHooks):
         self._journal: list[Op] = []
         self._deadline: tuple[float, float] | None = None  # (monotonic deadline, allowance)
         self._engine: Engine | None = None
+        self.lifelines: lifeline.Lifelines | None = None
 
     # ------------------------------------------------------------------ rank 0 wiring
     def attach(self, engine: Engine) -> None:
-        """Serve ``engine`` (built with this coordinator) as rank 0; start the watchdog."""
+        """Serve ``engine`` (built with this coordinator) as rank 0; start the watchdog
+        and open the lifelines (a collective: the other ranks call ``open_lifelines``)."""
         self._engine = engine
         threading.Thread(target=self._watch, name="mlx-dist-watchdog", daemon=True).start()
+        self._arm(self.timeout)
+        try:
+            self.open_lifelines()
+        finally:
+            self._deadline = None
+
+    def open_lifelines(self) -> None:
+        """Every rank, once, right after the group formed (rank 0 from ``attach``): one
+        idle connection per rank to rank 0 (``distributed/lifeline.py``)."""
+        self.lifelines = lifeline.connect(self.net, self._lifeline_lost)
+
+    def _lifeline_lost(self, reason: str) -> None:
+        """A lifeline closed: on rank 0 a rank died (fail the group now, from this
+        thread: the engine thread may wait in a collective that never returns); on the
+        others rank 0 died (exit, unless this rank finishes by itself first)."""
+        if not self.leader:
+            time.sleep(lifeline.ORPHAN_GRACE)
+            logger.error("rank %d exits: %s", self.rank, reason)
+            logging.shutdown()
+            os._exit(1)
+        if self.failed:
+            return
+        self._mark_failed(f"lost the distributed group ({self.size} ranks): {reason}. {RESTART}")
+        engine = self._engine
+        if engine is not None:
+            with contextlib.suppress(RuntimeError):  # a job list the engine thread changes
+                engine.fail_from_outside(GroupLost(self.failed))
 
     @property
     def failed(self) -> str | None:  # type: ignore[override]
@@ -181,7 +212,10 @@ class Coordinator(GroupHooks):
             self._arm(self.timeout)
 
     def close(self) -> None:
-        """Rank 0 at shutdown: tell the other ranks to exit (best effort, bounded)."""
+        """At shutdown: close this rank's lifelines; rank 0 then tells the other ranks to
+        exit (best effort, bounded)."""
+        if self.lifelines is not None:
+            self.lifelines.close()  # first: the ranks that now exit are not lost
         if not self.leader or self.failed:
             return
         self._arm(SHUTDOWN_TIMEOUT)
@@ -197,7 +231,7 @@ class Coordinator(GroupHooks):
         if isinstance(exc, GroupLost):
             logger.error("%s", exc)
         elif _lost_peer(exc):  # the model's own collectives met the lost rank first
-            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}")
+            self._mark_failed(f"lost the distributed group ({self.size} ranks): {exc}. {RESTART}")
         else:
             logger.exception("distributed step failed; the group must be restarted")
         self._mark_failed(self.failed or f"a distributed step failed: {exc}")

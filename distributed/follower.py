@@ -101,6 +101,11 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
     """
     engine = engine or Engine(coordinator)
     finished: dict[int, tuple] = {}  # uid -> (kv, tokens) of sequences the batch ended
+    try:
+        coordinator.open_lifelines()  # rank 0 does the same in Coordinator.attach
+    except GroupLost as exc:
+        logger.error("rank %d exits: %s", coordinator.rank, exc)
+        return 1
     logger.info(
         "rank %d of %d (pid %d): following rank 0", coordinator.rank, coordinator.size, os.getpid()
     )
@@ -112,6 +117,7 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
             if plan.call is not None:
                 name, args = plan.call.op, plan.call.args
                 if name == SHUTDOWN:
+                    coordinator.close()  # its lifeline: rank 0 leaving is no loss now
                     engine.shutdown()
                     logger.info("rank 0 stopped; rank %d exits", coordinator.rank)
                     return 0

@@ -345,7 +345,9 @@ class JoinOnLoad:
         except (RuntimeError, ValueError, OSError) as exc:
             raise ModelLoadError(f"cannot join {spec.describe()}: {exc}{p2p}") from None
         coordinator = Coordinator(group, "tensor", self.step_timeout)
-        coordinator.attach(self.engine)  # before the first sync: the watchdog needs the engine
+        # Before the first sync: the watchdog needs the engine. Off the event loop: it
+        # opens the lifelines, a collective and a wait for every rank's connection.
+        await loop.run_in_executor(None, coordinator.attach, self.engine)
         await self.engine.attach_group(coordinator)
         self.coordinator = coordinator
         logger.info("rank 0 of %d: joined %s", coordinator.size, spec.describe())

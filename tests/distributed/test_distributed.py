@@ -215,8 +215,9 @@ def test_a_killed_rank_fails_the_stream_with_unavailable_and_rank_0_reports_it(t
             group.stub, req, lambda: os.kill(pids[2], signal.SIGKILL)
         )
         assert code == grpc.StatusCode.UNAVAILABLE, details
-        assert seconds < 30, seconds  # the ring backend raises as soon as the socket closes
-        assert "lost the distributed group" in details
+        # MLX's ring error or the rank's lifeline (distributed/lifeline.py), whichever first
+        assert seconds < 15, seconds
+        assert "lost the distributed group" in details and "Restart that rank" in details
         _assert_exits_to_be_restarted(group)
     finally:
         codes = group.stop()
