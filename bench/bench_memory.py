@@ -5,7 +5,8 @@ One backend (``run.sh``, the embedded model); for each configuration a LoadModel
 once. Reported: end-to-end aggregate tok/s, the most requests Status showed running at
 once, and MLX's peak memory since the load (Status ``mlx_peak``) against the budget.
 Configurations, side by side in one run: ``off`` (``memory_budget:0``) and ``budget``:
-the weights, one prompt's prefill working set and ``--rows`` sequences at their longest,
+the weights, one prompt's prefill working set and ``--rows`` sequences at their longest
+(each with the copy of its KV a step may hold, engine/memory.py ``KV_COPIES``),
 from the KV and prefill figures the server reports (Status ``memory_kv_per_token``,
 ``memory_prefill_per_token``). Target (issue 21): peak <= budget + 10%.
 
@@ -30,6 +31,7 @@ import time
 import benchlib as bl
 
 import backend_pb2
+from engine.memory import KV_COPIES
 
 
 def breakdown(stub) -> dict[str, int]:
@@ -87,8 +89,10 @@ def main(argv: list[str]) -> int:
         s = breakdown(server.stub)
         longest = -(-(args.prompt_tokens + args.new_tokens) // 256) * 256
         seq = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * longest
+        # Each row's KV and the copy of it a step may hold (engine/memory.py, KV_COPIES).
+        kv_and_copy = 1 + KV_COPIES
         budget = s["weights"] + s["memory_prefill_per_token"] * args.prompt_tokens
-        budget += int(args.rows * seq)
+        budget += int(args.rows * seq * kv_and_copy)
         # The agents' stop strings: where each prompt's own output reaches --new-tokens.
         stops = [
             bl.grpc_stream(server.stub, bl.predict_options(p, args.new_tokens)).text[-24:]
@@ -96,7 +100,7 @@ def main(argv: list[str]) -> int:
         ]
         declared = -(-(args.prompt_tokens + args.tokens) // 256) * 256
         at_longest = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * declared
-        reserved = max(int(args.rows * seq) // at_longest, 1)
+        reserved = max(int(args.rows * seq * kv_and_copy) // int(at_longest * kv_and_copy), 1)
         configs = (
             ("off", 0, args.new_tokens, None, "-"),
             ("budget", budget, args.new_tokens, None, "-"),

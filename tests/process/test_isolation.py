@@ -505,10 +505,10 @@ def test_soak_returns_to_idle_and_memory_stays_bounded():
                 )
 
             work = [
-                *(lambda i=i: cancelled(i) for i in range(3)),
+                *(lambda i=i: cancelled(i) for i in range(2)),
                 *(lambda i=i: short_deadline(i) for i in range(2)),
                 seeded_run,
-                *(lambda i=i: fresh(i) for i in range(3)),
+                *(lambda i=i: fresh(i) for i in range(2)),
             ]
             threads = [threading.Thread(target=w, daemon=True) for w in work]
             with Innocents(stub, refs):
