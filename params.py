@@ -536,28 +536,17 @@ def parse_logit_bias(raw: str) -> dict[int, float] | None:
     return bias or None
 
 
-def _grammar_scope(metadata: Any, load: LoadParams | None) -> str:
-    """Metadata grammar_scope (after_reasoning | all), else the load option."""
-    raw = metadata.get("grammar_scope", "").strip().lower()
+def _metadata_choice(
+    metadata: Any, load: LoadParams | None, name: str, choices: tuple[str, ...]
+) -> str:
+    """Metadata ``name`` (one of ``choices``: grammar_scope, tool_grammar), else the load
+    option of that name (``choices[0]`` without a load)."""
+    raw = metadata.get(name, "").strip().lower()
     if not raw:
-        return load.grammar_scope if load is not None else GRAMMAR_SCOPES[0]
-    if raw not in GRAMMAR_SCOPES:
+        return getattr(load, name) if load is not None else choices[0]
+    if raw not in choices:
         raise ValueError(
-            "PredictOptions.Metadata.grammar_scope must be one of "
-            f"{', '.join(GRAMMAR_SCOPES)}, got {raw[:40]!r}"
-        )
-    return raw
-
-
-def _tool_grammar(metadata: Any, load: LoadParams | None) -> str:
-    """Metadata tool_grammar (required | on | off), else the load option."""
-    raw = metadata.get("tool_grammar", "").strip().lower()
-    if not raw:
-        return load.tool_grammar if load is not None else TOOL_GRAMMAR_MODES[0]
-    if raw not in TOOL_GRAMMAR_MODES:
-        raise ValueError(
-            "PredictOptions.Metadata.tool_grammar must be one of "
-            f"{', '.join(TOOL_GRAMMAR_MODES)}, got {raw[:40]!r}"
+            f"PredictOptions.Metadata.{name} must be one of {', '.join(choices)}, got {raw[:40]!r}"
         )
     return raw
 
@@ -651,9 +640,9 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         # Bounds and JSON only here; compiling is `grammar.compile_constraint` (engine.prepare).
         constraint=read_constraint(req.Grammar, req.Metadata),
         reasoning_budget=_reasoning_budget(req.Metadata, load),
-        grammar_scope=_grammar_scope(req.Metadata, load),
+        grammar_scope=_metadata_choice(req.Metadata, load, "grammar_scope", GRAMMAR_SCOPES),
         grammar_triggers=load.grammar_triggers if load is not None else (),
-        tool_grammar=_tool_grammar(req.Metadata, load),
+        tool_grammar=_metadata_choice(req.Metadata, load, "tool_grammar", TOOL_GRAMMAR_MODES),
     )
 
 
