@@ -23,52 +23,29 @@ at least 2x).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
-import threading
-import time
 
 import benchlib as bl
 
-import backend_pb2
 from engine.memory import KV_COPIES
-
-
-def breakdown(stub) -> dict[str, int]:
-    return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
 
 
 def run(
     server: bl.Backend, prompts: list[str], new_tokens: int, stops: list[str] | None = None
 ) -> tuple[float, int, int, int, float]:
-    seen = [0]
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            seen[0] = max(seen[0], breakdown(server.stub)["requests_running"])
-            stop.wait(0.05)
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(
-            pool.map(
-                lambda i: bl.grpc_stream(
-                    server.stub,
-                    bl.predict_options(
-                        prompts[i], new_tokens, StopPrompts=[stops[i]] if stops else []
-                    ),
-                ),
-                range(len(prompts)),
-            )
-        )
-    elapsed = time.perf_counter() - start
-    stop.set()
-    watcher.join()
+    requests = [
+        bl.predict_options(p, new_tokens, StopPrompts=[stops[i]] if stops else [])
+        for i, p in enumerate(prompts)
+    ]
+    results, most, elapsed = bl.streams_at_once(server.stub, requests)
     tokens = sum(r.tokens for r in results)
-    return tokens / elapsed, seen[0], breakdown(server.stub)["mlx_peak"], tokens, elapsed
+    return (
+        tokens / elapsed,
+        most,
+        bl.memory_breakdown(server.stub)["mlx_peak"],
+        tokens,
+        elapsed,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -86,7 +63,7 @@ def main(argv: list[str]) -> int:
     rows = []
     try:
         server.load(bl.embedded_gguf(), [f"memory_budget:{64 * 1024**3}"])  # the profile
-        s = breakdown(server.stub)
+        s = bl.memory_breakdown(server.stub)
         longest = -(-(args.prompt_tokens + args.new_tokens) // 256) * 256
         seq = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * longest
         # Each row's KV and the copy of it a step may hold (engine/memory.py, KV_COPIES).

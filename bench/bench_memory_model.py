@@ -16,45 +16,18 @@ after a fresh LoadModel). Target (issue 32): peak <= budget + 10%.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
-import threading
-import time
 
 import benchlib as bl
-
-import backend_pb2
 
 MIB = 1024 * 1024
 
 
-def breakdown(stub) -> dict[str, int]:
-    return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
-
-
 def run(server: bl.Backend, prompts: list[str], new_tokens: int) -> tuple[list[str], int, float]:
     """(texts, most running at once, seconds) of ``prompts`` sent at once."""
-    seen = [0]
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            seen[0] = max(seen[0], breakdown(server.stub)["requests_running"])
-            stop.wait(0.05)
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(
-            pool.map(
-                lambda p: bl.grpc_stream(server.stub, bl.predict_options(p, new_tokens)), prompts
-            )
-        )
-    elapsed = time.perf_counter() - start
-    stop.set()
-    watcher.join()
-    return [r.text for r in results], seen[0], elapsed
+    requests = [bl.predict_options(p, new_tokens) for p in prompts]
+    results, most, elapsed = bl.streams_at_once(server.stub, requests)
+    return [r.text for r in results], most, elapsed
 
 
 def main(argv: list[str]) -> int:
@@ -75,7 +48,7 @@ def main(argv: list[str]) -> int:
     try:
         server.load(bl.embedded_gguf(), [f"memory_budget:{64 * 1024**3}", *extra])
         run(server, [solo_prompt], args.new_tokens)
-        s = breakdown(server.stub)
+        s = bl.memory_breakdown(server.stub)
         single = s["mlx_peak"]
         solo: list[str] = []
         if args.verify:
@@ -84,9 +57,9 @@ def main(argv: list[str]) -> int:
                 solo += run(server, [p], args.new_tokens)[0]
         budget = single + args.margin_mib * MIB
         server.load(bl.embedded_gguf(), [f"memory_budget:{budget}", *extra])
-        s = breakdown(server.stub)
+        s = bl.memory_breakdown(server.stub)
         texts, most, elapsed = run(server, prompts, args.new_tokens)
-        peak = breakdown(server.stub)["mlx_peak"]
+        peak = bl.memory_breakdown(server.stub)["mlx_peak"]
     finally:
         server.stop()
     same = f"{sum(a == b for a, b in zip(texts, solo, strict=True))}/{len(texts)}" if solo else "-"

@@ -18,6 +18,7 @@ All traffic goes to 127.0.0.1; every wait has a deadline, so a script always sto
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -439,6 +441,35 @@ def grpc_stream(stub, req: backend_pb2.PredictOptions, timeout: float = 600.0) -
         parts.append(reply.message.decode("utf-8", errors="replace"))
     res.text = "".join(parts)
     return res
+
+
+def memory_breakdown(stub) -> dict[str, int]:
+    """Status's memory breakdown (weights, KV, ``requests_running``, ``mlx_peak``, ...)."""
+    return dict(stub.Status(backend_pb2.HealthMessage()).memory.breakdown)
+
+
+def streams_at_once(
+    stub, requests: Sequence[backend_pb2.PredictOptions]
+) -> tuple[list[StreamResult], int, float]:
+    """Send ``requests`` as PredictStreams at once: (their results, the most requests
+    Status showed running meanwhile (polled every 50 ms), wall seconds)."""
+    seen = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], memory_breakdown(stub)["requests_running"])
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(lambda r: grpc_stream(stub, r), requests))
+    elapsed = time.perf_counter() - start
+    stop.set()
+    watcher.join()
+    return results, seen[0], elapsed
 
 
 def http_stream(
