@@ -22,7 +22,6 @@ import tiny_models
 from helpers import greedy, status, wait_until
 
 import backend_pb2
-from clients.server_process import ServerProcess
 from loading import model_loader
 
 PROMPT_WORDS = 60  # ~130-token prompts
@@ -31,15 +30,6 @@ SENT = 4  # concurrent requests; the budget holds 2
 OPTIONS = ("warmup:false",)  # the kernels are warm after the first load anyway
 AGENTS = 8  # requests with a large Tokens and a short output, sent at once
 AGENT_TOKENS = 2048
-
-
-@pytest.fixture(scope="module")
-def srv():
-    server = ServerProcess(entry="run.sh")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _prompts(n: int) -> list[str]:

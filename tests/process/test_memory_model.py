@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from helpers import greedy, status
 
-from clients.server_process import ServerProcess
 from loading import model_loader
 
 MIB = 1024 * 1024
@@ -24,15 +23,6 @@ MARGIN_MIB = 200  # as issue 32 measured it: the single-request peak + 200 MiB
 NEW_TOKENS = 8
 UNBOUND = f"memory_budget:{64 * 1024**3}"
 WORDS = ["river", "stone", "lamp", "orchard", "violet", "harbor", "copper", "meadow", "fern"]
-
-
-@pytest.fixture(scope="module")
-def srv():
-    server = ServerProcess(entry="run.sh")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _prompts(n: int, words: int) -> list[str]:
