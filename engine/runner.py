@@ -126,6 +126,11 @@ class Batch(Runner, Protocol):
         ``last``, the prompt's last token. Returns its uid."""
         ...
 
+    def pending(self, job: Job) -> Token | None:
+        """``job``'s next token, sampled and queued but not returned yet (a preemption
+        delivers it first); None while its row prefills."""
+        ...
+
     def share(self, job: Job, position: int) -> str:
         """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache:
         "stored" (now), "later" (when its prefill gets there: `take_shared`), "" (never)."""

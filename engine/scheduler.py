@@ -148,7 +148,6 @@ class Scheduler:
         eos_ids = frozenset(loaded.tokenizer.eos_token_ids)
         batch = BatchRunner(loaded, eos_ids, self.checkpoints)
         self._batch: Batch = batch
-        self._rows = batch  # the batch's own calls (`BatchRunner.pending`)
         # Admission by memory, preemption and resumption (engine/preemption.py).
         self.preemption = Preemption(
             loaded, self.memory, batch, self.cache, group.single_process, metrics
@@ -355,7 +354,7 @@ class Scheduler:
         it), then it waits at the head of the queue to resume."""
         victims = self.preemption.make_room(self._admitted())
         for job in victims:
-            token = self._rows.pending(job)
+            token = self._batch.pending(job)
             if token is not None:
                 self._on_token(token)
             uid = job.uid
