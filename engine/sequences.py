@@ -64,6 +64,16 @@ def stops_at_eos(params: GenerationParams) -> bool:
     return not params.ignore_eos or params.constraint is not None
 
 
+def finish_of(token: int, job: Job, eos_ids: frozenset[int]) -> str | None:
+    """How ``token``, ``job``'s next, ends it: "stop" (EOS, `stops_at_eos`), "length"
+    (its ``max_tokens``-th token), or None."""
+    if token in eos_ids and stops_at_eos(job.params):
+        return "stop"
+    if job.tokens + 1 >= job.max_tokens:
+        return "length"
+    return None
+
+
 def row_kind(loaded: LoadedModel) -> str:
     """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
     ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
@@ -401,12 +411,7 @@ class BatchRunner:
         if uid is None or got is None:
             return None
         token, logprobs = got
-        finish = None
-        if token in self._eos_ids and stops_at_eos(job.params):
-            finish = "stop"
-        elif job.tokens + 1 >= job.max_tokens:
-            finish = "length"
-        return Token(uid, token, logprobs, finish)
+        return Token(uid, token, logprobs, finish_of(token, job, self._eos_ids))
 
     def drop(self, job: Job) -> None:
         """Take ``job``'s row out, discarding its KV."""
@@ -552,11 +557,7 @@ class SoloRunner:
                 continue
             token = int(token)
             run.tokens.append(token)
-            finish = None
-            if token in self._eos_ids and stops_at_eos(job.params):
-                finish = "stop"
-            elif job.tokens + 1 >= job.max_tokens:
-                finish = "length"
+            finish = finish_of(token, job, self._eos_ids)
             out.append(Token(uid, token, logprobs, finish, drafted=bool(drafted and drafted[0])))
         return out
 
