@@ -596,6 +596,16 @@ class _Writer:
 
 
 # --------------------------------------------------------------------------- the reader
+def run_into(future: Future, fn: Callable, *args: Any) -> None:
+    """Run ``fn(*args)`` and put its result or exception into ``future`` (unless it was
+    cancelled): the body of a thread whose work someone waits for with a bound."""
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the waiter (or dropped if it left)
+            future.set_exception(exc)
+
+
 class _Reader:
     """One daemon thread that runs file reads for a cache, so the engine thread can wait
     for one at most a bound (``Future.result(timeout)``) and go on without it.
@@ -623,11 +633,7 @@ class _Reader:
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             fut, fn, args = job
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(*args))
-                except BaseException as exc:  # handed to the waiter (or dropped if late)
-                    fut.set_exception(exc)
+            run_into(fut, fn, *args)
 
 
 # --------------------------------------------------------------------------- the cache

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from caches.prompt_disk import DiskCache, model_fingerprint
+from caches.prompt_disk import DiskCache, model_fingerprint, run_into
 from prompt_cache import CacheLookup, CacheStats, Nearest, PromptCache, trim_exactly
 
 __all__ = ["MAX_DISK_DIRS", "PromptTiers", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
@@ -224,15 +224,8 @@ class TieredPromptCache:
     def _open(self, key: str) -> Future:
         """Build ``key``'s ``DiskCache`` (no MLX: mkdir, header scan) on a daemon thread."""
         future: Future = Future()
-        fingerprint = self.fingerprint or ""
-
-        def run() -> None:
-            try:
-                future.set_result(DiskCache(key, self.disk_bytes, fingerprint))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="prompt-disk-open", daemon=True).start()
+        args = (future, DiskCache, key, self.disk_bytes, self.fingerprint or "")
+        threading.Thread(target=run_into, args=args, name="prompt-disk-open", daemon=True).start()
         return future
 
     def fetch(self, model_key: str, tokens: Sequence[int], disk_dir: str = "") -> CacheLookup:
