@@ -62,6 +62,7 @@ from typing import Any
 
 from decoding import grammar, parsers
 from params import GenerationRequest
+from parsing import constraint as constraint_mod
 from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
 
 __all__ = [
@@ -77,7 +78,7 @@ __all__ = [
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
-TOOLS_FIELD = "PredictOptions.Tools"
+TOOLS_FIELD = constraint_mod.TOOLS_FIELD
 # llguidance's JSON options inside a call (`x-guidance`; a tool schema's own win).
 JSON_STYLE = {
     "whitespace_flexible": False,

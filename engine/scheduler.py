@@ -415,9 +415,11 @@ class Scheduler:
             raise BackendError(f"request {job.uid} decoded before it was admitted")
         delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
         if t.finish is not None:
-            self.retire(job, t.finish, delta, t.kv)
+            unmet = grammar.unmet_of(job.processors, t.finish, t.token, job.tokens)
+            self.retire(job, t.finish, delta, t.kv, unmet)
         elif pipeline.stopped:
-            self.retire(job, "stop", delta)
+            unmet = grammar.unmet_of(job.processors, "stop", t.token, job.tokens)
+            self.retire(job, "stop", delta, error=unmet)
         elif delta:
             job.emit(job.event(delta))
 
