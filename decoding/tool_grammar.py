@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from decoding import grammar, parsers
+from decoding import grammar, parsers, tool_schema
 from params import GenerationRequest
 from parsing import constraint as constraint_mod
 from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
@@ -267,6 +267,7 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
                 f"PredictOptions.Tools does not declare (declared: {known[:200]})"
             )
         tools = {spec.tool_name: tools[spec.tool_name]}
+    tool_schema.check_schemas(tools, TOOLS_FIELD)
     # Not forced: dormant (no mask, logits untouched) until the marker, then the call and
     # the grammar's own lazy free text: a lazy lexeme from the first token would mask every
     # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
