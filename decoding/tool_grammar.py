@@ -60,12 +60,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from decoding import grammar, parsers, tool_schema
+from decoding import call_formats, grammar, parsers, tool_schema
+from decoding.call_formats import CallFormat
 from params import GenerationRequest
 from parsing import constraint as constraint_mod
 from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
 
 __all__ = [
+    "GRAMMARS",
     "HERMES",
     "LLAMA_JSON",
     "TOOLS_FIELD",
@@ -79,13 +81,6 @@ __all__ = [
 logger = logging.getLogger("localai.mlx." + __name__)
 
 TOOLS_FIELD = constraint_mod.TOOLS_FIELD
-# llguidance's JSON options inside a call (`x-guidance`; a tool schema's own win).
-JSON_STYLE = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "lenient": True,  # unknown keywords and formats are ignored, not a refused request
-}
 LEAD_WHITESPACE = r"/[ \t\r\n]{0,4}/"  # before a required first call
 
 
@@ -103,26 +98,73 @@ class ToolFormat:
     end: str = ""
     newline: bool = False
 
+    def call_format(self) -> CallFormat:
+        """This JSON format as a `call_formats.CallFormat` (what `build_grammar` takes)."""
+        newline = ' "\\n"?' if self.newline else ""
+
+        def rules(tools: call_formats.Tools, marker: call_formats.Marker) -> list[str]:
+            close = f"{newline} {marker(self.end)}" if self.end else ""
+            names = " | ".join(f"fn_{i}" for i in range(len(tools)))
+            lines = [f"body:{newline} {_literal(self.head)} ({names}){close}"]
+            for i, (name, schema) in enumerate(tools.items()):
+                head = json.dumps(name, ensure_ascii=False) + ", " + json.dumps(self.args_key)
+                lines.append(
+                    f'fn_{i}: {_literal(head + ": ")} {call_formats.json_value(schema)} "}}"'
+                )
+            return lines
+
+        return CallFormat(self.name, self.start, rules)
+
 
 HERMES = ToolFormat("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
 LLAMA_JSON = ToolFormat("llama_json", parsers.LLAMA_JSON_START, ": ", "parameters")
 
-_LLAMA_PARSER = parsers.resolve_tool_parser("llama3_json")
+
+def _json_tools(start: str, end: str) -> ToolFormat:
+    return replace(HERMES, start=start or HERMES.start, end=end or HERMES.end)
 
 
-def tool_format(tokenizer: Any) -> ToolFormat | None:
-    """The format of the tool parser in effect (`tokenizer.tool_parser`), with the
-    tokenizer's own markers; None for a format without a tool-call grammar (module doc)."""
+# vLLM tool-parser name -> the builder of its call grammar from the tokenizer's markers
+# (tool_call_start, tool_call_end): the JSON formats here, the others `call_formats.GRAMMARS`.
+GRAMMARS: dict[str, Callable[[str, str], ToolFormat | CallFormat]] = {
+    "hermes": _json_tools,
+    "granite4": _json_tools,
+    "ernie45": _json_tools,
+    "llama3_json": lambda start, end: LLAMA_JSON,
+    "llama4_json": lambda start, end: LLAMA_JSON,
+    **call_formats.GRAMMARS,
+}
+
+
+def format_name(tokenizer: Any) -> str | None:
+    """The vLLM name of the tool parser in effect (`tokenizer.tool_parser`, as
+    `parsers.resolve_tool_parser` gives it for that name) that has a call grammar, or None.
+    The tokenizer's parser is matched by identity, so a parser mlx-lm inferred from the
+    chat template is found as well as one a `tool_parser` option installed."""
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None:
         return None
-    if _LLAMA_PARSER is not None and parser is _LLAMA_PARSER[0]:
-        return LLAMA_JSON
     if getattr(parser, "__module__", "") == "mlx_lm.tool_parsers.json_tools":
-        start = getattr(tokenizer, "tool_call_start", "") or HERMES.start
-        end = getattr(tokenizer, "tool_call_end", "") or HERMES.end
-        return replace(HERMES, start=start, end=end)
+        return "hermes"
+    for name in GRAMMARS:
+        try:
+            entry = parsers.resolve_tool_parser(name)
+        except ImportError:  # an mlx-lm without that parser module
+            continue
+        if entry is not None and entry[0] is parser:
+            return name
     return None
+
+
+def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
+    """The call format of the tool parser in effect (`format_name`), with the tokenizer's
+    own markers; None for a format without a tool-call grammar."""
+    name = format_name(tokenizer)
+    if name is None:
+        return None
+    start = getattr(tokenizer, "tool_call_start", "") or ""
+    end = getattr(tokenizer, "tool_call_end", "") or ""
+    return GRAMMARS[name](start, end)
 
 
 def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
@@ -142,20 +184,16 @@ def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _literal(text: str) -> str:
-    """A Lark string literal of `text` (JSON escapes, as llguidance's StructTag writes)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _schema(schema: Mapping[str, Any]) -> str:
-    full = dict(schema)
-    full["x-guidance"] = {**JSON_STYLE, **(full.get("x-guidance") or {})}
-    return json.dumps(full, ensure_ascii=False, separators=(",", ":"))
+_literal = call_formats.lark_literal
+# Free text that does not open a call of a `leading` format (one whose calls count only at
+# the output's start): empty, blank, or text whose first non-blank character is not the
+# call's first character.
+_NO_CALL = "/[ \\t\\r\\n]*/ | /[ \\t\\r\\n]*[^ \\t\\r\\n{first}](.|\\n)*/"
 
 
 def build_grammar(
     tools: Mapping[str, Mapping[str, Any]],
-    fmt: ToolFormat,
+    fmt: ToolFormat | CallFormat,
     *,
     opening: str = "lazy",
     special: Callable[[str], int | None] = lambda text: None,
@@ -171,33 +209,42 @@ def build_grammar(
     would exceed MAX_GRAMMAR_BYTES."""
     if not tools:
         raise ValueError(f"{TOOLS_FIELD} declares no function with a name to call")
+    call = fmt.call_format() if isinstance(fmt, ToolFormat) else fmt
 
-    def marker(text: str) -> tuple[str, bool]:
+    def marker(text: str) -> str:
         token = special(text)
-        return (f"<[{token}]>", True) if token is not None else (_literal(text), False)
+        return f"<[{token}]>" if token is not None else _literal(text)
 
-    start, start_special = marker(fmt.start)
-    text_start = _literal(fmt.start)
+    start = marker(call.start)
+    start_special = start.startswith("<[")
+    text_start = _literal(call.start)
     # The first call's marker: the token, or its text (a TriggerGate re-tokenizes the text).
     first = f"({start} | {text_start})" if start_special else start
-    newline = ' "\\n"?' if fmt.newline else ""
-    close = f"{newline} {marker(fmt.end)[0]}" if fmt.end else ""
-    names = " | ".join(f"fn_{i}" for i in range(len(tools)))
-    openers = {
-        "lazy": "",
-        "required": f"{LEAD_WHITESPACE} {first} body ",
-        "triggered": f"{first} body ",
-    }
-    lines = ["%llguidance {}", f"start: {openers[opening]}call* TEXT", "TEXT: /(.|\\n)*/"]
-    # The marker as text ends the free text at its first occurrence (a lazy lexeme); as a
-    # special token it never occurs inside TEXT, and the text form stays a second way in.
-    lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
-    if start_special:
-        lines[-1] += f" | TEXT {start} body"
-    lines.append(f"body:{newline} {_literal(fmt.head)} ({names}){close}")
-    for i, (name, schema) in enumerate(tools.items()):
-        head = _literal(f"{json.dumps(name, ensure_ascii=False)}, {json.dumps(fmt.args_key)}: ")
-        lines.append(f'fn_{i}: {head} %json {_schema(schema)} "}}"')
+    lead = f"{call.lead(marker)} " if call.lead is not None and opening == "required" else ""
+    more = "call* " if call.repeat else ""
+    lines = ["%llguidance {}"]
+    if call.leading:  # no trigger: a call only at the start, else free text
+        opened = f"{LEAD_WHITESPACE} {first} body {more}TEXT"
+        if opening == "required":
+            lines.append(f"start: {opened}")
+        else:
+            first_char = "".join("\\" + c if c in "\\]^-[" else c for c in call.start[:1])
+            lines += [f"start: {opened} | NO_CALL", "NO_CALL: " + _NO_CALL.format(first=first_char)]
+    else:
+        openers = {
+            "lazy": "",
+            "required": f"{LEAD_WHITESPACE} {lead}{first} body ",
+            "triggered": f"{first} body ",
+        }
+        lines.append(f"start: {openers[opening]}{more}TEXT")
+    lines.append("TEXT: /(.|\\n)*/")
+    if call.repeat:
+        # The marker as text ends the free text at its first occurrence (a lazy lexeme); as
+        # a special token it never occurs inside TEXT, and the text form stays a second way.
+        lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
+        if start_special:
+            lines[-1] += f" | TEXT {start} body"
+    lines += call.rules(tools, marker)
     source = "\n".join(lines) + "\n"
     size = len(source.encode("utf-8"))
     if size > MAX_GRAMMAR_BYTES:

@@ -252,12 +252,12 @@ def test_bad_metadata_value_names_the_field(tok):
 
 
 def test_formats_without_a_grammar_stay_unconstrained(tok):
-    coder = parsers.apply_parser_overrides(tok, "qwen3_coder")
-    assert tool_grammar.tool_format(coder) is None
+    jamba = parsers.apply_parser_overrides(tok, "jamba")
+    assert tool_grammar.tool_format(jamba) is None
     assert tool_grammar.tool_format(parsers.apply_parser_overrides(tok, "llama3_json")) == (
         LLAMA_JSON
     )
-    loaded = served(coder, 4096)
+    loaded = served(jamba, 4096)
     req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS), ToolChoice="required")
     assert prepare.prepare(req, prepare.Intake(loaded)).request.params.constraint is None
 
