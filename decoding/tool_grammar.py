@@ -62,6 +62,7 @@ from typing import Any
 
 from decoding import call_formats, grammar, parsers, tool_schema
 from decoding.call_formats import CallFormat
+from errors import FailedPrecondition
 from params import GenerationRequest
 from parsing import constraint as constraint_mod
 from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
@@ -273,9 +274,6 @@ def _special_finder(tokenizer: Any) -> Callable[[str], int | None]:
     return special
 
 
-_unsupported_logged: set[str] = set()
-
-
 def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationRequest:
     """`request` with its tool-call grammar as its constraint when one applies, else
     `request` itself (the prepare step's, `engine.prepare`; any thread).
@@ -288,8 +286,14 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
     required (the constraint sleeps until then, `grammar_gate.TriggerGate`), none when one
     is (it holds from the first token after any reasoning).
 
+    A format without a grammar (`GRAMMARS`) when one is asked for ("on", or a call
+    required) is FailedPrecondition naming the field that asked. When no call is required
+    and the format's calls count only at the output's start (`CallFormat.leading`), the
+    grammar masks from the first token (no trigger).
+
     Raises ValueError naming PredictOptions.ToolChoice when it names a function Tools
-    does not declare, or PredictOptions.Tools (`build_grammar`)."""
+    does not declare, or PredictOptions.Tools (`build_grammar`, a schema that is no JSON
+    schema)."""
     params, spec = request.params, request.prompt
     choice = spec.tool_choice
     forced = choice in ("required", "function")
@@ -300,11 +304,16 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
         return request
     fmt = tool_format(tokenizer)
     if fmt is None:
-        parser = getattr(getattr(tokenizer, "tool_parser", None), "__module__", "none")
-        if parser not in _unsupported_logged:
-            _unsupported_logged.add(parser)
-            logger.info("tool calls stay unconstrained: no tool-call grammar for %s", parser)
-        return request
+        # Asked for and not buildable: an error, never calls that nothing held (issue 41).
+        field = "Metadata.tool_grammar" if mode == "on" else "PredictOptions.ToolChoice"
+        opens = getattr(tokenizer, "tool_call_start", "") or ""
+        what = f"tool-call format (opened by {opens!r})" if opens else "tokenizer (no tool parser)"
+        raise FailedPrecondition(
+            f"{field}: calls held to PredictOptions.Tools were asked for, but the model's "
+            f"{what} has no tool-call grammar (tool_parser names with one: "
+            f"{', '.join(GRAMMARS)}); send Metadata tool_grammar:off to take calls "
+            "unconstrained, or a Grammar"
+        )
     tools = declared_tools(spec.tools)
     if choice == "function":
         if spec.tool_name not in tools:
@@ -318,10 +327,11 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
     # Not forced: dormant (no mask, logits untouched) until the marker, then the call and
     # the grammar's own lazy free text: a lazy lexeme from the first token would mask every
     # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
-    opening = "required" if forced else "triggered"
+    leading = isinstance(fmt, CallFormat) and fmt.leading
+    opening = "required" if forced else ("lazy" if leading else "triggered")
     source = build_grammar(tools, fmt, opening=opening, special=_special_finder(tokenizer))
     constraint = Constraint("lark", source, TOOLS_FIELD)
-    triggers = () if forced else (fmt.start,)
+    triggers = () if forced or leading else (fmt.start,)
     return replace(
         request, params=replace(params, constraint=constraint, grammar_triggers=triggers)
     )

@@ -23,7 +23,7 @@ from decoding.tool_calls import merge_tool_call_deltas
 from decoding.tool_grammar import HERMES, LLAMA_JSON
 from engine import prepare
 from engine import prompt as prompt_mod
-from errors import InvalidArgument
+from errors import FailedPrecondition, InvalidArgument
 from parsing.tool_choice import ToolChoice, read_tool_choice
 from seam.tokenizer import vocab_size
 
@@ -251,7 +251,9 @@ def test_bad_metadata_value_names_the_field(tok):
         prepared(tok, Metadata={"tool_grammar": "maybe"})
 
 
-def test_formats_without_a_grammar_stay_unconstrained(tok):
+def test_a_grammar_asked_for_a_format_without_one_is_an_error(tok):
+    # Issue 41: asked for (a required call, tool_grammar on) and not buildable is an error
+    # naming the field that asked, never calls that nothing held.
     jamba = parsers.apply_parser_overrides(tok, "jamba")
     assert tool_grammar.tool_format(jamba) is None
     assert tool_grammar.tool_format(parsers.apply_parser_overrides(tok, "llama3_json")) == (
@@ -259,6 +261,13 @@ def test_formats_without_a_grammar_stay_unconstrained(tok):
     )
     loaded = served(jamba, 4096)
     req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS), ToolChoice="required")
+    with pytest.raises(FailedPrecondition, match=r"^PredictOptions\.ToolChoice: .*'<tool_calls>'"):
+        prepare.prepare(req, prepare.Intake(loaded))
+    req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS))
+    req.Metadata["tool_grammar"] = "on"
+    with pytest.raises(FailedPrecondition, match=r"^Metadata\.tool_grammar: .*tool_grammar:off"):
+        prepare.prepare(req, prepare.Intake(loaded))
+    req.Metadata["tool_grammar"] = "off"  # what the message says to send: unconstrained
     assert prepare.prepare(req, prepare.Intake(loaded)).request.params.constraint is None
 
 
