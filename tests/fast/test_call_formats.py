@@ -110,12 +110,13 @@ HARMONY = (
     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     '{"city": "Paris", "unit": "c"}<|call|>'
 )
+HARMONY_CALL = "<|channel|>commentary to=functions."
 HARMONY_BAD = {
     "name": "<|channel|>commentary to=functions.§rm_rf ",
-    "parameter": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{§"country"',
-    "type": '<|channel|>commentary to=functions.set_alarm <|constrain|>json<|message|>{"hour": §"seven',
-    "required": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{§"unit": "c"}<|call|>',
-    "enum": '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "X", "unit": §"k',
+    "parameter": HARMONY_CALL + 'get_weather <|constrain|>json<|message|>{§"country"',
+    "type": HARMONY_CALL + 'set_alarm <|constrain|>json<|message|>{"hour": §"seven',
+    "required": HARMONY_CALL + 'get_weather <|constrain|>json<|message|>{§"unit": "c"}<|call|>',
+    "enum": HARMONY_CALL + 'get_weather <|constrain|>json<|message|>{"city": "X", "unit": §"k',
 }
 FORMATS = {
     "qwen3_coder": (QWEN, QWEN_BAD),
@@ -209,3 +210,64 @@ def test_each_format_is_found_from_the_tokenizers_parser(tok):
         got = tool_grammar.format_name(hinted)
         # Names sharing one parser resolve to the first registered (same grammar).
         assert got is not None and tool_grammar.GRAMMARS[got] is tool_grammar.GRAMMARS[name]
+
+
+# --- over gRPC: a scripted model that would call an undeclared tool ------------------------
+
+# An enum value only: where the grammar masks the scripted token, the lowest allowed id
+# wins (all other logits are equal), and a raw text value would run to max_tokens. The
+# undeclared name has the declared one's length, so the script lines up again after it.
+PICK = {
+    "type": "object",
+    "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+PICK_TOOLS = json.dumps([{"type": "function", "function": {"name": "pick", "parameters": PICK}}])
+GRPC_FORMATS = {
+    "qwen3_coder": ["<tool_call>", "b:\n<function=kill>\n</function>\n", "</tool_call>"],
+    "glm47": ["<tool_call>", "b:kill", "</tool_call>"],
+    "pythonic": ["b:<|tool_call_start|>[kill(unit='c')]<|tool_call_end|>"],
+}
+
+
+@pytest.fixture(scope="module")
+def scripted(tok):
+    servers = {}
+    for name in GRPC_FORMATS:
+        model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+        servers[name] = (InProcessServer(model, tok, [f"tool_parser:{name}"]), model)
+    yield servers
+    for srv, _ in servers.values():
+        srv.stop()
+
+
+def calls_of(server, tok, req, *parts: str) -> list[tuple[str, dict]]:
+    """Predict's calls for `req` scripted to `parts`, after checking the stream agrees."""
+    srv, model = server
+    prompt = len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids)
+    model.set_script(prompt, ids(tok, *parts))
+    deltas = [d for r in srv.stub.PredictStream(req) for d in r.chat_deltas]
+    (whole,) = srv.stub.Predict(req).chat_deltas
+    assert whole.content == "".join(d.content for d in deltas)
+    merged = merge_tool_call_deltas(c for d in deltas for c in d.tool_calls)
+    got = [(c.name, json.loads(c.arguments)) for c in whole.tool_calls]
+    assert [(c.name, json.loads(c.arguments)) for c in merged] == got
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(GRPC_FORMATS))
+def test_scripted_undeclared_call_is_held_to_the_declared_tool(scripted, tok, name):
+    req = chat_request("Hi", Tokens=120, Tools=PICK_TOOLS, Metadata={"tool_grammar": "on"})
+    req.Metadata["enable_thinking"] = "false"
+    assert calls_of(scripted[name], tok, req, *GRPC_FORMATS[name]) == [("pick", {"unit": "c"})]
+    req.Metadata["tool_grammar"] = "off"  # without the grammar the scripted name comes through
+    assert [c[0] for c in calls_of(scripted[name], tok, req, *GRPC_FORMATS[name])] == ["kill"]
+
+
+# Not pythonic: past the script, the lowest id between ", " and "]" is "," (another call).
+@pytest.mark.parametrize("name", ["glm47", "qwen3_coder"])
+def test_scripted_talk_under_a_required_call_becomes_the_call(scripted, tok, name):
+    req = chat_request("Hi", Tokens=120, Tools=PICK_TOOLS, ToolChoice='"required"')
+    req.Metadata["enable_thinking"] = "false"
+    assert calls_of(scripted[name], tok, req, "Hello", " world") == [("pick", {"unit": "c"})]
