@@ -177,19 +177,41 @@ def _xml_value(schema: Any, defs: dict, close: str, text_close: str) -> str:
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return "(" + " | ".join(lark_literal(v) for v in enum) + f') "\\n"? {close}'
     if not types or "string" in types:
-        return "RAW" if close.startswith("<[") else "RAW_" + _tag_id(text_close)
+        return _raw_rule(close, text_close, _max_length(schema) if types == {"string"} else None)
     return f'{json_value(schema, defs)} "\\n"? {close}'
 
 
-def _tag_id(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text).upper().strip("_")
+def _max_length(schema: Any) -> int | None:
+    """A string schema's `maxLength` when it bounds raw text usefully (else None)."""
+    bound = schema.get("maxLength") if isinstance(schema, dict) else None
+    if isinstance(bound, int) and not isinstance(bound, bool) and 0 <= bound <= MAX_RAW_BOUND:
+        return bound
+    return None
 
 
-def _raw_rules(close: str, text_close: str) -> list[str]:
-    """The raw-text value rule of `_xml_value` for one closing tag."""
-    if close.startswith("<["):  # a special token never occurs in text: text, then it
-        return [f"RAW: {TEXT_UNTIL}", f"raw: RAW {close}"]
-    return [f"raw_{_tag_id(text_close).lower()}[lazy]: {TEXT_UNTIL} {lark_literal(text_close)}"]
+MAX_RAW_BOUND = 4096  # maxLength above this: unbounded raw text (a regex that size costs)
+
+
+def _raw_rule(close: str, text_close: str, bound: int | None) -> str:
+    """The name of the raw-text value rule for one closing tag (and `maxLength` bound, as
+    text of at most that many characters, a newline on either side aside, as the parsers
+    strip them); `_raw_rules` defines it."""
+    name = "raw_" + "".join(c if c.isalnum() else "_" for c in text_close).strip("_").lower()
+    return name if bound is None else f"{name}_{bound}"
+
+
+def _raw_rules(close: str, text_close: str, bounds: set[int]) -> list[str]:
+    """The raw-text value rules `_raw_rule` names: text up to the first closing tag (a lazy
+    lexeme), or text and then the closing tag's special token (never inside text)."""
+    out = []
+    for bound in [None, *sorted(bounds)]:
+        text = TEXT_UNTIL if bound is None else f"/\\n?(.|\\n){{0,{bound}}}\\n?/"
+        rule = _raw_rule(close, text_close, bound)
+        if close.startswith("<["):
+            out += [f"{rule.upper()}: {text}", f"{rule}: {rule.upper()} {close}"]
+        else:
+            out.append(f"{rule}[lazy]: {text} {lark_literal(text_close)}")
+    return out
 
 
 def _xml_format(
@@ -208,15 +230,16 @@ def _xml_format(
 
     def rules(tools: Tools, marker: Marker) -> list[str]:
         close = marker(value_close)
-        raw = "raw" if close.startswith("<[") else "raw_" + _tag_id(value_close).lower()
-        out = _raw_rules(close, value_close)
+        out: list[str] = []
+        bounds: set[int] = set()
         fns = []
         for i, (tool, schema) in enumerate(tools.items()):
             items, required, defs = _properties(schema)
             params = []
             for key, prop in items:
                 value = _xml_value(prop, defs, close, value_close)
-                value = raw if value.startswith("RAW") else value
+                if value.startswith("raw_") and value[-1].isdigit():
+                    bounds.add(int(value.rsplit("_", 1)[1]))
                 params.append((param(lark_literal(key)[1:-1], value), key in required))
             out += _sequence(f"args_{i}", params, sep)
             fns.append(f"fn_{i}")
@@ -224,7 +247,7 @@ def _xml_format(
         calls = " | ".join(fns)
         more = "+" if repeat_in_block else ""
         out.insert(0, f"body: ({calls}){more} {marker(end)}" if end else f"body: ({calls}){more}")
-        return out
+        return out + _raw_rules(close, value_close, bounds)
 
     return CallFormat(name, start, rules)
 

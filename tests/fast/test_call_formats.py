@@ -271,3 +271,21 @@ def test_scripted_talk_under_a_required_call_becomes_the_call(scripted, tok, nam
     req = chat_request("Hi", Tokens=120, Tools=PICK_TOOLS, ToolChoice='"required"')
     req.Metadata["enable_thinking"] = "false"
     assert calls_of(scripted[name], tok, req, "Hello", " world") == [("pick", {"unit": "c"})]
+
+
+@pytest.mark.parametrize("name", ["qwen3_coder", "glm47", "minimax_m2"])
+def test_raw_string_values_keep_their_max_length(tok, name):
+    # A model that never writes the closing tag would otherwise fill max_tokens.
+    short = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 3}}}
+    fmt, _, _ = fmt_of(name)
+    finder = tool_grammar._special_finder(tok)
+    source = tool_grammar.build_grammar({"f": short}, fmt, opening="required", special=finder)
+    heads = {
+        "qwen3_coder": ("<tool_call>\n<function=f>\n<parameter=code>\n", "\n</parameter>"),
+        "glm47": ("<tool_call>f<arg_key>code</arg_key><arg_value>", "</arg_value>"),
+        "minimax_m2": ('<minimax:tool_call>\n<invoke name="f">\n<parameter name="code">',
+                       "</parameter>"),
+    }  # fmt: skip
+    head, close = heads[name]
+    assert accepts(tok, source, head + "abc" + close, ends=False)
+    assert not accepts(tok, source, head + "abcd", ends=False)
