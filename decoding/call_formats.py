@@ -78,17 +78,21 @@ def json_value(schema: Mapping[str, Any], defs: Mapping[str, Any] | None = None)
 
 @dataclass(frozen=True)
 class CallFormat:
-    """One format's call. `start`: the text that opens a call (the trigger of a lazy
-    grammar); `rules(tools, marker)`: Lark rules defining `body`, a call from after `start`
-    through its closing marker; `repeat`: calls may follow later in the free text (a new
-    `start` opens one); `leading`: a call counts only at the output's start (the marker is
-    text that prose also writes, e.g. `[`), so a lazy grammar there masks from the first
-    token instead of waiting for a trigger; `lead(marker)`: Lark text a required call may
-    be preceded by (Harmony's channel header). `name`: the format's name in logs."""
+    """One format's call.
+
+    `start`: the text that opens a call (the trigger of a lazy grammar).
+    `rules(tools, marker, single)`: Lark rules defining `body`, a call from after `start`
+    through its closing marker (`single`: one call, where a block may hold more).
+    `repeat`: calls may follow later in the free text (a new `start` opens one).
+    `leading`: a call counts only at the output's start (the marker is text that prose
+    also writes, e.g. `[`), so a lazy grammar masks from the first token instead of
+    waiting for a trigger.
+    `lead(marker)`: Lark text a required call may be preceded by (Harmony's header).
+    `name`: the format's name in logs."""
 
     name: str
     start: str
-    rules: Callable[[Tools, Marker], list[str]]
+    rules: Callable[[Tools, Marker, bool], list[str]]
     repeat: bool = True
     leading: bool = False
     lead: Callable[[Marker], str] | None = field(default=None)
@@ -228,7 +232,7 @@ def _xml_format(
     param(key, value) -> the Lark of one parameter; value_close: the tag that ends a value;
     sep: Lark between parameters."""
 
-    def rules(tools: Tools, marker: Marker) -> list[str]:
+    def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
         close = marker(value_close)
         out: list[str] = []
         bounds: set[int] = set()
@@ -245,7 +249,7 @@ def _xml_format(
             fns.append(f"fn_{i}")
             out.append(f"fn_{i}: {call(i, lark_literal(tool), f'args_{i}')}")
         calls = " | ".join(fns)
-        more = "+" if repeat_in_block else ""
+        more = "+" if repeat_in_block and not single else ""
         out.insert(0, f"body: ({calls}){more} {marker(end)}" if end else f"body: ({calls}){more}")
         return out + _raw_rules(close, value_close, bounds)
 
@@ -268,7 +272,7 @@ def _qwen3_coder(start: str, end: str) -> CallFormat:
 def _glm(start: str, end: str) -> CallFormat:
     # <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>; GLM-4.5
     # writes a newline after the name and after each value.
-    def build(tools: Tools, marker: Marker) -> list[str]:
+    def build(tools: Tools, marker: Marker, single: bool) -> list[str]:
         fmt = _xml_format(
             "glm47",
             start or "<tool_call>",
@@ -281,7 +285,7 @@ def _glm(start: str, end: str) -> CallFormat:
             value_close="</arg_value>",
             sep="",
         )
-        return fmt.rules(tools, marker)
+        return fmt.rules(tools, marker, single)
 
     return CallFormat("glm47", start or "<tool_call>", build)
 
@@ -341,6 +345,11 @@ def _py_value(schema: Any) -> str:
     types = _types(schema)
     if not types or not types <= set(_PY_TYPES):
         return "py_any"
+    bound = _max_length(schema) if types == {"string"} else None
+    if bound is not None:  # a quoted string of at most `bound` characters
+        char = r"([^\"\\\n]|\\.)"
+        single = char.replace('\\"', "'")
+        return f"(/\"{char}{{0,{bound}}}\"/ | /'{single}{{0,{bound}}}'/)"
     return "(" + " | ".join(sorted({_PY_TYPES[t] for t in types})) + ")"
 
 
@@ -363,23 +372,26 @@ def _pythonic(start: str, end: str) -> CallFormat:
     `<|tool_call_start|>`), or a list at the output's start (vLLM's, no markers)."""
     if start and start != "[":
 
-        def marked(tools: Tools, marker: Marker) -> list[str]:
+        def marked(tools: Tools, marker: Marker, single: bool) -> list[str]:
             close = f" {marker(end)}" if end else ""
-            return ['body: "[" pycall (", " pycall)* "]"' + close, *_py_calls(tools)]
+            more = "" if single else ' (", " pycall)*'
+            return [f'body: "[" pycall{more} "]"' + close, *_py_calls(tools)]
 
         return CallFormat("pythonic", start, marked)
 
-    def bare(tools: Tools, marker: Marker) -> list[str]:
-        return ['body: pycall (", " pycall)* "]"', *_py_calls(tools)]
+    def bare(tools: Tools, marker: Marker, single: bool) -> list[str]:
+        more = "" if single else ' (", " pycall)*'
+        return [f'body: pycall{more} "]"', *_py_calls(tools)]
 
     return CallFormat("pythonic", "[", bare, repeat=False, leading=True)
 
 
 def _olmo3(start: str, end: str) -> CallFormat:
     # <function_calls>\nf(a=1)\ng()\n</function_calls> (vLLM's olmo3_tool_parser.py)
-    def rules(tools: Tools, marker: Marker) -> list[str]:
+    def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
         close = marker(end or "</function_calls>")
-        return [f'body: "\\n"? pycall ("\\n" pycall)* "\\n"? {close}', *_py_calls(tools)]
+        more = "" if single else ' ("\\n" pycall)*'
+        return [f'body: "\\n"? pycall{more} "\\n"? {close}', *_py_calls(tools)]
 
     return CallFormat("olmo3", start or "<function_calls>", rules)
 
@@ -394,7 +406,7 @@ def _harmony(start: str, end: str) -> CallFormat:
     openai_tool_parser.py read them. `<|call|>` is optional: gpt-oss stops on it (an EOS
     id), which a grammar allows once the arguments are complete."""
 
-    def rules(tools: Tools, marker: Marker) -> list[str]:
+    def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
         constrain, channel, message = (marker(m) for m in HARMONY_TOKENS[:3])
         header = (
             f'(" " {constrain} "json" | {channel} "commentary" (" json" | " " {constrain} '

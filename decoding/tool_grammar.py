@@ -103,7 +103,9 @@ class ToolFormat:
         """This JSON format as a `call_formats.CallFormat` (what `build_grammar` takes)."""
         newline = ' "\\n"?' if self.newline else ""
 
-        def rules(tools: call_formats.Tools, marker: call_formats.Marker) -> list[str]:
+        def rules(
+            tools: call_formats.Tools, marker: call_formats.Marker, single: bool
+        ) -> list[str]:
             close = f"{newline} {marker(self.end)}" if self.end else ""
             names = " | ".join(f"fn_{i}" for i in range(len(tools)))
             lines = [f"body:{newline} {_literal(self.head)} ({names}){close}"]
@@ -198,13 +200,15 @@ def build_grammar(
     *,
     opening: str = "lazy",
     special: Callable[[str], int | None] = lambda text: None,
+    single: bool = False,
 ) -> str:
     """The Lark grammar (llguidance dialect) of free text with calls of `tools` ({name:
     parameters schema}, at least one) in format `fmt` (module doc). `opening`: "lazy" (free
     text first, the marker a lazy lexeme), "required" (up to 4 whitespace characters, then
     a call) or "triggered" (a call at once: the text from the marker on, as a
     `TriggerGate` hands it over). `special(marker)`: the id of the special token that is
-    `marker`, or None (then the marker is text).
+    `marker`, or None (then the marker is text). `single`: exactly one call (a named
+    function, as OpenAI's tool_choice means it), no later calls in the text.
 
     Raises ValueError naming PredictOptions.Tools when there is no tool or the grammar
     would exceed MAX_GRAMMAR_BYTES."""
@@ -222,7 +226,7 @@ def build_grammar(
     # The first call's marker: the token, or its text (a TriggerGate re-tokenizes the text).
     first = f"({start} | {text_start})" if start_special else start
     lead = f"{call.lead(marker)} " if call.lead is not None and opening == "required" else ""
-    more = "call* " if call.repeat else ""
+    more = "call* " if call.repeat and not single else ""
     lines = ["%llguidance {}"]
     if call.leading:  # no trigger: a call only at the start, else free text
         opened = f"{LEAD_WHITESPACE} {first} body {more}TEXT"
@@ -239,13 +243,13 @@ def build_grammar(
         }
         lines.append(f"start: {openers[opening]}{more}TEXT")
     lines.append("TEXT: /(.|\\n)*/")
-    if call.repeat:
+    if more:
         # The marker as text ends the free text at its first occurrence (a lazy lexeme); as
         # a special token it never occurs inside TEXT, and the text form stays a second way.
         lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
         if start_special:
             lines[-1] += f" | TEXT {start} body"
-    lines += call.rules(tools, marker)
+    lines += call.rules(tools, marker, single)
     source = "\n".join(lines) + "\n"
     size = len(source.encode("utf-8"))
     if size > MAX_GRAMMAR_BYTES:
@@ -329,7 +333,9 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
     # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
     leading = isinstance(fmt, CallFormat) and fmt.leading
     opening = "required" if forced else ("lazy" if leading else "triggered")
-    source = build_grammar(tools, fmt, opening=opening, special=_special_finder(tokenizer))
+    source = build_grammar(
+        tools, fmt, opening=opening, special=_special_finder(tokenizer), single=choice == "function"
+    )
     constraint = Constraint("lark", source, TOOLS_FIELD)
     triggers = () if forced or leading else (fmt.start,)
     return replace(

@@ -289,3 +289,12 @@ def test_raw_string_values_keep_their_max_length(tok, name):
     head, close = heads[name]
     assert accepts(tok, source, head + "abc" + close, ends=False)
     assert not accepts(tok, source, head + "abcd", ends=False)
+
+
+def test_pythonic_string_values_keep_their_max_length(tok):
+    short = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 3}}}
+    fmt, _, _ = fmt_of("olmo3")
+    source = tool_grammar.build_grammar({"f": short}, fmt, opening="required")
+    assert accepts(tok, source, "<function_calls>\nf(code='abc')\n</function_calls>")
+    assert accepts(tok, source, '<function_calls>\nf(code="a\\"c")', ends=False)
+    assert not accepts(tok, source, "<function_calls>\nf(code='abcd", ends=False)

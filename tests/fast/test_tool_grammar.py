@@ -457,3 +457,14 @@ def test_tool_schema_that_is_no_schema_is_refused_when_a_grammar_is_built(tok):
     match = r"PredictOptions\.Tools: the parameters of function 'f' are not a valid JSON schema"
     with pytest.raises(InvalidArgument, match=match):
         prepare.prepare(req, prepare.Intake(served(tok, 4096)))
+
+
+def test_named_function_is_one_call(tok):
+    # OpenAI's named tool_choice: that function, once (no second call after it).
+    named = {"get_time": {"type": "object"}}
+    source = tool_grammar.build_grammar(
+        named, HERMES, opening="required", special=special(tok), single=True
+    )
+    one = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert accepts(tok, source, one + " done")
+    assert not accepts(tok, source, one + one)  # no second call
