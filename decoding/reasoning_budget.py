@@ -180,7 +180,7 @@ class ReasoningBudgetProcessor:
             return _State(True, count, _marker_prefix(self._tokens, self._end), False, text)
         if _ends_with(self._tokens, self._start) or spans:
             return _State(True, count, 0 if count >= self.budget else None, False)
-        return state._replace(text=text)
+        return _State(inside, count, force, done, text)
 
     def _text_marker(self, text: bytes, marker: bytes) -> tuple[bytes, int]:
         """(the kept text after `self._tokens[-1]`, the number of tokens that spell

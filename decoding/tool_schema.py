@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import SchemaError
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 
 __all__ = ["check_calls", "check_schemas", "schemas_of"]
 
