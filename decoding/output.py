@@ -30,13 +30,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays
+from decoding import arrays, reasoning_formats
+from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -47,6 +49,7 @@ __all__ = [
     "ToolCallDelta",
     "initial_state_for",
     "merge_tool_call_deltas",
+    "split_reasoning",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,8 +97,13 @@ class _TextRouter:
     returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
     """
 
-    def __init__(self, edges: Mapping[str, Sequence[tuple[str, str | None]]], state: str):
-        self._edges = {s: tuple((p, d) for p, d in e if p) for s, e in edges.items()}
+    def __init__(self, edges: Mapping[str, Sequence[tuple]], state: str):
+        # (pattern, next state[, keep]): keep leaves the pattern as text of the next state
+        # (a reasoning format's `ends_reasoning` marker, then read by that state's edges).
+        self._edges = {s: tuple((e[0], e[1]) for e in es if e[0]) for s, es in edges.items()}
+        self._keep = {(s, e[0]) for s, es in edges.items() for e in es if len(e) > 2 and e[2]}
+        if any((d, p) in self._keep for s, p in self._keep for pp, d in self._edges[s] if pp == p):
+            raise ValueError("a kept marker must not be kept again by the state it enters")
         self.state: str | None = state
         self._held = ""
 
@@ -107,7 +115,8 @@ class _TextRouter:
                 break
             start, pattern, dst = hit
             segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
-            pos, self.state = start + len(pattern), dst
+            keep = (self.state, pattern) in self._keep
+            pos, self.state = (start if keep else start + len(pattern)), dst
         if self.state is None:  # stopped: text after the stop string is dropped
             self._held = ""
             return segments
@@ -144,31 +153,63 @@ class _TextRouter:
         return 0
 
 
+def _route_text(seg: _Segment, text: ReasoningStream, content: list, reasoning: list) -> None:
+    """Content / reasoning text of one segment, through the format's filters."""
+    if seg.state == NORMAL:
+        content.append(seg.text)
+    elif seg.state == REASONING:
+        reasoning.append(text.reasoning(seg.text))
+    if seg.marker is None:  # still open
+        return
+    if seg.state == REASONING and seg.next_state != REASONING:
+        reasoning.append(text.close_block())
+    elif seg.state != REASONING and seg.next_state == REASONING:
+        text.open_block()
+
+
+def split_reasoning(fmt: ReasoningFormat, text: str, initial: str) -> tuple[str, str]:
+    """(reasoning, content) of a whole text by ``fmt``'s rules, through the same router and
+    filters as the stream (`ReasoningFormat.split_text`)."""
+    channels = SimpleNamespace(response_transitions=(fmt.channels or {}).get("transitions"))
+    router = _TextRouter(_edges(channels, fmt, (), False), initial)
+    stream = ReasoningStream(fmt)
+    if initial == REASONING:
+        stream.open_block()
+    content: list[str] = []
+    reasoning: list[str] = []
+    for seg in router.push(text):
+        _route_text(seg, stream, content, reasoning)
+    if router.state in (NORMAL, REASONING):
+        _route_text(_Segment(router.state, router.flush()), stream, content, reasoning)
+    reasoning.append(stream.close_block())
+    return "".join(reasoning), stream.content("".join(content), final=True)
+
+
 def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
     Same rule as mlx-lm's server (`_tokenize`): the last think-start token sequence after the
-    last think-end one; a chat template's response format (`response_initial_state`) wins.
+    last think-end one; a prompt with neither starts in reasoning for a format whose vLLM
+    parser reads the output as inside the block (`ReasoningFormat.implicit_start`); a chat
+    template's response format (`response_initial_state`) wins.
     """
-    state = NORMAL
-    if tokenizer.has_thinking:
-        tokens = list(prompt_tokens)
-        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
-            state = REASONING
+    fmt = reasoning_formats.format_of(tokenizer)
+    state = reasoning_formats.prompt_state(fmt, tokenizer, list(prompt_tokens))
     return getattr(tokenizer, "response_initial_state", None) or state  # none on mlx-lm main
 
 
-def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
-    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline."""
+def _edges(
+    tokenizer: Any, fmt: ReasoningFormat | None, stop: Sequence[str], tools_on: bool
+) -> dict[str, list]:
+    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline;
+    the reasoning format's (`ReasoningFormat.edges`) come after the tool markers, so that
+    with tools on a tool-call marker opens a call rather than ending reasoning as text."""
     edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
-    thinking = getattr(tokenizer, "has_thinking", False)  # getattr: engine tests use fakes
+    thinking = fmt is not None and fmt.routes
     responses = getattr(tokenizer, "response_transitions", None) or {}
     if thinking:
-        edges[NORMAL].append((tokenizer.think_start, REASONING))
-        edges[REASONING].append((tokenizer.think_end, NORMAL))
-        # Ours: a repeated open or stray close marker is stripped too, never shown as text.
-        edges[REASONING].append((tokenizer.think_start, REASONING))
-        edges[NORMAL].append((tokenizer.think_end, NORMAL))
+        edges[NORMAL].append((fmt.start, REASONING))
+        edges[REASONING].append((fmt.end, NORMAL))
     if tools_on:
         if TOOL not in {d for e in responses.values() for _, d in e}:
             edges[NORMAL].append((tokenizer.tool_call_start, TOOL))
@@ -176,6 +217,9 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
             edges[REASONING].append((tokenizer.tool_call_start, TOOL))
         if tokenizer.tool_call_end:  # Mistral has none: the call runs to the end
             edges[TOOL].append((tokenizer.tool_call_end, NORMAL))
+    if fmt is not None:
+        for state, extra in fmt.edges().items():
+            edges[state].extend(e for e in extra if e[:2] not in {x[:2] for x in edges[state]})
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
@@ -224,7 +268,10 @@ class OutputPipeline:
             and tokenizer.tool_parser
         )
         self._tools = tools
-        edges = _edges(tokenizer, [stop] if isinstance(stop, str) else stop, self._tools_on)
+        fmt = reasoning_formats.format_of(tokenizer)
+        self._text = ReasoningStream(fmt or ReasoningFormat(""))
+        stops = [stop] if isinstance(stop, str) else stop
+        edges = _edges(tokenizer, fmt, stops, self._tools_on)
         if initial_state not in edges:
             raise ValueError(f"unknown initial_state {initial_state!r}; use one of {list(edges)}")
         if initial_state == REASONING and not edges[REASONING]:
@@ -232,6 +279,8 @@ class OutputPipeline:
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
         self._router = _TextRouter(edges, initial_state)
+        if initial_state == REASONING:
+            self._text.open_block()
         self._tool_open = ""  # the marker that opened the current tool block
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
@@ -291,16 +340,17 @@ class OutputPipeline:
                 if state == TOOL:
                     segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = "stop" if self.stopped else reason
-        return self._emit(segments, ())
+        return self._emit(segments, (), final=True)
 
-    def _emit(self, segments: list[_Segment], entries: tuple[dict, ...]) -> Delta:
-        content, reasoning, pieces = [], [], []
+    def _emit(
+        self, segments: list[_Segment], entries: tuple[dict, ...], final: bool = False
+    ) -> Delta:
+        content: list[str] = []
+        reasoning: list[str] = []
+        pieces: list[ToolCallDelta] = []
         for seg in segments:
-            if seg.state == NORMAL:
-                content.append(seg.text)
-            elif seg.state == REASONING:
-                reasoning.append(seg.text)
-            elif seg.state == TOOL and self._streamer is not None:
+            _route_text(seg, self._text, content, reasoning)
+            if seg.state == TOOL and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
@@ -313,7 +363,10 @@ class OutputPipeline:
                 closed, raw = self._tool_call(seg.marker)
                 pieces += closed
                 content.append(raw)
-        delta = Delta("".join(content), "".join(reasoning), tuple(pieces), entries)
+        if final:
+            reasoning.append(self._text.close_block())
+        text = self._text.content("".join(content), final)
+        delta = Delta(text, "".join(reasoning), tuple(pieces), entries)
         self.content += delta.content
         self.reasoning += delta.reasoning
         return delta
