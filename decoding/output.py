@@ -27,10 +27,9 @@ Text rules (what a client sees):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
@@ -39,6 +38,7 @@ from tokenizers import decoders as hf_decoders
 
 from decoding import arrays, reasoning_formats
 from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
+from decoding.text_router import Segment, TextRouter
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -49,7 +49,6 @@ __all__ = [
     "ToolCallDelta",
     "initial_state_for",
     "merge_tool_call_deltas",
-    "split_reasoning",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,113 +77,6 @@ class Delta:
         return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """Text of one state; `marker` is the string that ended it (None: still open)."""
-
-    state: str
-    text: str
-    marker: str | None = None
-    next_state: str | None = None  # with a marker: the state entered; None means a stop matched
-
-
-class _TextRouter:
-    """Splits decoded text into per-state segments at marker and stop strings.
-
-    `edges` maps state -> [(pattern, next state or None for stop)], the shape mlx-lm's
-    `make_text_state_machine` builds. Differs from `TextStateMachine`: it holds back only the
-    longest suffix that is a prefix of a pattern (TextStateMachine holds until its automaton
-    returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
-    """
-
-    def __init__(self, edges: Mapping[str, Sequence[tuple]], state: str):
-        # (pattern, next state[, keep]): keep leaves the pattern as text of the next state
-        # (a reasoning format's `ends_reasoning` marker, then read by that state's edges).
-        self._edges = {s: tuple((e[0], e[1]) for e in es if e[0]) for s, es in edges.items()}
-        self._keep = {(s, e[0]) for s, es in edges.items() for e in es if len(e) > 2 and e[2]}
-        if any((d, p) in self._keep for s, p in self._keep for pp, d in self._edges[s] if pp == p):
-            raise ValueError("a kept marker must not be kept again by the state it enters")
-        self.state: str | None = state
-        self._held = ""
-
-    def push(self, text: str) -> list[_Segment]:
-        buf, pos, segments = self._held + text, 0, []
-        while self.state is not None:
-            hit = self._first_match(buf, pos)
-            if hit is None:
-                break
-            start, pattern, dst = hit
-            segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
-            keep = (self.state, pattern) in self._keep
-            pos, self.state = (start if keep else start + len(pattern)), dst
-        if self.state is None:  # stopped: text after the stop string is dropped
-            self._held = ""
-            return segments
-        cut = len(buf) - self._partial_suffix(buf, pos)
-        segments.append(_Segment(self.state, buf[pos:cut]))
-        self._held = buf[cut:]
-        return segments
-
-    def flush(self) -> str:
-        """Release the held text (at the end it can no longer complete a match)."""
-        held, self._held = self._held, ""
-        return held
-
-    def _current_edges(self) -> tuple[tuple[str, str | None], ...]:
-        return self._edges.get(self.state, ()) if self.state is not None else ()
-
-    def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
-        best = None
-        for pattern, dst in self._current_edges():
-            start = buf.find(pattern, pos)
-            if start >= 0:
-                key = (start + len(pattern), start)  # ends first, then longest
-                if best is None or key < best[0]:
-                    best = (key, pattern, dst)
-        return None if best is None else (best[0][1], best[1], best[2])
-
-    def _partial_suffix(self, buf: str, pos: int) -> int:
-        patterns = [p for p, _ in self._current_edges()]
-        longest = min(max((len(p) for p in patterns), default=1) - 1, len(buf) - pos)
-        for k in range(longest, 0, -1):
-            tail = buf[-k:]
-            if any(p.startswith(tail) for p in patterns):
-                return k
-        return 0
-
-
-def _route_text(seg: _Segment, text: ReasoningStream, content: list, reasoning: list) -> None:
-    """Content / reasoning text of one segment, through the format's filters."""
-    if seg.state == NORMAL:
-        content.append(seg.text)
-    elif seg.state == REASONING:
-        reasoning.append(text.reasoning(seg.text))
-    if seg.marker is None:  # still open
-        return
-    if seg.state == REASONING and seg.next_state != REASONING:
-        reasoning.append(text.close_block())
-    elif seg.state != REASONING and seg.next_state == REASONING:
-        text.open_block()
-
-
-def split_reasoning(fmt: ReasoningFormat, text: str, initial: str) -> tuple[str, str]:
-    """(reasoning, content) of a whole text by ``fmt``'s rules, through the same router and
-    filters as the stream (`ReasoningFormat.split_text`)."""
-    channels = SimpleNamespace(response_transitions=(fmt.channels or {}).get("transitions"))
-    router = _TextRouter(_edges(channels, fmt, (), False), initial)
-    stream = ReasoningStream(fmt)
-    if initial == REASONING:
-        stream.open_block()
-    content: list[str] = []
-    reasoning: list[str] = []
-    for seg in router.push(text):
-        _route_text(seg, stream, content, reasoning)
-    if router.state in (NORMAL, REASONING):
-        _route_text(_Segment(router.state, router.flush()), stream, content, reasoning)
-    reasoning.append(stream.close_block())
-    return "".join(reasoning), stream.content("".join(content), final=True)
-
-
 def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
@@ -207,7 +99,7 @@ def _edges(
     edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
     thinking = fmt is not None and fmt.routes
     responses = getattr(tokenizer, "response_transitions", None) or {}
-    if thinking:
+    if fmt is not None and thinking:
         edges[NORMAL].append((fmt.start, REASONING))
         edges[REASONING].append((fmt.end, NORMAL))
     if tools_on:
@@ -278,7 +170,7 @@ class OutputPipeline:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        self._router = _TextRouter(edges, initial_state)
+        self._router = TextRouter(edges, initial_state)
         if initial_state == REASONING:
             self._text.open_block()
         self._tool_open = ""  # the marker that opened the current tool block
@@ -329,27 +221,27 @@ class OutputPipeline:
         """
         if self.finish_reason is not None:
             return Delta()
-        segments: list[_Segment] = []
+        segments: list[Segment] = []
         if not self.stopped:
             self._detok.finalize()
             text = self._detok.last_segment
             segments = self._router.push(text) if text else []
             state = self._router.state
             if state is not None:
-                segments.append(_Segment(state, self._router.flush()))
+                segments.append(Segment(state, self._router.flush()))
                 if state == TOOL:
-                    segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
+                    segments.append(Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = "stop" if self.stopped else reason
         return self._emit(segments, (), final=True)
 
     def _emit(
-        self, segments: list[_Segment], entries: tuple[dict, ...], final: bool = False
+        self, segments: list[Segment], entries: tuple[dict, ...], final: bool = False
     ) -> Delta:
         content: list[str] = []
         reasoning: list[str] = []
         pieces: list[ToolCallDelta] = []
         for seg in segments:
-            _route_text(seg, self._text, content, reasoning)
+            self._text.route(seg, content, reasoning)
             if seg.state == TOOL and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from decoding.text_router import Segment, TextRouter
+
 __all__ = [
     "FORMATS",
     "HARMONY_FORMAT",
@@ -132,11 +134,25 @@ class ReasoningFormat:
         return NORMAL
 
     def split_text(self, text: str, initial: str | None = None) -> tuple[str, str]:
-        """(reasoning, content) of a whole output, by the same rules as the stream; the
-        output starts as a prompt without markers leaves it unless ``initial`` says."""
-        from decoding.output import split_reasoning  # the router lives with the pipeline
-
-        return split_reasoning(self, text, initial or self.initial_state(-1, -1))
+        """(reasoning, content) of a whole output by the rules the stream follows (the
+        same router and filters); it starts as a prompt without markers leaves it unless
+        ``initial`` says."""
+        edges: dict[str, list] = {s: list(e) for s, e in self.edges().items()}
+        for state, extra in ((self.channels or {}).get("transitions") or {}).items():
+            edges.setdefault(state, []).extend(extra)
+        state = initial or self.initial_state(-1, -1)
+        router = TextRouter(edges, state)
+        stream = ReasoningStream(self)
+        if state == REASONING:
+            stream.open_block()
+        content: list[str] = []
+        reasoning: list[str] = []
+        for seg in router.push(text):
+            stream.route(seg, content, reasoning)
+        if router.state is not None:
+            stream.route(Segment(router.state, router.flush()), content, reasoning)
+        reasoning.append(stream.close_block())
+        return "".join(reasoning), stream.content("".join(content), final=True)
 
 
 class ReasoningStream:
@@ -170,6 +186,20 @@ class ReasoningStream:
         """Text held at the block's end (a label cut short is the model's text)."""
         held, self._held = self._held or "", None
         return held
+
+    def route(self, seg: Segment, content: list[str], reasoning: list[str]) -> None:
+        """Append the content / reasoning text of one routed segment, filtered; other
+        states' text (tool calls, channel headers) is the caller's."""
+        if seg.state == NORMAL:
+            content.append(seg.text)
+        elif seg.state == REASONING:
+            reasoning.append(self.reasoning(seg.text))
+        if seg.marker is None:  # still open
+            return
+        if seg.state == REASONING and seg.next_state != REASONING:
+            reasoning.append(self.close_block())
+        elif seg.state != REASONING and seg.next_state == REASONING:
+            self.open_block()
 
     def content(self, text: str, final: bool = False) -> str:
         if self._prefix and (text or final):

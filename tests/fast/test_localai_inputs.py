@@ -258,7 +258,7 @@ LOCALAI_REASONING_PARSERS = {
     "mistral": ("[THINK]", "[/THINK]"),
     "deepseek_v3": ("<think>", "</think>"),
     "glm45": ("<think>", "</think>"),
-    "gemma4": ("<|channel>thought", "<channel|>"),
+    "gemma4": ("<|channel>", "<channel|>"),  # its "thought\n" label: reasoning_formats
     "granite": ("Here is my thought process:", "Here is my response:"),
     "minimax_m2": ("<think>", "</think>"),
     "kimi_k2": ("<think>", "</think>"),
