@@ -74,6 +74,7 @@ class ReasoningFormat:
     prompt that closed the block (thinking off) starts in content.
     ends_reasoning: markers that end reasoning without `end` and stay in the text that
     follows (a tool-call section: the tool parser reads it).
+    other_starts / other_ends: other spellings of start / end the model writes.
     content_markers: wrapper markers around the answer, stripped from content.
     reasoning_label: a label the model writes at the start of each block, dropped.
     content_prefix: text put before the content (vLLM's minimax_m2_append_think hands the
@@ -90,6 +91,8 @@ class ReasoningFormat:
     source: str = ""
     implicit_start: bool = False
     ends_reasoning: tuple[str, ...] = ()
+    other_starts: tuple[str, ...] = ()
+    other_ends: tuple[str, ...] = ()
     content_markers: tuple[str, ...] = ()
     reasoning_label: str = ""
     content_prefix: str = ""
@@ -112,12 +115,13 @@ class ReasoningFormat:
         keep)], keep meaning the pattern stays as text of the next state."""
         edges: dict[str, list[tuple[str, str, bool]]] = {NORMAL: [], REASONING: []}
         if self.routes:
-            edges[NORMAL].append((self.start, REASONING, False))
-            edges[REASONING].append((self.end, NORMAL, False))
+            starts, ends = (self.start, *self.other_starts), (self.end, *self.other_ends)
+            edges[NORMAL].extend((m, REASONING, False) for m in starts)
+            edges[REASONING].extend((m, NORMAL, False) for m in ends)
             # Ours: a repeated open or stray close marker is stripped too, never shown as
             # text (vLLM's minimax_m2 double_end_token: a second </think> is dropped).
-            edges[REASONING].append((self.start, REASONING, False))
-            edges[NORMAL].append((self.end, NORMAL, False))
+            edges[REASONING].extend((m, REASONING, False) for m in starts)
+            edges[NORMAL].extend((m, NORMAL, False) for m in ends)
             edges[REASONING].extend((m, NORMAL, True) for m in self.ends_reasoning)
         edges[NORMAL].extend((m, NORMAL, False) for m in self.content_markers)
         return edges
@@ -279,11 +283,14 @@ FORMATS: dict[str, ReasoningFormat] = {
             _R + "seed_oss_reasoning_parser.py",
             implicit_start=True,
         ),
+        # vLLM's granite parser also reads "Here's" (seen from quantized models).
         ReasoningFormat(
             "granite",
             "Here is my thought process:",
             "Here is my response:",
             _R + "granite_reasoning_parser.py",
+            other_starts=("Here's my thought process:",),
+            other_ends=("Here's my response:",),
         ),
         ReasoningFormat(
             "openai_gptoss",

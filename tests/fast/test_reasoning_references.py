@@ -155,3 +155,12 @@ def test_an_unknown_name_is_one_warning_naming_the_known_ones(hf, caplog):
     message = record.getMessage()
     assert "\n" not in message and "unknown reasoning_parser 'no_such_parser'" in message
     assert all(name in message for name in reasoning_formats.known_names())
+
+
+def test_granite_reads_heres_as_vllms_parser_does():
+    """vLLM's granite_reasoning_parser.py matches "Here's" as well as "Here is" (its
+    think_start_expr / response_start_expr); its tests have no such case."""
+    fmt = reasoning_formats.FORMATS["granite"]
+    text = "Here's my thought process: foo Here's my response: bar"
+    assert fmt.split_text(text) == (" foo ", " bar")
+    assert fmt.split_text("Here is my thought process: a Here's my response: b") == (" a ", " b")
