@@ -235,7 +235,9 @@ FORMATS: dict[str, ReasoningFormat] = {
             ends_reasoning=("<tool_call>",),
         ),
         _think("glm45", _R + "glm4_moe_reasoning_parser.py"),
-        _think("glm47", _R + "glm47_moe_reasoning_parser.py"),
+        # GLM-4.7's template opens <think> itself: vLLM reads it as deepseek_r1 does.
+        _think("glm47", _R + "glm47_moe_reasoning_parser.py", implicit_start=True),
+        _think("step3", _R + "step3_reasoning_parser.py", implicit_start=True),
         _think("ernie45", _R + "ernie45_reasoning_parser.py", implicit_start=True),
         _think("minimax_m2", _R + "minimax_m2_reasoning_parser.py", implicit_start=True),
         _think(
@@ -302,7 +304,7 @@ FORMATS: dict[str, ReasoningFormat] = {
 }
 
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
-NO_FORMAT = frozenset({"step3", "step3p5"})
+NO_FORMAT = frozenset({"step3p5"})
 
 
 def normal_name(name: str) -> str:

@@ -43,6 +43,8 @@ MISTRAL = T + "test_mistral_reasoning_parser.py@04dbd8f32c"
 SEED = T + "test_seedoss_reasoning_parser.py@3060cdea8c"
 OLMO3 = T + "test_olmo3_reasoning_parser.py@11c69d49ad"
 NEMOTRON = T + "test_nemotron_v3_reasoning_parser.py@028e77a725"
+GLM47 = T + "test_glm47_reasoning_parser.py@fd125f499b"
+STEP3 = T + "test_step3_reasoning_parser.py@4cf9a39530"
 
 
 @dataclass(frozen=True)
@@ -496,6 +498,34 @@ GLM45_PROMPT_CASES = [
     ),
 ]
 
+# --- glm47: inside <think> from the start (the template opens it), as deepseek_r1 ---
+GLM47_CASES = [
+    case(both("simple_reasoning"), GLM47, "glm47", f"{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning"), GLM47, "glm47", f"{RS}</think>", RS),
+    case(("no_content_token", "no_reasoning_token_streaming"), GLM47, "glm47", RS, RS),
+    case(
+        both("multiple_lines"),
+        GLM47,
+        "glm47",
+        "This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(("shortest", "shortest_no_streaming"), GLM47, "glm47", f"</think>{REST}", "", REST),
+    case(both("reasoning_with_think"), GLM47, "glm47", f"<think>{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning_with_think"), GLM47, "glm47", f"<think>{RS}</think>", RS),
+    case(
+        both("multiple_lines_with_think"),
+        GLM47,
+        "glm47",
+        "<think>This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(both("think_no_end"), GLM47, "glm47", f"<think>{RS}", RS),
+    case(both("empty"), GLM47, "glm47", ""),
+]
+
 # --- kimi_k2: inside <think> from the start; a tool-call section ends reasoning ---
 KS = "<|tool_calls_section_begin|>"
 KIMI_CASES = [
@@ -550,6 +580,25 @@ KIMI_STREAM_CASES = [
         "<think>thinking",
         ((KS, "", KS),),
     ),
+]
+GLM47_PROMPT_CASES = [
+    PromptCase(tuple(c.ids), GLM47, "glm47", c.prompt, c.state) for c in GLM45_PROMPT_CASES
+]
+# step3 (test_is_reasoning_end_ignores_think_end_in_prompt_history): a </think> of an
+# earlier turn does not end the reasoning a fresh <think> opened.
+STEP3_PROMPT_CASES = [
+    PromptCase(
+        ("test_is_reasoning_end_ignores_think_end_in_prompt_history",),
+        STEP3,
+        "step3",
+        text,
+        state,
+    )
+    for text, state in (
+        ("a</think>b<think>c", "reasoning"),
+        ("a</think>b<think>c</think>", "normal"),
+        ("ab</think>", "normal"),
+    )
 ]
 KIMI_PROMPT_CASES = [
     PromptCase(("test_parser_selection_thinking_enabled",), KIMI, "kimi_k2", "", "reasoning"),
@@ -866,6 +915,7 @@ CASES = (
     + GLM45_CASES
     + KIMI_CASES
     + ERNIE_CASES
+    + GLM47_CASES
     + DSV3_CASES
     + QWEN3_CASES
     + R1_CASES
@@ -875,7 +925,13 @@ CASES = (
     + NEMOTRON_CASES
 )
 STREAM_CASES = GRANITE_STREAM_CASES + KIMI_STREAM_CASES
-PROMPT_CASES = GLM45_PROMPT_CASES + KIMI_PROMPT_CASES + DSV3_PROMPT_CASES
+PROMPT_CASES = (
+    GLM45_PROMPT_CASES
+    + GLM47_PROMPT_CASES
+    + STEP3_PROMPT_CASES
+    + KIMI_PROMPT_CASES
+    + DSV3_PROMPT_CASES
+)
 
 
 def known(c: Case, ours: dict, why: str) -> tuple[Case, dict]:
@@ -970,6 +1026,10 @@ NOT_APPLICABLE = {
     "(usage); LocalAI's proto has no reasoning-token count",
     (DSV3, "test_count_reasoning_tokens_delegates[False-0]"): "as [True-3]",
     (SEED, "test_is_reasoning_end"): _IS_END,
+    (STEP3, "test_count_reasoning_tokens_stops_at_think_end"): "counts reasoning tokens "
+    "(usage); LocalAI's proto has no reasoning-token count",
+    (STEP3, "test_count_reasoning_tokens_without_think_end"): "as "
+    "test_count_reasoning_tokens_stops_at_think_end",
     (SEED, "test_extract_content_ids"): "vLLM's content token-id API; here content is text",
 }
 
@@ -1100,6 +1160,19 @@ IDS = {
     ],
 }  # fmt: skip
 IDS[MISTRAL] = list(IDS[R1])
+IDS[GLM47] = [
+    *_ids("simple_reasoning", "complete_reasoning", "multiple_lines", "reasoning_with_think",
+          "complete_reasoning_with_think", "multiple_lines_with_think", "think_no_end", "empty"),
+    "no_content_token", "no_reasoning_token_streaming", "shortest", "shortest_no_streaming",
+    *(f"test_is_reasoning_end_full_prompt[{n}]" for n in (
+        "still_reasoning", "done_reasoning", "multi_turn_still_reasoning",
+        "multi_turn_done_reasoning")),
+]  # fmt: skip
+IDS[STEP3] = [
+    "test_count_reasoning_tokens_stops_at_think_end",
+    "test_count_reasoning_tokens_without_think_end",
+    "test_is_reasoning_end_ignores_think_end_in_prompt_history",
+]
 
 
 def expected(c: Case) -> dict:
