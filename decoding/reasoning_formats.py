@@ -76,6 +76,7 @@ class ReasoningFormat:
     follows (a tool-call section: the tool parser reads it).
     other_starts / other_ends: other spellings of start / end the model writes.
     content_markers: wrapper markers around the answer, stripped from content.
+    newlines_after: markers after which the content's leading newlines are dropped.
     reasoning_label: a label the model writes at the start of each block, dropped.
     content_prefix: text put before the content (vLLM's minimax_m2_append_think hands the
     whole output on as content with `<think>` before it).
@@ -94,6 +95,7 @@ class ReasoningFormat:
     other_starts: tuple[str, ...] = ()
     other_ends: tuple[str, ...] = ()
     content_markers: tuple[str, ...] = ()
+    newlines_after: tuple[str, ...] = ()
     reasoning_label: str = ""
     content_prefix: str = ""
     split: bool = True
@@ -168,6 +170,8 @@ class ReasoningStream:
         self._label = fmt.reasoning_label
         self._held: str | None = None  # None: not at a block start
         self._prefix = fmt.content_prefix
+        self._newlines_after = fmt.newlines_after
+        self._eat_newlines = False
 
     def open_block(self) -> None:
         if self._label:
@@ -195,11 +199,15 @@ class ReasoningStream:
         """Append the content / reasoning text of one routed segment, filtered; other
         states' text (tool calls, channel headers) is the caller's."""
         if seg.state == NORMAL:
-            content.append(seg.text)
+            text = seg.text.lstrip("\n") if self._eat_newlines else seg.text
+            self._eat_newlines = self._eat_newlines and not text
+            content.append(text)
         elif seg.state == REASONING:
             reasoning.append(self.reasoning(seg.text))
         if seg.marker is None:  # still open
             return
+        # Newlines right after such a marker are dropped, up to the next text or marker.
+        self._eat_newlines = seg.marker in self._newlines_after and seg.next_state == NORMAL
         if seg.state == REASONING and seg.next_state != REASONING:
             reasoning.append(self.close_block())
         elif seg.state != REASONING and seg.next_state == REASONING:
@@ -238,7 +246,16 @@ FORMATS: dict[str, ReasoningFormat] = {
         # GLM-4.7's template opens <think> itself: vLLM reads it as deepseek_r1 does.
         _think("glm47", _R + "glm47_moe_reasoning_parser.py", implicit_start=True),
         _think("step3", _R + "step3_reasoning_parser.py", implicit_start=True),
-        _think("ernie45", _R + "ernie45_reasoning_parser.py", implicit_start=True),
+        # ERNIE 4.5 writes `abc\n</think>\n\n<response>\ndef\n</response>\n` (or
+        # `abc\n</think>\ndef`): the <response> wrapper and the newlines after </think>
+        # and </response> are no content (vLLM's ernie45_reasoning_parser.py).
+        _think(
+            "ernie45",
+            _R + "ernie45_reasoning_parser.py",
+            implicit_start=True,
+            content_markers=("<response>", "</response>"),
+            newlines_after=("</think>", "</response>"),
+        ),
         _think("minimax_m2", _R + "minimax_m2_reasoning_parser.py", implicit_start=True),
         _think(
             "minimax_m2_append_think",

@@ -164,3 +164,15 @@ def test_granite_reads_heres_as_vllms_parser_does():
     text = "Here's my thought process: foo Here's my response: bar"
     assert fmt.split_text(text) == (" foo ", " bar")
     assert fmt.split_text("Here is my thought process: a Here's my response: b") == (" a ", " b")
+
+
+def test_ernie45_drops_its_response_wrapper_as_vllms_parser_does():
+    """The two output forms vLLM's ernie45_reasoning_parser.py names in its docstring
+    (its tests have none): the <response> wrapper and the newlines after </think> and
+    </response> are no content. For `abc\\n</think>\\ndef` vLLM's streaming path drops the
+    newline, its non-streaming path keeps it; here both give the streaming result."""
+    fmt = reasoning_formats.FORMATS["ernie45"]
+    wrapped = "abc\n</think>\n\n<response>\ndef\n</response>\n"
+    assert fmt.split_text(wrapped) == ("abc\n", "\ndef\n")
+    assert fmt.split_text("abc\n</think>\ndef") == ("abc\n", "def")
+    assert fmt.split_text("abc\n</think>\n\n\n") == ("abc\n", "")
