@@ -29,6 +29,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from batch.decode import DecodeBatch, pending
+from batch.rows import row_cache
+from batch.speculation import DraftedModel, SpeculativeBatch
 from decoding.ngram_spec import NgramStats
 from engine.checkpoints import Checkpoints, split
 from engine.jobs import Job
@@ -36,9 +39,6 @@ from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup, trim_exactly
-from seam.batch import DecodeBatch, pending
-from seam.rows import row_cache
-from seam.speculation import DraftedModel, SpeculativeBatch
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,12 @@ from toy_tokenizer import ids
 
 import backend_pb2
 import params
+from batch.logits import BatchLogits
 from decoding import grammar
 from decoding.grammar_gate import ChainGate, ReasoningGate, TriggerGate
 from engine import prompt as prompt_mod
 from engine.sequences import stops_at_eos
 from parsing.constraint import Constraint
-from seam.batch_logits import BatchLogits
 from seam.tokenizer import vocab_size
 
 SCHEMA = json.dumps(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from batch.decode import _cut
 from engine.sharing import MIN_SHARED_PREFIX, SharedPrefixes
-from seam.batch import _cut
 
 
 def test_cut_splits_a_segment_or_keeps_an_existing_end() -> None:

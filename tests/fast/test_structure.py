@@ -157,12 +157,12 @@ def test_no_class_is_over_400_lines() -> None:
     assert not long, "split these classes by job: " + "; ".join(long)
 
 
-def test_only_seam_release_clears_mlx_buffers() -> None:
+def test_only_batch_release_clears_mlx_buffers() -> None:
     """Issue 32: every ``mx.clear_cache`` waits for the work in flight first, so one
-    function owns the call (`seam.release.release_cache`)."""
+    function owns the call (`batch.release.release_cache`)."""
     callers = []
     for name, path in project_modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "clear_cache":
                 callers.append(name)
-    assert sorted(set(callers)) == ["seam.release"], callers
+    assert sorted(set(callers)) == ["batch.release"], callers

@@ -31,13 +31,13 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.utils import _get_classes
 
+from batch.decode import DecodeBatch
+from batch.rows import merge_layer, row_cache
 from caches import prompt_disk_format as fmt
 from loading import model_loader
 from prompt_cache import PromptCache
-from seam.batch import DecodeBatch
 from seam.quantized_kv import BatchQuantizedKVCache
 from seam.rotating_kv import BatchKeepRotatingKVCache
-from seam.rows import merge_layer, row_cache
 
 MAX, KEEP = 48, 4  # tiny llama's rotating cache
 GROUP = 32  # tiny llama's head dim

@@ -17,8 +17,8 @@ import tiny_models
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from batch.decode import DecodeBatch
 from loading import model_loader
-from seam.batch import DecodeBatch
 
 
 def _ids(n: int, seed: int) -> list[int]:

@@ -38,11 +38,11 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 
+from batch.logits import BatchLogits
+from batch.release import release_cache
+from batch.rows import merge_rows
 from decoding.sampling import GREEDY
 from seam.arrays import ints
-from seam.batch_logits import BatchLogits
-from seam.release import release_cache
-from seam.rows import merge_rows
 
 #: mlx-lm private members used here: none.
 PRIVATE: tuple = ()
