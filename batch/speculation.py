@@ -1,4 +1,4 @@
-"""Speculative decoding inside the continuous batch (`seam.batch.DecodeBatch`).
+"""Speculative decoding inside the continuous batch (`batch.decode.DecodeBatch`).
 
 `SpeculativeBatch` (a `DecodeBatch`) replaces it for a model loaded with
 ``speculative:ngram`` or a draft model (`DraftedModel`). At each step every row that

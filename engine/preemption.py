@@ -27,7 +27,7 @@ budget, the newest admitted sequences give way (`make_room`). For each (`take`):
 The client sees a longer pause, never an error. What cannot be resumed keeps the
 reservation at its longest: distributed groups (every rank would have to preempt alike:
 not mirrored), speculative decoding (a step returns several tokens and rewinds drafts),
-batch rows of `seam.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
+batch rows of `batch.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
 prompts (their ids are cache keys). What can never fit, even alone at its longest, is
 refused before it is queued (`fit.check_memory`).
 

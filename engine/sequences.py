@@ -2,11 +2,11 @@
 
 A `Runner` holds sequences of one kind and decodes one token for each per `step`:
 
-- `BatchRunner`: the continuous batch, `seam.batch.DecodeBatch` (newcomers join between
+- `BatchRunner`: the continuous batch, `batch.decode.DecodeBatch` (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-  With ``speculative:ngram`` or a draft model it is `seam.speculation`'s
+  With ``speculative:ngram`` or a draft model it is `batch.speculation`'s
   `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
-  Its rows' caches are `seam.rows`'s quantized (``kv_bits``) or rotating-with-
+  Its rows' caches are `batch.rows`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
 - `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
@@ -76,7 +76,7 @@ def finish_of(token: int, job: Job, eos_ids: frozenset[int]) -> str | None:
 
 def row_kind(loaded: LoadedModel) -> str:
     """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
-    ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
+    ``max_kv_size``), "own" (`batch.rows`'s quantized or rotating rows), or
     "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
     quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
     sequence's whole cache once it holds that many tokens, one representation per
@@ -94,7 +94,7 @@ def row_kind(loaded: LoadedModel) -> str:
 
 
 def _rows(loaded: LoadedModel, keep: int) -> list:
-    """One sequence's empty `seam.rows` rows (target layers, then the draft's)."""
+    """One sequence's empty `batch.rows` rows (target layers, then the draft's)."""
     p = loaded.params
     if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
         keep = min(keep or 4, p.max_kv_size - 1)
@@ -127,9 +127,9 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 
 class BatchRunner:
-    """The continuous batch of one loaded model (`seam.batch.DecodeBatch`), speculating
+    """The continuous batch of one loaded model (`batch.decode.DecodeBatch`), speculating
     per row with n-gram drafts (``speculative:ngram``) or a draft model's
-    (`seam.speculation.SpeculativeBatch`)."""
+    (`batch.speculation.SpeculativeBatch`)."""
 
     def proposed(self, job: Job) -> int:
         """Draft tokens ``job`` sent to verification."""
@@ -250,7 +250,7 @@ class BatchRunner:
         return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
-        """A new sequence's empty KV cache for this batch: `seam.rows`'s quantized rows
+        """A new sequence's empty KV cache for this batch: `batch.rows`'s quantized rows
         (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
         mlx-lm's 4 when 0), the draft model's after the target's; None: the model's own."""
         return _rows(self.loaded, params.keep) if self._own_rows else None

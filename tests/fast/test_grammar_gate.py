@@ -3,7 +3,7 @@
 Unit tests drive `ConstraintProcessor` with its gate (decoding/grammar_gate.py) the way
 mlx-lm does (context = prompt + generated tokens) on the toy tokenizer
 (tests/toy_tokenizer.py: single-token "<think>" / "</think>"), and the batch-wide path
-(seam/batch_logits.py) beside a per-row reference. Scripted-model tests over real gRPC
+(batch/logits.py) beside a per-row reference. Scripted-model tests over real gRPC
 check the reasoning / content split of PredictStream and Predict.
 """
 

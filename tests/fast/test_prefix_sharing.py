@@ -1,5 +1,5 @@
 """In-flight prefix sharing's decisions (`engine.sharing`) and the batch's segment cut
-(`seam.batch._cut`), without a model. The end-to-end behaviour (outputs, prompt tokens
+(`batch.decode._cut`), without a model. The end-to-end behaviour (outputs, prompt tokens
 computed) is tested over gRPC in tests/model/test_prefix_sharing.py."""
 
 from __future__ import annotations

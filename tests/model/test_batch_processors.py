@@ -1,5 +1,5 @@
-"""Batch-wide logits processors (`seam.batch_logits`) against the same processors called
-one row at a time (the per-row step `seam.batch.DecodeBatch._forward` took before issue
+"""Batch-wide logits processors (`batch.logits`) against the same processors called
+one row at a time (the per-row step `batch.decode.DecodeBatch._forward` took before issue
 30, kept here as `PerRow`), and the penalties against mlx-lm's own `make_*_penalty`
 (mlx_lm/sample_utils.py).
 

@@ -1,4 +1,4 @@
-"""`seam.batch.DecodeBatch` against mlx-lm's own `BatchGenerator` (0.32's, the steps it
+"""`batch.decode.DecodeBatch` against mlx-lm's own `BatchGenerator` (0.32's, the steps it
 replaces): driven alike (the same rows inserted at the same steps), both give the same
 greedy tokens, the same prefill progress and segment ends, and finished rows hand over a
 KV holding exactly their tokens. Rows join at different steps, one starts from a cached

@@ -1,6 +1,6 @@
 """N-gram (prompt lookup) speculation inside the batch matches plain decoding exactly.
 
-`seam.speculation.SpeculativeBatch` against plain decoding by mlx-lm's own
+`batch.speculation.SpeculativeBatch` against plain decoding by mlx-lm's own
 `BatchGenerator`. Real models: the embedded SmolLM2-135M (greedy
 identity alone and in batches mixed with rows that do not draft, KV bookkeeping, stops
 and max_tokens inside accepted drafts, rows joining and leaving, hole compaction, seeded
