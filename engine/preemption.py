@@ -39,10 +39,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine import fit
 from engine.jobs import Handover, Job
 from engine.memory import MIN_CHUNK, MemoryBudget, copies
 from engine.metrics import NULL, Recorder
+from prompting import fit
 
 if TYPE_CHECKING:
     from caches.prompt_tiers import PromptTiers

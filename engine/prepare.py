@@ -32,12 +32,13 @@ from typing import Any
 
 import params as params_mod
 from decoding import grammar, sampling, tool_grammar
-from engine import fit, vision_prompt
-from engine.prompt import PreparedPrompt, without_volatile
+from engine import vision_prompt
 from errors import invalid_argument
 from loading.loaded_model import LoadedModel
 from params import GenerationRequest, LoadParams
 from parsing.constraint import Constraint
+from prompting import fit
+from prompting.render import PreparedPrompt, without_volatile
 
 PREPARE_THREADS = 2  # requests prepared at once; more wait their turn
 POLL_S = 0.05  # how often `run` looks whether a compile has started, seconds

@@ -46,11 +46,11 @@ import jinja2
 import numpy as np
 
 from decoding.output import initial_state_for
-from engine import fit
-from engine import prompt as prompt_mod
 from loading.vision import MEDIA_MARKER
 from params import PromptSpec
 from parsing import images as images_mod
+from prompting import fit
+from prompting import render as prompt_mod
 
 VIRTUAL_BASE = 1 << 100  # key ids of image tokens are above every vocabulary id
 TAG_BASE = 1 << 99  # first key id of a prompt whose positions shift (mRoPE delta)

@@ -26,9 +26,9 @@ import params
 from batch.logits import BatchLogits
 from decoding import grammar
 from decoding.grammar_gate import ChainGate, ReasoningGate, TriggerGate
-from engine import prompt as prompt_mod
 from engine.sequences import stops_at_eos
 from parsing.constraint import Constraint
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 SCHEMA = json.dumps(

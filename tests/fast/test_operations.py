@@ -14,7 +14,7 @@ from helpers import AUTH_TOKEN, wait_until
 import backend_pb2
 import params
 from edge import interceptors, lifecycle
-from engine import fit
+from prompting import fit
 
 
 # --------------------------------------------------------------------------- unit: ops

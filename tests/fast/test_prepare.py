@@ -17,10 +17,11 @@ from PIL import Image
 import backend_pb2 as pb
 import params
 from decoding import grammar
-from engine import fit, prepare
+from engine import prepare
 from engine.memory import MemoryBudget, MemoryProfile
 from errors import InvalidArgument, ResourceExhausted
 from parsing import constraint as reading
+from prompting import fit
 
 
 def _png() -> str:
