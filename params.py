@@ -128,7 +128,7 @@ from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
-MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (engine.fit)
+MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (prompting.fit)
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
@@ -148,7 +148,7 @@ class GenerationParams:
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
     mean "disabled". `max_tokens` is in tokens, as requested (UNTIL_CONTEXT_FULL for -1);
-    the prepare step caps it, once (`engine.fit.max_tokens`). `seed` None means a fresh
+    the prepare step caps it, once (`prompting.fit.max_tokens`). `seed` None means a fresh
     random seed.
     """
 

@@ -275,7 +275,7 @@ class Engine:
             self.queued += 1
 
     def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """`engine.fit.check_identity` against ``loaded`` (default: the current model)."""
+        """`prompting.fit.check_identity` against ``loaded`` (default: the current model)."""
         fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:

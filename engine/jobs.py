@@ -102,7 +102,7 @@ class Job:
     state; ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
     positions (ascending) where the scheduler may snapshot the prefill for later prompts
     sharing that prefix (see `prompt.chat_boundary`); ``max_tokens`` what it may generate
-    (the prepare step's cap, `engine.fit.max_tokens`; default: the request's Tokens);
+    (the prepare step's cap, `prompting.fit.max_tokens`; default: the request's Tokens);
     ``vision`` the image part of an image prompt. Iterate ``events()``
     on the event loop; call ``cancel()`` from anywhere (idempotent): the scheduler drops
     the sequence at its next step and keeps its KV in the prompt cache.

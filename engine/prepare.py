@@ -10,7 +10,7 @@ pool, where it is
 - its prompt rendered and tokenized (volatile spans removed first:
   `prompt.without_volatile`; images decoded and preprocessed: `vision_prompt.prepare`),
   refused early when its text cannot fit the context,
-- and the decisions that need its token count made (`engine.fit`): the prompt fits the
+- and the decisions that need its token count made (`prompting.fit`): the prompt fits the
   context, the Tokens cap, the memory budget can ever hold it.
 No MLX here (the engine thread owns it). Every ``ValueError`` raised here comes from the
 request and leaves as ``InvalidArgument`` (INVALID_ARGUMENT); other errors are the

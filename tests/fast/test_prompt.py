@@ -259,7 +259,7 @@ def test_no_double_bos() -> None:
 
 def test_no_chat_template_falls_back_to_join(caplog: pytest.LogCaptureFixture) -> None:
     tok = make_tokenizer(chat_template=None)
-    with caplog.at_level(logging.WARNING, logger="localai.mlx.engine.prompt"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompting.render"):
         p = prepare_prompt(request(), tok)
     assert p.text == "You are terse.\nHi there"
     assert "no chat template" in caplog.text
