@@ -90,7 +90,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from caches import prompt_disk_format
 from parsing import images as images_mod
 from parsing import jsonfield
 from parsing.constraint import Constraint, read_constraint
@@ -123,6 +122,7 @@ from parsing.options import (
 )
 from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
+from parsing.paths import safe_cache_dir
 from parsing.tool_choice import ToolChoice, read_tool_choice
 from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
@@ -405,13 +405,13 @@ def _prompt_cache_option(value: str, model_path: str) -> str:
 
 def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
     """The disk-tier directory of a request: option prompt_cache_dir when set, else
-    PromptCachePath confined to ModelPath (`prompt_disk_format.safe_cache_dir`), else ""."""
+    PromptCachePath confined to ModelPath (`parsing.paths.safe_cache_dir`), else ""."""
     if load is not None and load.prompt_cache_dir:
         return load.prompt_cache_dir
     if not value:
         return ""
     try:
-        return str(prompt_disk_format.safe_cache_dir(value, load.model_path if load else ""))
+        return str(safe_cache_dir(value, load.model_path if load else ""))
     except ValueError as exc:
         raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 
