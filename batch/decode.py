@@ -41,6 +41,7 @@ from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 from batch.logits import BatchLogits
 from batch.release import release_cache
 from batch.rows import merge_rows
+from decoding.finish import FinishReason, finish_of
 from decoding.sampling import GREEDY
 from seam.arrays import ints
 
@@ -65,13 +66,13 @@ class Prefilled:
 @dataclass(frozen=True)
 class Generated:
     """One decoded token of row ``uid``; ``logprobs`` (V,), or None when its row does not
-    read them. On the last one, ``finish_reason`` ("stop", "length"), ``prompt_cache`` the
+    read them. On the last one, ``finish_reason`` (STOP, LENGTH), ``prompt_cache`` the
     row's KV and ``all_tokens`` the tokens it holds. ``drafted``: an accepted draft."""
 
     uid: int
     token: int
     logprobs: mx.array | None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     prompt_cache: list | None = None
     all_tokens: list[int] | None = None
     drafted: bool = False
@@ -526,10 +527,9 @@ class DecodeBatch:
             row, finish = self._rows[i], None
             for n, (token, lp, drafted) in enumerate(toks):
                 row.emitted += 1
-                if row.emitted >= row.max_tokens:
-                    finish = "length"
-                if row.stops and token in self.eos:
-                    finish = "stop"
+                finish = finish_of(
+                    token, row.emitted, row.max_tokens, stops=row.stops, eos=self.eos
+                )
                 if finish is None:
                     out.append(Generated(row.uid, token, lp, drafted=drafted))
                     continue

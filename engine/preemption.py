@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine.jobs import Handover, Job
 from engine.memory import MIN_CHUNK, MemoryBudget, copies
 from engine.metrics import NULL, Recorder
+from engine.sequences import RowKind
 from prompting import fit
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Rows(Protocol):
     """What this module asks of the continuous batch (`engine.sequences.BatchRunner`)."""
 
     drafts: bool
-    row_kind: str
+    row_kind: RowKind
     budget: PrefillBudget
 
     def holds(self, params: GenerationParams) -> bool: ...
@@ -86,7 +87,10 @@ class Preemption:
         self.cache = cache
         self.metrics = metrics
         self.on = (
-            memory.enabled and single_process and not rows.drafts and rows.row_kind == "default"
+            memory.enabled
+            and single_process
+            and not rows.drafts
+            and rows.row_kind is RowKind.DEFAULT
         )
         self.preempted = 0  # sequences preempted
         self.resumed = 0  # sequences resumed
