@@ -22,7 +22,7 @@ import backend_pb2
 import params
 from decoding import reasoning_formats
 from decoding.parsers import apply_parser_overrides
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 ALL = sorted(CASES + [c for c, _ in KNOWN], key=lambda c: (c.tool, c.parser))
