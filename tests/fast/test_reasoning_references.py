@@ -176,3 +176,20 @@ def test_ernie45_drops_its_response_wrapper_as_vllms_parser_does():
     assert fmt.split_text(wrapped) == ("abc\n", "\ndef\n")
     assert fmt.split_text("abc\n</think>\ndef") == ("abc\n", "def")
     assert fmt.split_text("abc\n</think>\n\n\n") == ("abc\n", "")
+
+
+def test_a_marker_kept_by_both_states_is_refused():
+    """A kept marker (`ends_reasoning`) stays as text of the state it enters; were it kept
+    there too, the router would bounce between the two states forever."""
+    from decoding.text_router import TextRouter
+
+    with pytest.raises(ValueError, match="kept again"):
+        TextRouter(
+            {"normal": [("<x>", "reasoning", True)], "reasoning": [("<x>", "normal", True)]},
+            "normal",
+        )
+    router = TextRouter({"reasoning": [("<x>", "normal", True)], "normal": []}, "reasoning")
+    assert [(s.state, s.text) for s in router.push("a<x>b")] == [
+        ("reasoning", "a"),
+        ("normal", "<x>b"),
+    ]
