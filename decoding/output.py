@@ -82,9 +82,8 @@ def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
     Same rule as mlx-lm's server (`_tokenize`): the last think-start token sequence after the
-    last think-end one; a prompt with neither starts in reasoning for a format whose vLLM
-    parser reads the output as inside the block (`ReasoningFormat.implicit_start`); a chat
-    template's response format (`response_initial_state`) wins.
+    last think-end one (the reasoning format's markers, `reasoning_formats.prompt_state`);
+    a chat template's response format (`response_initial_state`) wins.
     """
     fmt = reasoning_formats.format_of(tokenizer)
     state = reasoning_formats.prompt_state(fmt, tokenizer, list(prompt_tokens))

@@ -70,8 +70,12 @@ class ReasoningFormat:
 
     start / end: the markers around a reasoning block (stripped, never shown).
     implicit_start: vLLM's parser reads the output as inside the block from its first token
-    (the chat template opened it): a prompt with neither marker starts in reasoning; a
-    prompt that closed the block (thinking off) starts in content.
+    (its thinking template opens the block in the prompt). Here the prompt decides
+    (`initial_state`): a prompt that opened the block starts in reasoning, one with no
+    marker in content. LocalAI's importer gives these names to whole families, models
+    that never think among them (mistral-nemo / -small: mistral; Qwen3 instruct: qwen3;
+    DeepSeek-V3: deepseek_v3), whose whole answer would otherwise be reasoning.
+    `split_text` of a whole output reads it as vLLM's parser does.
     ends_reasoning: markers that end reasoning without `end` and stay in the text that
     follows (a tool-call section: the tool parser reads it).
     other_starts / other_ends: other spellings of start / end the model writes.
@@ -133,20 +137,16 @@ class ReasoningFormat:
         marker at ``end_at`` (-1: none)."""
         if not self.routes:
             return NORMAL
-        if start_at > end_at:
-            return REASONING
-        if start_at < 0 and end_at < 0 and self.implicit_start:
-            return REASONING
-        return NORMAL
+        return REASONING if start_at > end_at else NORMAL
 
     def split_text(self, text: str, initial: str | None = None) -> tuple[str, str]:
         """(reasoning, content) of a whole output by the rules the stream follows (the
-        same router and filters); it starts as a prompt without markers leaves it unless
-        ``initial`` says."""
+        same router and filters), starting where vLLM's parser does (`implicit_start`)
+        unless ``initial`` says."""
         edges: dict[str, list] = {s: list(e) for s, e in self.edges().items()}
         for state, extra in ((self.channels or {}).get("transitions") or {}).items():
             edges.setdefault(state, []).extend(extra)
-        state = initial or self.initial_state(-1, -1)
+        state = initial or (REASONING if self.routes and self.implicit_start else NORMAL)
         router = TextRouter(edges, state)
         stream = ReasoningStream(self)
         if state == REASONING:
@@ -232,8 +232,9 @@ FORMATS: dict[str, ReasoningFormat] = {
     for f in (
         _think("deepseek_r1", _R + "deepseek_r1_reasoning_parser.py", implicit_start=True),
         # With thinking (chat_template_kwargs thinking) vLLM's deepseek_v3 is deepseek_r1;
-        # without it, identity: here the prompt says which (it closes the block).
-        _think("deepseek_v3", _R + "deepseek_v3_reasoning_parser.py", implicit_start=True),
+        # without it (its default), identity: here the prompt says which (V3.1's template
+        # opens <think> with thinking, closes it without).
+        _think("deepseek_v3", _R + "deepseek_v3_reasoning_parser.py"),
         # vLLM's qwen3 parser ends reasoning at a <tool_call> without </think> and hands the
         # call on as content (tests/reasoning/test_qwen3_reasoning_parser.py).
         _think(
@@ -340,8 +341,7 @@ def known_names() -> list[str]:
 def format_of(tokenizer: Any) -> ReasoningFormat | None:
     """The format the output pipeline routes by: the one LocalAI's option named
     (`decoding.parsers.apply_parser_overrides` sets it), else the think markers mlx-lm
-    inferred from the chat template (`<think>` pairs, read as written: no implicit
-    start), else None."""
+    inferred from the chat template, else None."""
     fmt = getattr(tokenizer, "_reasoning_format", None)
     if isinstance(fmt, ReasoningFormat):
         return fmt

@@ -10,10 +10,11 @@ here as one piece and split at every byte. `IDS` lists every test id of each fil
 tests/vllm_parser_cases.py (the reasoning cases that were there before), a known
 difference (`KNOWN`, with vLLM's result, ours and why) or `NOT_APPLICABLE` (why).
 
-prompt: what the prompt leaves open. "" is vLLM's unit-test setup (no prompt: a format
-whose vLLM parser reads the output as inside the block starts in reasoning, the others in
-content); "open" the format's start marker at the prompt's end; "closed" the block opened
-and closed (thinking off).
+prompt: what the prompt leaves open. "" is vLLM's unit-test setup: for a format whose vLLM
+parser reads the output as inside the block (`implicit_start`: its thinking template opens
+the block) the prompt ends with the start marker, for the others it has none; "open" the
+start marker; "closed" the block opened and closed (thinking off); "none" no marker (here a
+prompt with no marker starts in content for every format: `KNOWN`).
 
 Used by tests/fast/test_reasoning_references.py (the output pipeline) and
 tests/fast/test_reasoning_references_grpc.py (Predict and PredictStream over gRPC).
@@ -99,6 +100,13 @@ class PromptCase:
     @property
     def id(self) -> str:
         return f"{self.parser}/{self.ids[0]}"
+
+
+def prompt_tail(fmt, prompt: str) -> str:
+    """The end of the prompt a case runs with (see `prompt` above)."""
+    if prompt == "":
+        prompt = "open" if fmt.implicit_start else "none"
+    return {"none": "", "open": fmt.start, "closed": fmt.start + fmt.end}[prompt]
 
 
 def both(id_: str, suffix: str = "_streaming") -> tuple[str, str]:
@@ -601,7 +609,9 @@ STEP3_PROMPT_CASES = [
     )
 ]
 KIMI_PROMPT_CASES = [
-    PromptCase(("test_parser_selection_thinking_enabled",), KIMI, "kimi_k2", "", "reasoning"),
+    PromptCase(
+        ("test_parser_selection_thinking_enabled",), KIMI, "kimi_k2", "<think>", "reasoning"
+    ),
     PromptCase(
         ("test_parser_selection_thinking_disabled",), KIMI, "kimi_k2", "<think></think>", "normal"
     ),
@@ -638,7 +648,7 @@ DSV3_PROMPT_CASES = [
         ("test_parser_selection[True-DeepSeekR1ReasoningParser]",),
         DSV3,
         "deepseek_v3",
-        "",
+        "<think>",
         "reasoning",
     ),
     PromptCase(
@@ -942,7 +952,56 @@ PATHS = (
     "vLLM's non-streaming and streaming paths disagree here; this backend has one path "
     "(Predict is the joined stream) and gives vLLM's streaming result"
 )
+NO_MARKER = (
+    "vLLM's parser cannot see the prompt and reads an output with no marker as reasoning; "
+    "here the prompt decides, and one with no marker starts in content: LocalAI's importer "
+    "gives this name to whole families, models that never think among them "
+    "(mistral-nemo / -small, Qwen3 instruct), whose whole answer would else be reasoning. "
+    "The thinking templates open the block in the prompt, and then the output starts in "
+    "reasoning as vLLM's does (every other case of this name)"
+)
 KNOWN = [
+    known(
+        case(
+            "no_content_token",
+            R1,
+            "deepseek_r1",
+            "This is content",
+            "This is content",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is content"},
+        NO_MARKER,
+    ),
+    known(
+        case("without_think", QWEN3, "qwen3", REST, REST, prompt="none"),
+        {"reasoning": "", "content": REST},
+        NO_MARKER,
+    ),
+    known(
+        case(
+            "no_content_token",
+            MISTRAL,
+            "mistral",
+            "This is content",
+            "This is content",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is content"},
+        NO_MARKER,
+    ),
+    known(
+        case(
+            both("no_end_token"),
+            MINIMAX,
+            "minimax_m2",
+            "This is reasoning in progress",
+            "This is reasoning in progress",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is reasoning in progress"},
+        NO_MARKER,
+    ),
     known(
         case("invalid_simple", GEMMA4, "gemma4", f"{RS}{G_END}{REST}", RS, REST),
         {"reasoning": "", "content": RS + REST},

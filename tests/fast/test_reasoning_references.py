@@ -27,6 +27,7 @@ from vllm_reasoning_cases import (
     STREAM_CASES,
     Case,
     expected,
+    prompt_tail,
 )
 
 from decoding import reasoning_formats
@@ -50,7 +51,7 @@ def named(hf, parser: str, tool: str = ""):
 def prompt_text(case: Case) -> str:
     fmt = reasoning_formats.resolve(case.parser)
     assert fmt is not None
-    return {"": "", "open": fmt.start, "closed": fmt.start + fmt.end}[case.prompt]
+    return prompt_tail(fmt, case.prompt)
 
 
 def extract(hf, case: Case, whole: bool) -> tuple[dict, bool]:

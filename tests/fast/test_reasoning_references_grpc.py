@@ -16,7 +16,7 @@ import json
 import pytest
 from inprocess import InProcessServer
 from scripted import ScriptedModel
-from vllm_reasoning_cases import CASES, KNOWN, Case, expected
+from vllm_reasoning_cases import CASES, KNOWN, Case, expected, prompt_tail
 
 import backend_pb2
 import params
@@ -62,7 +62,7 @@ def served(tok):
 def request(case: Case) -> backend_pb2.PredictOptions:
     fmt = reasoning_formats.resolve(case.parser)
     assert fmt is not None
-    tail = {"": "", "open": fmt.start, "closed": fmt.start + fmt.end}[case.prompt]
+    tail = prompt_tail(fmt, case.prompt)
     return backend_pb2.PredictOptions(Prompt="Hi" + tail, Tokens=4000, Temperature=0.0)
 
 
