@@ -5,19 +5,19 @@ core/config/parser_defaults.json via core/gallery/importers/mlx.go). Each name m
 `ReasoningFormat` in `FORMATS`: its markers, where the output starts, the markers that end
 reasoning or wrap the answer, and the labels vLLM's parser of that name strips. The output
 pipeline (`decoding.output`) routes text by it while streaming (`edges`, `ReasoningStream`),
-`split` applies the same rules to a whole text, and ModelMetadata shows `markers`.
+`split_text` applies the same rules to a whole text, and ModelMetadata shows `markers`.
 
 Adding a format is one entry in `FORMATS` plus its cases in tests/vllm_reasoning_cases.py
 (vLLM's tests/reasoning/test_<name>*.py). The reference for each entry is vLLM's parser of
 that name (vllm/reasoning/<file>.py, named per entry) and its unit tests.
 
-A name in no table is a one-line warning naming the known ones (`unknown_name_warning`);
-a vLLM name with no format here (`NO_FORMAT`) warns too; neither fails the load.
+A name in no table is a one-line warning naming the known ones (`known_names`, logged by
+`decoding.parsers.apply_parser_overrides`); a vLLM name with no format here (`NO_FORMAT`)
+warns too; neither fails the load.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +35,6 @@ __all__ = [
     "normal_name",
     "resolve",
 ]
-
-logger = logging.getLogger("localai.mlx." + __name__)
 
 NORMAL, REASONING = "normal", "reasoning"
 
