@@ -5,7 +5,7 @@ Owns validating and compiling a `Constraint` (read from the request by
 check before queueing and every sequence after it), and the per-sequence logits processor
 that masks every token the grammar forbids. Nothing here is global per request: each
 processor owns its own matcher, so constrained and unconstrained sequences decode together
-in one batch; there `seam.batch_logits` fills all rows' masks in one call of llguidance's
+in one batch; there `batch.logits` fills all rows' masks in one call of llguidance's
 thread pool (`fill_masks`) and applies them as one stacked mask.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
@@ -53,6 +53,7 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
 from decoding import arrays
+from decoding.finish import FinishReason
 from decoding.grammar_gate import ChainGate, Gate, ReasoningGate, TriggerGate
 from errors import BackendError, FailedPrecondition, InvalidArgument, ResourceExhausted
 from parsing.constraint import TOOLS_FIELD, Constraint
@@ -453,7 +454,7 @@ class ConstraintProcessor:
             return apply_bitmask(logits, self._bits)
         return self.only_eos(logits)
 
-    # -- the steps of a call, also taken for many rows at once (`seam.batch_logits`) -----
+    # -- the steps of a call, also taken for many rows at once (`batch.logits`) -----
     @property
     def matcher(self) -> llguidance.LLMatcher:
         return self._matcher
@@ -524,7 +525,7 @@ class ConstraintProcessor:
         gates = self._gate.gates if isinstance(self._gate, ChainGate) else (self._gate,)
         return any(isinstance(g, ReasoningGate) and g.in_reasoning for g in gates)
 
-    def unmet(self, reason: str, last: int | None, generated: int) -> BackendError | None:
+    def unmet(self, reason: FinishReason, last: int | None, generated: int) -> BackendError | None:
         """At the end of the sequence (finish `reason`, its last token `last`, the
         `generated` tokens it has in all): the error when the constraint was asked for and
         not applied, else None. The last token is fed first unless a call has seen it
@@ -545,7 +546,7 @@ class ConstraintProcessor:
             self._generated += 1
         if self.failure is not None:
             return InvalidArgument(self.failure)
-        if self.in_reasoning and reason != "length":
+        if self.in_reasoning and reason != FinishReason.LENGTH:
             return FailedPrecondition(
                 f"{self._field}: the output ended inside the reasoning (the think block was "
                 "never closed), so the constraint never applied; no reply is given: raise "
@@ -554,7 +555,7 @@ class ConstraintProcessor:
         engaged = not self.dormant and self._consumed > 0
         if (
             self._field == TOOLS_FIELD
-            and reason == "length"
+            and reason == FinishReason.LENGTH
             and engaged
             and not (self._matcher.is_accepting() or self._matcher.is_stopped())
         ):
@@ -618,7 +619,7 @@ def fill_masks(processors: list[tuple[ConstraintProcessor, int]], bits: np.ndarr
 
 
 def unmet_of(
-    processors: list, reason: str, last: int | None, generated: int
+    processors: list, reason: FinishReason, last: int | None, generated: int
 ) -> BackendError | None:
     """`ConstraintProcessor.unmet` of the constraint among `processors` (None without one):
     the engine's check when a sequence ends."""

@@ -19,7 +19,7 @@ from toy_tokenizer import ids
 import params
 from decoding import call_formats, grammar, parsers, tool_grammar
 from decoding.tool_calls import merge_tool_call_deltas, parse_tool_block
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 WEATHER = {
