@@ -19,22 +19,24 @@ llguidance Lark grammar, which then runs as any request constraint (compiled and
   with a call (up to 4 whitespace characters first), not lazily; later calls and text stay
   as above.
 
-Formats (the marker text from the tokenizer; a marker that is one added token of the
-vocabulary, special to llguidance whether or not the tokenizer marks it special, e.g.
-Qwen's `<tool_call>`, is matched as that token, `<[id]>`, or as its text):
+Formats: `GRAMMARS`, one builder per vLLM tool-parser name, given the tokenizer's markers
+(a marker that is one added token of the vocabulary, special to llguidance whether or not
+the tokenizer marks it special, e.g. Qwen's `<tool_call>`, is matched as that token,
+`<[id]>`, or as its text). The JSON ones are here (`ToolFormat`):
 
 | tool parser in effect            | call                                                     |
 |----------------------------------|----------------------------------------------------------|
 | mlx-lm json_tools (hermes,       | `<tool_call>` `\n`? `{"name": N, "arguments": {...}}`    |
 | granite4, ernie45; templates     | `\n`? `</tool_call>`                                     |
 | mlx-lm detects as json_tools)    |                                                          |
-| llama3_json / llama4_json /      | `{"name": N, "parameters": {...}}` (`{"name"` is the     |
-| llama4_pythonic (ours)           | marker; no closing marker; `; ` between calls is text)   |
+| llama3_json / llama4_json (ours) | `{"name": N, "parameters": {...}}` (`{"name"` is the     |
+|                                  | marker; no closing marker; `; ` between calls is text)   |
 
-Other formats stay unconstrained (a debug line says so): their calls are XML-like
-parameter lists (qwen3_coder, glm47, minimax_m2), Python calls (pythonic, olmo3), lists
-(jamba, granite, phi4_mini_json, mistral's `[{...}]`) or channel messages (Harmony), each
-needing a grammar of its own; LocalAI's own function grammar (`Grammar`) covers them.
+the XML-parameter (qwen3_coder, glm47, minimax_m2), pythonic (pythonic, llama4_pythonic,
+olmo3) and Harmony (openai) ones in `decoding.call_formats`. The tokenizer's parser is
+matched to its name by identity (`format_name`). A format without a grammar (jamba,
+granite, phi4_mini_json, mistral, ...) with a grammar asked for is FAILED_PRECONDITION
+naming the field that asked; LocalAI's own function grammar (`Grammar`) covers them.
 
 JSON inside a call is written on one line with ", " and ": " (as `decoding.grammar`'s JSON
 schemas), so a sampled small model cannot pad a call with newlines until max_tokens.
