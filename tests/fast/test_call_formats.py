@@ -298,3 +298,32 @@ def test_pythonic_string_values_keep_their_max_length(tok):
     assert accepts(tok, source, "<function_calls>\nf(code='abc')\n</function_calls>")
     assert accepts(tok, source, '<function_calls>\nf(code="a\\"c")', ends=False)
     assert not accepts(tok, source, "<function_calls>\nf(code='abcd", ends=False)
+
+
+def test_harmony_with_its_markers_as_special_tokens(tok):
+    # gpt-oss writes <|channel|>, <|constrain|>, <|message|>, <|call|> as special tokens;
+    # the toy vocabulary's four added markers stand in for them here.
+    think, unthink, call, uncall = tok.convert_tokens_to_ids(
+        ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+    )
+    ids_of = {"<|channel|>": think, "<|message|>": unthink, "<|constrain|>": call,
+              "<|call|>": uncall}  # fmt: skip
+    fmt, _, _ = fmt_of("openai")
+    declared = tool_grammar.declared_tools(TOOLS)
+    source = tool_grammar.build_grammar(
+        declared, fmt, opening="required", special=ids_of.get, single=False
+    )
+    assert f"<[{uncall}]>?" in source  # <|call|> optional: gpt-oss stops on it (an EOS id)
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    args = '{"city": "Paris", "unit": "c"}'
+    good = [think, *enc("commentary to=functions.get_weather "), call, *enc("json"), unthink,
+            *enc(args), uncall]  # fmt: skip
+    m = llguidance.LLMatcher(
+        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
+    )
+    assert m.validate_tokens(good) == len(good)
+    bad = [think, *enc("commentary to=functions.rm_rf")]
+    assert m.validate_tokens(bad) < len(bad)
