@@ -64,6 +64,8 @@ CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_
 CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
 DraftModel (39)       | no speculative decoding          | a model the loader resolves
 Options (62)          | none; "key:value", see `parsing/options.py`
+EngineArgs (73)       | none; a JSON object of the same options (wins over Options;
+                      | unknown keys fail the load), `parsing.options.read_engine_args`
 
 Load options (`ModelOptions.Options`, "key:value"): the one list is the table `OPTIONS` in
 `parsing/options.py` (key, kind, bounds, default, doc, environment variable); the README's
@@ -114,6 +116,7 @@ from parsing.options import (
     TOKENIZER_OPTION_KEYS,
     TOOL_GRAMMAR_MODES,
     UNLIMITED_REASONING,
+    read_engine_args,
     read_options,
 )
 from parsing.options import check_float as _check_float
@@ -342,7 +345,7 @@ def load_params(req: Any) -> LoadParams:
         fallbacks["seed"] = str(req.Seed)
     if req.NBatch > 0:
         fallbacks["prefill_step_size"] = str(req.NBatch)
-    read = read_options(req.Options, fallbacks)
+    read = read_options(req.Options, fallbacks, engine_args=read_engine_args(req.EngineArgs))
     value = read.values
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
     trust_remote_code = bool(req.TrustRemoteCode) or value["trust_remote_code"]
