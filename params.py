@@ -49,6 +49,10 @@ template's enable_thinking false unless the request sets enable_thinking itself.
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
 llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
 
+Metadata["reasoning_effort"] (none | minimal | low | medium | high | xhigh | max, any case)
+is the chat template's variable reasoning_effort (gpt-oss reads it); unless the request sets
+enable_thinking, "none" sets it false and a level true. chat_template_kwargs wins over both.
+
 Metadata["tool_grammar"] (required | on | off; unset: option tool_grammar, else required)
 decides when tool calls are held to the request's Tools (decoding/tool_grammar.py).
 
@@ -112,6 +116,7 @@ from parsing.options import (
     DEFAULT_STEP_BUDGET_MS,
     GRAMMAR_SCOPES,
     OPTIONS,
+    REASONING_EFFORTS,
     SAMPLING,
     TOKENIZER_OPTION_KEYS,
     TOOL_GRAMMAR_MODES,
@@ -669,8 +674,8 @@ class PromptSpec:
     `tool_choice` is "none", and handed to the tool-call parser; `tool_choice` is
     ToolChoice's mode (`parsing.tool_choice`: auto, none, required, function) and
     `tool_name` the function it names (mode "function"). `template_kwargs`:
-    extra keyword arguments of the chat template (`enable_thinking`, then
-    `chat_template_kwargs` merged over it).
+    extra keyword arguments of the chat template (`enable_thinking`, `reasoning_effort`,
+    then `chat_template_kwargs` merged over them).
     """
 
     prompt: str = ""
@@ -754,6 +759,18 @@ def _template_kwargs(metadata: Any) -> dict[str, Any]:
             "PredictOptions.Metadata.enable_thinking must be true or false, "
             f"got {metadata['enable_thinking'][:40]!r}"
         )
+    effort = metadata.get("reasoning_effort", "")
+    if effort.strip():
+        # LocalAI sends it for templates that read it (gpt-oss, LFM2.5: core/backend/
+        # options.go gRPCPredictOpts); a template variable, as vLLM's build_chat_params
+        # and llama.cpp's chat_template_kwargs pass it.
+        value = effort.strip().lower()
+        if value not in REASONING_EFFORTS:
+            raise ValueError(
+                "PredictOptions.Metadata.reasoning_effort must be one of "
+                f"{', '.join(REASONING_EFFORTS)}, got {effort[:40]!r}"
+            )
+        kwargs["reasoning_effort"] = value
     field = "PredictOptions.Metadata.chat_template_kwargs"
     extra = jsonfield.decode(metadata.get("chat_template_kwargs", ""), field, dict)
     if extra:
@@ -800,12 +817,28 @@ def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest
     """Parse a whole `backend_pb2.PredictOptions`: generation parameters and prompt.
 
     A reasoning budget of 0 turns thinking off in the template (`enable_thinking` false)
-    unless the request set `enable_thinking` itself (Metadata or chat_template_kwargs).
+    unless the request set `enable_thinking` itself (Metadata or chat_template_kwargs);
+    else a `reasoning_effort` sets it (`_implied_thinking`).
     Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
     """
     gen, spec = generation_params(req, load), prompt_spec(req, load)
     thinking_set = "enable_thinking" in spec.template_kwargs
-    if gen.reasoning_budget == 0 and spec.messages is not None and not thinking_set:
-        kwargs = {**spec.template_kwargs, "enable_thinking": False}
-        spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
+    if spec.messages is not None and not thinking_set:
+        implied = _implied_thinking(gen.reasoning_budget, spec.template_kwargs)
+        if implied is not None:
+            kwargs = {**spec.template_kwargs, "enable_thinking": implied}
+            spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
     return GenerationRequest(gen, spec)
+
+
+def _implied_thinking(budget: int, template_kwargs: Any) -> bool | None:
+    """The template's enable_thinking when the request leaves it unset: False with a
+    reasoning budget of 0; else from a reasoning_effort, "none" False and a level True
+    (vLLM's build_chat_params, LocalAI's ApplyReasoningEffort: templates such as Gemma 4's
+    think only when asked); None = leave the template's default."""
+    if budget == 0:
+        return False
+    effort = template_kwargs.get("reasoning_effort")
+    if effort in REASONING_EFFORTS:
+        return bool(effort != "none")
+    return None

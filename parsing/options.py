@@ -85,6 +85,10 @@ GRAMMAR_SCOPES = ("after_reasoning", "all")
 # tool_grammar: when a request's calls are held to its declared tools (decoding/tool_grammar.py):
 # only when ToolChoice requires a call or names a function, for every request with tools, or never.
 TOOL_GRAMMAR_MODES = ("required", "on", "off")
+# Metadata reasoning_effort: the values vLLM's ChatCompletionRequest accepts
+# (vllm/entrypoints/openai/chat_completion/protocol.py), a superset of LocalAI's
+# none|minimal|low|medium|high (core/config/model_config.go ReasoningEffort).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
 # N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
 # accepted, so a wider cap pays on repetitive text and costs little elsewhere.
