@@ -40,6 +40,10 @@ PromptCachePath (33)  | no disk tier (memory only)      | ""                | in
 Images (42)           | no images (parsing/images.py)   | ()                | base64 PNG/JPEG/WebP;
                       |                                 |                   | options max_images,
                       |                                 |                   | max_image_bytes
+Videos (45)           | no videos (parsing/videos.py)   | ()                | base64 animated
+                      |                                 |                   | GIF/WebP/PNG; options
+                      |                                 |                   | max_videos,
+                      |                                 |                   | max_video_bytes
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
@@ -99,6 +103,7 @@ from typing import Any
 from caches import prompt_disk_format
 from parsing import images as images_mod
 from parsing import jsonfield
+from parsing import videos as videos_mod
 from parsing.constraint import Constraint, read_constraint
 from parsing.options import (
     DEFAULT_MAX_BATCH_SIZE as DEFAULT_MAX_BATCH_SIZE,  # re-exported: engine/status.py
@@ -394,6 +399,9 @@ def load_params(req: Any) -> LoadParams:
             max_pixels=value["vision_max_pixels"],
             cache_entries=value["vision_cache_entries"],
             cache_bytes=value["vision_cache_bytes"],
+            max_videos=value["max_videos"],
+            max_video_bytes=value["max_video_bytes"],
+            max_video_frames=value["max_video_frames"],
         ),
     )
 
@@ -463,8 +471,7 @@ _REFUSED_PREDICT = {
     "NegativePromptScale": "negative prompts (classifier-free guidance) are not supported",
     "RopeFreqBase": _ROPE,
     "RopeFreqScale": _ROPE,
-    # Images are read with the prompt (`prompt_spec`); video and audio input is not.
-    "Videos": "there is no video input; send frames as PredictOptions.Images",
+    # Images and Videos are read with the prompt (`prompt_spec`); audio input is not.
     "Audios": "there is no audio input in this backend",
 }
 _REFUSED_LOAD = {
@@ -687,6 +694,9 @@ class PromptSpec:
     # PredictOptions.Images, decoded from base64 and bounded (`parsing.images`); each
     # fills one media marker or image slot of the prompt, in order.
     images: tuple[images_mod.ImageData, ...] = ()
+    # PredictOptions.Videos, decoded from base64 and bounded (`parsing.videos`); their
+    # frames are sampled and decoded on the prompt workers (`engine.vision_prompt`).
+    videos: tuple[videos_mod.VideoData, ...] = ()
 
     @property
     def continue_final(self) -> bool:
@@ -795,6 +805,10 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     if req.Images:
         limits = load.vision.limits if load is not None else images_mod.ImageLimits()
         images = images_mod.read_images(req.Images, limits.max_images, limits.max_bytes)
+    videos: tuple[videos_mod.VideoData, ...] = ()
+    if req.Videos:
+        vision = load.vision if load is not None else images_mod.VisionOptions()
+        videos = videos_mod.read_videos(req.Videos, vision.max_videos, vision.max_video_bytes)
     if not (req.UseTokenizerTemplate and req.Messages):
         return PromptSpec(
             prompt=req.Prompt,
@@ -802,6 +816,7 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
             tool_choice=choice.mode,
             tool_name=choice.name,
             images=images,
+            videos=videos,
         )
     return PromptSpec(
         messages=_messages(req),
@@ -810,6 +825,7 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
         tool_choice=choice.mode,
         tool_name=choice.name,
         images=images,
+        videos=videos,
     )
 
 

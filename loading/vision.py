@@ -46,6 +46,7 @@ import mlx.nn as nn
 
 from errors import ModelLoadError
 from parsing.images import DecodeTarget, ImageLimits, VisionOptions
+from parsing.videos import FrameSampling
 from seam import vision as seam_vision
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -69,6 +70,10 @@ class Family:
     literals: tuple[str, ...]
     tower: str = ""
     rope_delta: bool = False
+    # The text one video is before the processor expands it (what the family's chat
+    # template writes for a {"type": "video"} part); "" = this backend runs no video
+    # through the family (`VisionParts.video_refusal`).
+    video_placeholder: str = ""
 
 
 _QWEN = Family(
@@ -76,6 +81,7 @@ _QWEN = Family(
     ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"),
     tower="qwen",
     rope_delta=True,
+    video_placeholder="<|vision_start|><|video_pad|><|vision_end|>",
 )
 FAMILIES: dict[str, Family] = {
     "qwen2_vl": _QWEN,
@@ -243,6 +249,9 @@ class VisionParts:
                 "to serve it text-only"
             )
         self.image_token_id = token_id
+        self.video_token_id = getattr(config, "video_token_id", None)
+        self.video_refusal = self._video_refusal(processor)
+        self.video_sampling = self._video_sampling(processor, options.max_video_frames)
         self.mrope = hasattr(model.language_model, "get_rope_index")
         self.size_kwargs: dict[str, int] = {}
         if options.max_pixels is not None:
@@ -274,14 +283,54 @@ class VisionParts:
         pad = getattr(tokenizer, "pad_token", None)
         if pad is None and getattr(tokenizer, "eos_token", None) is not None:
             tokenizer.pad_token = tokenizer.eos_token  # as mlx-vlm's prepare_inputs does
-        for component in (processor, getattr(processor, "image_processor", None)):
+        for component in (
+            processor,
+            getattr(processor, "image_processor", None),
+            getattr(processor, "video_processor", None),
+        ):
             if component is not None:
                 seam_vision.numpy_on_workers(component)
         quiet = logging.getLogger("transformers.processing_utils")
         if _QUIET not in quiet.filters:
             quiet.addFilter(_QUIET)
 
+    def _video_refusal(self, processor: Any) -> str:
+        """Why this model takes no ``PredictOptions.Videos`` ("" = it takes them): its
+        processor makes no video inputs (mlx-vlm's ``processor_handles_video``), or this
+        backend knows no video placeholder for the family (Qwen2-VL and Qwen2.5-VL, whose
+        mlx-vlm model embeds ``pixel_values_videos``, have one)."""
+        from mlx_vlm.generate.video import processor_handles_video
+
+        if not self.family.video_placeholder or not isinstance(self.video_token_id, int):
+            return f"the backend runs no video through {self.model_type} models"
+        if not processor_handles_video(processor):
+            return f"mlx-vlm's processor of this {self.model_type} model takes no videos"
+        return ""
+
+    @staticmethod
+    def _video_sampling(processor: Any, max_frames: int) -> FrameSampling:
+        """How frames are sampled: mlx-vlm's ``resolve_video_sampling`` (the processor's
+        fps / min / max frames, else mlx-vlm's defaults), max frames capped by the option
+        ``max_video_frames``."""
+        from mlx_vlm.utils import resolve_video_sampling
+
+        got = resolve_video_sampling(processor, {})
+        return FrameSampling(
+            fps=float(got.fps or 2.0),
+            min_frames=int(got.min_frames or 1),
+            max_frames=min(int(got.max_frames or max_frames), max_frames),
+            frame_factor=int(got.frame_factor or 1),
+        )
+
     # -- prompt worker threads (no MLX)
+    def render_messages(self, messages: list, **kwargs: Any) -> str:
+        """The chat template over ``messages`` as they are (content parts included: a
+        video part is {"type": "video"}), through mlx-vlm's ``get_chat_template``."""
+        from mlx_vlm.prompt_utils import get_chat_template
+
+        add = kwargs.pop("add_generation_prompt", True)
+        return get_chat_template(self.processor, messages, add, **kwargs)
+
     def render(self, prompt: Any, num_images: int, **kwargs: Any) -> str:
         """mlx-vlm's ``apply_chat_template`` (a string or messages), placing ``num_images``
         images as mlx-vlm does: explicit image parts where they are, the rest at the end of
@@ -292,19 +341,23 @@ class VisionParts:
             self.processor, self.model.config, prompt, num_images=num_images, **kwargs
         )
 
-    def process(self, text: str, images: list) -> dict:
-        """The processor's output for ``text`` and PIL ``images``, as numpy: input_ids,
-        attention_mask, pixel_values and the family's extras (e.g. image_grid_thw)."""
+    def process(self, text: str, images: list, videos: list | None = None) -> dict:
+        """The processor's output for ``text``, PIL ``images`` and ``videos`` (uint8 frame
+        arrays (T, H, W, 3), as mlx-vlm's ``prepare_inputs`` hands decoded frames on), as
+        numpy: input_ids, attention_mask, pixel_values and the family's extras (e.g.
+        image_grid_thw; pixel_values_videos and video_grid_thw for videos)."""
         from mlx_vlm.utils import process_inputs
 
+        more = {"videos": videos} if videos else {}
         with seam_vision.numpy_outputs():
             out = process_inputs(
                 self.processor,
                 prompts=[text],
-                images=images,
+                images=images or None,
                 add_special_tokens=self.add_special_tokens,
                 return_tensors="np",
                 **self.size_kwargs,
+                **more,
             )
         data = dict(out)
         if "images" in data and "pixel_values" not in data:

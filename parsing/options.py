@@ -34,6 +34,9 @@ from parsing.images import (
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
     MAX_IMAGES,
+    MAX_VIDEO_BYTES,
+    MAX_VIDEO_FRAMES,
+    MAX_VIDEOS,
     VISION_CACHE_BYTES,
     VISION_CACHE_ENTRIES,
 )
@@ -319,6 +322,13 @@ OPTIONS: tuple[Option, ...] = (
            default=VISION_CACHE_ENTRIES, group=_VISION, field=False),
     Option("vision_cache_bytes", "int", "bytes those features may hold", lo=0,
            default=VISION_CACHE_BYTES, group=_VISION, field=False),
+    Option("max_videos", "int", "videos per request (`PredictOptions.Videos`)", lo=1,
+           default=MAX_VIDEOS, group=_VISION, field=False),
+    Option("max_video_bytes", "int", "bytes of one video file", lo=1,
+           default=MAX_VIDEO_BYTES, group=_VISION, field=False),
+    Option("max_video_frames", "int", "frames sampled from one video (at most; mlx-vlm's "
+           "sampling: 2 per second, at least 4, an even count)", lo=2,
+           default=MAX_VIDEO_FRAMES, group=_VISION, field=False),
     # reranking: LoadParams.rerank, rerank_instruction
     Option("rerank", "choice", "how Rerank scores a document: `yes_no`, the probability "
            "of \"yes\" after a generative reranker's judge prompt in the chat template "
