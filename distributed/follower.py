@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from decoding.finish import FinishReason
 from decoding.output import Delta
 from distributed.coordinator import NAP, Coordinator, GroupLost
 from distributed.plan import SHUTDOWN, Join, Leave, Op, Share
@@ -78,10 +79,10 @@ def follower_cache(params: LoadParams, mode: str) -> FollowerPromptCache:
 class _NullPipeline:
     """A follower's stand-in for the output pipeline: rank 0 alone decides stops."""
 
-    finish_reason = None
+    finish_reason: FinishReason | None = None
     stopped = False
 
-    def finish(self, reason: str) -> Delta:
+    def finish(self, reason: FinishReason) -> Delta:
         return Delta()
 
 
@@ -162,7 +163,7 @@ def _apply(engine: Engine, op: Op, finished: dict[int, tuple]) -> None:
         job = sched.active.get(op.uid)
         if job is None:
             raise Desync(f"rank 0 retired sequence {op.uid}, which this rank does not run")
-        sched.retire(job, "stop", kv=finished.pop(op.uid, None))
+        sched.retire(job, FinishReason.STOP, kv=finished.pop(op.uid, None))
     elif isinstance(op, Share):
         job = sched.active.get(op.uid)
         if job is None:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from decoding.finish import FinishReason
 from decoding.output import Delta
 from engine import delivery
 from errors import BackendError
@@ -47,7 +48,7 @@ class Event:
     running totals: ``tokens`` generated so far, ``prompt_tokens`` the whole prompt
     (cached or not). Timings are milliseconds: ``prompt_ms`` from admission to the first
     generated token (TTFT minus queueing), ``generation_ms`` since the first token.
-    The last event has ``finish_reason`` ("stop", "length", "cancelled") or ``error``.
+    The last event has ``finish_reason`` (a `FinishReason`) or ``error``.
     """
 
     delta: Delta
@@ -56,7 +57,7 @@ class Event:
     prompt_ms: float
     generation_ms: float
     cached_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: BackendError | None = None
 
     @property
@@ -102,7 +103,7 @@ class Job:
     state; ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
     positions (ascending) where the scheduler may snapshot the prefill for later prompts
     sharing that prefix (see `prompt.chat_boundary`); ``max_tokens`` what it may generate
-    (the prepare step's cap, `engine.fit.max_tokens`; default: the request's Tokens);
+    (the prepare step's cap, `prompting.fit.max_tokens`; default: the request's Tokens);
     ``vision`` the image part of an image prompt. Iterate ``events()``
     on the event loop; call ``cancel()`` from anywhere (idempotent): the scheduler drops
     the sequence at its next step and keeps its KV in the prompt cache.

@@ -27,7 +27,7 @@ budget, the newest admitted sequences give way (`make_room`). For each (`take`):
 The client sees a longer pause, never an error. What cannot be resumed keeps the
 reservation at its longest: distributed groups (every rank would have to preempt alike:
 not mirrored), speculative decoding (a step returns several tokens and rewinds drafts),
-batch rows of `seam.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
+batch rows of `batch.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
 prompts (their ids are cache keys). What can never fit, even alone at its longest, is
 refused before it is queued (`fit.check_memory`).
 
@@ -39,10 +39,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine import fit
 from engine.jobs import Handover, Job
 from engine.memory import MIN_CHUNK, MemoryBudget, copies
 from engine.metrics import NULL, Recorder
+from engine.sequences import RowKind
+from prompting import fit
 
 if TYPE_CHECKING:
     from caches.prompt_tiers import PromptTiers
@@ -56,7 +57,7 @@ class Rows(Protocol):
     """What this module asks of the continuous batch (`engine.sequences.BatchRunner`)."""
 
     drafts: bool
-    row_kind: str
+    row_kind: RowKind
     budget: PrefillBudget
 
     def holds(self, params: GenerationParams) -> bool: ...
@@ -86,7 +87,10 @@ class Preemption:
         self.cache = cache
         self.metrics = metrics
         self.on = (
-            memory.enabled and single_process and not rows.drafts and rows.row_kind == "default"
+            memory.enabled
+            and single_process
+            and not rows.drafts
+            and rows.row_kind is RowKind.DEFAULT
         )
         self.preempted = 0  # sequences preempted
         self.resumed = 0  # sequences resumed

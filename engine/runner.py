@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from decoding.finish import FinishReason
 from engine.jobs import KV, Handover, Job, JobRunner
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class Token(Protocol):
     """One decoded token of one sequence, as a runner reports it (`engine.sequences.Token`).
 
     ``token`` None: the sequence ended without one. ``finish``: the runner ended it
-    ("stop", "length"); ``kv``: (cache, tokens) when it handed the KV over as it ended;
+    (STOP, LENGTH); ``kv``: (cache, tokens) when it handed the KV over as it ended;
     ``drafted``: the token came from an accepted draft; ``error``: the runner failed this
     sequence alone (a `BackendError` its request ends with)."""
 
@@ -45,7 +46,7 @@ class Token(Protocol):
     @property
     def logprobs(self) -> Any: ...
     @property
-    def finish(self) -> str | None: ...
+    def finish(self) -> FinishReason | None: ...
     @property
     def kv(self) -> Any: ...
     @property

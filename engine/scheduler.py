@@ -24,6 +24,7 @@ from typing import Any
 
 from caches.prompt_tiers import PromptTiers
 from decoding import grammar, sampling
+from decoding.finish import FinishReason
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
 from engine import divergence, request_log
@@ -213,12 +214,11 @@ class Scheduler:
         self._unpark()
         for job in list(self.active.values()):
             if job.cancelled:
-                self.retire(job, "cancelled")
+                self.retire(job, FinishReason.CANCELLED)
             elif job.backlog > job.max_pending:
                 self.retire(
                     job,
-                    "cancelled",
-                    error=ResourceExhausted(
+                    ResourceExhausted(
                         f"the client stopped reading: the output of {job.backlog} steps "
                         "waited undelivered; read the stream as it arrives"
                     ),
@@ -250,7 +250,7 @@ class Scheduler:
     def _reap(self, job: Job) -> None:
         """End a waiting job cancelled by its client (a preempted one with its output)."""
         if job.preemptions:
-            self.retire(job, "cancelled")
+            self.retire(job, FinishReason.CANCELLED)
         else:
             self.end(job, error=Cancelled("cancelled before it started"))
 
@@ -392,14 +392,14 @@ class Scheduler:
         if job is None:
             return
         if t.error is not None:  # this sequence alone failed (e.g. its vision tower)
-            self.retire(job, "error", error=t.error)
+            self.retire(job, t.error)
             return
         failure = grammar.failure_of(job.processors)
         if failure is not None:  # its grammar failed: no reply that breaks it
-            self.retire(job, "error", error=InvalidArgument(failure))
+            self.retire(job, InvalidArgument(failure))
             return
         if t.token is None:  # the generator ended without a token
-            self.retire(job, t.finish or "length")
+            self.retire(job, t.finish or FinishReason.LENGTH)
             return
         now = time.perf_counter()
         if job.t_first is None:
@@ -417,7 +417,7 @@ class Scheduler:
         if t.finish is not None:
             self.retire(job, t.finish, delta, t.kv)
         elif pipeline.stopped:
-            self.retire(job, "stop", delta)
+            self.retire(job, FinishReason.STOP, delta)
         elif delta:
             job.emit(job.event(delta))
 
@@ -425,15 +425,15 @@ class Scheduler:
     def retire(
         self,
         job: Job,
-        reason: str,
+        ending: FinishReason | BackendError,
         delta: Delta | None = None,
         kv: Handover | None = None,
-        error: BackendError | None = None,
     ) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output.
 
-        ``kv``: (cache, tokens) when its runner already handed the sequence's KV over.
-        ``error``: end the job with this error instead of a finish reason.
+        ``ending``: how its sequence ended, or the error the job ends with instead of a
+        finish reason. ``kv``: (cache, tokens) when its runner already handed the
+        sequence's KV over.
         """
         self.group.left(job)  # rank 0: the other ranks retire it too
         if kv is None and job.runner is not None:
@@ -449,9 +449,10 @@ class Scheduler:
             self.preemption.shrink_for([j for j in self._admitted() if j is not job])
         # The cache keeps its own copy: drop ours now, so memory read at `end` is real.
         kv = None
-        if error is not None:
-            self.end(job, error=error)
+        if isinstance(ending, BackendError):
+            self.end(job, error=ending)
             return
+        reason = ending
         final = job.pipeline.finish(reason) if job.pipeline is not None else Delta()
         if delta:
             job.emit(job.event(delta))
@@ -464,7 +465,7 @@ class Scheduler:
         job: Job,
         *,
         final: Delta | None = None,
-        reason: str | None = None,
+        reason: FinishReason | None = None,
         error: BackendError | None = None,
     ) -> None:
         """Send a job's final event (once, whichever thread ends it first) and forget it."""

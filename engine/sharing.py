@@ -5,7 +5,7 @@ tool list and differ in the last turn. Without sharing each one prefills the sha
 (8 requests, 8 prefills). Here a newly admitted request whose prompt shares at least
 `MIN_SHARED_PREFIX` tokens more with a running batch row than the prompt cache holds is
 *parked*: the row's prefill is made to stop at the end of the shared part
-(`BatchRunner.share`, a segment end of `seam.batch.DecodeBatch`), its KV there goes into
+(`BatchRunner.share`, a segment end of `batch.decode.DecodeBatch`), its KV there goes into
 the prompt cache, and the parked requests start from that entry in the same step (each
 takes its own copy, then prefills only its own tail). A row already past the shared
 part gives a trimmed copy at once. vLLM's automatic prefix caching and SGLang's

@@ -16,6 +16,7 @@ from engine.jobs import Job
 from engine.memory import MIB, MemoryBudget, MemoryProfile
 from engine.metrics import Metrics
 from engine.preemption import Preemption
+from engine.sequences import RowKind
 from engine.step_budget import PrefillBudget
 from params import GenerationRequest, PromptSpec
 from prompt_cache import PromptCache
@@ -37,7 +38,7 @@ class Rows:
     over a KV holding ``held[uid]`` tokens."""
 
     drafts = False
-    row_kind = "default"
+    row_kind = RowKind.DEFAULT
 
     def __init__(self) -> None:
         self.budget = PrefillBudget(0, 512)
