@@ -840,21 +840,22 @@ def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest
     gen, spec = generation_params(req, load), prompt_spec(req, load)
     thinking_set = "enable_thinking" in spec.template_kwargs
     if spec.messages is not None and not thinking_set:
-        implied = _implied_thinking(gen.reasoning_budget, spec.template_kwargs)
+        effort = req.Metadata.get("reasoning_effort", "").strip().lower()  # checked above
+        implied = _implied_thinking(gen.reasoning_budget, effort)
         if implied is not None:
             kwargs = {**spec.template_kwargs, "enable_thinking": implied}
             spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
     return GenerationRequest(gen, spec)
 
 
-def _implied_thinking(budget: int, template_kwargs: Any) -> bool | None:
+def _implied_thinking(budget: int, effort: str) -> bool | None:
     """The template's enable_thinking when the request leaves it unset: False with a
-    reasoning budget of 0; else from a reasoning_effort, "none" False and a level True
-    (vLLM's build_chat_params, LocalAI's ApplyReasoningEffort: templates such as Gemma 4's
-    think only when asked); None = leave the template's default."""
+    reasoning budget of 0; else from Metadata's reasoning_effort, "none" False and a level
+    True (vLLM's build_chat_params, from the request's reasoning_effort; LocalAI's
+    ApplyReasoningEffort: templates such as Gemma 4's think only when asked); None = leave
+    the template's default."""
     if budget == 0:
         return False
-    effort = template_kwargs.get("reasoning_effort")
     if effort in REASONING_EFFORTS:
-        return bool(effort != "none")
+        return effort != "none"
     return None

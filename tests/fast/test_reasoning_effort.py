@@ -93,6 +93,8 @@ def test_chat_template_kwargs_wins_and_localai_sends_both_alike():
     }
     blob = json.dumps({"reasoning_effort": "high"})
     assert kwargs_of(chat("low", chat_template_kwargs=blob))["reasoning_effort"] == "high"
+    # Only Metadata's reasoning_effort implies enable_thinking (vLLM: the request's field).
+    assert kwargs_of(chat(chat_template_kwargs=blob)) == {"reasoning_effort": "high"}
 
 
 def test_a_reasoning_budget_of_zero_still_turns_thinking_off():
