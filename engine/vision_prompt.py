@@ -50,7 +50,6 @@ from decoding.output import initial_state_for
 from loading.vision import MEDIA_MARKER
 from params import PromptSpec
 from parsing import images as images_mod
-from parsing import videos as videos_mod
 from prompting import fit
 from prompting import render as prompt_mod
 
@@ -217,9 +216,7 @@ def prepare_videos(
     budget = images_mod.MAX_REQUEST_PIXELS
     frames = []
     for video in spec.videos:
-        clip = videos_mod.decode_frames(
-            video, parts.video_sampling, parts.limits.max_pixels, budget
-        )
+        clip = parts.frames(video, budget)
         budget -= int(clip.shape[0]) * int(clip.shape[1]) * int(clip.shape[2])
         frames.append(clip)
     try:

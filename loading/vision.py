@@ -45,8 +45,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from errors import ModelLoadError
+from parsing import images as images_mod
+from parsing import videos as videos_mod
 from parsing.images import DecodeTarget, ImageLimits, VisionOptions
-from parsing.videos import FrameSampling
+from parsing.videos import FrameSampling, VideoData
 from seam import vision as seam_vision
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -323,6 +325,18 @@ class VisionParts:
         )
 
     # -- prompt worker threads (no MLX)
+    def frames(self, video: VideoData, budget: int) -> Any:
+        """The sampled frames of ``video`` (uint8 (T, H, W, 3), RGB): a video file through
+        mlx-vlm's own reader (``mlx_vlm.utils.load_video``, OpenCV) with this model's
+        sampling, an animated image through PIL with the same rule
+        (`parsing.videos.decode_frames`). ``budget``: the pixels the request's frames may
+        still hold, checked before any frame is decoded. ValueError naming the entry."""
+        if video.format not in videos_mod.CONTAINERS:
+            return videos_mod.decode_frames(
+                video, self.video_sampling, self.limits.max_pixels, budget
+            )
+        return _file_frames(video, self.video_sampling, self.limits.max_pixels, budget)
+
     def render_messages(self, messages: list, **kwargs: Any) -> str:
         """The chat template over ``messages`` as they are (content parts included: a
         video part is {"type": "video"}), through mlx-vlm's ``get_chat_template``."""
@@ -372,6 +386,67 @@ class VisionParts:
             "hits": self.feature_hits,
             "misses": self.feature_misses,
         }
+
+
+def _file_frames(video: VideoData, sampling: FrameSampling, max_pixels: int, budget: int) -> Any:
+    """`VisionParts.frames` of a video file: its header read with OpenCV (size, frame
+    count, rate) and bounded as PIL's animations are, then mlx-vlm's ``load_video`` on a
+    temporary copy (it reads a path), which samples and decodes only the frames it takes."""
+    import tempfile
+
+    import cv2
+    import numpy as np
+    from mlx_vlm.utils import VideoSampling, load_video
+
+    field = f"PredictOptions.Videos[{video.index}]"
+    with tempfile.NamedTemporaryFile(suffix=".video") as tmp:
+        tmp.write(video.data)
+        tmp.flush()
+        cap = cv2.VideoCapture(tmp.name)
+        try:
+            if not cap.isOpened():
+                raise ValueError(f"{field} cannot be decoded as a video file ({video.format})")
+            width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
+            height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+            total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+            fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0) or 1.0  # mlx-vlm's fallback
+        finally:
+            cap.release()
+        if width <= 0 or height <= 0 or total <= 0:
+            raise ValueError(f"{field} has no frames ({width}x{height}, {total} frames)")
+        if width * height > max_pixels:
+            raise ValueError(
+                f"{field} is {width}x{height} = {width * height} pixels a frame, more than "
+                f"the {max_pixels} allowed (load option max_image_pixels)"
+            )
+        if total < 2:
+            raise ValueError(f"{field} has one frame: send a still image in Images")
+        try:
+            wanted = videos_mod.frame_indices(total, total / fps, sampling)
+        except ValueError as exc:
+            raise ValueError(f"{field}: {exc}") from None
+        if len(wanted) * width * height > budget:
+            raise ValueError(
+                f"{field}: its {len(wanted)} sampled frames of {width}x{height} hold "
+                f"{len(wanted) * width * height} pixels, more than the {budget} the request "
+                "has left; send shorter or smaller videos, or lower the load option "
+                "max_video_frames"
+            )
+        how = VideoSampling(
+            fps=sampling.fps,
+            min_frames=sampling.min_frames,
+            max_frames=sampling.max_frames,
+            frame_factor=sampling.frame_factor,
+        )
+        try:
+            with images_mod.DECODE_SLOTS:
+                clip, _ = load_video(tmp.name, how)
+        except Exception as exc:  # mlx-vlm raises ValueError; OpenCV cv2.error
+            raise ValueError(
+                f"{field} cannot be decoded as a video file ({video.format}): "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
+    return np.ascontiguousarray(np.asarray(clip, dtype=np.uint8).transpose(0, 2, 3, 1))
 
 
 # --------------------------------------------------------------------------- the view

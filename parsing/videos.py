@@ -8,15 +8,16 @@ and bytes bounded (options ``max_videos``, ``max_video_bytes``), the format chec
 magic bytes, the bytes hashed. `decode_frames` runs on the prompt worker threads
 (`engine.vision_prompt`), off the event loop and the engine thread.
 
-The decoder. mlx-vlm reads video files with OpenCV (``mlx_vlm.utils.load_video``: ``import
-cv2``), which this backend does not install (mlx-vlm is installed without its requirements,
-README), and no other video decoder (PyAV, decord) is in its requirements. What PIL, already
-here for images, decodes is accepted: animated GIF, animated WebP and animated PNG (APNG).
-A video container (MP4/QuickTime, WebM/Matroska, AVI) is refused with INVALID_ARGUMENT
-saying so; convert it to an animated WebP or GIF (``ffmpeg -i in.mp4 -vf fps=2 out.webp``).
+Decoders. Video files (MP4/QuickTime, WebM/Matroska, AVI) are read by mlx-vlm's own reader,
+``mlx_vlm.utils.load_video``, which uses OpenCV (opencv-python-headless, in
+requirements-vision.txt: mlx-vlm's own requirements name opencv-python, and mlx-vlm is
+installed without them); `loading.vision.VisionParts.frames` calls it. Where cv2 is not
+installed a video file is refused with INVALID_ARGUMENT saying so. Animated GIF, WebP and
+PNG (APNG) are decoded by PIL, already here for images (`decode_frames`).
 
 Sampling (`frame_indices`): mlx-vlm's rule in ``load_video`` (the rule sits inside its
-OpenCV reader, so it cannot be called on PIL's frames; written here from it): with the
+OpenCV reader, so it cannot be called on PIL's frames; written here from it, and checked
+against mlx-vlm's reader on the same clip in tests/model/test_vision.py): with the
 source's frame count T and rate (T over the summed frame durations; 1 fps when the file
 has none, as mlx-vlm's fallback for a rate OpenCV cannot read), take duration x ``fps``
 frames, clamped to [``min_frames``, min(``max_frames``, T)] in multiples of
@@ -39,6 +40,7 @@ No MLX here; PIL and numpy are imported only when frames are decoded.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import math
 from collections.abc import Sequence
@@ -52,6 +54,8 @@ MAX_SOURCE_FRAMES = 10_000  # frames a video file may have (each is read for its
 # frame draws over the one before) to reach a frame and to read its duration.
 MAX_SOURCE_PIXELS = 1 << 28
 FORMATS = ("GIF", "WEBP", "PNG")  # what PIL decodes as animations
+# Video files, read by mlx-vlm's own reader (OpenCV) where cv2 is installed (`decoder`).
+CONTAINERS = ("MP4", "MATROSKA", "AVI")
 _CONTAINERS = "MP4, QuickTime, WebM, Matroska or AVI"
 
 
@@ -83,12 +87,22 @@ def _field(index: int) -> str:
     return f"PredictOptions.Videos[{index}]"
 
 
-def _is_container(data: bytes) -> bool:
-    return (
-        data[4:8] == b"ftyp"  # MP4, QuickTime
-        or data.startswith(b"\x1a\x45\xdf\xa3")  # WebM, Matroska
-        or (data[:4] == b"RIFF" and data[8:12] == b"AVI ")
-    )
+def container_format(data: bytes) -> str | None:
+    """``"MP4"`` (and QuickTime), ``"MATROSKA"`` (and WebM) or ``"AVI"`` from the file's
+    magic bytes; None for anything else."""
+    if data[4:8] == b"ftyp":
+        return "MP4"
+    if data.startswith(b"\x1a\x45\xdf\xa3"):
+        return "MATROSKA"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "AVI"
+    return None
+
+
+def has_decoder() -> bool:
+    """Whether video files can be read: OpenCV (cv2), mlx-vlm's video reader, is installed
+    (looked up, not imported)."""
+    return importlib.util.find_spec("cv2") is not None
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -105,12 +119,16 @@ def read_video(index: int, text: str, max_bytes: int = images_mod.MAX_VIDEO_BYTE
     container this backend cannot decode, or no animated GIF/WebP/PNG."""
     field = _field(index)
     data = images_mod.base64_file(field, text, max_bytes, "video")
-    if _is_container(data):
-        raise ValueError(
-            f"{field} is a video file ({_CONTAINERS}); this backend has no decoder for those "
-            "(mlx-vlm reads them with OpenCV, which it does not install): send the video as "
-            "an animated WebP, GIF or PNG (e.g. ffmpeg -i in.mp4 -vf fps=2 out.webp)"
-        )
+    fmt = container_format(data)
+    if fmt is not None:
+        if not has_decoder():
+            raise ValueError(
+                f"{field} is a video file ({_CONTAINERS}) and this installation has no decoder "
+                "for those (mlx-vlm reads them with OpenCV: install opencv-python-headless, "
+                "requirements-vision.txt), or send the video as an animated WebP, GIF or PNG "
+                "(e.g. ffmpeg -i in.mp4 -vf fps=2 out.webp)"
+            )
+        return VideoData(index, data, fmt, hashlib.sha256(data).hexdigest())
     fmt = sniff_format(data)
     if fmt is None:
         raise ValueError(
@@ -147,6 +165,10 @@ def frame_indices(total: int, seconds: float, sampling: FrameSampling) -> list[i
     n = math.floor(n / factor) * factor
     if not factor <= n <= total:
         raise ValueError(f"it has {total} frames; at least {factor} are needed")
+    return _linspace(total, n)
+
+
+def _linspace(total: int, n: int) -> list[int]:
     import numpy as np
 
     return [int(i) for i in np.linspace(0, total - 1, n).round().astype(int)]

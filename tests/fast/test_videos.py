@@ -87,19 +87,30 @@ def test_animations_are_read_and_hashed(fmt):
     assert len(video.digest) == 64 and "bytes" in repr(video) and str(data[:4]) not in repr(video)
 
 
-@pytest.mark.parametrize(
-    ("data", "words"),
-    [
-        (b"\x00\x00\x00\x18ftypmp42" + b"\0" * 16, "is a video file (MP4, QuickTime"),
-        (b"\x1a\x45\xdf\xa3" + b"\0" * 16, "no decoder for those"),
-        (b"RIFF\0\0\0\0AVI LIST" + b"\0" * 16, "animated WebP, GIF or PNG"),
-        (b"hello world", "is not an animated GIF, WebP or PNG"),
-    ],
-)
-def test_containers_and_other_files_are_refused_naming_the_entry(data, words):
-    with pytest.raises(ValueError, match=r"PredictOptions\.Videos\[1\]") as err:
-        videos.read_videos([b64(animation(frames(2))), b64(data)])
-    assert words in str(err.value)
+CONTAINERS = [
+    (b"\x00\x00\x00\x18ftypmp42" + b"\0" * 16, "MP4"),
+    (b"\x1a\x45\xdf\xa3" + b"\0" * 16, "MATROSKA"),
+    (b"RIFF\0\0\0\0AVI LIST" + b"\0" * 16, "AVI"),
+]
+
+
+@pytest.mark.parametrize(("data", "fmt"), CONTAINERS)
+def test_video_files_are_read_for_opencv_or_refused_without_it(data, fmt, monkeypatch):
+    # OpenCV is in requirements-vision.txt: a video file is read (decoded by mlx-vlm's
+    # load_video on the prompt workers, tests/model/test_vision.py).
+    assert videos.has_decoder()
+    (video,) = videos.read_videos([b64(data)])
+    assert video.format == fmt and video.data == data
+    monkeypatch.setattr(videos, "has_decoder", lambda: False)
+    with pytest.raises(ValueError, match=r"PredictOptions\.Videos\[0\] is a video file") as err:
+        videos.read_videos([b64(data)])
+    assert "install opencv-python-headless" in str(err.value)
+    assert "animated WebP, GIF or PNG" in str(err.value)
+
+
+def test_other_files_are_refused_naming_the_entry():
+    with pytest.raises(ValueError, match=r"PredictOptions\.Videos\[1\] is not an animated GIF"):
+        videos.read_videos([b64(animation(frames(2))), b64(b"hello world")])
 
 
 def test_count_and_bytes_are_bounded():
