@@ -23,6 +23,7 @@ from distributed.coordinator import NAP, Coordinator, GroupLost
 from distributed.plan import SHUTDOWN, Join, Leave, Op, Share
 from engine.core import LOAD, REPLICATED_OPS, Engine
 from engine.jobs import Job
+from engine.sequence import Sequence
 from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
 from prompt_cache import CacheLookup, PromptCache
 
@@ -86,12 +87,12 @@ class _NullPipeline:
         return Delta()
 
 
-def _shadow_job(params: GenerationParams, max_tokens: int, initial_state: str) -> Job:
-    """A follower's copy of one of rank 0's jobs: same parameters, no listener."""
-    job = Job(GenerationRequest(params, PromptSpec()), initial_state=initial_state)
-    job.max_tokens = max_tokens
-    job.pipeline = _NullPipeline()
-    return job
+def _shadow_job(params: GenerationParams, max_tokens: int, initial_state: str) -> Sequence:
+    """A follower's copy of one of rank 0's sequences: same parameters, no listener."""
+    job = Job(
+        GenerationRequest(params, PromptSpec()), initial_state=initial_state, max_tokens=max_tokens
+    )
+    return Sequence(job, pipeline=_NullPipeline())
 
 
 def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:

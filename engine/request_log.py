@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decoding.finish import FinishReason
-from engine.jobs import Job
 from engine.metrics import Recorder
+from engine.sequence import Sequence
 
 logger = logging.getLogger("localai.mlx.engine.scheduler")  # the per-request line's logger
 
@@ -36,7 +36,7 @@ def finish_label(outcome: FinishReason | str) -> FinishReason | None:
 
 
 def finished(
-    job: Job,
+    job: Sequence,
     outcome: FinishReason | str,
     metrics: Recorder,
     on_metrics: Callable[[RequestMetrics], None],

@@ -36,7 +36,7 @@ from batch.speculation import DraftedModel, SpeculativeBatch
 from decoding.finish import FinishReason, finish_of
 from decoding.ngram_spec import NgramStats
 from engine.checkpoints import Checkpoints, split
-from engine.jobs import Job
+from engine.sequence import Sequence
 from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
@@ -66,7 +66,7 @@ def stops_at_eos(params: GenerationParams) -> bool:
     return not params.ignore_eos or params.constraint is not None
 
 
-def next_finish(token: int, job: Job, eos_ids: frozenset[int]) -> FinishReason | None:
+def next_finish(token: int, job: Sequence, eos_ids: frozenset[int]) -> FinishReason | None:
     """How ``token``, ``job``'s next, ends it (`decoding.finish.finish_of`)."""
     return finish_of(
         token, job.tokens + 1, job.max_tokens, stops=stops_at_eos(job.params), eos=eos_ids
@@ -137,7 +137,7 @@ class BatchRunner:
     per row with n-gram drafts (``speculative:ngram``) or a draft model's
     (`batch.speculation.SpeculativeBatch`)."""
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification."""
         return job.spec_stats.drafted if job.spec_stats is not None else 0
 
@@ -154,7 +154,7 @@ class BatchRunner:
         # In-flight prefix sharing: positions where a row's KV is copied to the prompt
         # cache for requests waiting on that prefix, and the copies made since last asked.
         self._shares: dict[int, set[int]] = {}
-        self._share_job: dict[int, Job] = {}
+        self._share_job: dict[int, Sequence] = {}
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
@@ -210,7 +210,7 @@ class BatchRunner:
             self._shared.append((uid, None))
 
     # ------------------------------------------------------------------ sharing
-    def share(self, job: Job, position: int) -> str:
+    def share(self, job: Sequence, position: int) -> str:
         """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache for
         requests that share them: "stored" (copied now: the row is past it and its cache
         trims), "later" (its prefill now stops there; `take_shared` says when it is
@@ -263,7 +263,7 @@ class BatchRunner:
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -282,14 +282,16 @@ class BatchRunner:
             and self._own_rows
             and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
         )
+        snapshots: frozenset[int] = frozenset()
         if takes and job.params.cache_write:
-            job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
-            segments = split(ids, lookup.cached_tokens, job.snapshots)
+            snapshots = self.checkpoints.positions(job, len(ids), diverges)
+            segments = split(ids, lookup.cached_tokens, snapshots)
         draft = None
-        if self.drafts:
-            job.spec_stats = NgramStats()
+        stats = NgramStats() if self.drafts else None
+        if stats is not None:
             width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
-            draft = (width, job.spec_stats)
+            draft = (width, stats)
+        job.planned(snapshots, stats)
         # Segments: the batch's prefill stops exactly at each boundary (one chunk of at
         # most prefill_step_size tokens per step, interleaved with decoding).
         uid = self._batch.insert(
@@ -307,7 +309,7 @@ class BatchRunner:
         return uid
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Add a sequence prefilled elsewhere (an image prompt, `engine.vision`): ``kv``
         holds ``tokens``; the batch decodes from ``last``, the prompt's last token.
@@ -325,7 +327,7 @@ class BatchRunner:
         self._uids.add(uid)
         return uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         """One batch step: a prefill chunk and/or one token for every decoding row;
         prefill snapshots taken where a row stopped at one of its checkpoints."""
         if not self._uids:
@@ -361,7 +363,7 @@ class BatchRunner:
             len(held), decoding, max(held, default=0), self.nbytes
         )
 
-    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
+    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
         (``jobs``: by uid) or `share` positions."""
         boundaries = [
@@ -401,14 +403,14 @@ class BatchRunner:
                 self._forget(g.uid)
         return finished
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         """Take ``job``'s row out of the batch: (kv, tokens) for the prompt cache."""
         if job.uid not in self._uids:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
 
-    def pending(self, job: Job) -> Token | None:
+    def pending(self, job: Sequence) -> Token | None:
         """``job``'s next token, sampled and queued but not returned yet
         (`DecodeBatch.pending`), with the finish it makes (STOP at EOS, LENGTH at
         ``job.max_tokens``); None while its row prefills."""
@@ -419,7 +421,7 @@ class BatchRunner:
         token, logprobs = got
         return Token(uid, token, logprobs, next_finish(token, job, self._eos_ids))
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         """Take ``job``'s row out, discarding its KV."""
         if job.uid in self._uids:
             self._forget(job.uid)
@@ -473,7 +475,7 @@ class SoloRunner:
         self._last_uid = 0
         self.drafts = loaded.draft is not None
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification: for a draft model (mlx-lm does not
         count them) an upper bound, NDraft per target token; 0 without one."""
         if not self.drafts:
@@ -491,7 +493,7 @@ class SoloRunner:
         return True
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Sequences prefilled elsewhere (image prompts) join the batch only.
 
@@ -513,7 +515,7 @@ class SoloRunner:
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -550,7 +552,7 @@ class SoloRunner:
         self.runs[self._last_uid] = SoloRun(steps, kv, list(ids))
         return self._last_uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         out = []
         for uid, run in list(self.runs.items()):
             job = jobs.get(uid)
@@ -579,11 +581,11 @@ class SoloRunner:
                 run.exhausted = True
         return {}
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         return run.finish() if run is not None else None
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         if run is not None:
             run.steps.close()

@@ -207,3 +207,56 @@ def test_only_batch_release_clears_mlx_buffers() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "clear_cache":
                 callers.append(name)
     assert sorted(set(callers)) == ["batch.release"], callers
+
+
+def _record_fields() -> set[str]:
+    from helpers import gen_params
+
+    from engine.jobs import Job
+    from engine.sequence import Sequence
+    from params import GenerationRequest, PromptSpec
+
+    return set(vars(Sequence(Job(GenerationRequest(gen_params(), PromptSpec()), (1, 2)))))
+
+
+def test_only_the_sequence_record_writes_its_fields() -> None:
+    """Issue 40: one engine-side record per request (`engine.sequence.Sequence`); other
+    modules call its methods (`admitted`, `running`, `decoded`, `preempted`...) and
+    never assign ``x.field = ...`` for one of its fields on another object."""
+    fields = _record_fields()
+    writes = []
+    for name, path in project_modules().items():
+        # Where sequences are handled (batch/ and decoding/ keep records of their own:
+        # a batch row's tokens, a draft's counts).
+        if name == "engine.sequence" or name.split(".")[0] not in ("engine", "distributed"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.ctx, ast.Store)
+                        and t.attr in fields
+                        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                    ):
+                        writes.append(f"{name}:{t.lineno}: .{t.attr}")
+    assert writes == []
+
+
+def test_a_job_holds_no_engine_thread_state() -> None:
+    """`Job` is the event-loop handle: the prepared request, its events, its cancel flag."""
+    from helpers import gen_params
+
+    from engine.jobs import Job
+    from params import GenerationRequest, PromptSpec
+
+    job = Job(GenerationRequest(gen_params(), PromptSpec()), (1, 2))
+    engine_side = _record_fields() - {
+        "job", "request", "prompt_ids", "initial_state", "checkpoints", "model_serial",
+        "vision", "max_tokens", "submitted", "params",
+    }  # fmt: skip
+    assert engine_side & set(vars(job)) == set()
+    assert {"uid", "tokens", "runner", "pipeline", "resume_ids"} <= engine_side
