@@ -94,10 +94,22 @@ class _TextRouter:
     returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
     """
 
-    def __init__(self, edges: Mapping[str, Sequence[tuple[str, str | None]]], state: str):
+    def __init__(
+        self,
+        edges: Mapping[str, Sequence[tuple[str, str | None]]],
+        state: str,
+        content_start: Sequence[str] = (),
+        content_start_after: Sequence[str] = (),
+    ):
         self._edges = {s: tuple((p, d) for p, d in e if p) for s, e in edges.items()}
         self.state: str | None = state
         self._held = ""
+        # Ours: markers that count only before any content (a tool format's content_start,
+        # e.g. pythonic's "["), or right after one of content_start_after.
+        self._content_start = frozenset(content_start)
+        self._after = tuple(content_start_after)
+        self._content_tail = ""  # the end of the content so far (stripped of whitespace)
+        self._content_seen = False
 
     def push(self, text: str) -> list[_Segment]:
         buf, pos, segments = self._held + text, 0, []
@@ -107,14 +119,42 @@ class _TextRouter:
                 break
             start, pattern, dst = hit
             segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
+            self._saw(segments[-1])
             pos, self.state = start + len(pattern), dst
         if self.state is None:  # stopped: text after the stop string is dropped
             self._held = ""
             return segments
         cut = len(buf) - self._partial_suffix(buf, pos)
         segments.append(_Segment(self.state, buf[pos:cut]))
+        self._saw(segments[-1])
         self._held = buf[cut:]
         return segments
+
+    def _saw(self, seg: _Segment) -> None:
+        """Note the content passed (for content_start markers)."""
+        if not self._content_start:
+            return
+        if seg.state == NORMAL and seg.text.strip():
+            self._content_seen = True
+            self._content_tail = (self._content_tail + seg.text).rstrip()[-64:]
+        if seg.state == NORMAL and seg.next_state == NORMAL and seg.marker:
+            self._content_seen = True
+            self._content_tail = (self._content_tail + seg.marker)[-64:]
+        if seg.next_state == TOOL:  # one list of calls: no second block
+            self._content_seen, self._content_tail = True, ""
+
+    def _anchored_at(self, buf: str, pos: int, pattern: str) -> int:
+        """Where a content_start marker opens a block in buf[pos:], or -1."""
+        lead = buf[pos:]
+        start = pos + len(lead) - len(lead.lstrip())
+        if not buf.startswith(pattern, start):
+            return -1
+        before = (self._content_tail + buf[pos:start]).rstrip()
+        if not self._content_seen and not before:
+            return start
+        if self._after and before.endswith(self._after):
+            return start
+        return -1
 
     def flush(self) -> str:
         """Release the held text (at the end it can no longer complete a match)."""
@@ -127,7 +167,10 @@ class _TextRouter:
     def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
         best = None
         for pattern, dst in self._current_edges():
-            start = buf.find(pattern, pos)
+            if self.state == NORMAL and pattern in self._content_start:
+                start = self._anchored_at(buf, pos, pattern)
+            else:
+                start = buf.find(pattern, pos)
             if start >= 0:
                 key = (start + len(pattern), start)  # ends first, then longest
                 if best is None or key < best[0]:
@@ -170,12 +213,19 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
         edges[REASONING].append((tokenizer.think_start, REASONING))
         edges[NORMAL].append((tokenizer.think_end, NORMAL))
     if tools_on:
+        fmt = getattr(tokenizer, "tool_format", None)
+        starts = [tokenizer.tool_call_start]
+        ends = [tokenizer.tool_call_end]
+        if fmt is not None:  # a decoding.tool_formats format: its other markers too
+            starts = [*fmt.anywhere_start, *fmt.content_start]
+            ends = list(fmt.ends)
         if TOOL not in {d for e in responses.values() for _, d in e}:
-            edges[NORMAL].append((tokenizer.tool_call_start, TOOL))
+            edges[NORMAL].extend((s, TOOL) for s in starts)
         if thinking:
-            edges[REASONING].append((tokenizer.tool_call_start, TOOL))
-        if tokenizer.tool_call_end:  # Mistral has none: the call runs to the end
-            edges[TOOL].append((tokenizer.tool_call_end, NORMAL))
+            anywhere = fmt.anywhere_start if fmt is not None else starts
+            edges[REASONING].extend((s, TOOL) for s in anywhere)
+        # Mistral has no end marker: the call runs to the end
+        edges[TOOL].extend((e, NORMAL) for e in ends if e)
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
@@ -231,7 +281,15 @@ class OutputPipeline:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        self._router = _TextRouter(edges, initial_state)
+        fmt = getattr(tokenizer, "tool_format", None) if self._tools_on else None
+        self._router = _TextRouter(
+            edges,
+            initial_state,
+            fmt.content_start if fmt is not None else (),
+            fmt.content_start_after if fmt is not None else (),
+        )
+        self._trim = bool(fmt is not None and fmt.trim_content)
+        self._space = ""  # trailing content whitespace held back (formats that trim it)
         self._tool_open = ""  # the marker that opened the current tool block
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
@@ -291,12 +349,28 @@ class OutputPipeline:
                 if state == TOOL:
                     segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = "stop" if self.stopped else reason
-        return self._emit(segments, ())
+        if self._space and not segments:
+            segments.append(_Segment(NORMAL, ""))
+        return self._emit(segments, (), final=True)
 
-    def _emit(self, segments: list[_Segment], entries: tuple[dict, ...]) -> Delta:
+    def _emit(
+        self, segments: list[_Segment], entries: tuple[dict, ...], final: bool = False
+    ) -> Delta:
         content, reasoning, pieces = [], [], []
         for seg in segments:
-            if seg.state == NORMAL:
+            if seg.state == NORMAL and self._trim:
+                # vLLM strips the content before a format's calls: hold trailing whitespace
+                # back until more content shows it is no such gap.
+                text = self._space + seg.text
+                kept = text.rstrip()
+                self._space = text[len(kept) :]
+                content.append(kept)
+                if seg.next_state == TOOL:
+                    self._space = ""
+                elif seg.marker is not None or final:
+                    content.append(self._space)
+                    self._space = ""
+            elif seg.state == NORMAL:
                 content.append(seg.text)
             elif seg.state == REASONING:
                 reasoning.append(seg.text)

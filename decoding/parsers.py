@@ -58,7 +58,9 @@ from typing import Any
 
 import regex
 
+from decoding import tool_formats
 from decoding.tool_calls import ToolParser
+from decoding.tool_formats import ToolFormat
 from seam import tokenizer as seam_tokenizer
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "TOOL_PARSERS",
     "apply_parser_overrides",
     "resolve_reasoning_markers",
+    "resolve_tool_format",
     "resolve_tool_parser",
 ]
 
@@ -290,10 +293,7 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "hermes": "json_tools",
     "granite4": "json_tools",  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
     "ernie45": "json_tools",  # <tool_call>\n{...}\n</tool_call>
-    "qwen3_coder": "qwen3_coder",
-    "qwen3_xml": "qwen3_coder",
     "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
-    "pythonic": "pythonic",
     "kimi_k2": "kimi_k2",
     "glm45": "glm47",
     "glm47": "glm47",
@@ -303,7 +303,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "gemma4": "gemma4",
     "llama3_json": (_llama_json_parser, LLAMA_JSON_START, ""),
     "llama4_json": (_llama_json_parser, LLAMA_JSON_START, ""),
-    "llama4_pythonic": (_llama_json_parser, LLAMA_JSON_START, ""),
     "deepseek_v3": (_deepseek_parser, "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
     "deepseek_v31": (_deepseek_parser, "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
     "olmo3": (_olmo3_parser, "<function_calls>", "</function_calls>"),
@@ -318,10 +317,8 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "granite_20b_fc": None,
     "hunyuan_a13b": None,
     "minimax": None,
-    "seed_oss": None,
     "step3": None,
     "step3p5": None,
-    "xlam": None,
 }
 
 _THINK = ("<think>", "</think>")
@@ -359,19 +356,30 @@ def _normal(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
+def resolve_tool_format(name: str) -> ToolFormat | None:
+    """vLLM tool parser name -> its `ToolFormat` (decoding/tool_formats/ first, then the
+    TOOL_PARSERS table), or None for a name with no MLX equivalent or an unknown name."""
+    key = _normal(name)
+    fmt = tool_formats.get(key)
+    if fmt is not None:
+        return fmt
+    entry = TOOL_PARSERS.get(key)
+    if entry is None:
+        return None
+    if isinstance(entry, tuple):
+        return ToolFormat(key, *entry)
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{entry}")
+    return ToolFormat(key, module.parse_tool_call, module.tool_call_start, module.tool_call_end)
+
+
 def resolve_tool_parser(name: str) -> tuple[ToolParser, str, str] | None:
     """vLLM tool parser name -> (parser(text, tools), start marker, end marker), or None.
 
     The end marker is "" for formats whose calls run to the end of the output. None for a
     name with no MLX equivalent and for an unknown name (see `apply_parser_overrides`).
     """
-    entry = TOOL_PARSERS.get(_normal(name))
-    if entry is None:
-        return None
-    if isinstance(entry, tuple):
-        return entry
-    module = importlib.import_module(f"mlx_lm.tool_parsers.{entry}")
-    return module.parse_tool_call, module.tool_call_start, module.tool_call_end
+    fmt = resolve_tool_format(name)
+    return None if fmt is None else (fmt.parse, fmt.start, fmt.end)
 
 
 def resolve_reasoning_markers(name: str) -> tuple[str, str] | None:
@@ -385,7 +393,10 @@ def _fallback(option: str, name: str, table: Mapping[str, Any], detected: str) -
     if _normal(name) in table:
         why = f"{option} {name!r} (a vLLM name) has no MLX equivalent here"
     else:
-        usable = sorted(k for k, v in table.items() if v is not None or k in RESPONSE_FORMATS)
+        usable = sorted(
+            {k for k, v in table.items() if v is not None or k in RESPONSE_FORMATS}
+            | (set(tool_formats.names()) if table is TOOL_PARSERS else set())
+        )
         why = f"unknown {option} {name!r} (the names that apply: {', '.join(usable)})"
     logger.warning("%s; keeping what mlx-lm detected from the chat template: %s", why, detected)
 
@@ -418,9 +429,11 @@ def apply_parser_overrides(
     leaves that part as mlx-lm inferred it; this never raises for a name.
     """
     tool = think = None
+    fmt = None
     formats = []
     if tool_parser:
-        tool = resolve_tool_parser(tool_parser)
+        fmt = resolve_tool_format(tool_parser)
+        tool = None if fmt is None else (fmt.parse, fmt.start, fmt.end)
         if tool is None:
             _fallback("tool_parser", tool_parser, TOOL_PARSERS, _detected_tool(tokenizer))
         formats.append(RESPONSE_FORMATS.get(_normal(tool_parser)))
@@ -442,4 +455,8 @@ def apply_parser_overrides(
         channels = None
     if tool is None and think is None and channels is None:
         return tokenizer
-    return seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
+    new = seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
+    # Read by output.OutputPipeline: the format's other markers (None: mlx-lm's own parser,
+    # its two markers only).
+    new.tool_format = fmt if fmt is not None else getattr(tokenizer, "tool_format", None)
+    return new

@@ -22,8 +22,9 @@ def test_tool_parser_names_map_to_mlx_lm_parsers():
         "<tool_call>",
         "</tool_call>",
     )
-    assert resolve_tool_parser("qwen3_coder")[0] is qwen3_coder.parse_tool_call
-    assert resolve_tool_parser("qwen3_xml")[0] is qwen3_coder.parse_tool_call
+    call = "<function=f>\n<parameter=a>\n1\n</parameter>\n</function>"
+    for name in ("qwen3_coder", "qwen3_xml", "seed_oss"):  # mlx-lm's qwen3_coder reads them
+        assert resolve_tool_parser(name)[0](call) == qwen3_coder.parse_tool_call(call)
     # Mistral: mlx-lm's parser first, ours for the forms it does not read (v11, pre-v11
     # lists with text around them), as vLLM's mistral_tool_parser.py reads them.
     parser, start, end = resolve_tool_parser("Mistral")
