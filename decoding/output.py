@@ -36,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays
+from decoding import arrays, tool_formats
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -213,7 +213,7 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
         edges[REASONING].append((tokenizer.think_start, REASONING))
         edges[NORMAL].append((tokenizer.think_end, NORMAL))
     if tools_on:
-        fmt = getattr(tokenizer, "tool_format", None)
+        fmt = tool_formats.of(tokenizer)
         starts = [tokenizer.tool_call_start]
         ends = [tokenizer.tool_call_end]
         if fmt is not None:  # a decoding.tool_formats format: its other markers too
@@ -281,7 +281,7 @@ class OutputPipeline:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        fmt = getattr(tokenizer, "tool_format", None) if self._tools_on else None
+        fmt = tool_formats.of(tokenizer) if self._tools_on else None
         self._router = _TextRouter(
             edges,
             initial_state,

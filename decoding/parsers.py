@@ -458,5 +458,5 @@ def apply_parser_overrides(
     new = seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
     # Read by output.OutputPipeline: the format's other markers (None: mlx-lm's own parser,
     # its two markers only).
-    new.tool_format = fmt if fmt is not None else getattr(tokenizer, "tool_format", None)
+    new._tool_format = fmt if fmt is not None else tool_formats.of(tokenizer)
     return new

@@ -23,7 +23,7 @@ from typing import Any
 
 ToolParser = Callable[[str, Any], Any]
 
-__all__ = ["ToolFormat", "get", "names", "register"]
+__all__ = ["ToolFormat", "get", "names", "of", "register"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,12 @@ def names() -> list[str]:
     """Every registered format name, sorted."""
     _load_all()
     return sorted(_REGISTRY)
+
+
+def of(tokenizer: Any) -> ToolFormat | None:
+    """The format `decoding.parsers.apply_parser_overrides` gave ``tokenizer`` (None: mlx-lm's
+    own parser from the chat template, read by its two markers). Kept as the wrapper's
+    private `_tool_format`: mlx-lm's TokenizerWrapper stores public attributes on the shared
+    Hugging Face tokenizer."""
+    fmt = vars(tokenizer).get("_tool_format") if hasattr(tokenizer, "__dict__") else None
+    return fmt if isinstance(fmt, ToolFormat) else None
