@@ -144,16 +144,19 @@ class _TextRouter:
             self._content_seen, self._content_tail = True, ""
 
     def _anchored_at(self, buf: str, pos: int, pattern: str) -> int:
-        """Where a content_start marker opens a block in buf[pos:], or -1."""
-        lead = buf[pos:]
-        start = pos + len(lead) - len(lead.lstrip())
-        if not buf.startswith(pattern, start):
-            return -1
-        before = (self._content_tail + buf[pos:start]).rstrip()
-        if not self._content_seen and not before:
-            return start
-        if self._after and before.endswith(self._after):
-            return start
+        """Where a content_start marker opens a block in buf[pos:], or -1: before any
+        content, or right after a content_start_after marker (whitespace aside), and not
+        where a longer marker starting with it matches or may still match."""
+        i = buf.find(pattern, pos)
+        while i >= 0:
+            before = (self._content_tail + buf[pos:i]).rstrip()
+            at_start = not self._content_seen and not before
+            if (at_start or (self._after and before.endswith(self._after))) and not any(
+                p != pattern and p.startswith(pattern) and p.startswith(buf[i : i + len(p)])
+                for p, _ in self._current_edges()
+            ):
+                return i
+            i = buf.find(pattern, i + 1)
         return -1
 
     def flush(self) -> str:

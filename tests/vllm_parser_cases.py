@@ -36,6 +36,7 @@ class Case:
     reasoning: str = ""
     initial: str = "normal"
     why: str = field(default="", compare=False)  # known differences: the reason
+    tools: tuple = ()  # the request's tool definitions (OpenAI's shape), where vLLM's has some
 
 
 def hermes(id, output, calls=(), content="", tool="hermes", **kw):
@@ -1039,8 +1040,334 @@ GLM45_CASES = [
     ),
 ]
 
+
+PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py"
+LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py"
+
+
+def pythonic(id, output, calls=(), content="", tool="pythonic", source=PYTHONIC):
+    return Case(id, source, tool, "", output, tuple(calls), content)
+
+
+PY_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
+PY_SIMPLE_CALL = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+PY_MORE = (
+    "register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, "
+    "role=None, passed_test=True, aliases=['John', 'Johnny'])"
+)
+PY_MORE_CALL = (
+    "register_user",
+    {
+        "name": "John Doe",
+        "age": 37,
+        "address": {"city": "San Francisco", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+PY_ESCAPED = r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')"
+PY_ESCAPED_CALL = ("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})
+PY_FORMS = [  # test_tool_call's TEST_CASES, each id with _streaming and _nonstreaming
+    ("simple", PY_SIMPLE, [PY_SIMPLE_CALL]),
+    ("more_types", PY_MORE, [PY_MORE_CALL]),
+    ("parameterless", "get_weather()", [("get_weather", {})]),
+    (
+        "empty_dict",
+        "do_something_cool(additional_data={})",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    ("empty_list", "do_something_cool(steps=[])", [("do_something_cool", {"steps": []})]),
+    ("escaped_string", PY_ESCAPED, [PY_ESCAPED_CALL]),
+    ("parallel_calls", f"{PY_SIMPLE}, {PY_MORE}", [PY_SIMPLE_CALL, PY_MORE_CALL]),
+]
+PY_TIMEOUT_INPUT = "hello world[A(A=" + "\t)A(A=,\t" * 2
+PYTHONIC_CASES = [
+    pythonic("test_no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    *[pythonic(f"test_tool_call[{i}_(non)streaming]", f"[{o}]", c) for i, o, c in PY_FORMS],
+    pythonic(
+        "test_streaming_tool_call_with_large_steps",
+        "[get_weather(city='San Francisco', metric='celsius'), get_weather(), "
+        "do_something_cool(steps=[])]",
+        [PY_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    pythonic("test_regex_timeout_handling", PY_TIMEOUT_INPUT, content=PY_TIMEOUT_INPUT),
+    pythonic(
+        "test_bad_sibling_call_does_not_drop_good_calls",
+        f"[bad(x=b'z'), {PY_SIMPLE}]",
+        [PY_SIMPLE_CALL],
+    ),
+    pythonic("test_non_finite_argument_rejected", f"[calc(x=1e999), {PY_SIMPLE}]", [PY_SIMPLE_CALL]),
+    pythonic(
+        "test_good_call_survives_unparsable_sibling",
+        f"[{PY_SIMPLE}, f(a='x 'y', b='z')]",
+        [PY_SIMPLE_CALL],
+    ),
+    pythonic(
+        "test_unrecoverable_block_still_reports_no_tool_call",
+        "[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
+        content="[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
+    ),
+    # vLLM asserts no call (its content unchecked): the text comes back as content here.
+    pythonic("test_streaming_mismatched_brackets_reported_once", "[foo(x=1])]", content="[foo(x=1])]"),
+]
+
+
+def llama4p(id, output, calls=(), content=""):
+    return pythonic(id, output, calls, content, "llama4_pythonic", LLAMA4P)
+
+
+L4_SIMPLE_CALL = ("get_weather", {"city": "LA", "metric": "C"})
+L4_MORE = (
+    "[register_user(name='Doe', age=9, address={'city': 'LA', 'state': 'CA'}, role=None, "
+    "passed_test=True, aliases=['John', 'Johnny'])]"
+)
+L4_MORE_CALL = (
+    "register_user",
+    {
+        "name": "Doe",
+        "age": 9,
+        "address": {"city": "LA", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+L4_DOE = ("register_user", {"name": "Doe", "age": 9})
+L4_INNER = "get_weather(city='LA', metric='C')"
+LLAMA4_PYTHONIC_CASES = [
+    llama4p("test_no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    # test_tool_call's TEST_CASES (simple_streaming is the escaped-string output there)
+    llama4p("test_tool_call[simple_streaming]", f"[{PY_ESCAPED}]", [PY_ESCAPED_CALL]),
+    llama4p("test_tool_call[simple_nonstreaming]", f"[{L4_INNER}]", [L4_SIMPLE_CALL]),
+    llama4p("test_tool_call[more_types_(non)streaming]", L4_MORE, [L4_MORE_CALL]),
+    llama4p("test_tool_call[parameterless_(non)streaming]", "[get_weather()]", [("get_weather", {})]),
+    llama4p(
+        "test_tool_call[empty_dict_(non)streaming]",
+        "[do_something_cool(additional_data={})]",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    llama4p(
+        "test_tool_call[empty_list_(non)streaming]",
+        "[do_something_cool(steps=[])]",
+        [("do_something_cool", {"steps": []})],
+    ),
+    llama4p("test_tool_call[escaped_string_(non)streaming]", f"[{PY_ESCAPED}]", [PY_ESCAPED_CALL]),
+    llama4p(
+        "test_tool_call[parallel_calls_(non)streaming]",
+        "[get_weather(city='LA',metric='C'),register_user(name='Doe',age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_tool_call[python_tag_(non)streaming]",
+        f"<|python_start|>[{L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    llama4p(
+        "test_tool_call[parallel_calls_streaming, python_start]",
+        "<|python_start|>[get_weather(city='LA', metric='C'),register_user(name='Doe', age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_tool_call[parallel_calls_nonstreaming, python_start]",
+        "<|python_start|>[get_weather(city='LA', metric='C'), register_user(name='Doe', age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_streaming_tool_call_with_large_steps",
+        "<|python_start|>[get_weather(city='LA', metric='C'), get_weather(), "
+        "do_something_cool(steps=[])]<|python_end|>",
+        [L4_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    llama4p("test_regex_timeout_handling", PY_TIMEOUT_INPUT, content=PY_TIMEOUT_INPUT),
+    llama4p(
+        "test_bad_sibling_call_does_not_drop_good_calls",
+        f"<|python_start|>[bad(x=b'z'), {L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    llama4p(
+        "test_non_finite_argument_rejected",
+        f"<|python_start|>[calc(x=1e999), {L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    # vLLM asserts no call (content unchecked): the block comes back as content here.
+    llama4p(
+        "test_streaming_mismatched_brackets_reported_once",
+        "<|python_start|>[foo(x=1])]<|python_end|>",
+        content="<|python_start|>[foo(x=1])]<|python_end|>",
+    ),
+]
+
+
+XLAM = "tests/tool_parsers/test_xlam_tool_parser.py"
+
+
+def xlam(id, output, calls=(), content=""):
+    return Case(id, XLAM, "xlam", "", output, tuple(calls), content)
+
+
+def xlam_list(*calls: tuple[str, dict]) -> str:
+    return json.dumps([{"name": n, "arguments": a} for n, a in calls])
+
+
+X_DALLAS = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+X_ORLANDO = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})
+X_SEATTLE = ("get_current_weather", {"city": "Seattle", "state": "WA", "unit": "celsius"})
+X_ONE = xlam_list(X_DALLAS)
+XLAM_CASES = [
+    xlam("test_extract_tool_calls_no_tools", "This is a test", content="This is a test"),
+    # test_extract_tool_calls (non-streaming) and test_extract_tool_calls_streaming_incremental
+    xlam(
+        "test_extract_tool_calls[parallel_tool_calls]",
+        xlam_list(X_DALLAS, X_ORLANDO),
+        [X_DALLAS, X_ORLANDO],
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_think_tag]",
+        "<think>I'll help you with that.</think>" + X_ONE,
+        [X_DALLAS],
+        content="<think>I'll help you with that.</think>",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_json_code_block]",
+        "I'll help you with that.\n```json\n" + X_ONE + "\n```",
+        [X_DALLAS],
+        content="I'll help you with that.",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_tool_calls_tag]",
+        "I'll check the weather for you.[TOOL_CALLS]" + X_ONE,
+        [X_DALLAS],
+        content="I'll check the weather for you.",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_tool_call_xml_tags]",
+        "I'll help you check the weather.<tool_call>" + X_ONE + "</tool_call>",
+        [X_DALLAS],
+        content="I'll help you check the weather.",
+    ),
+    xlam(
+        "test_extract_tool_calls_list_structure[list_structured_tool_call]",
+        xlam_list(X_SEATTLE),
+        [X_SEATTLE],
+    ),
+    xlam(
+        "test_preprocess_model_output[list]",
+        xlam_list(("get_current_weather", {"city": "Seattle"})),
+        [("get_current_weather", {"city": "Seattle"})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_json_code_block]",
+        "```json\n" + X_ONE + "\n```",
+        [X_DALLAS],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_tool_calls_tag]",
+        "[TOOL_CALLS]" + X_ONE,
+        [X_DALLAS],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_tool_call_xml_tags]",
+        "I can help with that.<tool_call>" + X_ONE + "</tool_call>",
+        [X_DALLAS],
+        content="I can help with that.",
+    ),
+    xlam(
+        "test_extract_tool_calls_non_ascii",
+        '[{"name": "get_current_weather", "arguments": {"city": "北京"}}, '
+        '{"name": "get_current_weather", "arguments": {"city": "上海"}}]',
+        [("get_current_weather", {"city": "北京"}), ("get_current_weather", {"city": "上海"})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_one_empty_args_tool[first]",
+        '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 42}}]',
+        [("a", {}), ("b", {"x": 42})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_one_empty_args_tool[last]",
+        '[{"name": "a", "arguments": {"x": 42}}, {"name": "b", "arguments": {}}]',
+        [("a", {"x": 42}), ("b", {})],
+    ),
+]
+
+
+SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py"
+SEED_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get current temperature for a given location.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string"},
+                    "unit": {"type": "string"},
+                },
+                "required": ["location"],
+            },
+        },
+    },
+)
+
+
+def seed(id, output, calls=(), content="", tools=SEED_TOOLS):
+    return Case(id, SEED, "seed_oss", "", output, tuple(calls), content, tools=tools)
+
+
+SEED_CALL = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>"
+    "\n</function>\n</seed:tool_call>"
+)
+SEED_CALL_UNIT = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>"
+    "\n<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>"
+)
+BARCELONA = ("get_weather", {"location": "Barcelona, Spain"})
+BARCELONA_C = ("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"})
+SEED_THINK_512 = (
+    "<seed:think>The user's current thinking budget is 512.</seed:cot_budget_reflect>\nLet me "
+    "analyze the question.\n<seed:cot_budget_reflect>I have used 131 tokens, and there are 381 "
+    "tokens remaining for use.</seed:cot_budget_reflect>\n The unit parameter can be omitted "
+    "since it's optional.</seed:think>\n"
+)
+SEED_THINK_UNLIMITED = (
+    "<seed:think>\nGot it, let's see. The format is <seed:tool_call>\n<function=get_weather>\n"
+    "<parameter=location>Barcelona, Spain</parameter>\n<parameter=unit>celsius</parameter>\n"
+    "</function>\n</seed:tool_call>. Let me go with that.</seed:think>"
+)
+SEED_OSS_CASES = [
+    seed(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+        tools=(),
+    ),
+    seed("test_extract_tool_calls[tool_call_0_thinking_budget]", SEED_CALL, [BARCELONA]),
+    seed(
+        "test_extract_tool_calls[tool_call_512_thinkg_budget] (reasoning shortened)",
+        SEED_THINK_512 + SEED_CALL,
+        [BARCELONA],
+        content=SEED_THINK_512,
+    ),
+    seed(
+        "test_streaming_tool_calls[tool_call_0_thinking_budget]",
+        "<seed:think>\n</seed:cot_budget_reflect>\n</seed:cot_budget_reflect>\nThe current "
+        "thinking budget is 0, so I will directly start answering the question.\n</seed:think>\n"
+        + SEED_CALL,
+        [BARCELONA],
+        content="<seed:think>\n</seed:cot_budget_reflect>\n</seed:cot_budget_reflect>\nThe "
+        "current thinking budget is 0, so I will directly start answering the question.\n"
+        "</seed:think>\n",
+    ),
+]
+
 CASES = (
-    HERMES_CASES
+    PYTHONIC_CASES
+    + LLAMA4_PYTHONIC_CASES
+    + XLAM_CASES
+    + SEED_OSS_CASES
+    + HERMES_CASES
     + GRANITE4_CASES
     + OPENAI_CASES
     + LLAMA3_CASES

@@ -20,9 +20,10 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     body = text.strip()
     if body.startswith("json"):  # a ```json fence
         body = body[4:].lstrip()
-    if not body.startswith(("[", "{")):
-        body = "[" + body  # the opening `[` was the marker
-    value, _ = _DECODER.raw_decode(body)
+    try:  # the opening `[` was the marker
+        value, _ = _DECODER.raw_decode("[" + body)
+    except ValueError:
+        value, _ = _DECODER.raw_decode(body)
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:

@@ -40,7 +40,7 @@ def extract(hf, case: Case, whole: bool) -> tuple[dict, bool]:
     tok = apply_parser_overrides(
         TokenizerWrapper(hf, BPEStreamingDetokenizer), case.tool, case.reasoning_parser
     )
-    pipe = OutputPipeline(tok, initial_state=case.initial)
+    pipe = OutputPipeline(tok, initial_state=case.initial, tools=list(case.tools) or None)
     if whole and case.output:
         tokens = [hf.get_vocab()[byte_level(case.output)]]
     else:
