@@ -1362,8 +1362,222 @@ SEED_OSS_CASES = [
     ),
 ]
 
+
+GEMMA4 = "tests/tool_parsers/test_gemma4_tool_parser.py"
+Q = '<|"|>'
+
+
+def gemma4(id, output, calls=(), content=""):
+    return Case(id, GEMMA4, "gemma4", "", output, tuple(calls), content)
+
+
+def g4(name: str, args: str) -> str:
+    return f"<|tool_call>call:{name}{{{args}}}<tool_call|>"
+
+
+# TestParseGemma4Args / TestParseGemma4Array: the argument reader's cases, each as the one
+# call f{ARGS} (an array's as f{a:[ITEMS]}); their partial (streaming-internal) modes and
+# the two malformed-array timeouts have no call form and are left out.
+G4_ARGS = [
+    ("test_empty_string", "", {}),
+    ("test_whitespace_only", "   ", {}),
+    ("test_single_string_value", f"location:{Q}Paris{Q}", {"location": "Paris"}),
+    ("test_string_value_with_comma", f"location:{Q}Paris, France{Q}", {"location": "Paris, France"}),
+    (
+        "test_multiple_string_values",
+        f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}",
+        {"location": "San Francisco", "unit": "celsius"},
+    ),
+    ("test_integer_value", "count:42", {"count": 42}),
+    ("test_float_value", "score:3.14", {"score": 3.14}),
+    ("test_boolean_true", "flag:true", {"flag": True}),
+    ("test_boolean_false", "flag:false", {"flag": False}),
+    ("test_null_value", "param:null", {"param": None}),
+    (
+        "test_mixed_types",
+        f"name:{Q}test{Q},count:42,active:true,score:3.14",
+        {"name": "test", "count": 42, "active": True, "score": 3.14},
+    ),
+    ("test_nested_object", f"nested:{{inner:{Q}value{Q}}}", {"nested": {"inner": "value"}}),
+    (
+        "test_string_delimited_dict_key",
+        f"record_map:{{{Q}3{Q}:{Q}new text{Q}}}",
+        {"record_map": {"3": "new text"}},
+    ),
+    (
+        "test_nested_string_delimited_dict_key",
+        f"outer:{{inner:{{{Q}3{Q}:{Q}new text{Q}}}}}",
+        {"outer": {"inner": {"3": "new text"}}},
+    ),
+    ("test_array_of_strings", f"items:[{Q}a{Q},{Q}b{Q}]", {"items": ["a", "b"]}),
+    ("test_empty_value", "key:", {"key": ""}),
+    (
+        "test_trailing_dot_float_partial_withheld (non-partial)",
+        "left:108.,right:22.8",
+        {"left": 108.0, "right": 22.8},
+    ),
+    ("Array.test_string_array", f"a:[{Q}a{Q},{Q}b{Q}]", {"a": ["a", "b"]}),
+    ("Array.test_empty_array", "a:[]", {"a": []}),
+    ("Array.test_bare_values", "a:[42,true,3.14]", {"a": [42, True, 3.14]}),
+    (
+        "Array.test_string_element_with_closing_bracket",
+        f"a:[[{Q}a]b{Q},{Q}c{Q}],{Q}tail{Q}]",
+        {"a": [["a]b", "c"], "tail"]},
+    ),
+]
+G4_LONDON = g4("get_weather", f"location:{Q}London{Q}")
+G4_HTML = (
+    '<!DOCTYPE html>\n<html lang="zh-CN">\n<head>\n    <meta charset="UTF-8">\n'
+    '    <meta name="viewport" content="width=device-width">\n'
+)
+GEMMA4_CASES = [
+    *[gemma4(f"TestParseGemma4Args.{i}", g4("f", a), [("f", want)]) for i, a, want in G4_ARGS],
+    gemma4(
+        "TestExtractToolCalls.test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_single_tool_call",
+        G4_LONDON,
+        [("get_weather", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_multiple_arguments",
+        g4("get_weather", f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_text_before_tool_call",
+        "Let me check the weather for you. " + g4("get_weather", f"location:{Q}Paris{Q}"),
+        [("get_weather", {"location": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_multiple_tool_calls",
+        G4_LONDON + g4("get_time", f"location:{Q}London{Q}"),
+        [("get_weather", {"location": "London"}), ("get_time", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_nested_arguments",
+        g4("complex_function", f"nested:{{inner:{Q}value{Q}}},list:[{Q}a{Q},{Q}b{Q}]"),
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_tool_call_with_number_and_boolean",
+        g4("set_status", "is_active:true,count:42,score:3.14"),
+        [("set_status", {"is_active": True, "count": 42, "score": 3.14})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_incomplete_tool_call",
+        f"<|tool_call>call:get_weather{{location:{Q}London",
+        content=f"<|tool_call>call:get_weather{{location:{Q}London",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_hyphenated_function_name",
+        g4("get-weather", f"location:{Q}London{Q}"),
+        [("get-weather", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_dotted_function_name",
+        g4("weather.get", f"location:{Q}London{Q}"),
+        [("weather.get", {"location": "London"})],
+    ),
+    gemma4("TestExtractToolCalls.test_no_arguments", g4("get_status", ""), [("get_status", {})]),
+    # TestStreamingExtraction: the chunks joined (split at every byte here)
+    gemma4(
+        "TestStreamingExtraction.test_basic_streaming_single_tool",
+        g4("get_weather", f"location:{Q}Paris, France{Q}"),
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_multi_arg",
+        g4("get_weather", f"location:{Q}Tokyo{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "Tokyo", "unit": "celsius"})],
+    ),
+    *[
+        gemma4(
+            f"TestStreamingExtraction.{i}",
+            g4("get_weather", f"location:{Q}{city}{Q}"),
+            [("get_weather", {"location": city})],
+        )
+        for i, city in [
+            ("test_streaming_no_extra_brace", "London"),
+            ("test_streaming_no_unquoted_keys", "Paris"),
+            ("test_streaming_name_no_call_prefix", "Paris"),
+        ]
+    ],
+    gemma4(
+        "TestStreamingExtraction.test_streaming_text_before_tool_call",
+        "Let me check the weather. " + G4_LONDON,
+        [("get_weather", {"location": "London"})],
+        content="Let me check the weather.",
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_numeric_args",
+        g4("set_config", "count:42,active:true"),
+        [("set_config", {"count": 42, "active": True})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_boolean_split_across_chunks",
+        g4("search", "input:{all:true}"),
+        [("search", {"input": {"all": True}})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_false_split_across_chunks",
+        g4("set", "flag:false"),
+        [("set", {"flag": False})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_number_split_across_chunks",
+        g4("set", "count:42"),
+        [("set", {"count": 42})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_empty_args",
+        g4("get_status", ""),
+        [("get_status", {})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_split_delimiter_no_invalid_json",
+        g4("todowrite", f"content:{Q}Buy milk{Q}"),
+        [("todowrite", {"content": "Buy milk"})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_does_not_duplicate_plain_text_after_tool_call",
+        g4("get_weather", f"location:{Q}Paris{Q}") + "<div>",
+        [("get_weather", {"location": "Paris"})],
+        content="<div>",
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_html_argument_does_not_duplicate_tag_prefixes",
+        g4("write_file", f"path:{Q}index.html{Q},content:{Q}{G4_HTML}{Q}"),
+        [("write_file", {"path": "index.html", "content": G4_HTML})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_trailing_bare_bool_not_duplicated",
+        g4(
+            "Edit",
+            f"file_path:{Q}src/env.py{Q},old_string:{Q}old_val{Q},"
+            f"new_string:{Q}new_val{Q},replace_all:false",
+        ),
+        [
+            (
+                "Edit",
+                {
+                    "file_path": "src/env.py",
+                    "old_string": "old_val",
+                    "new_string": "new_val",
+                    "replace_all": False,
+                },
+            )
+        ],
+    ),
+]
+
 CASES = (
-    PYTHONIC_CASES
+    GEMMA4_CASES
+    + PYTHONIC_CASES
     + LLAMA4_PYTHONIC_CASES
     + XLAM_CASES
     + SEED_OSS_CASES
