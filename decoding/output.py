@@ -50,10 +50,17 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_NO_BLOCK = tool_formats.Block("")
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
+
+
+def _is_tool(state: str | None) -> bool:
+    """A tool block's state: "tool", or "tool1", "tool2"... for a format's other blocks."""
+    return state is not None and state.startswith(TOOL)
+
 _SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
 
 
@@ -140,7 +147,7 @@ class _TextRouter:
         if seg.state == NORMAL and seg.next_state == NORMAL and seg.marker:
             self._content_seen = True
             self._content_tail = (self._content_tail + seg.marker)[-64:]
-        if seg.next_state == TOOL:  # one list of calls: no second block
+        if _is_tool(seg.next_state):  # one list of calls: no second block
             self._content_seen, self._content_tail = True, ""
 
     def _anchored_at(self, buf: str, pos: int, pattern: str) -> int:
@@ -204,6 +211,11 @@ def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     return getattr(tokenizer, "response_initial_state", None) or state  # none on mlx-lm main
 
 
+def tool_state(i: int) -> str:
+    """The router state of a tool format's i-th block."""
+    return TOOL if i == 0 else f"{TOOL}{i}"
+
+
 def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
     """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline."""
     edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
@@ -217,18 +229,19 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
         edges[NORMAL].append((tokenizer.think_end, NORMAL))
     if tools_on:
         fmt = tool_formats.of(tokenizer)
-        starts = [tokenizer.tool_call_start]
-        ends = [tokenizer.tool_call_end]
-        if fmt is not None:  # a decoding.tool_formats format: its other markers too
-            starts = [*fmt.anywhere_start, *fmt.content_start]
-            ends = list(fmt.ends)
-        if TOOL not in {d for e in responses.values() for _, d in e}:
-            edges[NORMAL].extend((s, TOOL) for s in starts)
-        if thinking:
-            anywhere = fmt.anywhere_start if fmt is not None else starts
-            edges[REASONING].extend((s, TOOL) for s in anywhere)
-        # Mistral has no end marker: the call runs to the end
-        edges[TOOL].extend((e, NORMAL) for e in ends if e)
+        blocks = fmt.blocks if fmt is not None else (
+            tool_formats.Block(tokenizer.tool_call_start, tokenizer.tool_call_end),
+        )
+        from_normal = TOOL not in {d for e in responses.values() for _, d in e}
+        for i, block in enumerate(blocks):  # a decoding.tool_formats format: every block
+            state = tool_state(i)
+            edges.setdefault(state, [])
+            if from_normal:
+                edges[NORMAL].append((block.start, state))
+            if thinking and not block.at_content_start:
+                edges[REASONING].append((block.start, state))
+            if block.end:  # Mistral has none: the call runs to the end
+                edges[state].append((block.end, NORMAL))
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
@@ -285,15 +298,18 @@ class OutputPipeline:
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
         fmt = tool_formats.of(tokenizer) if self._tools_on else None
+        blocks = fmt.blocks if fmt is not None else ()
+        self._blocks = {tool_state(i): b for i, b in enumerate(blocks)}
         self._router = _TextRouter(
             edges,
             initial_state,
-            fmt.content_start if fmt is not None else (),
+            [b.start for b in blocks if b.at_content_start],
             fmt.content_start_after if fmt is not None else (),
         )
         self._trim = bool(fmt is not None and fmt.trim_content)
         self._space = ""  # trailing content whitespace held back (formats that trim it)
         self._tool_open = ""  # the marker that opened the current tool block
+        self._keep = False  # whether the current block's markers are part of its text
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
         self._token_info: dict[int, tuple[str, list[int]]] = {}
@@ -349,8 +365,8 @@ class OutputPipeline:
             state = self._router.state
             if state is not None:
                 segments.append(_Segment(state, self._router.flush()))
-                if state == TOOL:
-                    segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
+                if _is_tool(state):
+                    segments.append(_Segment(state, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = "stop" if self.stopped else reason
         if self._space and not segments:
             segments.append(_Segment(NORMAL, ""))
@@ -368,7 +384,7 @@ class OutputPipeline:
                 kept = text.rstrip()
                 self._space = text[len(kept) :]
                 content.append(kept)
-                if seg.next_state == TOOL:
+                if _is_tool(seg.next_state):
                     self._space = ""
                 elif seg.marker is not None or final:
                     content.append(self._space)
@@ -377,16 +393,19 @@ class OutputPipeline:
                 content.append(seg.text)
             elif seg.state == REASONING:
                 reasoning.append(seg.text)
-            elif seg.state == TOOL and self._streamer is not None:
+            elif _is_tool(seg.state) and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
                 continue
-            if seg.state != TOOL and seg.next_state == TOOL:
+            if not _is_tool(seg.state) and _is_tool(seg.next_state):
                 self._tool_open = seg.marker
                 parser = self._tok.tool_parser if self._tools_on else None
                 self._streamer = BlockStreamer(parser, self._tools, self._next_index)
-            elif seg.state == TOOL and seg.next_state != TOOL:
+                self._keep = self._blocks.get(seg.next_state, _NO_BLOCK).keep
+                if self._keep:  # the marker is part of the calls' text
+                    pieces += self._streamer.push(seg.marker)
+            elif _is_tool(seg.state) and not _is_tool(seg.next_state):
                 closed, raw = self._tool_call(seg.marker)
                 pieces += closed
                 content.append(raw)
@@ -400,12 +419,18 @@ class OutputPipeline:
         streamer, self._streamer = self._streamer, None
         if streamer is None:  # cannot happen: a TOOL state always starts with a marker
             return [], close
-        raw = self._tool_open + streamer.text + close
+        pushed: list[ToolCallDelta] = []
+        if self._keep:  # the end marker is part of the calls' text too
+            pushed = streamer.push(close)
+            raw = streamer.text
+        else:
+            raw = self._tool_open + streamer.text + close
         if not self._tools_on:
             return [], raw
         # A block still open at the end (close "") is parsed as it stands, as vLLM's hermes
         # parser does (hermes_tool_parser.py reads `<tool_call>(.*)` up to the end).
         pieces, calls, ok = streamer.close(True)
+        pieces = pushed + pieces
         self._next_index = streamer.next_index
         if not ok and not close and self._tok.tool_call_end:
             logger.warning(

@@ -27,27 +27,46 @@ __all__ = ["ToolFormat", "get", "names", "of", "register"]
 
 
 @dataclass(frozen=True)
+class Block:
+    """One way a block of calls opens and closes. start / end: its markers (end "": it runs
+    to the end of the output); at_content_start: the start marker counts only before any
+    content (leading whitespace aside) or right after one of the format's
+    `content_start_after` (vLLM's pythonic parsers read a list at the output's start);
+    keep: the markers are part of the calls' text the parser reads (`[` of a pythonic list,
+    `<function=` ... `</function>` of a Qwen3-Coder call without its `<tool_call>`)."""
+
+    start: str
+    end: str = ""
+    at_content_start: bool = False
+    keep: bool = False
+
+
+@dataclass(frozen=True)
 class ToolFormat:
     """One tool-call format. name: vLLM's parser name; parse: the whole-block parser (the
-    text between the markers; its mlx-lm-style `tool_stream_format` attribute, if any, names
-    how its arguments stream: decoding/tool_calls.py); start / end: the markers of a block
-    (end "": the block runs to the end of the output); also_start: more markers opening a
-    block (closed by `end` or `also_end`); content_start: markers that open a block only
-    before any content (leading whitespace aside) or right after one of
-    `content_start_after`; trim_content: whitespace between the content and a block is
-    left out (vLLM strips the content before the calls); grammar: the tool-call grammar
-    builder, None where the format has none yet."""
+    text of one block; an mlx-lm-style `tool_stream_format` attribute on it, if any, names
+    how its arguments stream: decoding/tool_calls.py); start / end: the block's markers
+    (end "": to the end of the output), what ModelMetadata shows; more: other blocks the
+    format reads (`Block`); content_start_after: where an at_content_start block may open
+    besides the start of the content; trim_content: whitespace between the content and a
+    block is left out (vLLM strips the content before the calls); grammar: the tool-call
+    grammar builder (decoding/tool_grammar.py), None where the format has none yet."""
 
     name: str
     parse: ToolParser
     start: str
     end: str = ""
-    also_start: tuple[str, ...] = ()
-    also_end: tuple[str, ...] = ()
-    content_start: tuple[str, ...] = ()
+    more: tuple[Block, ...] = ()
+    at_content_start: bool = False
+    keep: bool = False
     content_start_after: tuple[str, ...] = ()
     trim_content: bool = False
     grammar: Callable[..., Any] | None = None
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """Every block of the format, the main one first."""
+        return (Block(self.start, self.end, self.at_content_start, self.keep), *self.more)
 
     @property
     def markers(self) -> dict[str, Any]:
@@ -55,19 +74,8 @@ class ToolFormat:
         return {
             "start": self.start,
             "end": self.end,
-            "also_start": list(self.also_start),
-            "also_end": list(self.also_end),
-            "content_start": list(self.content_start),
+            "more": [(b.start, b.end) for b in self.more],
         }
-
-    @property
-    def anywhere_start(self) -> tuple[str, ...]:
-        """The markers that open a block wherever they appear."""
-        return tuple(m for m in (self.start, *self.also_start) if m and m not in self.content_start)
-
-    @property
-    def ends(self) -> tuple[str, ...]:
-        return tuple(m for m in (self.end, *self.also_end) if m)
 
 
 _REGISTRY: dict[str, ToolFormat] = {}

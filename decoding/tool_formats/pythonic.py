@@ -17,7 +17,7 @@ import ast
 import json
 from typing import Any
 
-from decoding.tool_formats import ToolFormat, register
+from decoding.tool_formats import Block, ToolFormat, register
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
@@ -81,12 +81,9 @@ def _split_top_level(inner: str) -> list[str]:
 
 
 def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
-    """The calls of a pythonic list. ``text`` follows the opening `[` (or holds the whole
-    list, after `<|python_start|>`). A call that is not convertible is left out while
+    """The calls of a pythonic list (``text``: the list). A call that is not convertible is left out while
     another is (vLLM's bad-sibling rule); no call at all raises ValueError."""
     body = text.strip()
-    if not body.startswith("["):
-        body = "[" + body
     try:
         tree = ast.parse(body, mode="eval").body
     except SyntaxError:
@@ -117,13 +114,13 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
-PYTHONIC = register(ToolFormat("pythonic", parse, start="[", content_start=("[",)))
+PYTHONIC = register(ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True))
 LLAMA4_PYTHONIC = register(
     ToolFormat(
         "llama4_pythonic",
         parse,
-        start="<|python_start|>",
-        end="<|python_end|>",
-        content_start=("[",),
+        "<|python_start|>",
+        "<|python_end|>",
+        more=(Block("[", "<|python_end|>", at_content_start=True, keep=True),),
     )
 )

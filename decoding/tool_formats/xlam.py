@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from decoding.tool_formats import ToolFormat, register
+from decoding.tool_formats import Block, ToolFormat, register
 
 _DECODER = json.JSONDecoder()
 
@@ -20,10 +20,7 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     body = text.strip()
     if body.startswith("json"):  # a ```json fence
         body = body[4:].lstrip()
-    try:  # the opening `[` was the marker
-        value, _ = _DECODER.raw_decode("[" + body)
-    except ValueError:
-        value, _ = _DECODER.raw_decode(body)
+    value, _ = _DECODER.raw_decode(body)
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:
@@ -39,10 +36,10 @@ XLAM = register(
     ToolFormat(
         "xlam",
         parse,
-        start="[",
-        also_start=("[TOOL_CALLS]", "<tool_call>", "```json"),
-        also_end=("</tool_call>", "```"),
-        content_start=("[",),
+        "[",
+        at_content_start=True,
+        keep=True,
+        more=(Block("[TOOL_CALLS]"), Block("<tool_call>", "</tool_call>"), Block("```json", "```")),
         content_start_after=("</think>",),
         trim_content=True,
     )
