@@ -242,6 +242,7 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
                 edges[REASONING].append((block.start, state))
             if block.end:  # Mistral has none: the call runs to the end
                 edges[state].append((block.end, NORMAL))
+        edges[NORMAL].extend((m, NORMAL) for m in (fmt.strip if fmt is not None else ()))
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():

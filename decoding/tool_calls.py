@@ -219,6 +219,7 @@ class _XmlSpec:
     call_close: str | None
     synth_close: str
     trim: str
+    value_stop: tuple[str, ...] = ()  # literals that end a value left unclosed (not consumed)
 
 
 _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
@@ -236,6 +237,8 @@ _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
         call_close=r"\s*</function>",
         synth_close="</function>",
         trim="nl",
+        # vLLM reads a parameter left unclosed up to the next one (qwen3coder_tool_parser.py)
+        value_stop=("<parameter=", "</function>"),
     ),
     "minimax_m2": _XmlSpec(
         call_open=r"\s*<invoke name=(?P<name>[^>]+)>",
@@ -485,10 +488,19 @@ class BlockStreamer:
             elif self._state == "value":
                 region = self._buf[self._value_start :]
                 j = region.find(spec.value_close)
+                stops = [k for k in (region.find(t) for t in spec.value_stop) if k >= 0]
+                if stops and (j < 0 or min(stops) < j):  # unclosed: ends at the next one
+                    self._pos = self._value_start + min(stops)
+                    self._end_value(out)
+                    self._params += 1
+                    self._state = "between"
+                    continue
                 if j < 0:
                     if self._sent_value is not None:
-                        visible = region[: len(region) - _partial_suffix(region, spec.value_close)]
-                        self._stream_value(out, visible)
+                        held = max(
+                            _partial_suffix(region, t) for t in (spec.value_close, *spec.value_stop)
+                        )
+                        self._stream_value(out, region[: len(region) - held])
                     return
                 self._pos = self._value_start + j + len(spec.value_close)
                 self._end_value(out)

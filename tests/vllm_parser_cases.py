@@ -1575,8 +1575,276 @@ GEMMA4_CASES = [
     ),
 ]
 
+
+QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py"
+
+
+def fn_tool(name: str, properties: dict, **extra) -> dict:
+    params = {"type": "object", "properties": properties, **extra}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+QC_TOOLS = (  # the file's sample_tools
+    fn_tool(
+        "get_current_weather",
+        {
+            "city": {"type": "string"},
+            "state": {"type": "string"},
+            "unit": {"type": "string", "enum": ["fahrenheit", "celsius"]},
+        },
+        required=["city", "state"],
+    ),
+    fn_tool(
+        "calculate_area",
+        {"shape": {"type": "string"}, "dimensions": {"type": "object"}, "precision": {"type": "integer"}},
+    ),
+)
+
+
+def qcoder(id, output, calls=(), content="", tools=QC_TOOLS, tool="qwen3_coder"):
+    return Case(id, QWEN3CODER, tool, "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def qc_call(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+QC_DALLAS = qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+QC_DALLAS_CALL = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+QC_RECT = qc_call(
+    "calculate_area",
+    ("shape", "rectangle"),
+    ("dimensions", '{"width": 10, \n "height": 20}'),
+    ("precision", "2"),
+)
+QC_RECT_CALL = (
+    "calculate_area",
+    {"shape": "rectangle", "dimensions": {"width": 10, "height": 20}, "precision": 2},
+)
+QC_CIRCLE = qc_call(
+    "calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'), ("precision", "3")
+)
+QC_CIRCLE_CALL = ("calculate_area", {"shape": "circle", "dimensions": {"radius": 15.5}, "precision": 3})
+QC_TYPES_TOOLS = (
+    fn_tool(
+        "test_types",
+        {
+            "int_param": {"type": "integer"},
+            "float_param": {"type": "float"},
+            "bool_param": {"type": "boolean"},
+            "str_param": {"type": "string"},
+            "obj_param": {"type": "object"},
+        },
+    ),
+)
+QC_ANYOF_TOOLS = (
+    fn_tool(
+        "test_anyof",
+        {
+            "anyof_int": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 5},
+            "anyof_str": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "anyof_array": {
+                "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+            },
+            "anyof_obj": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "type_as_array": {"type": ["integer", "null"]},
+            "multi_non_null": {
+                "anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]
+            },
+        },
+    ),
+)
+QC_SEARCH_TOOLS = (
+    fn_tool(
+        "search_web",
+        {
+            "query": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "count": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 5},
+            "verbose": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+        },
+    ),
+)
+QC_MISSING_CLOSE = (
+    "Let me check the weather for you:\n<tool_call>\n<function=get_current_weather>\n"
+    "<parameter=city>\nDallas\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\n"
+    "fahrenheit\n</parameter>\n</function>\n</tool_call>"
+)
+QC_NONE_FILTERED_BAD = "<tool_call>\n<function=bad_func_no_gt\n</function>\n</tool_call>"
+QC_NO_GT = (
+    "<tool_call>\n<function=get_current_weather\n<parameter=city>Dallas</parameter>\n"
+    "</function>\n</tool_call>"
+)
+QWEN3CODER_CASES = [
+    qcoder(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+    ),
+    # test_extract_tool_calls and test_extract_tool_calls_streaming (same ids, same outputs
+    # but parallel_tools' second unit: celsius in the streaming test)
+    qcoder("test_extract_tool_calls[single_tool]", QC_DALLAS, [QC_DALLAS_CALL]),
+    qcoder(
+        "test_extract_tool_calls[single_tool_with_content]",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+    ),
+    qcoder("test_extract_tool_calls[single_tool_multiline_param]", QC_RECT, [QC_RECT_CALL]),
+    qcoder(
+        "test_extract_tool_calls[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")),
+        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        content="\n",
+    ),
+    qcoder(
+        "test_extract_tool_calls[tool_with_typed_params]",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+    ),
+    qcoder(
+        "test_extract_tool_calls_streaming[no_tools]",
+        "This is a test without tools",
+        content="This is a test without tools",
+    ),
+    qcoder(
+        "test_extract_tool_calls_streaming[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "celsius")),
+        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"})],
+        content="\n",
+    ),
+    # vLLM asserts the name only; the arguments are the block's
+    qcoder(
+        "test_extract_tool_calls_fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    qcoder(
+        "test_extract_tool_calls_type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QC_TYPES_TOOLS,
+    ),
+    qcoder(
+        "test_extract_tool_calls_anyof_type_conversion",
+        qc_call(
+            "test_anyof",
+            ("anyof_int", "5"),
+            ("anyof_str", "hello"),
+            ("anyof_array", '["a", "b", "c"]'),
+            ("anyof_obj", '{"key": "value"}'),
+            ("type_as_array", "42"),
+            ("multi_non_null", "some text"),
+        ),
+        [
+            (
+                "test_anyof",
+                {
+                    "anyof_int": 5,
+                    "anyof_str": "hello",
+                    "anyof_array": ["a", "b", "c"],
+                    "anyof_obj": {"key": "value"},
+                    "type_as_array": 42,
+                    "multi_non_null": "some text",
+                },
+            )
+        ],
+        tools=QC_ANYOF_TOOLS,
+    ),
+    qcoder(
+        "test_extract_tool_calls_anyof_type_conversion_streaming",
+        qc_call("search_web", ("query", "vllm tool parser"), ("count", "10"), ("verbose", "true")),
+        [("search_web", {"query": "vllm tool parser", "count": 10, "verbose": True})],
+        tools=QC_SEARCH_TOOLS,
+    ),
+    # vLLM asserts the content contains the text before the call
+    *[
+        qcoder(
+            i,
+            QC_MISSING_CLOSE,
+            [QC_DALLAS_CALL],
+            content="Let me check the weather for you:\n",
+        )
+        for i in (
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        )
+    ],
+    qcoder(
+        "test_extract_tool_calls_streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+    ),
+    qcoder(  # vLLM asserts the content contains the text before the call
+        "test_extract_tool_calls_streaming_missing_opening_tag",
+        "I'll check the weather for you.\n\n<function=get_current_weather>\n<parameter=city>\n"
+        "Dallas\n</parameter>\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\n"
+        "fahrenheit\n</parameter>\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+        content="I'll check the weather for you.\n\n\n",
+    ),
+    # vLLM asserts no crash and no None call: the malformed block is content here
+    qcoder("test_malformed_xml_no_gt_delimiter", QC_NO_GT, content=QC_NO_GT),
+    qcoder(  # vLLM asserts the one valid call; the malformed block is content here
+        "test_none_tool_calls_filtered",
+        QC_NONE_FILTERED_BAD
+        + "\n<tool_call>\n<function=get_current_weather>\n<parameter=city>Dallas</parameter>\n"
+        "<parameter=state>TX</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content=QC_NONE_FILTERED_BAD + "\n",
+    ),
+    qcoder(
+        "test_anyof_parameter_not_double_encoded",
+        '<tool_call>\n<function=update_record>\n<parameter=data>{"key": "value", "count": 42}'
+        "</parameter>\n</function>\n</tool_call>",
+        [("update_record", {"data": {"key": "value", "count": 42}})],
+        tools=(fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+    ),
+    qcoder(
+        "test_streaming_multi_param_single_chunk",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>"
+        "\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>"
+        "\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+    ),
+    qcoder(
+        "test_no_double_serialization_string_args",
+        "<tool_call>\n<function=greet>\n<parameter=message>hello world</parameter>\n"
+        "</function>\n</tool_call>",
+        [("greet", {"message": "hello world"})],
+        tools=(fn_tool("greet", {"message": {"type": "string"}}),),
+    ),
+]
+
 CASES = (
-    GEMMA4_CASES
+    QWEN3CODER_CASES
+    + GEMMA4_CASES
     + PYTHONIC_CASES
     + LLAMA4_PYTHONIC_CASES
     + XLAM_CASES
