@@ -548,7 +548,8 @@ class BlockStreamer:
         else:
             visible = visible.strip()
         if not self._value_started:
-            if "null".startswith(visible.lower()):  # the parsers turn "null" into None
+            # the parsers may turn "null" (and Python's "None") into None
+            if "null".startswith(visible.lower()) or "None".startswith(visible):
                 return
             self._args(out, ("{" if self._params == 0 else ", ") + _dumps(self._key) + ': "')
             self._value_started = True

@@ -1842,8 +1842,280 @@ QWEN3CODER_CASES = [
     ),
 ]
 
+
+QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py"
+
+
+def qshared(id, output, calls=(), content="", tools=QC_TOOLS):
+    """One case of the shared file, for both parsers it runs (xml and coder)."""
+    return [
+        Case(f"{id}[{tag}]", QSHARED, name, "", output, tuple(calls), content, tools=tuple(tools))
+        for tag, name in (("xml", "qwen3_xml"), ("coder", "qwen3_coder"))
+    ]
+
+
+QS_WEATHER_TOOLS = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+QS_TWO = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+    "London\n</parameter>\n</function>\n</tool_call>"
+)
+QS_PARIS_LONDON = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "London"})]
+QS_PROCESS_TOOLS = (fn_tool("process", {"name": {"type": "string"}, "data": {"type": "object"}}),)
+QS_TYPES_TOOLS = QC_TYPES_TOOLS
+QS_JINJA_BAD = (
+    "<tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>\n{{ v }}\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+QS_WRITE_TOOLS = (
+    fn_tool("write_file", {"path": {"type": "string"}, "content": {"type": "string"}}),
+)
+
+
+def qs_one(name: str, key: str, value: str) -> str:
+    return f"<tool_call>\n<function={name}>\n<parameter={key}>{value}</parameter>\n</function>\n</tool_call>"
+
+
+QSHARED_CASES = [
+    *qshared(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+    ),
+    # test_extract_tool_calls and test_extract_tool_calls_streaming (_EXTRACT_CASES)
+    *qshared("test_extract_tool_calls[single_tool]", QC_DALLAS, [QC_DALLAS_CALL]),
+    *qshared(
+        "test_extract_tool_calls[single_tool_with_content]",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+    ),
+    *qshared(
+        "test_extract_tool_calls[single_tool_multiline_param]",
+        qc_call(
+            "calculate_area",
+            ("shape", "rectangle"),
+            ("dimensions", '{"width": 10,\n "height": 20}'),
+            ("precision", "2"),
+        ),
+        [QC_RECT_CALL],
+    ),
+    *qshared(
+        "test_extract_tool_calls[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")),
+        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        content="\n",
+    ),
+    *qshared(
+        "test_extract_tool_calls[tool_with_typed_params]",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+    ),
+    *qshared(
+        "test_extract_tool_calls_streaming[no_tools]",
+        "This is a test without tools",
+        content="This is a test without tools",
+    ),
+    *qshared(
+        "test_extract_tool_calls_fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    *qshared(
+        "test_extract_tool_calls_type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QS_TYPES_TOOLS,
+    ),
+    *qshared(
+        "test_extract_tool_calls_complex_type_with_single_quote",
+        qc_call("test_types", ("obj_param", "{'key': 'value'}")),
+        [("test_types", {"obj_param": {"key": "value"}})],
+        tools=QS_TYPES_TOOLS,
+    ),
+    *[
+        c
+        for i in (
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        )
+        for c in qshared(i, QC_MISSING_CLOSE, [QC_DALLAS_CALL], content="Let me check the weather for you:\n")
+    ],
+    *qshared(
+        "test_extract_tool_calls_streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+    ),
+    *qshared("test_malformed_xml_no_gt_delimiter", QC_NO_GT, content=QC_NO_GT),
+    *qshared(  # vLLM asserts the one valid call; the malformed block is content here
+        "test_none_tool_calls_filtered",
+        QC_NONE_FILTERED_BAD
+        + "\n<tool_call>\n<function=get_current_weather>\n<parameter=city>Dallas</parameter>\n"
+        "<parameter=state>TX</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content=QC_NONE_FILTERED_BAD + "\n",
+    ),
+    *qshared(
+        "test_streaming_multi_param_single_chunk",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>"
+        "\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>"
+        "\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+    ),
+    *qshared(
+        "test_no_double_serialization_string_args",
+        qs_one("greet", "message", "hello world"),
+        [("greet", {"message": "hello world"})],
+        tools=(fn_tool("greet", {"message": {"type": "string"}}),),
+    ),
+    *qshared(
+        "test_extract_tool_calls_streaming_speculative_decode_loss",
+        "<tool_call>\n<function=test>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+        "</tool_call>",
+        [("test", {"city": "Paris"})],
+    ),
+    *qshared(
+        "test_string_null_value_preserved",
+        qs_one("search", "query", "null"),
+        [("search", {"query": "null"})],
+        tools=(fn_tool("search", {"query": {"type": "string"}}),),
+    ),
+    *qshared(
+        "test_anyof_string_null_keeps_value_as_string",
+        qs_one("set_code", "code", "42"),
+        [("set_code", {"code": "42"})],
+        tools=(fn_tool("set_code", {"code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),),
+    ),
+    *qshared(
+        "test_anyof_integer_null_parses_as_int",
+        qs_one("set_count", "count", "42"),
+        [("set_count", {"count": 42})],
+        tools=(fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),),
+    ),
+    *[
+        c
+        for i in (
+            "test_anyof_object_param_not_double_encoded_nonstreaming",
+            "test_anyof_object_param_not_double_encoded_streaming",
+        )
+        for c in qshared(
+            i,
+            qs_one("update_record", "data", '{"key": "value", "count": 42}'),
+            [("update_record", {"data": {"key": "value", "count": 42}})],
+            tools=(
+                fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),
+            ),
+        )
+    ],
+    *[
+        c
+        for i in (
+            "test_double_encoded_object_param_nonstreaming",
+            "test_double_encoded_object_param_streaming",
+        )
+        for c in qshared(
+            i,
+            "<tool_call>\n<function=process>\n<parameter=name>\nhello\n</parameter>\n"
+            "<parameter=data>\n\"{'key': 'value', 'n': 1}\"\n</parameter>\n</function>\n"
+            "</tool_call>\n",
+            [("process", {"name": "hello", "data": {"key": "value", "n": 1}})],
+            content="\n",
+            tools=QS_PROCESS_TOOLS,
+        )
+    ],
+    *qshared(
+        "test_array_with_json_bool",
+        '<tool_call>\n<function=pick>\n<parameter=items>\n["a", "b", 1, true]\n</parameter>\n'
+        "</function>\n</tool_call>",
+        [("pick", {"items": ["a", "b", 1, True]})],
+        tools=(fn_tool("pick", {"items": {"type": "array"}}),),
+    ),
+    *qshared(
+        "test_two_tool_calls_in_one_streaming_chunk",
+        QS_TWO,
+        QS_PARIS_LONDON,
+        content="\n",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(
+        "test_python_none_value_for_nullable_int",
+        qs_one("set_count", "count", "None"),
+        [("set_count", {"count": None})],
+        tools=(fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),),
+    ),
+    *qshared(  # vLLM asserts the trailing text is in the content
+        "test_streaming_two_tool_calls_plus_trailing_text_one_delta",
+        QS_TWO + "\nAll done!",
+        QS_PARIS_LONDON,
+        content="\n\nAll done!",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(  # vLLM asserts the trailing text is in the content
+        "test_streaming_trailing_text_with_final_close_in_same_delta",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>"
+        "\n</tool_call>\nI hope this helps!",
+        [("get_weather", {"city": "Paris"})],
+        content="\nI hope this helps!",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(  # vLLM asserts the real call only; the phantom block is content here
+        "test_jinja_template_phantom_tool_call_is_rejected_nonstreaming",
+        QS_JINJA_BAD
+        + "\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nout.txt\n</parameter>\n"
+        "<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>",
+        [("write_file", {"path": "out.txt", "content": "hello"})],
+        content=QS_JINJA_BAD + "\n\n",
+        tools=QS_WRITE_TOOLS,
+    ),
+    *qshared(  # vLLM asserts both texts are in the content
+        "test_inline_empty_tool_call_preserves_content_before_real_call",
+        "I'll show: <tool_call>example</tool_call>. Now real:\n<tool_call>\n<function=log>\n"
+        "<parameter=msg>\nhi\n</parameter>\n</function>\n</tool_call>",
+        [("log", {"msg": "hi"})],
+        content="I'll show: <tool_call>example</tool_call>. Now real:\n",
+        tools=(fn_tool("log", {"msg": {"type": "string"}}),),
+    ),
+    *[
+        c
+        for literal in ("null", "None")
+        for c in qshared(
+            f"test_anyof_string_null_with_null_literal_returns_none ({literal})",
+            qs_one("set_value", "optional", literal),
+            [("set_value", {"optional": None})],
+            tools=(
+                fn_tool("set_value", {"optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+            ),
+        )
+    ],
+]
+
 CASES = (
-    QWEN3CODER_CASES
+    QSHARED_CASES
+    + QWEN3CODER_CASES
     + GEMMA4_CASES
     + PYTHONIC_CASES
     + LLAMA4_PYTHONIC_CASES

@@ -1,97 +1,139 @@
 """qwen3_xml and qwen3_coder (Qwen3-Coder, Qwen3.5): `<tool_call><function=NAME>
 <parameter=KEY>VALUE</parameter>...</function></tool_call>`, each value converted by the
 declared tool's JSON schema (vLLM's vllm/tool_parsers/qwen3coder_tool_parser.py and
-qwen3xml_tool_parser.py; tests/tool_parsers/test_qwen3coder_tool_parser.py).
+qwen3xml_tool_parser.py; tests/tool_parsers/test_qwen3coder_tool_parser.py and
+test_qwen3_xml_coder_shared.py).
 
-mlx-lm's mlx_lm/tool_parsers/qwen3_coder.py reads the markup and converts the values; ours
-around it, where it differs from vLLM:
-- a property typed by `anyOf` / `oneOf` / a list of types (Pydantic's Optional[T]) has no
-  `type` mlx-lm reads: it is given the first non-null one (vLLM's rule), so `5` becomes 5
-  and an object is not left as JSON text;
-- a `<parameter=...>` left unclosed ends at the next `<parameter=` or `</function>`, as vLLM
-  reads it (mlx-lm's regex would swallow the next parameter);
-- every `<function=NAME>` of a block is a call (mlx-lm reads the first), and one whose name
-  is not closed by `>` is left out (vLLM's test_none_tool_calls_filtered);
-- a call without its `<tool_call>` (`<function=...>...</function>` alone) is read too
-  (test_extract_tool_calls_fallback_no_tags), and a stray `</tool_call>` after it is no
-  content.
+Ours, not mlx-lm's mlx_lm/tool_parsers/qwen3_coder.py, whose conversion differs from vLLM's
+where vLLM's tests look: a property typed by `anyOf` / `oneOf` / a type list (Pydantic's
+Optional[T]) is left as text there (`"5"`, an object as JSON text); a string-typed "null"
+becomes None; a value that is no number for an integer raises (the whole block is lost);
+a Python repr (`{'k': 'v'}`, a JSON string holding one) and Python's `None` are not read.
+mlx-lm's regex also swallows the next parameter when one is left unclosed, and reads only
+the first function of a block. vLLM's rules, as its tests pin them:
+- the type is the first non-null one of anyOf / oneOf / a type list; "null" (and Python's
+  "None") is null unless the type is a string that is not nullable; an undeclared parameter
+  stays text ("null" aside);
+- integers and numbers that do not convert stay text; a boolean is whether it says "true";
+- objects and arrays: JSON, else a Python literal, also when wrapped in a JSON string;
+- one newline around a value is dropped; an unclosed parameter ends at the next one;
+- every `<function=NAME>` of a block is a call; one whose name is not closed by `>` (or
+  holds spaces, an unrendered `{{ template }}`) is left out;
+- a call without its `<tool_call>` (`<function=...>...</function>` alone) is read too,
+  and a stray `</tool_call>` after it is no content.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 from typing import Any
 
 import regex
-from mlx_lm.tool_parsers import qwen3_coder
 
 from decoding.tool_formats import Block, ToolFormat, register
 
-_FUNCTION = regex.compile(r"<function=(?P<name>[^\s<>]+)>(?P<body>.*?)</function>", regex.S)
-_PARAM_OPEN = regex.compile(r"<parameter=[^>]*>")
+_FUNCTION = regex.compile(r"<function=(?P<name>[^\s<>{}]+)>(?P<body>.*?)</function>", regex.S)
+_PARAM = regex.compile(
+    r"<parameter=(?P<key>[^>]*)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|$)", regex.S
+)
+_INT = ("int", "uint", "long", "short", "unsigned")
+_TEXT = ("string", "str", "text", "varchar", "char", "enum")
 
 
-def _plain_type(prop: Any) -> Any:
-    """``prop`` with `type` set to the first non-null type of its anyOf / oneOf / type list."""
+def _properties(tools: Any, name: str) -> dict[str, Any] | None:
+    """The declared parameters of tool ``name`` (None: no such tool declared)."""
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == name:
+            params = function.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            return props if isinstance(props, dict) else {}
+    return None
+
+
+def _type_of(prop: Any) -> tuple[str, bool]:
+    """(the first non-null type, whether null is allowed) of a property schema."""
     if not isinstance(prop, dict):
-        return prop
+        return "", False
     types = prop.get("type")
+    options: list[Any] = []
     if isinstance(types, list):
-        first = next((t for t in types if t != "null"), None)
-        return {**prop, "type": first} if first else prop
-    if types is None:
+        options = types
+    elif isinstance(types, str):
+        options = [types]
+    else:
         for key in ("anyOf", "oneOf"):
-            options = prop.get(key)
-            if isinstance(options, list):
-                for option in options:
-                    if isinstance(option, dict) and option.get("type") not in (None, "null"):
-                        return {**prop, "type": option["type"]}
-    return prop
+            if isinstance(prop.get(key), list):
+                options = [o.get("type") for o in prop[key] if isinstance(o, dict)]
+                break
+    plain = [str(t).strip().lower() for t in options if t not in (None, "null")]
+    return (plain[0] if plain else ""), "null" in options
 
 
-def _plain_tools(tools: Any) -> Any:
-    """The tools with each parameter's type made plain (`_plain_type`)."""
-    if not tools:
-        return tools
-    out = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        params = function.get("parameters") if isinstance(function, dict) else None
-        props = params.get("properties") if isinstance(params, dict) else None
-        if not isinstance(props, dict):
-            out.append(tool)
+def _container(value: str) -> Any:
+    """JSON, else a Python literal; a string holding one is read once more."""
+    for read in (json.loads, ast.literal_eval):
+        try:
+            out = read(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-        props = {k: _plain_type(v) for k, v in props.items()}
-        out.append({**tool, "function": {**function, "parameters": {**params, "properties": props}}})
-    return out
+        if isinstance(out, str):
+            inner = _container(out)
+            return inner if isinstance(inner, dict | list) else out
+        return out
+    return value
 
 
-def _close_parameters(body: str) -> str:
-    """Close a `<parameter=...>` left open before the next one (or the function's end)."""
-    opens = list(_PARAM_OPEN.finditer(body))
-    if not opens:
-        return body
-    out, pos = [], 0
-    for i, m in enumerate(opens):
-        end = opens[i + 1].start() if i + 1 < len(opens) else len(body)
-        segment = body[m.start() : end]
-        out.append(body[pos : m.start()])
-        if "</parameter>" not in segment:
-            segment = segment.rstrip("\n") + "\n</parameter>\n"
-        out.append(segment)
-        pos = end
-    out.append(body[pos:])
-    return "".join(out)
+def convert(value: str, prop: Any) -> Any:
+    """One parameter's text converted by its schema (None: not declared), vLLM's rules."""
+    if prop is None:
+        return None if value.lower() == "null" else value
+    kind, nullable = _type_of(prop)
+    text = kind in _TEXT
+    if (value.lower() == "null" or value == "None") and (nullable or not text):
+        return None
+    if not kind:
+        return _container_or_text(value)
+    if text:
+        return value
+    try:
+        if kind.startswith(_INT):
+            return int(value)
+        if kind.startswith(("num", "float", "double")):
+            number = float(value)
+            return int(number) if number.is_integer() and "." not in value else number
+    except ValueError:
+        return value
+    if kind in ("boolean", "bool", "binary"):
+        return value.lower() == "true"
+    return _container(value)
+
+
+def _container_or_text(value: str) -> Any:
+    """A property without a type: JSON objects and arrays are read, the rest stays text."""
+    try:
+        out = json.loads(value)
+    except ValueError:
+        return value
+    return out if isinstance(out, dict | list) else value
+
+
+def _call(name: str, body: str, tools: Any) -> dict[str, Any]:
+    props = _properties(tools, name)
+    args: dict[str, Any] = {}
+    for m in _PARAM.finditer(body):
+        value = m["value"]
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        key = m["key"].strip()
+        args[key] = convert(value, None if props is None else props.get(key))
+    return {"name": name, "arguments": args}
 
 
 def parse(text: str, tools: Any = None) -> Any:
     """Every call of a block; ValueError when it holds none."""
-    plain = _plain_tools(tools)
-    calls = [
-        qwen3_coder.parse_tool_call(
-            f"<function={m['name']}>{_close_parameters(m['body'])}</function>", plain
-        )
-        for m in _FUNCTION.finditer(text)
-    ]
+    calls = [_call(m["name"], m["body"], tools) for m in _FUNCTION.finditer(text)]
     if not calls:
         raise ValueError("no <function=NAME>...</function> in the block")
     return calls[0] if len(calls) == 1 else calls
