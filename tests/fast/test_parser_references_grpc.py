@@ -8,11 +8,16 @@ and the joined PredictStream (content, reasoning, calls joined by index as Local
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
+import regex
+from mlx_lm import tokenizer_utils
 from helpers import chat_request
 from inprocess import InProcessServer
 from scripted import ScriptedModel
+from toy_tokenizer import PIECES, build_hf, byte_level
 from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
 
 import backend_pb2
@@ -32,6 +37,33 @@ GRPC_CASES = [
     and (c.reasoning_parser or "<think>" not in c.output)
 ]
 PAIRS = sorted({(c.tool, c.reasoning_parser) for c in GRPC_CASES})
+
+
+_WORD = regex.compile(r"\w+|\s+|[^\w\s]+")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The toy tokenizer (tests/toy_tokenizer.py) plus the words of every case as tokens:
+    the output streams a word (or a run of punctuation) a token, which keeps the test cheap;
+    tests/fast/test_parser_references.py splits the same outputs at every byte."""
+    words = {w for c in CASES for w in _WORD.findall(c.output)}
+    with tempfile.TemporaryDirectory() as tmp:
+        build_hf(PIECES + sorted(words)).save_pretrained(tmp)
+        return tokenizer_utils.load(Path(tmp))
+
+
+def token_ids(tok, text: str) -> list[int]:
+    """``text`` a word a token (markers, added tokens, whole), else byte by byte."""
+    vocab, out = tok.get_vocab(), []
+    for part in regex.split(r"(<\|im_end\|>|<\|im_start\|>|</?think>|</?tool_call>)", text):
+        if part in vocab:
+            out.append(vocab[part])
+            continue
+        for word in _WORD.findall(part):
+            piece = byte_level(word)
+            out += [vocab[piece]] if piece in vocab else list(word.encode("utf-8"))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +116,9 @@ def predict_and_stream(servers, case: Case) -> tuple[dict, dict]:
     srv, model, named = servers[case.tool, case.reasoning_parser]
     req = request(case, named)
     prompt = prompt_mod.prepare_prompt(params.prompt_spec(req), named)
-    model.set_script(len(prompt.token_ids), named.encode(case.output, add_special_tokens=False))
+    script = token_ids(named, case.output)
+    assert named.decode(script) == case.output
+    model.set_script(len(prompt.token_ids), script)
     d = srv.stub.Predict(req).chat_deltas[0]
     whole = {
         "calls": [(c.name, json.loads(c.arguments)) for c in d.tool_calls],
