@@ -311,7 +311,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "jamba": (_json_list_parser, "<tool_calls>", "</tool_calls>"),
     "granite": (_json_list_parser, "<|tool_call|>", ""),
     # vLLM parsers whose formats no parser here reads yet
-    "deepseek_v32": None,
     "gigachat3": None,
     "granite_20b_fc": None,
     "hunyuan_a13b": None,

@@ -2113,8 +2113,333 @@ QSHARED_CASES = [
     ],
 ]
 
+
+DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py"
+FC_START, FC_END = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
+INV_START, INV_END = '<｜DSML｜invoke name="', "</｜DSML｜invoke>"
+PARAM_START, PARAM_END = '<｜DSML｜parameter name="', "</｜DSML｜parameter>"
+
+
+def dsv32(id, output, calls=(), content="", tools=()):
+    return Case(id, DSV32, "deepseek_v32", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def dsml_call(name: str, params: dict[str, str]) -> str:
+    """vLLM's build_tool_call: every parameter string="true"."""
+    body = "".join(f'{PARAM_START}{k}" string="true">{v}{PARAM_END}' for k, v in params.items())
+    return f'{FC_START}\n{INV_START}{name}">\n{body}\n{INV_END}\n{FC_END}'
+
+
+def dsml(*invokes: tuple[str, list[tuple[str, str, str]]]) -> str:
+    """A function_calls block of invokes, each (name, [(key, string attr, value)])."""
+    body = "".join(
+        f'{INV_START}{name}">\n'
+        + "".join(f'{PARAM_START}{k}" string="{a}">{v}{PARAM_END}\n' for k, a, v in params)
+        + f"{INV_END}\n"
+        for name, params in invokes
+    )
+    return f"{FC_START}\n{body}{FC_END}"
+
+
+D32_TOGGLE = (fn_tool("toggle", {"enabled": {"type": "boolean"}, "count": {"type": "integer"}}),)
+D32_SCORE = (fn_tool("score", {"value": {"type": "integer"}}),)
+D32_TIMER = (
+    fn_tool(
+        "set_timer",
+        {
+            "wait": {
+                "anyOf": [
+                    {"type": "object", "properties": {"type": {"const": "until"}, "date": {"type": "string"}}},
+                    {"type": "object", "properties": {"type": {"const": "for"}, "minutes": {"type": "number"}}},
+                ]
+            },
+            "patches": {"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+        },
+    ),
+)
+D32_TIMER_SIMPLE = (
+    fn_tool(
+        "set_timer",
+        {
+            "wait": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "patches": {"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+        },
+    ),
+)
+D32_WEATHER = (fn_tool("get_weather", {"location": {"type": "string"}}),)
+D32_UPDATE = (fn_tool("update", {"tags": {"type": "array"}, "meta": {"type": "object"}}),)
+D32_TIMER_ARGS = ("wait", "false", '{"type":"for","minutes":2880}')
+D32_PATCHES = ("patches", "false", '[{"op":"replace","path":"/schedule","value":"quiet"}]')
+D32_TIMER_CALL = (
+    "set_timer",
+    {
+        "wait": {"type": "for", "minutes": 2880},
+        "patches": [{"op": "replace", "path": "/schedule", "value": "quiet"}],
+    },
+)
+D32_AB = dsml(("func_a", [("p", "true", "v1")]), ("func_b", [("q", "true", "v2")]))
+D32_AB_CALLS = [("func_a", {"p": "v1"}), ("func_b", {"q": "v2"})]
+DEEPSEEK_V32_CASES = [
+    dsv32("TestExtractToolCalls.test_no_tool_call", "just some text", content="just some text"),
+    dsv32(
+        "TestExtractToolCalls.test_single_tool_no_params",
+        f'{FC_START}\n{INV_START}get_time">\n{INV_END}\n{FC_END}',
+        [("get_time", {})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_single_tool_with_params",
+        dsml_call("get_weather", {"location": "SF", "date": "2024-01-16"}),
+        [("get_weather", {"location": "SF", "date": "2024-01-16"})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_content_before_tool_call",
+        "Sure, let me check! " + dsml_call("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+        content="Sure, let me check! ",
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_no_content_prefix_returns_none",
+        dsml_call("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_multiple_tools",
+        dsml(("get_weather", [("location", "true", "SF")]), ("get_weather", [("location", "true", "NYC")])),
+        [("get_weather", {"location": "SF"}), ("get_weather", {"location": "NYC"})],
+    ),
+    *[
+        dsv32(
+            i,
+            dsml(("toggle", [("enabled", "false", "true"), ("count", "false", "42")])),
+            [("toggle", {"enabled": True, "count": 42})],
+            tools=D32_TOGGLE,
+        )
+        for i in (
+            "TestExtractToolCalls.test_type_conversion_in_non_streaming",
+            "TestExtractToolCallsStreaming.test_responses_function_tool_schema_in_streaming",
+        )
+    ],
+    *[
+        dsv32(i, dsml(("score", [("value", a, "42")])), [("score", {"value": 42})], tools=D32_SCORE)
+        for i, a in (
+            ("TestExtractToolCalls.test_string_attr_true_coerced_by_schema", "true"),
+            ("TestExtractToolCalls.test_string_attr_false_allows_schema_conversion", "false"),
+            ("TestExtractToolCallsStreaming.test_string_attr_true_coerced_by_schema_streaming", "true"),
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_composed_schema_converts_object_and_array_params",
+        dsml(("set_timer", [D32_TIMER_ARGS, D32_PATCHES])),
+        [D32_TIMER_CALL],
+        tools=D32_TIMER,
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_composed_schema_conversion_in_streaming",
+        dsml(("set_timer", [D32_TIMER_ARGS, D32_PATCHES])),
+        [D32_TIMER_CALL],
+        tools=D32_TIMER_SIMPLE,
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_string_attr_true_coerced_by_composed_schema",
+        dsml(("set_timer", [("wait", "true", '{"type":"for","minutes":2880}')])),
+        [("set_timer", {"wait": {"type": "for", "minutes": 2880}})],
+        tools=(fn_tool("set_timer", {"wait": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+    ),
+    *[
+        dsv32(
+            f"TestExtractToolCalls.test_{key}_wrapper_repaired",
+            dsml(("get_weather", [(key, a, '{"location":"Beijing"}')])),
+            [("get_weather", {"location": "Beijing"})],
+            tools=D32_WEATHER,
+        )
+        for key, a in (("arguments", "false"), ("input", "true"))
+    ],
+    *[
+        dsv32(
+            i,
+            dsml(("update", [("tags", "false", '["a", "b"]'), ("meta", "false", '{"k": 1}')])),
+            [("update", {"tags": ["a", "b"], "meta": {"k": 1}})],
+            tools=D32_UPDATE,
+        )
+        for i in (
+            "TestExtractToolCalls.test_object_and_array_params",
+            "TestExtractToolCallsStreaming.test_object_and_array_params_streaming",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_number_param",
+        dsml(("measure", [("ratio", "false", "3.14"), ("whole", "false", "5.0")])),
+        [("measure", {"ratio": 3.14, "whole": 5})],
+        tools=(fn_tool("measure", {"ratio": {"type": "number"}, "whole": {"type": "number"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_multi_typed_schema",
+        dsml(("set_val", [("count", "false", "42"), ("label", "false", "hello")])),
+        [("set_val", {"count": 42, "label": "hello"})],
+        tools=(
+            fn_tool("set_val", {"count": {"type": ["integer", "null"]}, "label": {"type": ["string", "null"]}}),
+        ),
+    ),
+    *[
+        dsv32(
+            i,
+            dsml(("clear", [("value", "false", "null")])),
+            [("clear", {"value": None})],
+            tools=(fn_tool("clear", {"value": {"type": ["integer", "null"]}}),),
+        )
+        for i in (
+            "TestExtractToolCalls.test_multi_typed_null_value",
+            "TestExtractToolCallsStreaming.test_multi_typed_null_streaming",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_null_coerced_back_to_string_by_schema",
+        dsml(("echo", [("text", "false", "null")])),
+        [("echo", {"text": "null"})],
+        tools=(fn_tool("echo", {"text": {"type": "string"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_no_schema_parses_json",
+        dsml(("unknown_fn", [("count", "false", "42"), ("flag", "false", "true")])),
+        [("unknown_fn", {"count": 42, "flag": True})],
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_plain_content_no_tool",
+        "Hello, world!",
+        content="Hello, world!",
+    ),
+    *[
+        dsv32(i, dsml_call(n, a), [(n, a)])
+        for i, n, a in (
+            ("TestExtractToolCallsStreaming.test_single_tool_streaming", "get_weather", {"location": "SF"}),
+            ("TestExtractToolCallsStreaming.test_tool_name_emitted", "my_func", {"x": "1"}),
+            ("TestExtractToolCallsStreaming.test_state_reset_on_new_stream", "fn", {"k": "v"}),
+            (
+                "TestExtractToolCallsStreaming.test_streaming_matches_non_streaming",
+                "get_weather",
+                {"location": "SF", "date": "2024-01-16"},
+            ),
+            ("TestExtractToolCallsStreaming.test_single_tool_chunked_stream_interval", "get_weather", {"location": "SF"}),
+            ("TestExtractToolCallsStreaming.test_no_marker_leak_chunked", "fn", {"k": "v"}),
+            ("TestExtractToolCallsStreaming.test_no_marker_leak_char_by_char", "fn", {"k": "v"}),
+            ("TestExtractToolCallsStreaming.test_no_marker_leak_all_split_points", "fn", {"k": "v"}),
+        )
+    ],
+    *[
+        dsv32(i, "Thinking... " + dsml_call("fn", {"a": "b"}), [("fn", {"a": "b"})], content="Thinking... ")
+        for i in (
+            "TestExtractToolCallsStreaming.test_content_before_tool_call_streaming",
+            "TestExtractToolCallsStreaming.test_content_before_tool_chunked",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCallsStreaming.test_type_conversion_in_streaming",
+        dsml(("add", [("x", "false", "3"), ("y", "false", "4")])),
+        [("add", {"x": 3, "y": 4})],
+        tools=(fn_tool("add", {"x": {"type": "integer"}, "y": {"type": "integer"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_streaming_matches_non_streaming_conversion_fallbacks",
+        dsml(
+            (
+                "coerce",
+                [
+                    ("union_value", "false", "hello"),
+                    ("bad_int", "false", "abc"),
+                    ("nullable_string", "false", "null"),
+                    ("null_string", "false", "null"),
+                    ("whole_number", "false", "3.0"),
+                ],
+            )
+        ),
+        [
+            (
+                "coerce",
+                {
+                    "union_value": "hello",
+                    "bad_int": "abc",
+                    "nullable_string": None,
+                    "null_string": "null",
+                    "whole_number": 3,
+                },
+            )
+        ],
+        tools=(
+            fn_tool(
+                "coerce",
+                {
+                    "union_value": {"type": ["null", "string"]},
+                    "bad_int": {"type": "integer"},
+                    "nullable_string": {"type": ["null", "string"]},
+                    "null_string": {"type": "string"},
+                    "whole_number": {"type": "number"},
+                },
+            ),
+        ),
+    ),
+    *[
+        dsv32(i, D32_AB, D32_AB_CALLS)
+        for i in (
+            "TestExtractToolCallsStreaming.test_multiple_tools_streaming",
+            "TestExtractToolCallsStreaming.test_multiple_tools_chunked",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCallsStreaming.test_unique_tool_call_ids",
+        dsml(("fn_a", [("x", "true", "1")]), ("fn_b", [("y", "true", "2")])),
+        [("fn_a", {"x": "1"}), ("fn_b", {"y": "2"})],
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_long_string_argument_streams_before_close",
+        dsml(("emit", [("text", "true", "A" * 4096)])),
+        [("emit", {"text": "A" * 4096})],
+        tools=(fn_tool("emit", {"text": {"type": "string"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_no_marker_leak_with_prefix_chunked",
+        "Hello!" + dsml_call("fn", {"a": "b"}),
+        [("fn", {"a": "b"})],
+        content="Hello!",
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_false_partial_marker_emitted",
+        "<｜DSM some regular text",
+        content="<｜DSM some regular text",
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_multi_typed_schema_streaming",
+        dsml(("set_val", [("count", "false", "42")])),
+        [("set_val", {"count": 42})],
+        tools=(fn_tool("set_val", {"count": {"type": ["integer", "null"]}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_number_param_streaming",
+        dsml(("measure", [("ratio", "false", "3.14")])),
+        [("measure", {"ratio": 3.14})],
+        tools=(fn_tool("measure", {"ratio": {"type": "number"}}),),
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization",
+        dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization (prefixed)",
+        "Here is the weather: " + dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+        content="Here is the weather: ",
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_tool_detection_skip_special_tokens_false",
+        dsml_call("search", {"query": "vllm documentation"}),
+        [("search", {"query": "vllm documentation"})],
+        tools=(fn_tool("search", {"query": {"type": "string"}}),),
+    ),
+]
+
 CASES = (
-    QSHARED_CASES
+    DEEPSEEK_V32_CASES
+    + QSHARED_CASES
     + QWEN3CODER_CASES
     + GEMMA4_CASES
     + PYTHONIC_CASES

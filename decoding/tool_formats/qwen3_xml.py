@@ -102,7 +102,7 @@ def convert(value: str, prop: Any) -> Any:
             return int(value)
         if kind.startswith(("num", "float", "double")):
             number = float(value)
-            return int(number) if number.is_integer() and "." not in value else number
+            return int(number) if number.is_integer() else number
     except ValueError:
         return value
     if kind in ("boolean", "bool", "binary"):
