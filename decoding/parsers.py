@@ -313,7 +313,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     # vLLM parsers whose formats no parser here reads yet
     "gigachat3": None,
     "granite_20b_fc": None,
-    "hunyuan_a13b": None,
     "minimax": None,
     "step3": None,
     "step3p5": None,
