@@ -299,7 +299,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "glm47": "glm47",
     "minimax_m2": "minimax_m2",
     "longcat": "longcat",
-    "functiongemma": "function_gemma",
     "llama3_json": (_llama_json_parser, LLAMA_JSON_START, ""),
     "llama4_json": (_llama_json_parser, LLAMA_JSON_START, ""),
     "deepseek_v3": (_deepseek_parser, "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),

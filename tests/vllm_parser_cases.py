@@ -2498,8 +2498,77 @@ HUNYUAN_CASES = [
     ),
 ]
 
+
+FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py"
+
+
+def fgemma(id, output, calls=(), content=""):
+    return Case(id, FUNCTIONGEMMA, "functiongemma", "", output, tuple(calls), content)
+
+
+def fg(body: str) -> str:
+    return f"<start_function_call>call:{body}<end_function_call>"
+
+
+ESC = "<escape>"
+FUNCTIONGEMMA_CASES = [
+    fgemma(
+        "TestExtractToolCalls.test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_single_tool_call",
+        fg(f"get_weather{{location:{ESC}London{ESC}}}"),
+        [("get_weather", {"location": "London"})],
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_multiple_arguments",
+        fg(f"get_weather{{location:{ESC}San Francisco{ESC},unit:{ESC}celsius{ESC}}}"),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_text_before_tool_call",
+        "Let me check the weather for you. " + fg(f"get_weather{{location:{ESC}Paris{ESC}}}"),
+        [("get_weather", {"location": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_multiple_tool_calls",
+        fg(f"get_weather{{location:{ESC}London{ESC}}}") + fg(f"get_time{{timezone:{ESC}UTC{ESC}}}"),
+        [("get_weather", {"location": "London"}), ("get_time", {"timezone": "UTC"})],
+    ),
+    # TestParseArguments: the argument reader's cases, each as the one call f{ARGS}
+    *[
+        fgemma(f"TestParseArguments.{i}", fg(f"f{{{a}}}"), [("f", want)])
+        for i, a, want in [
+            ("test_empty_arguments", "", {}),
+            ("test_single_string_argument", f"city:{ESC}Tokyo{ESC}", {"city": "Tokyo"}),
+            (
+                "test_multiple_arguments",
+                f"city:{ESC}Tokyo{ESC},country:{ESC}Japan{ESC}",
+                {"city": "Tokyo", "country": "Japan"},
+            ),
+            ("test_numeric_argument", f"count:{ESC}42{ESC}", {"count": 42}),
+            ("test_boolean_argument", f"enabled:{ESC}true{ESC}", {"enabled": True}),
+            ("test_argument_with_spaces", f"message:{ESC}Hello World{ESC}", {"message": "Hello World"}),
+        ]
+    ],
+    fgemma(
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_two_keys",
+        fg(f"get_weather{{city:{ESC}NYC{ESC}unit:{ESC}celsius{ESC}}}"),
+        [("get_weather", {"city": "NYC", "unit": "celsius"})],
+    ),
+    fgemma(
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_three_keys",
+        fg(f"search{{query:{ESC}python{ESC}limit:{ESC}10{ESC}sort:{ESC}relevance{ESC}}}"),
+        [("search", {"query": "python", "limit": 10, "sort": "relevance"})],
+    ),
+]
+
 CASES = (
-    HUNYUAN_CASES
+    FUNCTIONGEMMA_CASES
+    + HUNYUAN_CASES
     + DEEPSEEK_V32_CASES
     + QSHARED_CASES
     + QWEN3CODER_CASES
