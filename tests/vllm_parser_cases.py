@@ -2566,8 +2566,105 @@ FUNCTIONGEMMA_CASES = [
     ),
 ]
 
+
+MINIMAX_M2 = "tests/tool_parsers/test_minimax_m2_tool_parser.py"
+
+
+def minimax(id, output, calls=(), content="", tools=()):
+    return Case(id, MINIMAX_M2, "minimax_m2", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def mm_invoke(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f'<parameter name="{k}">{v}</parameter>' for k, v in params)
+    return f'<invoke name="{name}">{body}</invoke>'
+
+
+def mm(*invokes: str) -> str:
+    return "<minimax:tool_call>" + "".join(invokes) + "</minimax:tool_call>"
+
+
+MM_SEATTLE = mm_invoke("get_weather", ("city", "Seattle"))
+MM_PROFILE = (fn_tool("update_profile", {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),)
+MINIMAX_M2_CASES = [
+    minimax("TestContentStreaming.test_plain_content", "Hello world", content="Hello world"),
+    minimax(
+        "TestContentStreaming.test_content_before_tool_call",
+        "Let me check. " + mm(MM_SEATTLE),
+        [("get_weather", {"city": "Seattle"})],
+        content="Let me check. ",
+    ),
+    *[
+        minimax(i, mm(MM_SEATTLE), [("get_weather", {"city": "Seattle"})])
+        for i in ("TestSingleInvoke.test_incremental_chunks", "TestSingleInvoke.test_single_chunk_complete")
+    ],
+    *[
+        minimax(
+            i,
+            mm(mm_invoke("get_weather", ("city", "Seattle"), ("days", "5"))),
+            [("get_weather", {"city": "Seattle", "days": "5"})],
+        )
+        for i in (
+            "TestSingleInvoke.test_multiple_params",
+            "TestLargeChunks.test_header_and_params_in_separate_chunks",
+        )
+    ],
+    minimax(
+        "TestMultipleInvokes.test_two_invokes_incremental",
+        mm(mm_invoke("search_web", ("query", "OpenAI")), mm_invoke("search_web", ("query", "Gemini"))),
+        [("search_web", {"query": "OpenAI"}), ("search_web", {"query": "Gemini"})],
+    ),
+    minimax(
+        "TestMultipleInvokes.test_two_invokes_in_single_delta",
+        mm(mm_invoke("fn_a", ("x", "1")), mm_invoke("fn_b", ("y", "2"))),
+        [("fn_a", {"x": "1"}), ("fn_b", {"y": "2"})],
+    ),
+    minimax(
+        "TestMultipleInvokes.test_different_functions",
+        mm(mm_invoke("get_weather", ("city", "NYC")), mm_invoke("get_stock", ("ticker", "AAPL"))),
+        [("get_weather", {"city": "NYC"}), ("get_stock", {"ticker": "AAPL"})],
+    ),
+    minimax("TestInternalState.test_prev_tool_call_arr_single", mm(mm_invoke("fn", ("a", "1"))), [("fn", {"a": "1"})]),
+    minimax(
+        "TestInternalState.test_prev_tool_call_arr_multiple",
+        mm(mm_invoke("search", ("q", "hello")), mm_invoke("search", ("q", "world"))),
+        [("search", {"q": "hello"}), ("search", {"q": "world"})],
+    ),
+    minimax("TestDeltaMessageFormat.test_tool_call_fields", mm(mm_invoke("fn", ("k", "v"))), [("fn", {"k": "v"})]),
+    minimax(
+        "TestDeltaMessageFormat.test_multi_invoke_indices",
+        mm(mm_invoke("a", ("x", "1")), mm_invoke("b", ("x", "2"))),
+        [("a", {"x": "1"}), ("b", {"x": "2"})],
+    ),
+    minimax("TestEOSHandling.test_eos_after_tool_calls", mm(mm_invoke("fn", ("k", "v"))), [("fn", {"k": "v"})]),
+    # the end marker as a special token: the block ends with the output
+    minimax(
+        "TestEOSHandling.test_end_token_ignored",
+        "<minimax:tool_call>" + mm_invoke("fn", ("k", "v")),
+        [("fn", {"k": "v"})],
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_non_null_value",
+        mm(mm_invoke("update_profile", ("nickname", "Alice"))),
+        [("update_profile", {"nickname": "Alice"})],
+        tools=MM_PROFILE,
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_null_value",
+        mm(mm_invoke("update_profile", ("nickname", "null"))),
+        [("update_profile", {"nickname": None})],
+        tools=MM_PROFILE,
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_object_value",
+        mm(mm_invoke("update_settings", ("config", '{"theme": "dark", "fontSize": 14}'))),
+        [("update_settings", {"config": {"theme": "dark", "fontSize": 14}})],
+        tools=(fn_tool("update_settings", {"config": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+    ),
+]
+
 CASES = (
-    FUNCTIONGEMMA_CASES
+    MINIMAX_M2_CASES
+    + FUNCTIONGEMMA_CASES
     + HUNYUAN_CASES
     + DEEPSEEK_V32_CASES
     + QSHARED_CASES
