@@ -308,7 +308,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "openai": (_harmony_parser, HARMONY_TOOL_START, ""),
     "internlm": (_json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>"),
     "jamba": (_json_list_parser, "<tool_calls>", "</tool_calls>"),
-    "granite": (_json_list_parser, "<|tool_call|>", ""),
     # vLLM parsers whose formats no parser here reads yet
     "gigachat3": None,
     "granite_20b_fc": None,

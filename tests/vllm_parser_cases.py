@@ -2662,8 +2662,110 @@ MINIMAX_M2_CASES = [
     ),
 ]
 
+
+GRANITE_T = "tests/tool_parsers/test_granite_tool_parser.py"
+
+
+def granite(id, output, calls=(), content=""):
+    return Case(id, GRANITE_T, "granite", "", output, tuple(calls), content)
+
+
+GR_TOKYO = '<|tool_call|> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]'
+GR_VARIOUS = {
+    "string_field": "hello",
+    "int_field": 42,
+    "float_field": 3.14,
+    "bool_field": True,
+    "null_field": None,
+    "array_field": ["a", "b", "c"],
+    "object_field": {"nested": "value"},
+    "empty_array": [],
+    "empty_object": {},
+}
+GR_ESCAPED = {
+    "quoted": 'He said "hello"',
+    "path": "C:\\Users\\file.txt",
+    "newline": "line1\nline2",
+    "unicode": "emoji: 🎉",
+}
+GRANITE_CASES = [
+    # common_tests.py ToolParserTests, with this file's config (content checked where set)
+    granite(
+        "test_no_tool_calls",
+        "This is a regular response without any tool calls.",
+        content="This is a regular response without any tool calls.",
+    ),
+    *[
+        granite(i, GR_TOKYO, [("get_weather", {"city": "Tokyo"})])
+        for i in (
+            "test_single_tool_call_simple_args",
+            "test_streaming_reconstruction",
+            "test_granite_token_prefix_format",
+        )
+    ],
+    granite(
+        "test_parallel_tool_calls",
+        '<|tool_call|> [\n  {"name": "get_weather", "arguments": {"city": "Tokyo"}},\n'
+        '  {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}\n]',
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    granite(
+        "test_various_data_types",
+        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_VARIOUS}], indent=2),
+        [("test_function", GR_VARIOUS)],
+    ),
+    granite(
+        "test_empty_arguments",
+        '<|tool_call|> [{"name": "refresh", "arguments": {}}]',
+        [("refresh", {})],
+    ),
+    # xfail there in both modes; the text after the list is left out here too
+    granite(
+        "test_surrounding_text",
+        'Let me check the weather for you.\n<|tool_call|> [{"name": "get_weather", '
+        '"arguments": {"city": "Tokyo"}}]\nI\'ll get that information.',
+        [("get_weather", {"city": "Tokyo"})],
+        content="Let me check the weather for you.\n",
+    ),
+    granite(
+        "test_escaped_strings",
+        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_ESCAPED}], indent=2),
+        [("test_function", GR_ESCAPED)],
+    ),
+    # vLLM asserts only that these do not raise; here they are content
+    *[
+        granite(f"test_malformed_input[{i}]", text, content=text)
+        for i, text in enumerate(
+            [
+                '<|tool_call|> [{"name": "func", "arguments": {',
+                '<|tool_call|> {"name": "func", "arguments": {}}',
+                '[{"name": "func", "arguments": "not a dict"}]',
+                'Some text [{"name": "func"}]',
+            ]
+        )
+    ],
+    granite(
+        "test_granite_string_prefix_format",
+        '<tool_call> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    granite(
+        "test_streaming_parallel_calls_batched_deltas",
+        '<|tool_call|> [{"arguments": {"city": "Tokyo"}, "name": "get_weather"}, '
+        '{"arguments": {"timezone": "Asia/Tokyo"}, "name": "get_time"}]',
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    granite(
+        "test_streaming_parallel_calls_single_delta",
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"x": 42}}, '
+        '{"name": "b", "arguments": {"y": 7}}]',
+        [("get_weather", {"x": 42}), ("b", {"y": 7})],
+    ),
+]
+
 CASES = (
-    MINIMAX_M2_CASES
+    GRANITE_CASES
+    + MINIMAX_M2_CASES
     + FUNCTIONGEMMA_CASES
     + HUNYUAN_CASES
     + DEEPSEEK_V32_CASES
