@@ -2763,8 +2763,50 @@ GRANITE_CASES = [
     ),
 ]
 
+
+GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py"
+G4_COORD = {"coordinates": [[23.54, 43.1], [-12.2, 54.3], [4, 5]], "coordinate_type": "latlong"}
+G4_STOCK = {"symbol": "AAPL", "start_date": "2021-01-01", "end_date": "2021-12-31"}
+G4_TEXTS = [
+    "Here goes the bbox call: \n",
+    " Now the stock price call: \n ",
+    " Now another bbox call: \n ",
+    " See? I'm a helpful assistant.",
+]
+G4_COMPLEX = (
+    G4_TEXTS[0]
+    + "<tool_call> " + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)}) + " </tool_call>"
+    + G4_TEXTS[1]
+    + "<tool_call> " + json.dumps({"name": "get_stock_price", "arguments": G4_STOCK}) + " </tool_call>"
+    + G4_TEXTS[2]
+    + "<tool_call> " + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)}) + " </tool_call>"
+    + G4_TEXTS[3]
+)
+GRANITE4_FILE_CASES = [
+    Case(
+        "test_tool_call_parser_complex",
+        GRANITE4_T,
+        "granite4",
+        "",
+        G4_COMPLEX,
+        (("find_bbox", G4_COORD), ("get_stock_price", G4_STOCK), ("find_bbox", G4_COORD)),
+        "".join(G4_TEXTS),
+    ),
+    Case(  # vLLM asserts "some explanation" is in the content
+        "test_streaming_preserves_content_between_complete_tool_calls",
+        GRANITE4_T,
+        "granite4",
+        "",
+        '<tool_call> {"name": "find_bbox", "arguments": {}} </tool_call>some explanation '
+        '<tool_call> {"name": "get_stock_price", "arguments": {}} </tool_call>',
+        (("find_bbox", {}), ("get_stock_price", {})),
+        "some explanation ",
+    ),
+]
+
 CASES = (
-    GRANITE_CASES
+    GRANITE4_FILE_CASES
+    + GRANITE_CASES
     + MINIMAX_M2_CASES
     + FUNCTIONGEMMA_CASES
     + HUNYUAN_CASES
