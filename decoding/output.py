@@ -379,15 +379,16 @@ class OutputPipeline:
         content, reasoning, pieces = [], [], []
         for seg in segments:
             if seg.state == NORMAL and self._trim:
-                # vLLM strips the content before a format's calls: hold trailing whitespace
-                # back until more content shows it is no such gap.
+                # vLLM strips the content around a format's calls: whitespace is held back
+                # until more content shows it is no gap before a block, between blocks or
+                # after the last one (then it is left out).
                 text = self._space + seg.text
                 kept = text.rstrip()
                 self._space = text[len(kept) :]
                 content.append(kept)
                 if _is_tool(seg.next_state):
                     self._space = ""
-                elif seg.marker is not None or final:
+                elif seg.marker is not None or (final and not self.tool_calls):
                     content.append(self._space)
                     self._space = ""
             elif seg.state == NORMAL:

@@ -292,7 +292,6 @@ HARMONY_TOOL_START = " to=functions."
 TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "hermes": "json_tools",
     "granite4": "json_tools",  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
-    "ernie45": "json_tools",  # <tool_call>\n{...}\n</tool_call>
     "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
     "kimi_k2": "kimi_k2",
     "glm45": "glm47",

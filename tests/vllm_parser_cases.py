@@ -2804,8 +2804,42 @@ GRANITE4_FILE_CASES = [
     ),
 ]
 
+
+ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py"
+ER_BEIJING = '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}\n</tool_call>\n'
+ER_GZ = (
+    '<tool_call>\n{"name": "get_temperature_unit", "arguments": {"location": "Guangzhou", '
+    '"unit": "c"}}\n</tool_call>\n'
+)
+ER_CALLS = [
+    ("get_current_temperature", {"location": "Beijing"}),
+    ("get_temperature_unit", {"location": "Guangzhou", "unit": "c"}),
+]
+ER_BEFORE = "I need to call two tools to handle these two issues separately.\n</think>"
+ERNIE45_CASES = [
+    Case("test_extract_tool_calls_no_tools", ERNIE45, "ernie45", "", "This is a test", (), "This is a test"),
+    *[
+        c
+        for kind in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
+        for c in (
+            Case(f"{kind}[single_tool_call]", ERNIE45, "ernie45", "", ER_BEIJING, tuple(ER_CALLS[:1])),
+            Case(f"{kind}[multiple_tool_calls]", ERNIE45, "ernie45", "", ER_BEIJING + ER_GZ, tuple(ER_CALLS)),
+            Case(
+                f"{kind}[tool_call_with_content_before]",
+                ERNIE45,
+                "ernie45",
+                "",
+                ER_BEFORE + "\n\n" + ER_BEIJING + ER_GZ,
+                tuple(ER_CALLS),
+                ER_BEFORE,
+            ),
+        )
+    ],
+]
+
 CASES = (
-    GRANITE4_FILE_CASES
+    ERNIE45_CASES
+    + GRANITE4_FILE_CASES
     + GRANITE_CASES
     + MINIMAX_M2_CASES
     + FUNCTIONGEMMA_CASES

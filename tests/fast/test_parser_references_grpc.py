@@ -34,7 +34,7 @@ GRPC_CASES = [
     c
     for c in CASES
     if (c.initial != "reasoning" or resolve_reasoning_markers(c.reasoning_parser)[0] == "<think>")
-    and (c.reasoning_parser or "<think>" not in c.output)
+    and (c.reasoning_parser or "think>" not in c.output)
 ]
 PAIRS = sorted({(c.tool, c.reasoning_parser) for c in GRPC_CASES})
 
