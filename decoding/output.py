@@ -308,6 +308,8 @@ class OutputPipeline:
             fmt.content_start_after if fmt is not None else (),
         )
         self._trim = bool(fmt is not None and fmt.trim_content)
+        self._blank = bool(fmt is not None and fmt.blank_content)
+        self._content_seen = False
         self._space = ""  # trailing content whitespace held back (formats that trim it)
         self._tool_open = ""  # the marker that opened the current tool block
         self._keep = False  # whether the current block's markers are part of its text
@@ -378,7 +380,19 @@ class OutputPipeline:
     ) -> Delta:
         content, reasoning, pieces = [], [], []
         for seg in segments:
-            if seg.state == NORMAL and self._trim:
+            if seg.state == NORMAL and self._blank and not self._content_seen:
+                # vLLM gives no content where it is only whitespace before the calls: hold
+                # it back until content that is not whitespace shows.
+                self._space += seg.text
+                if self._space.strip():
+                    content.append(self._space)
+                    self._space, self._content_seen = "", True
+                elif _is_tool(seg.next_state):
+                    self._space = ""
+                elif seg.marker is not None or (final and not self.tool_calls):
+                    content.append(self._space)
+                    self._space = ""
+            elif seg.state == NORMAL and self._trim:
                 # vLLM strips the content around a format's calls: whitespace is held back
                 # until more content shows it is no gap before a block, between blocks or
                 # after the last one (then it is left out).

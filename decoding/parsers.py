@@ -295,7 +295,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
     "kimi_k2": "kimi_k2",
     "glm45": "glm47",
-    "glm47": "glm47",
     "minimax_m2": "minimax_m2",
     "longcat": "longcat",
     "llama3_json": (_llama_json_parser, LLAMA_JSON_START, ""),

@@ -2837,8 +2837,80 @@ ERNIE45_CASES = [
     ],
 ]
 
+
+GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py"
+GLM47_TOOLS = (
+    {"type": "function", "function": {"name": "get_current_date", "parameters": {}}},
+    fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
+)
+
+
+def glm47(id, output, calls=(), content=""):
+    return Case(id, GLM47, "glm47", "", output, tuple(calls), content, tools=GLM47_TOOLS)
+
+
+G47_DATE = "<tool_call>get_current_date</tool_call>"
+G47_BEIJING = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+GLM47_CASES = [
+    glm47(
+        "TestGlm47ExtractToolCalls.test_no_tool_call",
+        "This is a plain response.",
+        content="This is a plain response.",
+    ),
+    *[
+        glm47(f"TestGlm47ExtractToolCalls.{i}", G47_DATE, [("get_current_date", {})])
+        for i in ("test_zero_arg_inline", "test_empty_content_none")
+    ],
+    glm47(
+        "TestGlm47ExtractToolCalls.test_zero_arg_newline",
+        "<tool_call>get_current_date\n</tool_call>",
+        [("get_current_date", {})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_args_same_line",
+        G47_BEIJING,
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_args_with_newlines",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_content_before",
+        "Checking." + G47_DATE,
+        [("get_current_date", {})],
+        content="Checking.",
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_multiple",
+        G47_BEIJING
+        + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_whitespace_content_none",
+        "  \n  " + G47_DATE,
+        [("get_current_date", {})],
+    ),
+    glm47("TestGlm47Streaming.test_no_args", G47_DATE, [("get_current_date", {})]),
+    glm47(
+        "TestGlm47Streaming.test_with_args",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    *[
+        glm47(f"TestGlm47Streaming.{i}", G47_BEIJING, [("get_weather", {"city": "Beijing"})])
+        for i in (
+            "test_delays_prefix_only_tool_name_until_exact_match",
+            "test_delays_prefix_only_tool_name_with_function_tools",
+        )
+    ],
+]
+
 CASES = (
-    ERNIE45_CASES
+    GLM47_CASES
+    + ERNIE45_CASES
     + GRANITE4_FILE_CASES
     + GRANITE_CASES
     + MINIMAX_M2_CASES

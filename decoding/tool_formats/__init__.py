@@ -49,7 +49,8 @@ class ToolFormat:
     (end "": to the end of the output), what ModelMetadata shows; more: other blocks the
     format reads (`Block`); content_start_after: where an at_content_start block may open
     besides the start of the content; trim_content: whitespace between the content and a
-    block is left out (vLLM strips the content before the calls); strip: markers left out
+    block is left out (vLLM strips the content around the calls); blank_content: content
+    that is only whitespace is left out where calls follow (vLLM's None); strip: markers left out
     of the content where they stray (a `</tool_call>` after a call without its opening
     marker); grammar: the tool-call
     grammar builder (decoding/tool_grammar.py), None where the format has none yet."""
@@ -63,6 +64,7 @@ class ToolFormat:
     keep: bool = False
     content_start_after: tuple[str, ...] = ()
     trim_content: bool = False
+    blank_content: bool = False
     strip: tuple[str, ...] = ()
     grammar: Callable[..., Any] | None = None
 
