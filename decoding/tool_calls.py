@@ -42,6 +42,7 @@ Rules (what the final reply holds):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
@@ -260,6 +261,8 @@ _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
     ),
 }
 _SPECS["laguna"] = _SPECS["glm47"]
+# decoding/tool_formats/glm.py: string values as written (vLLM keeps their whitespace)
+_SPECS["glm"] = dataclasses.replace(_SPECS["glm47"], trim="none")
 
 STREAMED_FORMATS = tuple(sorted(_SPECS))  # formats whose arguments stream (others: whole)
 
@@ -545,7 +548,7 @@ class BlockStreamer:
         if self._xml.trim == "nl":
             visible = visible[1:] if visible.startswith("\n") else visible
             visible = visible[:-1] if visible.endswith("\n") else visible
-        else:
+        elif self._xml.trim == "strip":
             visible = visible.strip()
         if not self._value_started:
             # the parsers may turn "null" (and Python's "None") into None

@@ -992,8 +992,18 @@ def weather(city: str, state: str, unit: str) -> tuple:
     return ("get_current_weather", {"city": city, "state": state, "unit": unit})
 
 
+GLM_TWO = (
+    glm_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+    + "\n    "
+    + glm_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
+)
 GLM45_CASES = [
     glm("no_tools", "This is a test", content="This is a test"),
+    glm(
+        "multiple_tool_calls",
+        GLM_TWO,
+        [weather("Dallas", "TX", "fahrenheit"), weather("Orlando", "FL", "fahrenheit")],
+    ),
     glm(
         "single_tool_call",
         glm_call(
@@ -2908,8 +2918,193 @@ GLM47_CASES = [
     ],
 ]
 
+
+GLM45_TOOLS = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+
+
+def glm4(id, output, calls=(), content="", tools=GLM45_TOOLS):
+    return Case(id, GLM45, "glm45", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+G4M_BEIJING = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>"
+G4M_BJ = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+G4M_SH = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>"
+G4M_CALC_TOOLS = (
+    fn_tool("calculate", {"operation": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}}),
+)
+G4M_FN_TOOLS = (
+    fn_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}}),
+    *G4M_CALC_TOOLS,
+)
+G4M_BUBBLE = (
+    '#!/usr/bin/env python3\n# -*- coding: utf-8 -*-\n"""\nBubble Sort Implementation\n"""\n\n'
+    "def bubble_sort(arr):\n    n = len(arr)\n    for i in range(n):\n        swapped = False\n"
+    "        for j in range(0, n - i - 1):\n            if arr[j] > arr[j + 1]:\n"
+    "                arr[j], arr[j + 1] = arr[j + 1], arr[j]\n                swapped = True\n"
+    "        if not swapped:\n            break\n    return arr\n\n"
+    'if __name__ == "__main__":\n    test_arr = [64, 34, 25, 12, 22, 11, 90]\n'
+    '    print(f"Original: {test_arr}")\n    sorted_arr = bubble_sort(test_arr.copy())\n'
+    '    print(f"Sorted: {sorted_arr}")'
+)
+GLM4_MORE_CASES = [
+    glm4(
+        "test_extract_tool_calls_with_thinking_tags",
+        "<think>I want to get the weather.</think>\n\nI will help you get the weather.\n"
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+        "<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Beijing", "date": "2025-08-01"})],
+        content="<think>I want to get the weather.</think>\n\nI will help you get the weather.\n",
+    ),
+    *[
+        glm4(i, G4M_BEIJING, [("get_weather", {"city": "Beijing"})])
+        for i in ("test_streaming_basic_functionality", "test_streaming_prev_tool_call_arr_updates")
+    ],
+    glm4(
+        "test_streaming_no_tool_calls",
+        "This is just regular text without any tool calls.",
+        content="This is just regular text without any tool calls.",
+    ),
+    # vLLM's streaming test checks the content streamed before the (unfinished) block; the
+    # block, cut off at the end, holds no call and comes back as content here
+    glm4(
+        "test_streaming_with_content_before_tool_calls",
+        "I will help you get the weather.<tool_call>",
+        content="I will help you get the weather.<tool_call>",
+    ),
+    glm4(
+        "test_streaming_incremental_string_value",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    # vLLM asserts that it does not hang: no call, content here
+    glm4("test_streaming_empty_tool_call", "<tool_call></tool_call>", content="<tool_call></tool_call>"),
+    *[
+        glm4(i, G4M_BJ + G4M_SH, [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})])
+        for i in (
+            "test_streaming_multiple_tool_calls_sequential",
+            "test_stream_interval_multiple_tool_calls",
+        )
+    ],
+    glm4(
+        "test_streaming_json_escape_in_string",
+        '<tool_call>send_message\n<arg_key>message</arg_key><arg_value>Hello "world"\nNew line'
+        "</arg_value></tool_call>",
+        [("send_message", {"message": 'Hello "world"\nNew line'})],
+    ),
+    glm4(
+        "test_streaming_long_content_incremental",
+        "<tool_call>write_to_file\n<arg_key>file_path</arg_key><arg_value>/tmp/bubble_sort.py"
+        "</arg_value><arg_key>content</arg_key><arg_value>" + G4M_BUBBLE + "\n</arg_value></tool_call>",
+        [("write_to_file", {"file_path": "/tmp/bubble_sort.py", "content": G4M_BUBBLE + "\n"})],
+        tools=(fn_tool("write_to_file", {"file_path": {"type": "string"}, "content": {"type": "string"}}),),
+    ),
+    glm4(
+        "test_extract_tool_calls_numeric_deserialization",
+        "<tool_call>calculate\n<arg_key>operation</arg_key>\n<arg_value>add</arg_value>\n"
+        "<arg_key>a</arg_key>\n<arg_value>42</arg_value>\n<arg_key>b</arg_key>\n<arg_value>3.14"
+        "</arg_value>\n<arg_key>enabled</arg_key>\n<arg_value>true</arg_value>\n</tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14, "enabled": True})],
+    ),
+    glm4(
+        "test_whitespace_preserved_in_arg_values",
+        "<tool_call>apply_diff\n<arg_key>s</arg_key>\n<arg_value>    indented code    </arg_value>\n"
+        "</tool_call>",
+        [("apply_diff", {"s": "    indented code    "})],
+        tools=(fn_tool("apply_diff", {"s": {"type": "string"}}, required=["s"]),),
+    ),
+    glm4("test_zero_argument_tool_call", "<tool_call>get_time\n</tool_call>", [("get_time", {})]),
+    glm4("test_malformed_tool_call_no_regex_match", "<tool_call>   ", content="<tool_call>   "),
+    glm4(
+        "test_unicode_characters_preserved",
+        "<tool_call>send_message\n<arg_key>greeting</arg_key>\n<arg_value>你好世界</arg_value>\n"
+        "<arg_key>emoji</arg_key>\n<arg_value>🎉</arg_value>\n</tool_call>",
+        [("send_message", {"greeting": "你好世界", "emoji": "🎉"})],
+    ),
+    *[
+        glm4(i, G4M_BJ, [("get_weather", {"city": "Beijing"})])
+        for i in (
+            "test_streaming_multi_token_chunks",
+            "test_streaming_entire_tool_call_at_once",
+            "test_stream_interval_single_tool_call",
+        )
+    ],
+    # vLLM's streaming result (both texts are content); its non-streaming path keeps the
+    # text before the first call only (glm45 mixed_content)
+    *[
+        glm4(
+            i,
+            f"{prefix}\n{G4M_BJ}\nAlso Shanghai.\n{G4M_SH}",
+            [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+            content=f"{prefix}\n\nAlso Shanghai.\n",
+        )
+        for i, prefix in (
+            ("test_streaming_content_between_tool_calls_multi_token", "I will check."),
+            ("test_stream_interval_content_between_tool_calls", "Checking Beijing."),
+        )
+    ],
+    glm4(
+        "test_streaming_multi_token_with_multiple_args",
+        "<tool_call>calculate\n<arg_key>operation</arg_key><arg_value>add</arg_value><arg_key>a"
+        "</arg_key><arg_value>42</arg_value><arg_key>b</arg_key><arg_value>3.14</arg_value></tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        tools=G4M_CALC_TOOLS,
+    ),
+    *[
+        glm4(i, f"{prefix}\n{G4M_BJ}", [("get_weather", {"city": "Beijing"})], content=f"{prefix}\n")
+        for i, prefix in (
+            ("test_stream_interval_content_then_tool_call", "I will check the weather for you."),
+            ("test_stream_interval_extreme_single_chunk", "Here is the weather."),
+        )
+    ],
+    glm4(
+        "test_extract_tool_calls_with_function_tool",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Dallas</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>fahrenheit</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Dallas", "unit": "fahrenheit"})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_extract_tool_calls_with_function_tool_mixed_types",
+        "<tool_call>calculate\n<arg_key>operation</arg_key>\n<arg_value>add</arg_value>\n"
+        "<arg_key>a</arg_key>\n<arg_value>42</arg_value>\n<arg_key>b</arg_key>\n<arg_value>3.14"
+        "</arg_value>\n</tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_streaming_with_function_tool",
+        G4M_BJ,
+        [("get_weather", {"city": "Beijing"})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_extract_tool_call_without_newline_after_name",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Seattle</arg_value></tool_call>",
+        [("get_weather", {"city": "Seattle"})],
+    ),
+    glm4(
+        "test_string_type_detection_with_anyof",
+        "<tool_call>configure<arg_key>api_key</arg_key><arg_value>sk-12345678</arg_value></tool_call>",
+        [("configure", {"api_key": "sk-12345678"})],
+        tools=(fn_tool("configure", {"api_key": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),),
+    ),
+    glm4(
+        "test_string_type_detection_with_list_types",
+        "<tool_call>log<arg_key>message</arg_key><arg_value>test message</arg_value></tool_call>",
+        [("log", {"message": "test message"})],
+        tools=(fn_tool("log", {"message": {"type": ["string", "null"]}}),),
+    ),
+    glm4(
+        "test_streaming_no_corruption_for_boolean_values",
+        "<tool_call>configure<arg_key>enabled</arg_key><arg_value>true</arg_value></tool_call>",
+        [("configure", {"enabled": True})],
+        tools=(fn_tool("configure", {"enabled": {"type": "boolean"}}),),
+    ),
+]
+
 CASES = (
-    GLM47_CASES
+    GLM4_MORE_CASES
+    + GLM47_CASES
     + ERNIE45_CASES
     + GRANITE4_FILE_CASES
     + GRANITE_CASES
@@ -2957,11 +3152,6 @@ KIMI_BAD_ID = (
     + K_SECTION[1]
 )
 
-GLM_TWO = (
-    glm_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
-    + "\n    "
-    + glm_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
-)
 GLM_INCOMPLETE = (
     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
     "<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>"
@@ -2985,16 +3175,6 @@ KNOWN_DIFFERENCES = [
     ),
     known(
         glm(
-            "multiple_tool_calls",
-            GLM_TWO,
-            [weather("Dallas", "TX", "fahrenheit"), weather("Orlando", "FL", "fahrenheit")],
-        ),
-        {"content": "\n    "},
-        "vLLM's glm45 keeps only the text before the first call as content; here text between "
-        "calls stays content too (the model wrote it; every format here does the same)",
-    ),
-    known(
-        glm(
             "mixed_content",
             "I will help you get the weather info.\n\n"
             + glm_call("get_weather", ("city", "Beijing"), ("date", "2025-08-01"), indent="")
@@ -3010,7 +3190,9 @@ KNOWN_DIFFERENCES = [
             "content": "I will help you get the weather info.\n\n\n\nmeaningwhile, I will "
             "also check the weather in Shanghai.\n\n"
         },
-        "as glm45 multiple_tool_calls: the text between calls stays content",
+        "vLLM's glm45 keeps only the text before the first call as content; here text "
+        "between calls stays content too (the model wrote it; vLLM's own streaming path "
+        "keeps it too: test_stream_interval_content_between_tool_calls)",
     ),
     known(
         glm(
