@@ -293,7 +293,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "hermes": "json_tools",
     "granite4": "json_tools",  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
     "mistral": (_mistral_parser, "[TOOL_CALLS]", ""),
-    "kimi_k2": "kimi_k2",
     "minimax_m2": "minimax_m2",
     "longcat": "longcat",
     "llama3_json": (_llama_json_parser, LLAMA_JSON_START, ""),

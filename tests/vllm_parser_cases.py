@@ -3102,8 +3102,191 @@ GLM4_MORE_CASES = [
     ),
 ]
 
+
+KIMI_WEATHER = fn_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}})
+KIMI_READ = fn_tool("read_file", {"path": {"type": "string"}})
+KIMI_FLIGHT = fn_tool("book_flight", {"city": {"type": "string"}})
+
+
+def kimi_t(id, prefix, tools_out, calls=(), content=None, tools=()):
+    c = kimi(id, prefix, tools_out, calls, content)
+    return Case(**{**c.__dict__, "tools": tuple(tools)})
+
+
+KIMI_MORE_CASES = [
+    kimi(
+        "test_invalid_funcall_id_skipped",
+        "Help. ",
+        [
+            kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
+            kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
+        ],
+        [("valid", {"city": "Shanghai"})],
+    ),
+    kimi(
+        "test_native_id_extracted",
+        "Checking weather. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"}')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "test_multi_turn_native_id_continuity (turn 1)",
+        "Let me check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "test_multi_turn_native_id_continuity (turn 2)",
+        "Now let me get news. ",
+        [kimi_tool("functions.get_news:0", '{"topic": "weather in Beijing"}')],
+        [("get_news", {"topic": "weather in Beijing"})],
+    ),
+    kimi_t(
+        "test_bare_counter",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo", "unit": "celsius"}')],
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        tools=(KIMI_WEATHER,),
+    ),
+    kimi_t(
+        "test_bare_counter_multiple_tools_infers_by_args",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo", "unit": "celsius"}')],
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        tools=(KIMI_READ, KIMI_WEATHER),
+    ),
+    kimi_t(  # no call: the section comes back as content here
+        "test_bare_counter_multiple_tools_skips_unsafe_inference[ambiguous]",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo"}')],
+        content="Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"}') + K_SECTION[1],
+        tools=(KIMI_WEATHER, KIMI_FLIGHT),
+    ),
+    kimi_t(
+        "test_bare_counter_multiple_tools_skips_unsafe_inference[malformed_json]",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo"')],
+        content="Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"') + K_SECTION[1],
+        tools=(KIMI_WEATHER, KIMI_FLIGHT),
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_single_tool_call",
+        "I'll help. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_multiple_tool_calls",
+        "Compare weather. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} '),
+            kimi_tool("functions.get_weather:1", '{"city": "NYC"} '),
+        ],
+        [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "NYC"})],
+    ),
+    kimi_t(
+        "TestStreamingHappyPath.test_bare_counter",
+        "I'll help. ",
+        [kimi_tool("0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+        tools=(KIMI_WEATHER,),
+    ),
+    kimi_t(
+        "TestStreamingHappyPath.test_bare_counter_multiple_tools_infers_by_args",
+        "I'll help. ",
+        [kimi_tool("0", '{"city": "Beijing", "unit": "celsius"} ')],
+        [("get_weather", {"city": "Beijing", "unit": "celsius"})],
+        tools=(KIMI_READ, KIMI_WEATHER),
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_content_before_tools",
+        "I'll check the weather. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_no_tool_calls",
+        "This is just regular text without tools.",
+        [],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_incremental_arguments",
+        "Help. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[single_tool]",
+        "Single. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[parallel_tools]",
+        "Multi. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Tokyo"}'),
+            kimi_tool("functions.get_news:1", '{"topic": "tech"}'),
+        ],
+        [("get_weather", {"city": "Tokyo"}), ("get_news", {"topic": "tech"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[no_functions_prefix]",
+        "No prefix id. ",
+        [kimi_tool("get_weather:0", '{"city": "NYC"}')],
+        [("get_weather", {"city": "NYC"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_marker_suppression",
+        "I'll check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_noise_between_markers_suppressed",
+        "Reasoning. ",
+        [" spurious noise " + kimi_tool("functions.test:0", '{"k": "v"} ')],
+        [("test", {"k": "v"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_three_different_tools",
+        "Multiple tasks. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "NYC"} '),
+            kimi_tool("functions.get_news:1", '{"topic": "tech"} '),
+            kimi_tool("functions.send_email:2", '{"to": "a@b.com"} '),
+        ],
+        [("get_weather", {"city": "NYC"}), ("get_news", {"topic": "tech"}), ("send_email", {"to": "a@b.com"})],
+    ),
+    *[
+        kimi(
+            f"TestStreamingIntervals.{i}",
+            prefix,
+            [kimi_tool("functions.get_weather:0", args)],
+            [("get_weather", json.loads(args))],
+        )
+        for i, prefix, args in (
+            ("test_single_tool_call_at_interval", "Help. ", '{"city": "Beijing"}'),
+            ("test_content_then_tool_call_at_interval", "Sure, let me check. ", '{"city": "Tokyo"}'),
+            ("test_content_and_tool_call_in_single_chunk", "Hi! ", '{"city": "Beijing"}'),
+        )
+    ],
+    kimi(
+        "TestStreamingIntervals.test_multiple_tool_calls_at_interval",
+        "Compare. ",
+        [kimi_tool("functions.search:0", '{"q": "cats"}'), kimi_tool("functions.search:1", '{"q": "dogs"}')],
+        [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+    ),
+    kimi(
+        "TestStreamingIntervals.test_plain_text_at_interval",
+        "This is plain text with no tool calling involved.",
+        [],
+    ),
+]
+
 CASES = (
-    GLM4_MORE_CASES
+    KIMI_MORE_CASES
+    + GLM4_MORE_CASES
     + GLM47_CASES
     + ERNIE45_CASES
     + GRANITE4_FILE_CASES
@@ -3164,6 +3347,78 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 KNOWN_DIFFERENCES = [
     known(
+        kimi_t(
+            "test_bare_counter_single_tool_invalid_json_still_extracted",
+            "Let me check. ",
+            [kimi_tool("0", '{"city": "Tokyo"')],
+            [("get_weather", '{"city": "Tokyo"')],
+            tools=(KIMI_WEATHER,),
+        ),
+        {
+            "calls": [],
+            "content": "Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"') + K_SECTION[1],
+        },
+        "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
+        "object's text, and a section whose only call is malformed comes back as content",
+    ),
+    known(
+        Case(
+            "TestStreamingEdgeCases.test_truncated_tool_call_no_end_marker",
+            KIMI,
+            "kimi_k2",
+            "",
+            "I'll check. " + K_SECTION[0] + '<|tool_call_begin|>functions.get_weather:0 '
+            '<|tool_call_argument_begin|>{"city": "Bei',
+            (("get_weather", '{"city": "Bei'),),
+            "I'll check. ",
+        ),
+        {
+            "calls": [],
+            "content": "I'll check. " + K_SECTION[0] + '<|tool_call_begin|>functions.get_weather:0 '
+            '<|tool_call_argument_begin|>{"city": "Bei',
+            "withdrawn": True,
+        },
+        "vLLM's stream ends with the cut-off arguments as they are; here a call whose "
+        "arguments are no JSON object is no call: the cut-off section comes back as content "
+        "(the stream had announced the call: LocalAI's proto cannot withdraw it)",
+    ),
+    known(
+        kimi(
+            "TestStreamingEdgeCases.test_empty_tool_section",
+            "Reasoning. ",
+            [""],
+            content="Reasoning. ",
+        ),
+        {"content": "Reasoning. " + K_SECTION[0] + K_SECTION[1]},
+        "a tool-call section that holds no call comes back as content as the model wrote "
+        "it, markers included, for every format here (vLLM asserts only that no call is made)",
+    ),
+    known(
+        kimi(
+            "TestStreamingEdgeCases.test_content_after_tool_section",
+            "Before. ",
+            [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+            [("get_weather", {"city": "Tokyo"})],
+        ).__class__(
+            **{
+                **kimi(
+                    "TestStreamingEdgeCases.test_content_after_tool_section",
+                    "Before. ",
+                    [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+                    [("get_weather", {"city": "Tokyo"})],
+                ).__dict__,
+                "output": "Before. "
+                + K_SECTION[0]
+                + kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')
+                + K_SECTION[1]
+                + " After tools.",
+            }
+        ),
+        {"content": "Before.  After tools."},
+        "vLLM's kimi_k2 drops the text after the tool-call section; here it stays content "
+        "(the model wrote it; every format here keeps text outside its blocks)",
+    ),
+    known(
         hunyuan(
             "test_hunyuan_a13b_tool_parser_extract[content_after]",
             hy_block(("get_weather", {"city": "Seattle"})) + "\nThank you!",
@@ -3219,20 +3474,6 @@ KNOWN_DIFFERENCES = [
         "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
         "object's text, and a block with a malformed call comes back whole as content; the "
         "stream had announced the first call (LocalAI's proto cannot withdraw it)",
-    ),
-    known(
-        kimi(
-            "invalid_funcall_id_skipped",
-            "Help. ",
-            [
-                kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
-                kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
-            ],
-            [("valid", {"city": "Shanghai"})],
-        ),
-        {"calls": [], "content": KIMI_BAD_ID},
-        "mlx-lm's kimi_k2 parser rejects the block with a malformed call id, which then "
-        "comes back whole as content; vLLM skips that call and keeps the others",
     ),
     known(
         qwen3xml(
