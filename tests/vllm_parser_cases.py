@@ -3284,8 +3284,60 @@ KIMI_MORE_CASES = [
     ),
 ]
 
+
+QS_XML_TAGS = (
+    'char_deltas = [\n    "<tool_call>\\n",\n    "<parameter=query>\\n",\n'
+    '    "\\n</parameter>\\n",\n    "</function>\\n",\n]\n'
+)
+QS_PARAM_LINES = (
+    'TOOL_CALL_TEMPLATE = """\n</parameter>\n<parameter=new_string>\n#!/usr/bin/env python3\n'
+    '</parameter>\n"""\n'
+)
+QS_REAL_NAME = 'doc = """\n<parameter=path>\nliteral/value\n</parameter>\n"""\n'
+QS_NESTED = (
+    'doc = """\n<tool_call>\n<function=write_file>\n<parameter=path>\nliteral/value.txt\n'
+    "</parameter>\n<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>\n" + '"""\n'
+)
+QS_OUT_OF_SCHEMA = (
+    'template = """\n<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n'
+    '</function>\n</tool_call>\n"""\n'
+)
+
+
+def qs_write(path: str, content: str, tail: str = "\n") -> str:
+    return (
+        "<tool_call>\n<function=write_file>\n<parameter=path>\n" + path + "\n</parameter>\n"
+        "<parameter=content>\n" + content + "</parameter>\n</function>\n</tool_call>" + tail
+    )
+
+
+QS_OOS_OUTPUT = (
+    "<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n</function>\n</tool_call>"
+    "\n\n" + qs_write("fixture.py", QS_OUT_OF_SCHEMA, "")
+)
+QSHARED_LITERAL_CASES = [
+    # vLLM checks the calls (content unchecked); the newline after the block is content here
+    *[
+        c
+        for kind in ("nonstreaming", "streaming")
+        for i, path, content in (
+            ("test_content_with_xml_structural_tags", "test.py", QS_XML_TAGS),
+            ("test_content_with_param_like_lines", "test_template.py", QS_PARAM_LINES),
+            ("test_content_with_real_param_name_literal", "fixture.py", QS_REAL_NAME),
+        )
+        for c in qshared(
+            f"{i}_{kind}",
+            qs_write(path, content, "" if i.endswith("literal") else "\n"),
+            [("write_file", {"path": path, "content": content.rstrip("\n")})],
+            content="" if i.endswith("literal") else "\n",
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+]
+
 CASES = (
-    KIMI_MORE_CASES
+    QSHARED_LITERAL_CASES
+    + KIMI_MORE_CASES
     + GLM4_MORE_CASES
     + GLM47_CASES
     + ERNIE45_CASES
@@ -3346,6 +3398,60 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 
 KNOWN_DIFFERENCES = [
+    *[
+        known(c, {"calls": [("write_file", {"path": "fixture.py", "content": "hello"})], "content": '\n"""\n</parameter>\n</function>\n', "withdrawn": True},
+              "a block ends at the first `</tool_call>` the model writes, also one inside a "
+              "value (a file holding a tool call): the router finds blocks by their markers, "
+              "before any parse; vLLM's qwen3 parsers disambiguate by the schema")
+        for kind in ("nonstreaming", "streaming")
+        for c in qshared(
+            f"test_content_with_full_nested_tool_call_{kind}",
+            qs_write("fixture.py", QS_NESTED, ""),
+            [("write_file", {"path": "fixture.py", "content": QS_NESTED.rstrip("\n")})],
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+    *[
+        known(
+            c,
+            {
+                "calls": [
+                    ("foo", {"bar": "baz"}),
+                    ("write_file", {"path": "fixture.py", "content": 'template = """\n<tool_call>\n<function=foo>\n<parameter=bar>baz'}),
+                ],
+                "content": '\n\n\n"""\n</parameter>\n</function>\n',
+            },
+            "as test_content_with_full_nested_tool_call: the `</tool_call>` inside the "
+            "second call's value ends its block",
+        )
+        for kind in ("nonstreaming", "streaming")
+        for c in qshared(
+            f"test_two_tools_second_with_out_of_schema_nested_literal_{kind}",
+            QS_OOS_OUTPUT,
+            [
+                ("foo", {"bar": "baz"}),
+                ("write_file", {"path": "fixture.py", "content": QS_OUT_OF_SCHEMA.rstrip("\n")}),
+            ],
+            content="\n\n",
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+    known(
+        seed(
+            "test_extract_tool_calls[tool_call_unlimited_thinking_budget] (reasoning shortened)",
+            SEED_THINK_UNLIMITED + SEED_CALL_UNIT,
+            [BARCELONA_C],
+            content=SEED_THINK_UNLIMITED,
+        ),
+        {
+            "calls": [BARCELONA_C, BARCELONA_C],
+            "content": "<seed:think>\nGot it, let's see. The format is . Let me go with that."
+            "</seed:think>",
+        },
+        "with tool_parser seed_oss and no reasoning_parser, a call the model writes inside "
+        "its <seed:think> block is read as a call; vLLM's seed_oss reads calls after the "
+        "think block only (with reasoning_parser seed_oss the block is reasoning)",
+    ),
     known(
         kimi_t(
             "test_bare_counter_single_tool_invalid_json_still_extracted",

@@ -33,10 +33,12 @@ import regex
 
 from decoding.tool_formats import Block, ToolFormat, register
 
-_FUNCTION = regex.compile(r"<function=(?P<name>[^\s<>{}]+)>(?P<body>.*?)</function>", regex.S)
-_PARAM = regex.compile(
-    r"<parameter=(?P<key>[^>]*)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|$)", regex.S
+_FUNCTION = regex.compile(
+    r"<function=(?P<name>[^\s<>{}]+)>(?P<body>.*?)</function>(?=\s*(?:<function=|$))", regex.S
 )
+_OPEN = regex.compile(r"<parameter=([^>]*)>")
+_CLOSE = "</parameter>"
+_AFTER_CLOSE = regex.compile(r"\s*(?:<parameter=([^>]*)>|$)")
 _INT = ("int", "uint", "long", "short", "unsigned")
 _TEXT = ("string", "str", "text", "varchar", "char", "enum")
 
@@ -119,14 +121,53 @@ def _container_or_text(value: str) -> Any:
     return out if isinstance(out, dict | list) else value
 
 
+def known_key(key: str, props: dict[str, Any] | None) -> bool:
+    """Whether `<parameter=key>` is structural: a declared parameter (any key where the
+    tool is not declared). vLLM reads an undeclared one inside a value as text."""
+    return props is None or key.strip() in props
+
+
+def _params(body: str, props: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(key, raw value) of each parameter of a function body. A value ends at the first
+    `</parameter>` followed by another declared parameter or the body's end, or where it
+    was left unclosed, at the next declared `<parameter=...>` not given yet; other tags
+    are its text."""
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while True:
+        seen = {k for k, _ in out}
+        m = next((o for o in _OPEN.finditer(body, pos) if known_key(o[1], props)), None)
+        if m is None:
+            return out
+        start, end, after = m.end(), None, None
+        i = body.find(_CLOSE, start)
+        while i >= 0:
+            a = _AFTER_CLOSE.match(body, i + len(_CLOSE))
+            if a is not None and (a[1] is None or known_key(a[1], props)):
+                end, after = i, i + len(_CLOSE)
+                break
+            i = body.find(_CLOSE, i + 1)
+        # a parameter already given, or this one, cannot open again: text of the value
+        stop = next(
+            (
+                o.start()
+                for o in _OPEN.finditer(body, start)
+                if known_key(o[1], props) and o[1].strip() not in seen | {m[1].strip()}
+            ),
+            None,
+        )
+        if end is None or (stop is not None and stop < end):
+            end = after = stop if stop is not None else len(body)
+        out.append((m[1].strip(), body[start:end]))
+        pos = after
+
+
 def _call(name: str, body: str, tools: Any) -> dict[str, Any]:
     props = _properties(tools, name)
     args: dict[str, Any] = {}
-    for m in _PARAM.finditer(body):
-        value = m["value"]
+    for key, value in _params(body, props):
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
-        key = m["key"].strip()
         args[key] = convert(value, None if props is None else props.get(key))
     return {"name": name, "arguments": args}
 

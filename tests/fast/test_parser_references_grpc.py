@@ -144,9 +144,9 @@ WITHDRAWN = [(c, o) for c, o in KNOWN_DIFFERENCES if o.get("withdrawn")]
 def test_the_known_path_difference_is_a_withdrawn_call(servers, case, ours):
     """A call announced on the stream before its block proved malformed: the stream cannot
     withdraw it on LocalAI's proto (see KNOWN_DIFFERENCES): Predict has our result there,
-    the stream the same content plus the announced call."""
+    the stream the same content plus the announced call (and any re-sent whole)."""
     whole, streamed = predict_and_stream(servers, case)
     want = {**expected(case), **{k: v for k, v in ours.items() if k != "withdrawn"}}
-    assert whole == want and whole["calls"] == []
+    assert whole == want
     assert streamed["content"] == whole["content"]
-    assert streamed["calls"]
+    assert len(streamed["calls"]) > len(whole["calls"])  # plus the withdrawn one
