@@ -61,6 +61,7 @@ def _is_tool(state: str | None) -> bool:
     """A tool block's state: "tool", or "tool1", "tool2"... for a format's other blocks."""
     return state is not None and state.startswith(TOOL)
 
+
 _SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
 
 
@@ -229,8 +230,10 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
         edges[NORMAL].append((tokenizer.think_end, NORMAL))
     if tools_on:
         fmt = tool_formats.of(tokenizer)
-        blocks = fmt.blocks if fmt is not None else (
-            tool_formats.Block(tokenizer.tool_call_start, tokenizer.tool_call_end),
+        blocks = (
+            fmt.blocks
+            if fmt is not None
+            else (tool_formats.Block(tokenizer.tool_call_start, tokenizer.tool_call_end),)
         )
         from_normal = TOOL not in {d for e in responses.values() for _, d in e}
         for i, block in enumerate(blocks):  # a decoding.tool_formats format: every block

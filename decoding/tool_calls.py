@@ -266,7 +266,9 @@ _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
 }
 _SPECS["laguna"] = _SPECS["glm47"]
 # decoding/tool_formats/glm.py: string values as written (vLLM keeps their whitespace)
-_SPECS["glm"] = dataclasses.replace(_SPECS["glm47"], trim="none")
+_GLM47 = _SPECS["glm47"]
+assert isinstance(_GLM47, _XmlSpec)
+_SPECS["glm"] = dataclasses.replace(_GLM47, trim="none")
 
 STREAMED_FORMATS = tuple(sorted(_SPECS))  # formats whose arguments stream (others: whole)
 
@@ -527,9 +529,7 @@ class BlockStreamer:
         close, stop = None, None
         j = region.find(spec.value_close)
         while j >= 0:
-            m = regex.match(
-                spec.close_follow, region, pos=j + len(spec.value_close), partial=True
-            )
+            m = regex.match(spec.close_follow, region, pos=j + len(spec.value_close), partial=True)
             if m is not None and m.partial:
                 return None, 0, j
             if m is not None and (m.group("key") is None or known_key(m.group("key"), props)):

@@ -1107,7 +1107,9 @@ PYTHONIC_CASES = [
         f"[bad(x=b'z'), {PY_SIMPLE}]",
         [PY_SIMPLE_CALL],
     ),
-    pythonic("test_non_finite_argument_rejected", f"[calc(x=1e999), {PY_SIMPLE}]", [PY_SIMPLE_CALL]),
+    pythonic(
+        "test_non_finite_argument_rejected", f"[calc(x=1e999), {PY_SIMPLE}]", [PY_SIMPLE_CALL]
+    ),
     pythonic(
         "test_good_call_survives_unparsable_sibling",
         f"[{PY_SIMPLE}, f(a='x 'y', b='z')]",
@@ -1119,7 +1121,9 @@ PYTHONIC_CASES = [
         content="[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
     ),
     # vLLM asserts no call (its content unchecked): the text comes back as content here.
-    pythonic("test_streaming_mismatched_brackets_reported_once", "[foo(x=1])]", content="[foo(x=1])]"),
+    pythonic(
+        "test_streaming_mismatched_brackets_reported_once", "[foo(x=1])]", content="[foo(x=1])]"
+    ),
 ]
 
 
@@ -1151,7 +1155,9 @@ LLAMA4_PYTHONIC_CASES = [
     llama4p("test_tool_call[simple_streaming]", f"[{PY_ESCAPED}]", [PY_ESCAPED_CALL]),
     llama4p("test_tool_call[simple_nonstreaming]", f"[{L4_INNER}]", [L4_SIMPLE_CALL]),
     llama4p("test_tool_call[more_types_(non)streaming]", L4_MORE, [L4_MORE_CALL]),
-    llama4p("test_tool_call[parameterless_(non)streaming]", "[get_weather()]", [("get_weather", {})]),
+    llama4p(
+        "test_tool_call[parameterless_(non)streaming]", "[get_weather()]", [("get_weather", {})]
+    ),
     llama4p(
         "test_tool_call[empty_dict_(non)streaming]",
         "[do_something_cool(additional_data={})]",
@@ -1392,7 +1398,11 @@ G4_ARGS = [
     ("test_empty_string", "", {}),
     ("test_whitespace_only", "   ", {}),
     ("test_single_string_value", f"location:{Q}Paris{Q}", {"location": "Paris"}),
-    ("test_string_value_with_comma", f"location:{Q}Paris, France{Q}", {"location": "Paris, France"}),
+    (
+        "test_string_value_with_comma",
+        f"location:{Q}Paris, France{Q}",
+        {"location": "Paris, France"},
+    ),
     (
         "test_multiple_string_values",
         f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}",
@@ -1606,7 +1616,11 @@ QC_TOOLS = (  # the file's sample_tools
     ),
     fn_tool(
         "calculate_area",
-        {"shape": {"type": "string"}, "dimensions": {"type": "object"}, "precision": {"type": "integer"}},
+        {
+            "shape": {"type": "string"},
+            "dimensions": {"type": "object"},
+            "precision": {"type": "integer"},
+        },
     ),
 )
 
@@ -1620,7 +1634,9 @@ def qc_call(name: str, *params: tuple[str, str]) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
-QC_DALLAS = qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+QC_DALLAS = qc_call(
+    "get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit")
+)
 QC_DALLAS_CALL = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
 QC_RECT = qc_call(
     "calculate_area",
@@ -1635,7 +1651,10 @@ QC_RECT_CALL = (
 QC_CIRCLE = qc_call(
     "calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'), ("precision", "3")
 )
-QC_CIRCLE_CALL = ("calculate_area", {"shape": "circle", "dimensions": {"radius": 15.5}, "precision": 3})
+QC_CIRCLE_CALL = (
+    "calculate_area",
+    {"shape": "circle", "dimensions": {"radius": 15.5}, "precision": 3},
+)
 QC_TYPES_TOOLS = (
     fn_tool(
         "test_types",
@@ -1705,8 +1724,13 @@ QWEN3CODER_CASES = [
         "test_extract_tool_calls[parallel_tools]",
         QC_DALLAS
         + "\n"
-        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")),
-        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
         content="\n",
     ),
     qcoder(
@@ -1725,7 +1749,10 @@ QWEN3CODER_CASES = [
         QC_DALLAS
         + "\n"
         + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "celsius")),
-        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"})],
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"}),
+        ],
         content="\n",
     ),
     # vLLM asserts the name only; the arguments are the block's
@@ -1834,7 +1861,9 @@ QWEN3CODER_CASES = [
         '<tool_call>\n<function=update_record>\n<parameter=data>{"key": "value", "count": 42}'
         "</parameter>\n</function>\n</tool_call>",
         [("update_record", {"data": {"key": "value", "count": 42}})],
-        tools=(fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+        tools=(
+            fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),
+        ),
     ),
     qcoder(
         "test_streaming_multi_param_single_chunk",
@@ -1883,7 +1912,10 @@ QS_WRITE_TOOLS = (
 
 
 def qs_one(name: str, key: str, value: str) -> str:
-    return f"<tool_call>\n<function={name}>\n<parameter={key}>{value}</parameter>\n</function>\n</tool_call>"
+    return (
+        f"<tool_call>\n<function={name}>\n<parameter={key}>{value}</parameter>\n"
+        "</function>\n</tool_call>"
+    )
 
 
 QSHARED_CASES = [
@@ -1914,8 +1946,13 @@ QSHARED_CASES = [
         "test_extract_tool_calls[parallel_tools]",
         QC_DALLAS
         + "\n"
-        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")),
-        [QC_DALLAS_CALL, ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})],
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
         content="\n",
     ),
     *qshared(
@@ -1971,7 +2008,9 @@ QSHARED_CASES = [
             "test_extract_tool_calls_missing_closing_parameter_tag",
             "test_extract_tool_calls_streaming_missing_closing_tag",
         )
-        for c in qshared(i, QC_MISSING_CLOSE, [QC_DALLAS_CALL], content="Let me check the weather for you:\n")
+        for c in qshared(
+            i, QC_MISSING_CLOSE, [QC_DALLAS_CALL], content="Let me check the weather for you:\n"
+        )
     ],
     *qshared(
         "test_extract_tool_calls_streaming_incremental",
@@ -2024,7 +2063,9 @@ QSHARED_CASES = [
         "test_anyof_integer_null_parses_as_int",
         qs_one("set_count", "count", "42"),
         [("set_count", {"count": 42})],
-        tools=(fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),),
+        tools=(
+            fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),
+        ),
     ),
     *[
         c
@@ -2037,7 +2078,9 @@ QSHARED_CASES = [
             qs_one("update_record", "data", '{"key": "value", "count": 42}'),
             [("update_record", {"data": {"key": "value", "count": 42}})],
             tools=(
-                fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),
+                fn_tool(
+                    "update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}
+                ),
             ),
         )
     ],
@@ -2075,7 +2118,9 @@ QSHARED_CASES = [
         "test_python_none_value_for_nullable_int",
         qs_one("set_count", "count", "None"),
         [("set_count", {"count": None})],
-        tools=(fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),),
+        tools=(
+            fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),
+        ),
     ),
     *qshared(  # vLLM asserts the trailing text is in the content
         "test_streaming_two_tool_calls_plus_trailing_text_one_delta",
@@ -2117,7 +2162,9 @@ QSHARED_CASES = [
             qs_one("set_value", "optional", literal),
             [("set_value", {"optional": None})],
             tools=(
-                fn_tool("set_value", {"optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+                fn_tool(
+                    "set_value", {"optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
+                ),
             ),
         )
     ],
@@ -2159,11 +2206,19 @@ D32_TIMER = (
         {
             "wait": {
                 "anyOf": [
-                    {"type": "object", "properties": {"type": {"const": "until"}, "date": {"type": "string"}}},
-                    {"type": "object", "properties": {"type": {"const": "for"}, "minutes": {"type": "number"}}},
+                    {
+                        "type": "object",
+                        "properties": {"type": {"const": "until"}, "date": {"type": "string"}},
+                    },
+                    {
+                        "type": "object",
+                        "properties": {"type": {"const": "for"}, "minutes": {"type": "number"}},
+                    },
                 ]
             },
-            "patches": {"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            "patches": {
+                "oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]
+            },
         },
     ),
 )
@@ -2172,7 +2227,9 @@ D32_TIMER_SIMPLE = (
         "set_timer",
         {
             "wait": {"anyOf": [{"type": "object"}, {"type": "null"}]},
-            "patches": {"oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            "patches": {
+                "oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]
+            },
         },
     ),
 )
@@ -2214,7 +2271,10 @@ DEEPSEEK_V32_CASES = [
     ),
     dsv32(
         "TestExtractToolCalls.test_multiple_tools",
-        dsml(("get_weather", [("location", "true", "SF")]), ("get_weather", [("location", "true", "NYC")])),
+        dsml(
+            ("get_weather", [("location", "true", "SF")]),
+            ("get_weather", [("location", "true", "NYC")]),
+        ),
         [("get_weather", {"location": "SF"}), ("get_weather", {"location": "NYC"})],
     ),
     *[
@@ -2234,7 +2294,10 @@ DEEPSEEK_V32_CASES = [
         for i, a in (
             ("TestExtractToolCalls.test_string_attr_true_coerced_by_schema", "true"),
             ("TestExtractToolCalls.test_string_attr_false_allows_schema_conversion", "false"),
-            ("TestExtractToolCallsStreaming.test_string_attr_true_coerced_by_schema_streaming", "true"),
+            (
+                "TestExtractToolCallsStreaming.test_string_attr_true_coerced_by_schema_streaming",
+                "true",
+            ),
         )
     ],
     dsv32(
@@ -2287,7 +2350,10 @@ DEEPSEEK_V32_CASES = [
         dsml(("set_val", [("count", "false", "42"), ("label", "false", "hello")])),
         [("set_val", {"count": 42, "label": "hello"})],
         tools=(
-            fn_tool("set_val", {"count": {"type": ["integer", "null"]}, "label": {"type": ["string", "null"]}}),
+            fn_tool(
+                "set_val",
+                {"count": {"type": ["integer", "null"]}, "label": {"type": ["string", "null"]}},
+            ),
         ),
     ),
     *[
@@ -2321,7 +2387,11 @@ DEEPSEEK_V32_CASES = [
     *[
         dsv32(i, dsml_call(n, a), [(n, a)])
         for i, n, a in (
-            ("TestExtractToolCallsStreaming.test_single_tool_streaming", "get_weather", {"location": "SF"}),
+            (
+                "TestExtractToolCallsStreaming.test_single_tool_streaming",
+                "get_weather",
+                {"location": "SF"},
+            ),
             ("TestExtractToolCallsStreaming.test_tool_name_emitted", "my_func", {"x": "1"}),
             ("TestExtractToolCallsStreaming.test_state_reset_on_new_stream", "fn", {"k": "v"}),
             (
@@ -2329,14 +2399,27 @@ DEEPSEEK_V32_CASES = [
                 "get_weather",
                 {"location": "SF", "date": "2024-01-16"},
             ),
-            ("TestExtractToolCallsStreaming.test_single_tool_chunked_stream_interval", "get_weather", {"location": "SF"}),
+            (
+                "TestExtractToolCallsStreaming.test_single_tool_chunked_stream_interval",
+                "get_weather",
+                {"location": "SF"},
+            ),
             ("TestExtractToolCallsStreaming.test_no_marker_leak_chunked", "fn", {"k": "v"}),
             ("TestExtractToolCallsStreaming.test_no_marker_leak_char_by_char", "fn", {"k": "v"}),
-            ("TestExtractToolCallsStreaming.test_no_marker_leak_all_split_points", "fn", {"k": "v"}),
+            (
+                "TestExtractToolCallsStreaming.test_no_marker_leak_all_split_points",
+                "fn",
+                {"k": "v"},
+            ),
         )
     ],
     *[
-        dsv32(i, "Thinking... " + dsml_call("fn", {"a": "b"}), [("fn", {"a": "b"})], content="Thinking... ")
+        dsv32(
+            i,
+            "Thinking... " + dsml_call("fn", {"a": "b"}),
+            [("fn", {"a": "b"})],
+            content="Thinking... ",
+        )
         for i in (
             "TestExtractToolCallsStreaming.test_content_before_tool_call_streaming",
             "TestExtractToolCallsStreaming.test_content_before_tool_chunked",
@@ -2456,7 +2539,11 @@ def hunyuan(id, output, calls=(), content=""):
 
 
 def hy_block(*calls: tuple[str, dict]) -> str:
-    return "<tool_calls>" + json.dumps([{"name": n, "arguments": a} for n, a in calls]) + "</tool_calls>"
+    return (
+        "<tool_calls>"
+        + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+        + "</tool_calls>"
+    )
 
 
 HY_SF = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
@@ -2490,7 +2577,11 @@ HUNYUAN_CASES = [
         [HY_BOSTON],
         content="\n</answer>",
     ),
-    hunyuan("test_hunyuan_a13b_tool_parser_streaming[3] (xfail there)", hy_block(HY_COMPLEX), [HY_COMPLEX]),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_streaming[3] (xfail there)",
+        hy_block(HY_COMPLEX),
+        [HY_COMPLEX],
+    ),
     hunyuan(
         "test_hunyuan_a13b_tool_parser_non_ascii",
         hy_block(("get_weather", {"city": "北京"})),
@@ -2561,7 +2652,11 @@ FUNCTIONGEMMA_CASES = [
             ),
             ("test_numeric_argument", f"count:{ESC}42{ESC}", {"count": 42}),
             ("test_boolean_argument", f"enabled:{ESC}true{ESC}", {"enabled": True}),
-            ("test_argument_with_spaces", f"message:{ESC}Hello World{ESC}", {"message": "Hello World"}),
+            (
+                "test_argument_with_spaces",
+                f"message:{ESC}Hello World{ESC}",
+                {"message": "Hello World"},
+            ),
         ]
     ],
     fgemma(
@@ -2594,7 +2689,9 @@ def mm(*invokes: str) -> str:
 
 
 MM_SEATTLE = mm_invoke("get_weather", ("city", "Seattle"))
-MM_PROFILE = (fn_tool("update_profile", {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),)
+MM_PROFILE = (
+    fn_tool("update_profile", {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+)
 MINIMAX_M2_CASES = [
     minimax("TestContentStreaming.test_plain_content", "Hello world", content="Hello world"),
     minimax(
@@ -2605,7 +2702,10 @@ MINIMAX_M2_CASES = [
     ),
     *[
         minimax(i, mm(MM_SEATTLE), [("get_weather", {"city": "Seattle"})])
-        for i in ("TestSingleInvoke.test_incremental_chunks", "TestSingleInvoke.test_single_chunk_complete")
+        for i in (
+            "TestSingleInvoke.test_incremental_chunks",
+            "TestSingleInvoke.test_single_chunk_complete",
+        )
     ],
     *[
         minimax(
@@ -2620,7 +2720,10 @@ MINIMAX_M2_CASES = [
     ],
     minimax(
         "TestMultipleInvokes.test_two_invokes_incremental",
-        mm(mm_invoke("search_web", ("query", "OpenAI")), mm_invoke("search_web", ("query", "Gemini"))),
+        mm(
+            mm_invoke("search_web", ("query", "OpenAI")),
+            mm_invoke("search_web", ("query", "Gemini")),
+        ),
         [("search_web", {"query": "OpenAI"}), ("search_web", {"query": "Gemini"})],
     ),
     minimax(
@@ -2633,19 +2736,31 @@ MINIMAX_M2_CASES = [
         mm(mm_invoke("get_weather", ("city", "NYC")), mm_invoke("get_stock", ("ticker", "AAPL"))),
         [("get_weather", {"city": "NYC"}), ("get_stock", {"ticker": "AAPL"})],
     ),
-    minimax("TestInternalState.test_prev_tool_call_arr_single", mm(mm_invoke("fn", ("a", "1"))), [("fn", {"a": "1"})]),
+    minimax(
+        "TestInternalState.test_prev_tool_call_arr_single",
+        mm(mm_invoke("fn", ("a", "1"))),
+        [("fn", {"a": "1"})],
+    ),
     minimax(
         "TestInternalState.test_prev_tool_call_arr_multiple",
         mm(mm_invoke("search", ("q", "hello")), mm_invoke("search", ("q", "world"))),
         [("search", {"q": "hello"}), ("search", {"q": "world"})],
     ),
-    minimax("TestDeltaMessageFormat.test_tool_call_fields", mm(mm_invoke("fn", ("k", "v"))), [("fn", {"k": "v"})]),
+    minimax(
+        "TestDeltaMessageFormat.test_tool_call_fields",
+        mm(mm_invoke("fn", ("k", "v"))),
+        [("fn", {"k": "v"})],
+    ),
     minimax(
         "TestDeltaMessageFormat.test_multi_invoke_indices",
         mm(mm_invoke("a", ("x", "1")), mm_invoke("b", ("x", "2"))),
         [("a", {"x": "1"}), ("b", {"x": "2"})],
     ),
-    minimax("TestEOSHandling.test_eos_after_tool_calls", mm(mm_invoke("fn", ("k", "v"))), [("fn", {"k": "v"})]),
+    minimax(
+        "TestEOSHandling.test_eos_after_tool_calls",
+        mm(mm_invoke("fn", ("k", "v"))),
+        [("fn", {"k": "v"})],
+    ),
     # the end marker as a special token: the block ends with the output
     minimax(
         "TestEOSHandling.test_end_token_ignored",
@@ -2668,7 +2783,11 @@ MINIMAX_M2_CASES = [
         "TestAnyOfNullableParam.test_anyof_nullable_param_object_value",
         mm(mm_invoke("update_settings", ("config", '{"theme": "dark", "fontSize": 14}'))),
         [("update_settings", {"config": {"theme": "dark", "fontSize": 14}})],
-        tools=(fn_tool("update_settings", {"config": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+        tools=(
+            fn_tool(
+                "update_settings", {"config": {"anyOf": [{"type": "object"}, {"type": "null"}]}}
+            ),
+        ),
     ),
 ]
 
@@ -2785,11 +2904,17 @@ G4_TEXTS = [
 ]
 G4_COMPLEX = (
     G4_TEXTS[0]
-    + "<tool_call> " + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)}) + " </tool_call>"
+    + "<tool_call> "
+    + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)})
+    + " </tool_call>"
     + G4_TEXTS[1]
-    + "<tool_call> " + json.dumps({"name": "get_stock_price", "arguments": G4_STOCK}) + " </tool_call>"
+    + "<tool_call> "
+    + json.dumps({"name": "get_stock_price", "arguments": G4_STOCK})
+    + " </tool_call>"
     + G4_TEXTS[2]
-    + "<tool_call> " + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)}) + " </tool_call>"
+    + "<tool_call> "
+    + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)})
+    + " </tool_call>"
     + G4_TEXTS[3]
 )
 GRANITE4_FILE_CASES = [
@@ -2816,7 +2941,10 @@ GRANITE4_FILE_CASES = [
 
 
 ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py"
-ER_BEIJING = '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}\n</tool_call>\n'
+ER_BEIJING = (
+    '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}'
+    "\n</tool_call>\n"
+)
 ER_GZ = (
     '<tool_call>\n{"name": "get_temperature_unit", "arguments": {"location": "Guangzhou", '
     '"unit": "c"}}\n</tool_call>\n'
@@ -2827,13 +2955,30 @@ ER_CALLS = [
 ]
 ER_BEFORE = "I need to call two tools to handle these two issues separately.\n</think>"
 ERNIE45_CASES = [
-    Case("test_extract_tool_calls_no_tools", ERNIE45, "ernie45", "", "This is a test", (), "This is a test"),
+    Case(
+        "test_extract_tool_calls_no_tools",
+        ERNIE45,
+        "ernie45",
+        "",
+        "This is a test",
+        (),
+        "This is a test",
+    ),
     *[
         c
         for kind in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
         for c in (
-            Case(f"{kind}[single_tool_call]", ERNIE45, "ernie45", "", ER_BEIJING, tuple(ER_CALLS[:1])),
-            Case(f"{kind}[multiple_tool_calls]", ERNIE45, "ernie45", "", ER_BEIJING + ER_GZ, tuple(ER_CALLS)),
+            Case(
+                f"{kind}[single_tool_call]", ERNIE45, "ernie45", "", ER_BEIJING, tuple(ER_CALLS[:1])
+            ),
+            Case(
+                f"{kind}[multiple_tool_calls]",
+                ERNIE45,
+                "ernie45",
+                "",
+                ER_BEIJING + ER_GZ,
+                tuple(ER_CALLS),
+            ),
             Case(
                 f"{kind}[tool_call_with_content_before]",
                 ERNIE45,
@@ -2860,7 +3005,9 @@ def glm47(id, output, calls=(), content=""):
 
 
 G47_DATE = "<tool_call>get_current_date</tool_call>"
-G47_BEIJING = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+G47_BEIJING = (
+    "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+)
 GLM47_CASES = [
     glm47(
         "TestGlm47ExtractToolCalls.test_no_tool_call",
@@ -2894,8 +3041,8 @@ GLM47_CASES = [
     ),
     glm47(
         "TestGlm47ExtractToolCalls.test_multiple",
-        G47_BEIJING
-        + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>",
+        G47_BEIJING + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Shanghai</arg_value>"
+        "</tool_call>",
         [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
     ),
     glm47(
@@ -2926,11 +3073,18 @@ def glm4(id, output, calls=(), content="", tools=GLM45_TOOLS):
     return Case(id, GLM45, "glm45", "", output, tuple(calls), content, tools=tuple(tools))
 
 
-G4M_BEIJING = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>"
+G4M_BEIJING = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>"
+)
 G4M_BJ = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
-G4M_SH = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>"
+G4M_SH = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>"
+)
 G4M_CALC_TOOLS = (
-    fn_tool("calculate", {"operation": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}}),
+    fn_tool(
+        "calculate",
+        {"operation": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}},
+    ),
 )
 G4M_FN_TOOLS = (
     fn_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}}),
@@ -2977,9 +3131,17 @@ GLM4_MORE_CASES = [
         [("get_weather", {"city": "Beijing"})],
     ),
     # vLLM asserts that it does not hang: no call, content here
-    glm4("test_streaming_empty_tool_call", "<tool_call></tool_call>", content="<tool_call></tool_call>"),
+    glm4(
+        "test_streaming_empty_tool_call",
+        "<tool_call></tool_call>",
+        content="<tool_call></tool_call>",
+    ),
     *[
-        glm4(i, G4M_BJ + G4M_SH, [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})])
+        glm4(
+            i,
+            G4M_BJ + G4M_SH,
+            [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        )
         for i in (
             "test_streaming_multiple_tool_calls_sequential",
             "test_stream_interval_multiple_tool_calls",
@@ -2994,9 +3156,15 @@ GLM4_MORE_CASES = [
     glm4(
         "test_streaming_long_content_incremental",
         "<tool_call>write_to_file\n<arg_key>file_path</arg_key><arg_value>/tmp/bubble_sort.py"
-        "</arg_value><arg_key>content</arg_key><arg_value>" + G4M_BUBBLE + "\n</arg_value></tool_call>",
+        "</arg_value><arg_key>content</arg_key><arg_value>"
+        + G4M_BUBBLE
+        + "\n</arg_value></tool_call>",
         [("write_to_file", {"file_path": "/tmp/bubble_sort.py", "content": G4M_BUBBLE + "\n"})],
-        tools=(fn_tool("write_to_file", {"file_path": {"type": "string"}, "content": {"type": "string"}}),),
+        tools=(
+            fn_tool(
+                "write_to_file", {"file_path": {"type": "string"}, "content": {"type": "string"}}
+            ),
+        ),
     ),
     glm4(
         "test_extract_tool_calls_numeric_deserialization",
@@ -3007,7 +3175,8 @@ GLM4_MORE_CASES = [
     ),
     glm4(
         "test_whitespace_preserved_in_arg_values",
-        "<tool_call>apply_diff\n<arg_key>s</arg_key>\n<arg_value>    indented code    </arg_value>\n"
+        "<tool_call>apply_diff\n<arg_key>s</arg_key>\n"
+        "<arg_value>    indented code    </arg_value>\n"
         "</tool_call>",
         [("apply_diff", {"s": "    indented code    "})],
         tools=(fn_tool("apply_diff", {"s": {"type": "string"}}, required=["s"]),),
@@ -3050,7 +3219,9 @@ GLM4_MORE_CASES = [
         tools=G4M_CALC_TOOLS,
     ),
     *[
-        glm4(i, f"{prefix}\n{G4M_BJ}", [("get_weather", {"city": "Beijing"})], content=f"{prefix}\n")
+        glm4(
+            i, f"{prefix}\n{G4M_BJ}", [("get_weather", {"city": "Beijing"})], content=f"{prefix}\n"
+        )
         for i, prefix in (
             ("test_stream_interval_content_then_tool_call", "I will check the weather for you."),
             ("test_stream_interval_extreme_single_chunk", "Here is the weather."),
@@ -3086,7 +3257,9 @@ GLM4_MORE_CASES = [
         "test_string_type_detection_with_anyof",
         "<tool_call>configure<arg_key>api_key</arg_key><arg_value>sk-12345678</arg_value></tool_call>",
         [("configure", {"api_key": "sk-12345678"})],
-        tools=(fn_tool("configure", {"api_key": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),),
+        tools=(
+            fn_tool("configure", {"api_key": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+        ),
     ),
     glm4(
         "test_string_type_detection_with_list_types",
@@ -3159,7 +3332,10 @@ KIMI_MORE_CASES = [
         "test_bare_counter_multiple_tools_skips_unsafe_inference[ambiguous]",
         "Let me check. ",
         [kimi_tool("0", '{"city": "Tokyo"}')],
-        content="Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"}') + K_SECTION[1],
+        content="Let me check. "
+        + K_SECTION[0]
+        + kimi_tool("0", '{"city": "Tokyo"}')
+        + K_SECTION[1],
         tools=(KIMI_WEATHER, KIMI_FLIGHT),
     ),
     kimi_t(
@@ -3256,7 +3432,11 @@ KIMI_MORE_CASES = [
             kimi_tool("functions.get_news:1", '{"topic": "tech"} '),
             kimi_tool("functions.send_email:2", '{"to": "a@b.com"} '),
         ],
-        [("get_weather", {"city": "NYC"}), ("get_news", {"topic": "tech"}), ("send_email", {"to": "a@b.com"})],
+        [
+            ("get_weather", {"city": "NYC"}),
+            ("get_news", {"topic": "tech"}),
+            ("send_email", {"to": "a@b.com"}),
+        ],
     ),
     *[
         kimi(
@@ -3267,14 +3447,21 @@ KIMI_MORE_CASES = [
         )
         for i, prefix, args in (
             ("test_single_tool_call_at_interval", "Help. ", '{"city": "Beijing"}'),
-            ("test_content_then_tool_call_at_interval", "Sure, let me check. ", '{"city": "Tokyo"}'),
+            (
+                "test_content_then_tool_call_at_interval",
+                "Sure, let me check. ",
+                '{"city": "Tokyo"}',
+            ),
             ("test_content_and_tool_call_in_single_chunk", "Hi! ", '{"city": "Beijing"}'),
         )
     ],
     kimi(
         "TestStreamingIntervals.test_multiple_tool_calls_at_interval",
         "Compare. ",
-        [kimi_tool("functions.search:0", '{"q": "cats"}'), kimi_tool("functions.search:1", '{"q": "dogs"}')],
+        [
+            kimi_tool("functions.search:0", '{"q": "cats"}'),
+            kimi_tool("functions.search:1", '{"q": "dogs"}'),
+        ],
         [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
     ),
     kimi(
@@ -3399,10 +3586,17 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 KNOWN_DIFFERENCES = [
     *[
-        known(c, {"calls": [("write_file", {"path": "fixture.py", "content": "hello"})], "content": '\n"""\n</parameter>\n</function>\n', "withdrawn": True},
-              "a block ends at the first `</tool_call>` the model writes, also one inside a "
-              "value (a file holding a tool call): the router finds blocks by their markers, "
-              "before any parse; vLLM's qwen3 parsers disambiguate by the schema")
+        known(
+            c,
+            {
+                "calls": [("write_file", {"path": "fixture.py", "content": "hello"})],
+                "content": '\n"""\n</parameter>\n</function>\n',
+                "withdrawn": True,
+            },
+            "a block ends at the first `</tool_call>` the model writes, also one inside a "
+            "value (a file holding a tool call): the router finds blocks by their markers, "
+            "before any parse; vLLM's qwen3 parsers disambiguate by the schema",
+        )
         for kind in ("nonstreaming", "streaming")
         for c in qshared(
             f"test_content_with_full_nested_tool_call_{kind}",
@@ -3417,7 +3611,14 @@ KNOWN_DIFFERENCES = [
             {
                 "calls": [
                     ("foo", {"bar": "baz"}),
-                    ("write_file", {"path": "fixture.py", "content": 'template = """\n<tool_call>\n<function=foo>\n<parameter=bar>baz'}),
+                    (
+                        "write_file",
+                        {
+                            "path": "fixture.py",
+                            "content": 'template = """\n<tool_call>\n<function=foo>\n'
+                            "<parameter=bar>baz",
+                        },
+                    ),
                 ],
                 "content": '\n\n\n"""\n</parameter>\n</function>\n',
             },
@@ -3462,7 +3663,10 @@ KNOWN_DIFFERENCES = [
         ),
         {
             "calls": [],
-            "content": "Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"') + K_SECTION[1],
+            "content": "Let me check. "
+            + K_SECTION[0]
+            + kimi_tool("0", '{"city": "Tokyo"')
+            + K_SECTION[1],
         },
         "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
         "object's text, and a section whose only call is malformed comes back as content",
@@ -3473,14 +3677,14 @@ KNOWN_DIFFERENCES = [
             KIMI,
             "kimi_k2",
             "",
-            "I'll check. " + K_SECTION[0] + '<|tool_call_begin|>functions.get_weather:0 '
+            "I'll check. " + K_SECTION[0] + "<|tool_call_begin|>functions.get_weather:0 "
             '<|tool_call_argument_begin|>{"city": "Bei',
             (("get_weather", '{"city": "Bei'),),
             "I'll check. ",
         ),
         {
             "calls": [],
-            "content": "I'll check. " + K_SECTION[0] + '<|tool_call_begin|>functions.get_weather:0 '
+            "content": "I'll check. " + K_SECTION[0] + "<|tool_call_begin|>functions.get_weather:0 "
             '<|tool_call_argument_begin|>{"city": "Bei',
             "withdrawn": True,
         },

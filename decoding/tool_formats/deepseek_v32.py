@@ -19,7 +19,9 @@ import regex
 from decoding.tool_formats import ToolFormat, register
 from decoding.tool_formats.qwen3_xml import _container, _properties, convert
 
-_INVOKE = regex.compile(r'<｜DSML｜invoke name="(?P<name>[^"]+)">(?P<body>.*?)</｜DSML｜invoke>', regex.S)
+_INVOKE = regex.compile(
+    r'<｜DSML｜invoke name="(?P<name>[^"]+)">(?P<body>.*?)</｜DSML｜invoke>', regex.S
+)
 _PARAM = regex.compile(
     r'<｜DSML｜parameter name="(?P<key>[^"]+)"(?: string="(?P<string>true|false)")?>'
     r"(?P<value>.*?)</｜DSML｜parameter>",
@@ -46,11 +48,11 @@ def _call(name: str, body: str, tools: Any) -> dict[str, Any]:
             _undeclared(value, m["string"] != "false") if prop is None else convert(value, prop)
         )
     if props and len(args) == 1:  # a lone wrapper of the declared arguments
-        (key, value), = args.items()
+        ((key, value),) = args.items()
         inner = _container(value) if isinstance(value, str) else value
-        if key in ("arguments", "input") and key not in props and isinstance(inner, dict):
-            if inner and set(inner) <= set(props):
-                args = {k: convert(v, props[k]) if isinstance(v, str) else v for k, v in inner.items()}
+        wrapper = key in ("arguments", "input") and key not in props
+        if wrapper and isinstance(inner, dict) and inner and set(inner) <= set(props):
+            args = {k: convert(v, props[k]) if isinstance(v, str) else v for k, v in inner.items()}
     return {"name": name, "arguments": args}
 
 

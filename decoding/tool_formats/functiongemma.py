@@ -17,7 +17,9 @@ import regex
 from decoding.tool_formats import ToolFormat, register
 
 _CALL = regex.compile(r"\s*call:(?P<name>[\w.-]+)\{(?P<args>.*)\}\s*", regex.S)
-_ARG = regex.compile(r"\s*,?\s*(?P<key>[\w.-]+):(?:<escape>(?P<text>.*?)<escape>|(?P<bare>[^,}]*))", regex.S)
+_ARG = regex.compile(
+    r"\s*,?\s*(?P<key>[\w.-]+):(?:<escape>(?P<text>.*?)<escape>|(?P<bare>[^,}]*))", regex.S
+)
 
 
 def _value(text: str) -> Any:

@@ -21,7 +21,10 @@ from mlx_lm.tool_parsers import kimi_k2
 from decoding.tool_formats import ToolFormat, register
 
 _CALL = regex.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_end\|>", regex.S)
-_ID = regex.compile(r"\s*(?:(?:functions\.)?(?P<name>[^\s:<]+):\d+|(?P<counter>\d+))\s*<\|tool_call_argument_begin\|>", regex.S)
+_ID = regex.compile(
+    r"\s*(?:(?:functions\.)?(?P<name>[^\s:<]+):\d+|(?P<counter>\d+))\s*<\|tool_call_argument_begin\|>",
+    regex.S,
+)
 
 
 def _tool_keys(tools: Any) -> dict[str, set[str]]:

@@ -81,8 +81,8 @@ def _split_top_level(inner: str) -> list[str]:
 
 
 def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
-    """The calls of a pythonic list (``text``: the list). A call that is not convertible is left out while
-    another is (vLLM's bad-sibling rule); no call at all raises ValueError."""
+    """The calls of a pythonic list (``text``: the list). A call that is not convertible is
+    left out while another is (vLLM's bad-sibling rule); no call at all raises ValueError."""
     body = text.strip()
     try:
         tree = ast.parse(body, mode="eval").body

@@ -139,7 +139,9 @@ def _params(body: str, props: dict[str, Any] | None) -> list[tuple[str, str]]:
         m = next((o for o in _OPEN.finditer(body, pos) if known_key(o[1], props)), None)
         if m is None:
             return out
-        start, end, after = m.end(), None, None
+        start = m.end()
+        end: int | None = None
+        after: int | None = None
         i = body.find(_CLOSE, start)
         while i >= 0:
             a = _AFTER_CLOSE.match(body, i + len(_CLOSE))
@@ -156,7 +158,7 @@ def _params(body: str, props: dict[str, Any] | None) -> list[tuple[str, str]]:
             ),
             None,
         )
-        if end is None or (stop is not None and stop < end):
+        if end is None or after is None or (stop is not None and stop < end):
             end = after = stop if stop is not None else len(body)
         out.append((m[1].strip(), body[start:end]))
         pos = after
@@ -184,8 +186,12 @@ parse.tool_stream_format = "qwen3_coder"  # type: ignore[attr-defined]
 
 _BLOCKS = (Block("<function=", "</function>", keep=True),)
 QWEN3_XML = register(
-    ToolFormat("qwen3_xml", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",))
+    ToolFormat(
+        "qwen3_xml", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",)
+    )
 )
 QWEN3_CODER = register(
-    ToolFormat("qwen3_coder", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",))
+    ToolFormat(
+        "qwen3_coder", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",)
+    )
 )

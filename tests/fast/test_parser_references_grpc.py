@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import regex
-from mlx_lm import tokenizer_utils
 from helpers import chat_request
 from inprocess import InProcessServer
+from mlx_lm import tokenizer_utils
 from scripted import ScriptedModel
 from toy_tokenizer import PIECES, build_hf, byte_level
 from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected

@@ -33,7 +33,10 @@ def test_tool_parser_names_map_to_mlx_lm_parsers():
     assert parser('add{"a": 1}') == [{"name": "add", "arguments": {"a": 1}}]
     # GLM: ours (string values as written), mlx-lm's glm47 for its other forms
     glm = "get_weather<arg_key>city</arg_key><arg_value> Paris </arg_value>"
-    assert resolve_tool_parser("glm45")[0](glm) == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert resolve_tool_parser("glm45")[0](glm) == {
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
     assert glm47.parse_tool_call(glm)["arguments"] == {"city": "Paris"}
     _, start, end = resolve_tool_parser("jamba")
     assert (start, end) == ("<tool_calls>", "</tool_calls>")
