@@ -22,6 +22,7 @@ from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
 
 import backend_pb2
 import params
+from decoding import tool_formats
 from decoding.parsers import apply_parser_overrides, resolve_reasoning_markers
 from engine import prompt as prompt_mod
 from seam.tokenizer import vocab_size
@@ -150,3 +151,12 @@ def test_the_known_path_difference_is_a_withdrawn_call(servers, case, ours):
     assert whole == want
     assert streamed["content"] == whole["content"]
     assert len(streamed["calls"]) > len(whole["calls"])  # plus the withdrawn one
+
+
+@pytest.mark.parametrize("tool", sorted({t for t, _ in PAIRS if t}))
+def test_model_metadata_shows_the_named_format_and_its_markers(servers, tool):
+    srv, _, named = next(v for (t, _), v in servers.items() if t == tool)
+    fmt = tool_formats.of(named)
+    tf = srv.stub.ModelMetadata(backend_pb2.ModelOptions()).tool_format
+    assert fmt is not None and fmt.name == tool
+    assert (tf.format_type, tf.section_start, tf.section_end) == (tool, fmt.start, fmt.end)
