@@ -1,4 +1,5 @@
 """pythonic and llama4_pythonic: a Python list of keyword calls, `[f(a=1), g(b='x')]`.
+llama4_pythonic also reads the JSON call the Llama 4 chat template asks for.
 
 vLLM (vllm/tool_parsers/pythonic_tool_parser.py, llama4_pythonic_tool_parser.py) reads the
 list only where the output starts with it (Llama 4 may wrap it in `<|python_start|>` ...
@@ -114,13 +115,27 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
+def parse_llama4(text: str, tools: Any = None) -> Any:
+    """llama4_pythonic: the pythonic list vLLM reads, or the `{"name": ..., "parameters": ...}`
+    JSON the Llama 4 chat template asks for (as Llama 3.x's does; read as llama3_json)."""
+    body = text.strip()
+    if body.startswith("{"):
+        from decoding.parsers import LLAMA_JSON_START, _llama_json_parser
+
+        return _llama_json_parser(body[len(LLAMA_JSON_START) :], tools)
+    return parse(text, tools)
+
+
 PYTHONIC = register(ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True))
 LLAMA4_PYTHONIC = register(
     ToolFormat(
         "llama4_pythonic",
-        parse,
+        parse_llama4,
         "<|python_start|>",
         "<|python_end|>",
-        more=(Block("[", "<|python_end|>", at_content_start=True, keep=True),),
+        more=(
+            Block("[", "<|python_end|>", at_content_start=True, keep=True),
+            Block('{"name"', keep=True),
+        ),
     )
 )

@@ -61,3 +61,12 @@ def test_arguments_that_are_no_json_make_the_call_malformed():
     for value in (b"z", float("inf")):
         with pytest.raises(ValueError, match="not JSON"):
             parse_tool_block(lambda text, tools, v=value: {"name": "f", "arguments": {"x": v}}, "")
+
+
+def test_llama4_pythonic_also_reads_the_json_the_llama4_template_asks_for():
+    # vLLM's llama4_pythonic reads pythonic lists (its own template's); the model's Llama 4
+    # chat template asks for Llama 3.x's JSON call: both are calls.
+    parser = resolve_tool_parser("llama4_pythonic")[0]
+    want = [{"name": "get_weather", "arguments": {"city": "LA"}}]
+    assert parser("[get_weather(city='LA')]") == want
+    assert parser('{"name": "get_weather", "parameters": {"city": "LA"}}') == want
