@@ -10,18 +10,18 @@ A name never fails the load: LocalAI passes options meant for other backends too
 with no MLX equivalent, or a name in no table, logs a warning and leaves what mlx-lm detected
 from the chat template in place.
 
-vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open / close a block:
+vLLM tool_parser (LocalAI's names in bold) -> its `ToolFormat` (markers, whole-block parser,
+streaming, tool-call grammar slot). One module each in decoding/tool_formats/: **qwen3_xml**,
+qwen3_coder, **gemma4**, **glm45**, **glm47**, **kimi_k2**, **ernie45**, **llama4_pythonic**,
+pythonic, xlam, seed_oss, deepseek_v32, hunyuan_a13b, functiongemma, granite. The rest are
+in `TOOL_PARSERS` below (each resolved to a ToolFormat by `resolve_tool_format`):
 
-- **hermes**, **granite4**, **ernie45** -> mlx-lm json_tools: `<tool_call>` `</tool_call>`
-- **qwen3_xml**, qwen3_coder -> mlx-lm qwen3_coder: `<tool_call>` `</tool_call>`
+- **hermes**, **granite4** -> mlx-lm json_tools: `<tool_call>` `</tool_call>`
 - **mistral** -> mlx-lm mistral, and ours where it reads nothing (v11 `NAME{...}`, a list
   with text around it): `[TOOL_CALLS]`, to the end
-- **glm45**, **glm47** -> mlx-lm glm47: `<tool_call>` `</tool_call>`
-- **gemma4** -> mlx-lm gemma4: `<|tool_call>` `<tool_call|>`
-- **minimax_m2**, **kimi_k2**, pythonic, longcat, functiongemma -> the mlx-lm module of that
-  name (functiongemma: function_gemma), with its markers
-- **llama3_json**, **llama4_pythonic**, llama4_json -> ours: JSON objects `{"name": ...,
-  "parameters"|"arguments": {...}}`, `;`-separated: `{"name"`, to the end
+- **minimax_m2**, longcat -> the mlx-lm module of that name, with its markers
+- **llama3_json**, llama4_json -> ours: JSON objects `{"name": ..., "parameters"|"arguments":
+  {...}}`, `;`-separated: `{"name"`, to the end
 - **deepseek_v3**, deepseek_v31 -> ours: DeepSeek V3 / R1 and V3.1 calls:
   `<｜tool▁calls▁begin｜>` `<｜tool▁calls▁end｜>`
 - **olmo3** -> ours: one pythonic call a line, parsed by mlx-lm's pythonic parser:
@@ -29,16 +29,13 @@ vLLM tool_parser (LocalAI's names in bold) -> parser, and the markers that open 
 - **phi4_mini_json** -> ours: a JSON list: `functools[`, to the end
 - **openai** (gpt-oss Harmony) -> ours: `NAME ... <|message|>{args}`: ` to=functions.`
   `<|call|>` (or `<|end|>`), one block per call message; plus the Harmony channels (below)
-- internlm, jamba, granite -> ours: a JSON object / list between their markers
-- deepseek_v32, gigachat3, granite_20b_fc, hunyuan_a13b, minimax, seed_oss, step3, step3p5,
-  xlam: no MLX equivalent here (warning, mlx-lm's detection stays)
+- internlm, jamba -> ours: a JSON object / list between their markers
+- gigachat3, granite_20b_fc, minimax, step3, step3p5: no MLX equivalent here (a warning,
+  mlx-lm's detection stays)
 
-`llama4_pythonic`: vLLM's pythonic format comes from vLLM's own template; the Llama 4 chat
-template this backend renders (the model's) asks for `{"name": ..., "parameters": ...}` JSON,
-as Llama 3.x's does, so both read that JSON. Llama's JSON call has no opening marker (vLLM's
-llama3_json looks at the output's start): the block starts at `{"name"`; a JSON object that
-is no call (no `parameters` / `arguments`) comes back as content. A `<|python_tag|>` /
-`<|python_start|>` before the JSON stays in content.
+Llama's JSON call has no opening marker (vLLM's llama3_json looks at the output's start): the
+block starts at `{"name"`; a JSON object that is no call (no `parameters` / `arguments`)
+comes back as content. A `<|python_tag|>` before the JSON stays in content.
 
 Reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, ernie45, minimax_m2(_append_think), olmo3,
 hunyuan_a13b, kimi_k2, nemotron_v3 -> `<think>`/`</think>`; mistral -> `[THINK]`/`[/THINK]`;
