@@ -90,7 +90,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from caches import prompt_disk_format
 from parsing import images as images_mod
 from parsing import jsonfield
 from parsing.constraint import Constraint, read_constraint
@@ -123,12 +122,13 @@ from parsing.options import (
 )
 from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
+from parsing.paths import safe_cache_dir
 from parsing.tool_choice import ToolChoice, read_tool_choice
 from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
-MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (engine.fit)
+MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (prompting.fit)
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
@@ -148,7 +148,7 @@ class GenerationParams:
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
     mean "disabled". `max_tokens` is in tokens, as requested (UNTIL_CONTEXT_FULL for -1);
-    the prepare step caps it, once (`engine.fit.max_tokens`). `seed` None means a fresh
+    the prepare step caps it, once (`prompting.fit.max_tokens`). `seed` None means a fresh
     random seed.
     """
 
@@ -405,13 +405,13 @@ def _prompt_cache_option(value: str, model_path: str) -> str:
 
 def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
     """The disk-tier directory of a request: option prompt_cache_dir when set, else
-    PromptCachePath confined to ModelPath (`prompt_disk_format.safe_cache_dir`), else ""."""
+    PromptCachePath confined to ModelPath (`parsing.paths.safe_cache_dir`), else ""."""
     if load is not None and load.prompt_cache_dir:
         return load.prompt_cache_dir
     if not value:
         return ""
     try:
-        return str(prompt_disk_format.safe_cache_dir(value, load.model_path if load else ""))
+        return str(safe_cache_dir(value, load.model_path if load else ""))
     except ValueError as exc:
         raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 

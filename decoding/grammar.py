@@ -5,7 +5,7 @@ Owns validating and compiling a `Constraint` (read from the request by
 check before queueing and every sequence after it), and the per-sequence logits processor
 that masks every token the grammar forbids. Nothing here is global per request: each
 processor owns its own matcher, so constrained and unconstrained sequences decode together
-in one batch; there `seam.batch_logits` fills all rows' masks in one call of llguidance's
+in one batch; there `batch.logits` fills all rows' masks in one call of llguidance's
 thread pool (`fill_masks`) and applies them as one stacked mask.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
@@ -451,7 +451,7 @@ class ConstraintProcessor:
             return apply_bitmask(logits, self._bits)
         return self.only_eos(logits)
 
-    # -- the steps of a call, also taken for many rows at once (`seam.batch_logits`) -----
+    # -- the steps of a call, also taken for many rows at once (`batch.logits`) -----
     @property
     def matcher(self) -> llguidance.LLMatcher:
         return self._matcher

@@ -37,6 +37,7 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokeni
 from tokenizers import decoders as hf_decoders
 
 from decoding import arrays, tool_formats
+from decoding.finish import FinishReason, settled
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -325,7 +326,7 @@ class OutputPipeline:
         self.content = ""
         self.reasoning = ""
         self.tool_calls: list[ToolCall] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.generated_tokens = 0  # every token fed, EOS included (usage.completion_tokens)
 
     @property
@@ -351,15 +352,16 @@ class OutputPipeline:
         text = self._detok.last_segment
         return self._emit(self._router.push(text) if text else [], entries)
 
-    def finish(self, reason: str) -> Delta:
-        """End the request ("stop" | "length" | "cancelled") and flush what is held back.
+    def finish(self, reason: FinishReason) -> Delta:
+        """End the request (how its sequence ended: ``reason``) and flush what is held back.
 
         Held text that can no longer complete a marker or stop is released in its state; if
         the final flush completes a stop string, that stop applies. Unterminated reasoning is
         flushed as reasoning; an unterminated tool call is parsed as it stands (vLLM's rule:
         a complete call without its end marker still counts), and returned as content with a
         warning when it does not parse. `finish_reason`
-        becomes "stop" when a stop string matched, else `reason`. Idempotent.
+        becomes STOP when a stop string matched, else `reason` (`decoding.finish.settled`).
+        Idempotent.
         """
         if self.finish_reason is not None:
             return Delta()
@@ -373,7 +375,7 @@ class OutputPipeline:
                 segments.append(_Segment(state, self._router.flush()))
                 if _is_tool(state):
                     segments.append(_Segment(state, "", "", NORMAL))  # close it: see _tool_call
-        self.finish_reason = "stop" if self.stopped else reason
+        self.finish_reason = settled(reason, self.stopped)
         if self._space and not segments:
             segments.append(_Segment(NORMAL, ""))
         return self._emit(segments, (), final=True)

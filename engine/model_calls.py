@@ -17,10 +17,10 @@ from typing import Any
 
 from caches.prompt_tiers import PromptTiers
 from decoding import tool_formats
-from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
 from tasks import rerank as rerank_task

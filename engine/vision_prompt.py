@@ -2,7 +2,7 @@
 the cache identity of every token (no MLX here: the engine thread owns it).
 
 `prepare` is what `Engine.submit` runs off the event loop and off the engine thread for
-every request: a request without images goes to `engine.prompt.prepare_prompt` as before;
+every request: a request without images goes to `prompting.render.prepare_prompt` as before;
 one with images becomes a `VisionPrompt`:
 
 - Where the images go. A raw `Prompt` with media markers (``<__media__>``, what LocalAI
@@ -46,11 +46,11 @@ import jinja2
 import numpy as np
 
 from decoding.output import initial_state_for
-from engine import fit
-from engine import prompt as prompt_mod
 from loading.vision import MEDIA_MARKER
 from params import PromptSpec
 from parsing import images as images_mod
+from prompting import fit
+from prompting import render as prompt_mod
 
 VIRTUAL_BASE = 1 << 100  # key ids of image tokens are above every vocabulary id
 TAG_BASE = 1 << 99  # first key id of a prompt whose positions shift (mRoPE delta)
@@ -122,8 +122,8 @@ def prepare(
 ) -> prompt_mod.PreparedPrompt:
     """The prepared prompt of ``spec`` for the `LoadedModel` ``loaded`` (module doc), a
     text prompt's by `prompt.prepare_prompt`. ``check_text``: called with the rendered
-    text before tokenizing (`engine.fit.check_text`). ValueError (INVALID_ARGUMENT)
-    naming the field: images sent to a text-only model (`engine.fit.check_images`),
+    text before tokenizing (`prompting.fit.check_text`). ValueError (INVALID_ARGUMENT)
+    naming the field: images sent to a text-only model (`prompting.fit.check_images`),
     markers and images that do not pair up, an image that cannot be decoded or is too
     large, the processor or the template refusing the prompt, a prompt too long.
     """

@@ -3,7 +3,7 @@
 Unit tests drive `ConstraintProcessor` with its gate (decoding/grammar_gate.py) the way
 mlx-lm does (context = prompt + generated tokens) on the toy tokenizer
 (tests/toy_tokenizer.py: single-token "<think>" / "</think>"), and the batch-wide path
-(seam/batch_logits.py) beside a per-row reference. Scripted-model tests over real gRPC
+(batch/logits.py) beside a per-row reference. Scripted-model tests over real gRPC
 check the reasoning / content split of PredictStream and Predict.
 """
 
@@ -23,12 +23,12 @@ from toy_tokenizer import ids
 
 import backend_pb2
 import params
+from batch.logits import BatchLogits
 from decoding import grammar
 from decoding.grammar_gate import ChainGate, ReasoningGate, TriggerGate
-from engine import prompt as prompt_mod
 from engine.sequences import stops_at_eos
 from parsing.constraint import Constraint
-from seam.batch_logits import BatchLogits
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 SCHEMA = json.dumps(

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast
 import backend_pb2
 import params
 from decoding.reasoning_budget import ReasoningBudgetProcessor, make_budget_processor
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 XTML = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]

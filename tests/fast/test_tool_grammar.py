@@ -22,9 +22,9 @@ from decoding import grammar, parsers, tool_grammar
 from decoding.tool_calls import merge_tool_call_deltas
 from decoding.tool_grammar import HERMES, LLAMA_JSON
 from engine import prepare
-from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from parsing.tool_choice import ToolChoice, read_tool_choice
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 UNITS = {"type": "string", "enum": ["c", "f"]}

@@ -37,7 +37,7 @@ from scripted import ScriptedModel
 
 import backend_pb2 as pb
 import params
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from seam.tokenizer import vocab_size
 
