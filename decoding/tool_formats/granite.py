@@ -1,7 +1,8 @@
 """granite (Granite 3.0 / 3.1): a JSON list of {"name", "arguments"} calls after
 `<|tool_call|>` (3.0's token) or `<tool_call>` (3.1's text), running to the end of the
 output (vLLM's granite_tool_parser.py; tests/tool_parsers/test_granite_tool_parser.py).
-Keys in either order; text after the list is left out, as vLLM leaves it. mlx-lm has no
+Keys in either order (arguments stream as raw JSON where the name comes first); text after
+the list is left out, as vLLM leaves it. mlx-lm has no
 parser for this format.
 """
 
@@ -29,5 +30,7 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
         raise ValueError("an empty call list")
     return out
 
+
+parse.tool_stream_format = "json_list"  # type: ignore[attr-defined]
 
 GRANITE = register(ToolFormat("granite", parse, "<|tool_call|>", more=(Block("<tool_call>"),)))
