@@ -2863,10 +2863,9 @@ GRANITE_CASES = [
     ),
     # vLLM asserts only that these do not raise; here they are content
     *[
-        granite(f"test_malformed_input[{i}]", text, content=text)
+        granite(f"test_malformed_input[{i + 1}]", text, content=text)
         for i, text in enumerate(
             [
-                '<|tool_call|> [{"name": "func", "arguments": {',
                 '<|tool_call|> {"name": "func", "arguments": {}}',
                 '[{"name": "func", "arguments": "not a dict"}]',
                 'Some text [{"name": "func"}]',
@@ -3585,6 +3584,17 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 
 KNOWN_DIFFERENCES = [
+    known(
+        granite(
+            "test_malformed_input[0]",
+            '<|tool_call|> [{"name": "func", "arguments": {',
+            content='<|tool_call|> [{"name": "func", "arguments": {',
+        ),
+        {"withdrawn": True},
+        "same result as vLLM's non-streaming path (vLLM asserts only that it does not "
+        "raise), but the stream announced func before the cut-off list proved malformed; "
+        "LocalAI's proto cannot withdraw a streamed call",
+    ),
     *[
         known(
             c,
