@@ -8,9 +8,10 @@ parser (`parse(text, tools)` -> a call dict or a list of them, raising on malfor
 and the slot for its tool-call grammar builder (`grammar`, from decoding/tool_grammar.py).
 
 Adding a format is one module here that calls `register(ToolFormat(...))`, plus its vLLM
-cases in tests/vllm_parser_cases.py. The vLLM names mapped onto mlx-lm's own parsers, and
-the older formats parsed in decoding/parsers.py, are in `decoding.parsers.TOOL_PARSERS`
-(each resolved to a ToolFormat by `decoding.parsers.resolve_tool_format`).
+cases in tests/vllm_parser_cases.py. `decoding.parsers` resolves LocalAI's `tool_parser`
+names here (`resolve_tool_format`) and installs the format on the tokenizer (`of` reads it
+back). How each format's arguments stream is the parser's `tool_stream_format` (the specs of
+decoding/tool_calls.py).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def parse_llama4(text: str, tools: Any = None) -> Any:
     JSON the Llama 4 chat template asks for (as Llama 3.x's does; read as llama3_json)."""
     body = text.strip()
     if body.startswith("{"):
-        from decoding.parsers import LLAMA_JSON_START, _llama_json_parser
+        from decoding.tool_formats.llama_json import LLAMA_JSON_START, _llama_json_parser
 
         return _llama_json_parser(body[len(LLAMA_JSON_START) :], tools)
     return parse(text, tools)

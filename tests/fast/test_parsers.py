@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
 
+from decoding import tool_formats
 from decoding.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -40,10 +41,11 @@ def test_tool_parser_names_map_to_mlx_lm_parsers():
     assert glm47.parse_tool_call(glm)["arguments"] == {"city": "Paris"}
     _, start, end = resolve_tool_parser("jamba")
     assert (start, end) == ("<tool_calls>", "</tool_calls>")
-    for name, entry in TOOL_PARSERS.items():  # every mapped name: a callable and a start
-        if entry is not None:
-            parser, start, _ = resolve_tool_parser(name)
-            assert callable(parser) and start
+    for name in tool_formats.names():  # every format: a callable and a start marker
+        parser, start, _ = resolve_tool_parser(name)
+        assert callable(parser) and start and tool_formats.get(name).name == name
+    for name in TOOL_PARSERS:  # vLLM names with no MLX equivalent
+        assert resolve_tool_parser(name) is None and tool_formats.get(name) is None
 
 
 def test_reasoning_parser_names_map_to_think_markers():
