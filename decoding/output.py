@@ -27,7 +27,7 @@ Text rules (what a client sees):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -36,8 +36,10 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays, tool_formats
+from decoding import arrays, reasoning_formats, tool_formats
 from decoding.finish import FinishReason, settled
+from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
+from decoding.text_router import Segment, TextRouter
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -51,16 +53,21 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_NO_BLOCK = tool_formats.Block("")
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
+_NO_BLOCK = tool_formats.Block("")
 
 
 def _is_tool(state: str | None) -> bool:
     """A tool block's state: "tool", or "tool1", "tool2"... for a format's other blocks."""
     return state is not None and state.startswith(TOOL)
+
+
+def tool_state(i: int) -> str:
+    """The router state of a tool format's i-th block."""
+    return TOOL if i == 0 else f"{TOOL}{i}"
 
 
 _SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
@@ -84,156 +91,35 @@ class Delta:
         return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """Text of one state; `marker` is the string that ended it (None: still open)."""
-
-    state: str
-    text: str
-    marker: str | None = None
-    next_state: str | None = None  # with a marker: the state entered; None means a stop matched
-
-
-class _TextRouter:
-    """Splits decoded text into per-state segments at marker and stop strings.
-
-    `edges` maps state -> [(pattern, next state or None for stop)], the shape mlx-lm's
-    `make_text_state_machine` builds. Differs from `TextStateMachine`: it holds back only the
-    longest suffix that is a prefix of a pattern (TextStateMachine holds until its automaton
-    returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
-    """
-
-    def __init__(
-        self,
-        edges: Mapping[str, Sequence[tuple[str, str | None]]],
-        state: str,
-        content_start: Sequence[str] = (),
-        content_start_after: Sequence[str] = (),
-    ):
-        self._edges = {s: tuple((p, d) for p, d in e if p) for s, e in edges.items()}
-        self.state: str | None = state
-        self._held = ""
-        # Ours: markers that count only before any content (a tool format's content_start,
-        # e.g. pythonic's "["), or right after one of content_start_after.
-        self._content_start = frozenset(content_start)
-        self._after = tuple(content_start_after)
-        self._content_tail = ""  # the end of the content so far (stripped of whitespace)
-        self._content_seen = False
-
-    def push(self, text: str) -> list[_Segment]:
-        buf, pos, segments = self._held + text, 0, []
-        while self.state is not None:
-            hit = self._first_match(buf, pos)
-            if hit is None:
-                break
-            start, pattern, dst = hit
-            segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
-            self._saw(segments[-1])
-            pos, self.state = start + len(pattern), dst
-        if self.state is None:  # stopped: text after the stop string is dropped
-            self._held = ""
-            return segments
-        cut = len(buf) - self._partial_suffix(buf, pos)
-        segments.append(_Segment(self.state, buf[pos:cut]))
-        self._saw(segments[-1])
-        self._held = buf[cut:]
-        return segments
-
-    def _saw(self, seg: _Segment) -> None:
-        """Note the content passed (for content_start markers)."""
-        if not self._content_start:
-            return
-        if seg.state == NORMAL and seg.text.strip():
-            self._content_seen = True
-            self._content_tail = (self._content_tail + seg.text).rstrip()[-64:]
-        if seg.state == NORMAL and seg.next_state == NORMAL and seg.marker:
-            self._content_seen = True
-            self._content_tail = (self._content_tail + seg.marker)[-64:]
-        if _is_tool(seg.next_state):  # one list of calls: no second block
-            self._content_seen, self._content_tail = True, ""
-
-    def _anchored_at(self, buf: str, pos: int, pattern: str) -> int:
-        """Where a content_start marker opens a block in buf[pos:], or -1: before any
-        content, or right after a content_start_after marker (whitespace aside), and not
-        where a longer marker starting with it matches or may still match."""
-        i = buf.find(pattern, pos)
-        while i >= 0:
-            before = (self._content_tail + buf[pos:i]).rstrip()
-            at_start = not self._content_seen and not before
-            if (at_start or (self._after and before.endswith(self._after))) and not any(
-                p != pattern and p.startswith(pattern) and p.startswith(buf[i : i + len(p)])
-                for p, _ in self._current_edges()
-            ):
-                return i
-            i = buf.find(pattern, i + 1)
-        return -1
-
-    def flush(self) -> str:
-        """Release the held text (at the end it can no longer complete a match)."""
-        held, self._held = self._held, ""
-        return held
-
-    def _current_edges(self) -> tuple[tuple[str, str | None], ...]:
-        return self._edges.get(self.state, ()) if self.state is not None else ()
-
-    def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
-        best = None
-        for pattern, dst in self._current_edges():
-            if self.state == NORMAL and pattern in self._content_start:
-                start = self._anchored_at(buf, pos, pattern)
-            else:
-                start = buf.find(pattern, pos)
-            if start >= 0:
-                key = (start + len(pattern), start)  # ends first, then longest
-                if best is None or key < best[0]:
-                    best = (key, pattern, dst)
-        return None if best is None else (best[0][1], best[1], best[2])
-
-    def _partial_suffix(self, buf: str, pos: int) -> int:
-        patterns = [p for p, _ in self._current_edges()]
-        longest = min(max((len(p) for p in patterns), default=1) - 1, len(buf) - pos)
-        for k in range(longest, 0, -1):
-            tail = buf[-k:]
-            if any(p.startswith(tail) for p in patterns):
-                return k
-        return 0
-
-
 def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
     Same rule as mlx-lm's server (`_tokenize`): the last think-start token sequence after the
-    last think-end one; a chat template's response format (`response_initial_state`) wins.
+    last think-end one (the reasoning format's markers, `reasoning_formats.prompt_state`);
+    a chat template's response format (`response_initial_state`) wins.
     """
-    state = NORMAL
-    if tokenizer.has_thinking:
-        tokens = list(prompt_tokens)
-        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
-            state = REASONING
+    fmt = reasoning_formats.format_of(tokenizer)
+    state = reasoning_formats.prompt_state(fmt, tokenizer, list(prompt_tokens))
     return getattr(tokenizer, "response_initial_state", None) or state  # none on mlx-lm main
 
 
-def tool_state(i: int) -> str:
-    """The router state of a tool format's i-th block."""
-    return TOOL if i == 0 else f"{TOOL}{i}"
-
-
-def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
-    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline."""
+def _edges(
+    tokenizer: Any, fmt: ReasoningFormat | None, stop: Sequence[str], tools_on: bool
+) -> dict[str, list]:
+    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline;
+    the reasoning format's (`ReasoningFormat.edges`) come after the tool markers, so that
+    with tools on a tool-call marker opens a call rather than ending reasoning as text."""
     edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
-    thinking = getattr(tokenizer, "has_thinking", False)  # getattr: engine tests use fakes
+    thinking = fmt is not None and fmt.routes
     responses = getattr(tokenizer, "response_transitions", None) or {}
-    if thinking:
-        edges[NORMAL].append((tokenizer.think_start, REASONING))
-        edges[REASONING].append((tokenizer.think_end, NORMAL))
-        # Ours: a repeated open or stray close marker is stripped too, never shown as text.
-        edges[REASONING].append((tokenizer.think_start, REASONING))
-        edges[NORMAL].append((tokenizer.think_end, NORMAL))
+    if fmt is not None and thinking:
+        edges[NORMAL].append((fmt.start, REASONING))
+        edges[REASONING].append((fmt.end, NORMAL))
     if tools_on:
-        fmt = tool_formats.of(tokenizer)
+        tool_fmt = tool_formats.of(tokenizer)
         blocks = (
-            fmt.blocks
-            if fmt is not None
+            tool_fmt.blocks
+            if tool_fmt is not None
             else (tool_formats.Block(tokenizer.tool_call_start, tokenizer.tool_call_end),)
         )
         from_normal = TOOL not in {d for e in responses.values() for _, d in e}
@@ -246,7 +132,10 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
                 edges[REASONING].append((block.start, state))
             if block.end:  # Mistral has none: the call runs to the end
                 edges[state].append((block.end, NORMAL))
-        edges[NORMAL].extend((m, NORMAL) for m in (fmt.strip if fmt is not None else ()))
+        edges[NORMAL].extend((m, NORMAL) for m in (tool_fmt.strip if tool_fmt else ()))
+    if fmt is not None:
+        for state, extra in fmt.edges().items():
+            edges[state].extend(e for e in extra if e[:2] not in {x[:2] for x in edges[state]})
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
@@ -295,28 +184,35 @@ class OutputPipeline:
             and tokenizer.tool_parser
         )
         self._tools = tools
-        edges = _edges(tokenizer, [stop] if isinstance(stop, str) else stop, self._tools_on)
+        fmt = reasoning_formats.format_of(tokenizer)
+        self._text = ReasoningStream(fmt or ReasoningFormat(""))
+        stops = [stop] if isinstance(stop, str) else stop
+        edges = _edges(tokenizer, fmt, stops, self._tools_on)
         if initial_state not in edges:
             raise ValueError(f"unknown initial_state {initial_state!r}; use one of {list(edges)}")
         if initial_state == REASONING and not edges[REASONING]:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        fmt = tool_formats.of(tokenizer) if self._tools_on else None
-        blocks = fmt.blocks if fmt is not None else ()
+        tool_fmt = tool_formats.of(tokenizer) if self._tools_on else None
+        blocks = tool_fmt.blocks if tool_fmt is not None else ()
         self._blocks = {tool_state(i): b for i, b in enumerate(blocks)}
-        self._router = _TextRouter(
+        self._router = TextRouter(
             edges,
             initial_state,
             [b.start for b in blocks if b.at_content_start],
-            fmt.content_start_after if fmt is not None else (),
+            tool_fmt.content_start_after if tool_fmt is not None else (),
+            NORMAL,
+            _is_tool,
         )
-        self._trim = bool(fmt is not None and fmt.trim_content)
-        self._blank = bool(fmt is not None and fmt.blank_content)
+        self._trim = bool(tool_fmt is not None and tool_fmt.trim_content)
+        self._blank = bool(tool_fmt is not None and tool_fmt.blank_content)
         self._content_seen = False
-        self._space = ""  # trailing content whitespace held back (formats that trim it)
-        self._tool_open = ""  # the marker that opened the current tool block
+        self._space = ""  # content whitespace held back (formats that trim it)
         self._keep = False  # whether the current block's markers are part of its text
+        if initial_state == REASONING:
+            self._text.open_block()
+        self._tool_open = ""  # the marker that opened the current tool block
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
         self._token_info: dict[int, tuple[str, list[int]]] = {}
@@ -365,56 +261,35 @@ class OutputPipeline:
         """
         if self.finish_reason is not None:
             return Delta()
-        segments: list[_Segment] = []
+        segments: list[Segment] = []
         if not self.stopped:
             self._detok.finalize()
             text = self._detok.last_segment
             segments = self._router.push(text) if text else []
             state = self._router.state
             if state is not None:
-                segments.append(_Segment(state, self._router.flush()))
+                segments.append(Segment(state, self._router.flush()))
                 if _is_tool(state):
-                    segments.append(_Segment(state, "", "", NORMAL))  # close it: see _tool_call
+                    segments.append(Segment(state, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = settled(reason, self.stopped)
         if self._space and not segments:
-            segments.append(_Segment(NORMAL, ""))
+            segments.append(Segment(NORMAL, ""))
         return self._emit(segments, (), final=True)
 
     def _emit(
-        self, segments: list[_Segment], entries: tuple[dict, ...], final: bool = False
+        self, segments: list[Segment], entries: tuple[dict, ...], final: bool = False
     ) -> Delta:
-        content, reasoning, pieces = [], [], []
+        content: list[str] = []
+        reasoning: list[str] = []
+        pieces: list[ToolCallDelta] = []
         for seg in segments:
-            if seg.state == NORMAL and self._blank and not self._content_seen:
-                # vLLM gives no content where it is only whitespace before the calls: hold
-                # it back until content that is not whitespace shows.
-                self._space += seg.text
-                if self._space.strip():
-                    content.append(self._space)
-                    self._space, self._content_seen = "", True
-                elif _is_tool(seg.next_state):
-                    self._space = ""
-                elif seg.marker is not None or (final and not self.tool_calls):
-                    content.append(self._space)
-                    self._space = ""
-            elif seg.state == NORMAL and self._trim:
-                # vLLM strips the content around a format's calls: whitespace is held back
-                # until more content shows it is no gap before a block, between blocks or
-                # after the last one (then it is left out).
-                text = self._space + seg.text
-                kept = text.rstrip()
-                self._space = text[len(kept) :]
-                content.append(kept)
-                if _is_tool(seg.next_state):
-                    self._space = ""
-                elif seg.marker is not None or (final and not self.tool_calls):
-                    content.append(self._space)
-                    self._space = ""
-            elif seg.state == NORMAL:
-                content.append(seg.text)
-            elif seg.state == REASONING:
-                reasoning.append(seg.text)
-            elif _is_tool(seg.state) and self._streamer is not None:
+            if seg.state == NORMAL and (self._trim or self._blank):
+                routed: list[str] = []
+                self._text.route(seg, routed, reasoning)
+                content.append(self._held_space(seg, "".join(routed), final))
+            else:
+                self._text.route(seg, content, reasoning)
+            if _is_tool(seg.state) and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
@@ -430,10 +305,41 @@ class OutputPipeline:
                 closed, raw = self._tool_call(seg.marker)
                 pieces += closed
                 content.append(raw)
-        delta = Delta("".join(content), "".join(reasoning), tuple(pieces), entries)
+        if final:
+            reasoning.append(self._text.close_block())
+        text = self._text.content("".join(content), final)
+        delta = Delta(text, "".join(reasoning), tuple(pieces), entries)
         self.content += delta.content
         self.reasoning += delta.reasoning
         return delta
+
+    def _held_space(self, seg: Segment, text: str, final: bool) -> str:
+        """The content of a NORMAL segment for a format that trims it: whitespace is held
+        back until more content shows it is no gap around a block (then it is left out)."""
+        if self._blank and not self._content_seen:
+            # vLLM gives no content where it is only whitespace before the calls
+            self._space += text
+            if self._space.strip():
+                out, self._space, self._content_seen = self._space, "", True
+                return out
+            if _is_tool(seg.next_state):
+                self._space = ""
+            elif seg.marker is not None or (final and not self.tool_calls):
+                out, self._space = self._space, ""
+                return out
+            return ""
+        if not self._trim:
+            return text
+        # vLLM strips the content around a format's calls: before a block, between blocks
+        # and after the last one
+        text = self._space + text
+        kept = text.rstrip()
+        self._space = text[len(kept) :]
+        if _is_tool(seg.next_state):
+            self._space = ""
+        elif seg.marker is not None or (final and not self.tool_calls):
+            kept, self._space = kept + self._space, ""
+        return kept
 
     def _tool_call(self, close: str) -> tuple[list[ToolCallDelta], str]:
         """End the current block: (its last pieces, "") or (dropped pieces, raw markup)."""

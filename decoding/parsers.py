@@ -14,12 +14,9 @@ vLLM tool_parser -> its `ToolFormat` (markers, whole-block parser, streaming, to
 grammar slot): one module each in decoding/tool_formats/ (`tool_formats.names()` lists
 them). `TOOL_PARSERS` below holds the vLLM names with no MLX equivalent here.
 
-Reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, ernie45, minimax_m2(_append_think), olmo3,
-hunyuan_a13b, kimi_k2, nemotron_v3 -> `<think>`/`</think>`; mistral -> `[THINK]`/`[/THINK]`;
-gemma4 -> `<|channel>thought`/`<channel|>` (mlx-lm's own pair); seed_oss ->
-`<seed:think>`/`</seed:think>`; granite -> "Here is my thought process:"/"Here is my response:";
-openai_gptoss -> Harmony channels (analysis = reasoning, final / commentary = content), the
-same response format as tool_parser openai.
+Reasoning (reasoning_parser): one `ReasoningFormat` per name in
+`decoding.reasoning_formats` (markers, where the output starts, trimming); openai_gptoss
+is the Harmony channels, the same response format as tool_parser openai.
 """
 
 from __future__ import annotations
@@ -28,7 +25,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from decoding import tool_formats
+from decoding import reasoning_formats, tool_formats
+from decoding.reasoning_formats import HARMONY_FORMAT
 from decoding.tool_calls import ToolParser
 from decoding.tool_formats import ToolFormat
 from decoding.tool_formats.llama_json import LLAMA_JSON_START
@@ -39,7 +37,6 @@ __all__ = [
     "HARMONY_FORMAT",
     "HARMONY_TOOL_START",
     "LLAMA_JSON_START",
-    "REASONING_PARSERS",
     "RESPONSE_FORMATS",
     "TOOL_PARSERS",
     "apply_parser_overrides",
@@ -51,29 +48,6 @@ __all__ = [
 logger = logging.getLogger("localai.mlx." + __name__)
 
 
-# gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
-# muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
-# commentary are content; the headers between them are stripped; each call message is one
-# tool block (` to=functions.` to `<|call|>`).
-HARMONY_FORMAT: Mapping[str, Any] = {
-    "transitions": {
-        "normal": [
-            ("<|channel|>analysis", "reasoning"),
-            ("<|channel|>final", "normal"),
-            ("<|channel|>commentary", "normal"),
-            ("<|constrain|>json", "normal"),
-            ("<|message|>", "normal"),
-            ("<|start|>assistant", "normal"),
-            ("<|end|>", "normal"),
-        ],
-        "reasoning": [("<|message|>", "reasoning"), ("<|end|>", "normal")],
-        # A call message ends at `<|call|>` (`<|end|>` as a rendered conversation has it);
-        # later messages (more calls, the final answer) are read on, as vLLM's
-        # openai_tool_parser.py reads every message of the output.
-        "tool": [("<|call|>", "normal"), ("<|end|>", "normal")],
-    },
-}
-
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
 TOOL_PARSERS: dict[str, None] = {
@@ -82,29 +56,6 @@ TOOL_PARSERS: dict[str, None] = {
     "minimax": None,
     "step3": None,
     "step3p5": None,
-}
-
-_THINK = ("<think>", "</think>")
-# vLLM name -> (think start, think end); None: no MLX equivalent. Names in RESPONSE_FORMATS
-# are channel formats instead of a marker pair.
-REASONING_PARSERS: dict[str, tuple[str, str] | None] = {
-    "deepseek_r1": _THINK,
-    "deepseek_v3": _THINK,
-    "qwen3": _THINK,
-    "glm45": _THINK,
-    "ernie45": _THINK,
-    "minimax_m2": _THINK,
-    "minimax_m2_append_think": _THINK,
-    "olmo3": _THINK,
-    "hunyuan_a13b": _THINK,
-    "kimi_k2": _THINK,
-    "nemotron_v3": _THINK,  # DeepSeek-R1 style <think> blocks (vLLM's nemotron_v3 parser)
-    "mistral": ("[THINK]", "[/THINK]"),
-    "gemma4": ("<|channel>thought", "<channel|>"),  # mlx-lm's own Gemma 4 pair
-    "seed_oss": ("<seed:think>", "</seed:think>"),
-    "granite": ("Here is my thought process:", "Here is my response:"),
-    "openai_gptoss": None,  # Harmony: RESPONSE_FORMATS
-    "step3": None,
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
@@ -138,12 +89,13 @@ def resolve_tool_parser(name: str) -> tuple[ToolParser, str, str] | None:
 def resolve_reasoning_markers(name: str) -> tuple[str, str] | None:
     """vLLM reasoning parser name -> (think start, think end) marker text, or None (no
     marker pair: a channel format, no MLX equivalent, or an unknown name)."""
-    return REASONING_PARSERS.get(_normal(name))
+    fmt = reasoning_formats.resolve(name)
+    return (fmt.start, fmt.end) if fmt is not None and fmt.start and fmt.end else None
 
 
 def _fallback(option: str, name: str, table: Mapping[str, Any], detected: str) -> None:
     """Warn that ``name`` changes nothing: what mlx-lm detected (``detected``) stays."""
-    if _normal(name) in table:
+    if _normal(name) in table and table[_normal(name)] is None:
         why = f"{option} {name!r} (a vLLM name) has no MLX equivalent here"
     else:
         usable = sorted(
@@ -182,22 +134,21 @@ def apply_parser_overrides(
     leaves that part as mlx-lm inferred it; this never raises for a name.
     """
     tool = think = None
-    fmt = None
+    tool_fmt = None
     formats = []
     if tool_parser:
-        fmt = resolve_tool_format(tool_parser)
-        tool = None if fmt is None else (fmt.parse, fmt.start, fmt.end)
+        tool_fmt = resolve_tool_format(tool_parser)
+        tool = None if tool_fmt is None else (tool_fmt.parse, tool_fmt.start, tool_fmt.end)
         if tool is None:
             _fallback("tool_parser", tool_parser, TOOL_PARSERS, _detected_tool(tokenizer))
         formats.append(RESPONSE_FORMATS.get(_normal(tool_parser)))
+    fmt = reasoning_formats.resolve(reasoning_parser) if reasoning_parser else None
     if reasoning_parser:
-        think = resolve_reasoning_markers(reasoning_parser)
-        channels = RESPONSE_FORMATS.get(_normal(reasoning_parser))
-        if think is None and channels is None:
-            _fallback(
-                "reasoning_parser", reasoning_parser, REASONING_PARSERS, _detected_think(tokenizer)
-            )
-        formats.append(channels)
+        think = (fmt.start, fmt.end) if fmt is not None and fmt.start and fmt.end else None
+        if fmt is None:
+            table = {**reasoning_formats.FORMATS, **dict.fromkeys(reasoning_formats.NO_FORMAT)}
+            _fallback("reasoning_parser", reasoning_parser, table, _detected_think(tokenizer))
+        formats.append(fmt.channels if fmt is not None else None)
     channels = next((f for f in formats if f is not None), None)
     if channels is not None and not seam_tokenizer.takes_response_format():
         logger.warning(
@@ -206,10 +157,12 @@ def apply_parser_overrides(
             tool_parser if RESPONSE_FORMATS.get(_normal(tool_parser)) else reasoning_parser,
         )
         channels = None
-    if tool is None and think is None and channels is None:
+    if tool is None and fmt is None and channels is None:
         return tokenizer
     new = seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
-    # Read by output.OutputPipeline: the format's other markers (None: mlx-lm's own parser,
-    # its two markers only).
-    new._tool_format = fmt if fmt is not None else tool_formats.of(tokenizer)
+    if fmt is not None:  # read by decoding.output (reasoning_formats.format_of)
+        new._reasoning_format = fmt
+    # Read by decoding.output (tool_formats.of): the format's other markers (None: mlx-lm's
+    # own parser, its two markers only).
+    new._tool_format = tool_fmt if tool_fmt is not None else tool_formats.of(tokenizer)
     return new
