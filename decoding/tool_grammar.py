@@ -149,8 +149,13 @@ def format_name(tokenizer: Any) -> str | None:
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None:
         return None
-    if getattr(parser, "__module__", "") == "mlx_lm.tool_parsers.json_tools":
+    module = getattr(parser, "__module__", "")
+    if module == "mlx_lm.tool_parsers.json_tools":
         return "hermes"
+    if module == "mlx_lm.tool_parsers.pythonic":
+        # mlx-lm's own (LFM2's `<|tool_call_start|>[...]<|tool_call_end|>`, inferred from
+        # the chat template): the pythonic builder given those markers writes that block.
+        return "pythonic"
     for name in GRAMMARS:
         try:
             entry = parsers.resolve_tool_parser(name)
