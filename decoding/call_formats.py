@@ -44,10 +44,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["GRAMMARS", "CallFormat", "Marker", "json_value", "lark_literal"]
+__all__ = [
+    "GRAMMARS",
+    "HERMES",
+    "LLAMA_JSON",
+    "CallFormat",
+    "JsonCall",
+    "Marker",
+    "json_value",
+    "lark_literal",
+]
 
 Marker = Callable[[str], str]  # marker text -> a Lark literal, or `<[id]>` of its special token
 Tools = Mapping[str, Mapping[str, Any]]  # {name: parameters JSON schema}
@@ -97,6 +106,53 @@ class CallFormat:
     repeat: bool = True
     leading: bool = False
     lead: Callable[[Marker], str] | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class JsonCall:
+    """A JSON call format. `start`: the marker that opens it (the lazy trigger); `head`:
+    the text between the marker and the name's value (`\\n`? allowed before it when
+    `newline`); `args_key`: the key holding the arguments; `end`: the closing marker
+    ("" = none). `name`: the format's name in logs and docs."""
+
+    name: str
+    start: str
+    head: str
+    args_key: str
+    end: str = ""
+    newline: bool = False
+
+    def call_format(self) -> CallFormat:
+        """This JSON format as a `CallFormat` (what `tool_grammar.build_grammar` takes)."""
+        newline = ' "\\n"?' if self.newline else ""
+
+        def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
+            close = f"{newline} {marker(self.end)}" if self.end else ""
+            names = " | ".join(f"fn_{i}" for i in range(len(tools)))
+            lines = [f"body:{newline} {lark_literal(self.head)} ({names}){close}"]
+            for i, (name, schema) in enumerate(tools.items()):
+                head = json.dumps(name, ensure_ascii=False) + ", " + json.dumps(self.args_key)
+                lines.append(f'fn_{i}: {lark_literal(head + ": ")} {json_value(schema)} "}}"')
+            return lines
+
+        return CallFormat(self.name, self.start, rules)
+
+
+HERMES = JsonCall("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
+# llama3_json / llama4_json: `{"name"` is the marker (decoding/tool_formats/llama_json.py's
+# LLAMA_JSON_START), no closing marker.
+LLAMA_JSON = JsonCall("llama_json", '{"name"', ": ", "parameters")
+
+
+def json_tools(start: str, end: str) -> JsonCall:
+    """hermes / granite4 / ernie45: `<tool_call>{"name": N, "arguments": {...}}</tool_call>`
+    with the tokenizer's markers (mlx-lm's json_tools)."""
+    return replace(HERMES, start=start or HERMES.start, end=end or HERMES.end)
+
+
+def llama_json(start: str, end: str) -> JsonCall:
+    """llama3_json / llama4_json: `{"name": N, "parameters": {...}}`."""
+    return LLAMA_JSON
 
 
 # --- parameters, in declared order ------------------------------------------------------
@@ -442,9 +498,14 @@ HARMONY_TOKENS = ("<|constrain|>", "<|channel|>", "<|message|>", "<|end|>", "<|s
 
 
 # vLLM tool-parser name -> the builder of its format, given the tokenizer's call markers
-# (tool_call_start, tool_call_end; "" = the format's own). The JSON formats (hermes, llama)
-# are `decoding.tool_grammar.ToolFormat`s, registered there.
-GRAMMARS: dict[str, Callable[[str, str], CallFormat]] = {
+# (tool_call_start, tool_call_end; "" = the format's own). Each is also its format's
+# `ToolFormat.grammar` (decoding/tool_formats/), which is how `tool_grammar` finds it.
+GRAMMARS: dict[str, Callable[[str, str], CallFormat | JsonCall]] = {
+    "hermes": json_tools,
+    "granite4": json_tools,
+    "ernie45": json_tools,
+    "llama3_json": llama_json,
+    "llama4_json": llama_json,
     "qwen3_coder": _qwen3_coder,
     "qwen3_xml": _qwen3_coder,
     "glm45": _glm,

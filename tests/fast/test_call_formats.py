@@ -245,6 +245,19 @@ def test_glm_string_values_are_read_as_written(tok):
     assert json.loads(call.arguments) == {"city": " Paris\n"}
 
 
+def test_grammars_are_the_registered_formats_own(tok):
+    # Each format module holds its grammar builder (ToolFormat.grammar); tool_grammar
+    # finds it through the format the tokenizer carries, not by the parser's identity.
+    from decoding import tool_formats
+
+    assert set(tool_grammar.GRAMMARS) >= set(FORMATS) | {"hermes", "llama3_json"}
+    for name, build in tool_grammar.GRAMMARS.items():
+        assert tool_formats.get(name).grammar is build
+    assert tool_grammar.format_name(parsers.apply_parser_overrides(tok, "glm45")) == "glm45"
+    jamba = parsers.apply_parser_overrides(tok, "jamba")  # a format with no grammar yet
+    assert tool_formats.of(jamba).name == "jamba" and tool_grammar.format_name(jamba) is None
+
+
 def test_each_format_is_found_from_the_tokenizers_parser(tok):
     for name in FORMATS:
         hinted = parsers.apply_parser_overrides(tok, name)
