@@ -210,7 +210,7 @@ class LoadParams:
     model_path: str
     context_size: int
     trust_remote_code: bool
-    max_cache_entries: int
+    max_cache_entries: int | None  # None: `caches.prompt_tiers.entry_bound` decides
     max_cache_bytes: int | None
     max_kv_size: int | None
     tokenizer_config: dict[str, Any]

@@ -116,7 +116,9 @@ class ModelHost:
         self.unload(Unavailable(_REPLACED))
         budget = self._memory_budget(loaded)  # before anything: a budget too small fails here
         if cache is None:  # after unload: the previous model's disk tiers are closed
-            cache = prompt_tiers.for_model(loaded, fingerprint)
+            cache = prompt_tiers.for_model(
+                loaded, fingerprint, budget.enabled and self.group.single_process
+            )
         self.scheduler = Scheduler(
             loaded, cache, self.group, self._on_metrics, self._on_idle, self.metrics, budget
         )
