@@ -552,13 +552,14 @@ class PromptCache:
             if entry.trimmable:
                 # Only trimmable prefixes: a snapshot of a cache that cannot be trimmed
                 # is the one way a prompt sharing just that prefix reuses anything.
+                prefixes = _Prefixes(toks)
                 redundant = [
                     k
                     for k, e in self._entries.items()
                     if k[0] == model_key
                     and e.trimmable
                     and len(k[1]) < len(toks)
-                    and toks[: len(k[1])] == k[1]
+                    and prefixes.common(k[1], e) == len(k[1])
                 ]
                 for k in redundant:
                     self._nbytes -= self._entries.pop(k).nbytes
