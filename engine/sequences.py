@@ -358,10 +358,11 @@ class BatchRunner:
     def _plan_chunk(self, decoding: bool) -> None:
         """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
         A distributed follower plans the same (its budget has no time part there)."""
-        held = [(self._batch.held(u) or (0, 0))[0] for u in self._uids - self._decoding]
-        self._batch.prefill_step_size = self.budget.chunk(
-            len(held), decoding, max(held, default=0), self.nbytes
-        )
+        rows = [self._batch.held(u) or (0, 0) for u in self._uids - self._decoding]
+        grouped = sum(1 for _, stage in rows if stage == 1)
+        context = max((n for n, _ in rows), default=0)
+        chunk, most = self.budget.plan(len(rows) - grouped, grouped, decoding, context, self.nbytes)
+        self._batch.prefill_step_size, self._batch.prefill_rows = chunk, most
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints

@@ -16,7 +16,9 @@ from mlx_lm.models.cache import KVCache
 from scripted import ScriptedModel
 
 import backend_pb2
+from batch.decode import DecodeBatch
 from caches.prompt_tiers import entry_bound
+from engine.step_budget import PrefillBudget
 from parsing.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CACHE_ENTRIES
 from prompt_cache import PromptCache, _Entry, _ids, _Prefixes, common_prefix
 from seam.tokenizer import vocab_size
@@ -109,3 +111,39 @@ def test_the_vectorised_common_prefix_equals_the_tuple_one(stored, prompt) -> No
     entry = _Entry(kv=[], nbytes=0, trimmable=True, ids=_ids(stored))
     got = _Prefixes(tuple(prompt)).common(tuple(stored), entry)
     assert got == common_prefix(tuple(stored), tuple(prompt))
+
+
+def _measured(decode_s: float, rate: float) -> PrefillBudget:
+    budget = PrefillBudget(750, 512)
+    budget.observe(decode_s, 0, decoding=True)
+    budget.observe(decode_s + 512 / rate, 512, decoding=True)
+    return budget
+
+
+def test_the_step_prefill_goes_to_the_oldest_rows_in_full_chunks() -> None:
+    # (0.75 s - 0.05 s) * 4,000 tok/s = 2,800 tokens a step: five full 512-token chunks.
+    budget = _measured(0.05, 4000)
+    assert budget.plan(waiting=16, grouped=0, decoding=True) == (512, 5)
+    # Equal slices (before) would have given every one of 16 rows 2,800 / 16 -> 160 tokens.
+    assert budget.chunk(16, decoding=True) == 160
+    # Rows already prefilling stay; none joins until some leave.
+    assert budget.plan(waiting=4, grouped=7, decoding=True) == (budget.chunk(7, True), 7)
+    # What fits joins at once; nobody decoding, or nothing measured: every row, full chunks.
+    assert budget.plan(waiting=3, grouped=1, decoding=True) == (512, None)
+    assert budget.plan(waiting=16, grouped=0, decoding=False) == (512, None)
+    assert PrefillBudget(750, 512).plan(16, 0, decoding=True)[1] is None
+    assert PrefillBudget(0, 512).plan(16, 0, decoding=True) == (512, None)  # budget off
+
+
+def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=8, prefill_step_size=4)
+    uids = [batch.insert([list(range(1, 10))], max_tokens=3, stops=False) for _ in range(3)]
+    batch.prefill_rows = 1
+    order: list[int] = []
+    for _ in range(20):
+        prefilled, _ = batch.next()
+        order += [p.uid for p in prefilled if p.end_of_prompt]
+        stages = [(batch.held(u) or (0, -1))[1] for u in uids]
+        assert stages.count(1) <= 1  # one row prefills at a time
+    assert order == uids  # each prefilled in turn, in arrival order
