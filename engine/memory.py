@@ -14,12 +14,14 @@ sequences, the prompt cache's memory tier and the prefill working set.
   `engine.step_budget`) and the copies of the running KV that rows joining or leaving
   the batch make (`copies`); bench/bench_memory_model.py and
   tests/process/test_memory_model.py check the sum against MLX's real peak.
-- `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
-  token it may generate) when it starts, so nothing admitted can outgrow the budget
-  later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
-  ``n`` times its longest row. The prompt cache gives memory back first (least recently
-  used entries); a request that does not fit waits, in order; one that can never fit,
-  even alone, is refused with the numbers. While the budget is tight the prefill chunk
+- `MemoryBudget`: what admission (`engine.preemption`) asks. A sequence the batch can
+  preempt counts at the KV it holds after its next step; any other reserves its longest
+  (prompt plus every token it may generate) when it starts. The batch pads every row to
+  the longest (`batch.decode.DecodeBatch`, as mlx-lm's), so ``n`` rows cost ``n`` times
+  the longest row. The prompt cache gives memory back first (least recently used
+  entries), then the newest preemptible sequences leave for the prompt cache and resume
+  later; a request that does not fit waits, in order; one that can never fit, even
+  alone, is refused with the numbers. While the budget is tight the prefill chunk
   shrinks to what fits.
 
 Defaults (`default_budget`): Metal, the device's recommended working set minus 10%; CPU
