@@ -34,6 +34,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -114,7 +115,7 @@ def copies(kv: int) -> int:
     return int(max(kv, 0) * KV_COPIES)
 
 
-def _layer_bytes(layer) -> tuple[int, int]:
+def _layer_bytes(layer: Any) -> tuple[int, int]:
     """(bytes per token, fixed bytes) of one cache layer that has seen some tokens."""
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if keys is not None and values is not None and hasattr(layer, "offset"):
@@ -128,7 +129,7 @@ def _layer_bytes(layer) -> tuple[int, int]:
     return 0, sum(a.nbytes for a in _arrays(getattr(layer, "state", None)))
 
 
-def _arrays(state) -> list[mx.array]:
+def _arrays(state: Any) -> list[mx.array]:
     """The arrays in a cache layer's state (nested: quantized caches hold tuples)."""
     if isinstance(state, mx.array):
         return [state]
@@ -137,7 +138,7 @@ def _arrays(state) -> list[mx.array]:
     return []
 
 
-def profile(model, chunk: int) -> MemoryProfile:
+def profile(model: Any, chunk: int) -> MemoryProfile:
     """Measure `MemoryProfile` with two probe chunks of PROBE_TOKENS tokens (at most
     ``chunk``) through ``model``: one on a fresh cache (the KV per token, the working set
     per chunk token), one beside PROBE_CONTEXT tokens of KV already held (the attention
@@ -164,7 +165,7 @@ def profile(model, chunk: int) -> MemoryProfile:
     )
 
 
-def _working_set(model, cache: list, n: int) -> int:
+def _working_set(model: Any, cache: list, n: int) -> int:
     """Bytes MLX held above the cache while ``n`` tokens ran through ``model`` into
     ``cache`` (the KV they add not counted)."""
     mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
@@ -261,7 +262,7 @@ class MemoryBudget:
             )
 
     @classmethod
-    def off(cls, loaded) -> MemoryBudget:
+    def off(cls, loaded: Any) -> MemoryBudget:
         """No budget: everything fits."""
         return cls(0, loaded.weights_bytes, MemoryProfile(0, 0, 0), loaded.params.prefill_step_size)
 
