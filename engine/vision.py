@@ -132,14 +132,16 @@ def embeddings(
         emb = model.language_model.model.embed_tokens(ids[:, start:stop])
         mx.eval(emb)
         return emb, None
-    out = model.get_input_embeddings(ids, mx.array(vision.pixel_values), mask=mask, **kwargs)
+    pixel_values = None if vision.pixel_values is None else mx.array(vision.pixel_values)
+    out = model.get_input_embeddings(ids, pixel_values, mask=mask, **kwargs)
     emb = out.inputs_embeds[:, start:stop]
     positions = None
     if parts.mrope:
         delta = out.rope_deltas
         delta = int(delta.reshape(-1)[0].item()) if delta is not None else 0
-        if parts.family.rope_delta and delta != vision.rope_delta:
-            # The cache keys carry the predicted delta: never run with another one.
+        if parts.family.rope_delta and vision.cacheable and delta != vision.rope_delta:
+            # The cache keys carry the predicted delta: never run with another one (a
+            # prompt that is not cacheable, e.g. one with videos, has no delta in its keys).
             raise BackendError(
                 f"mRoPE delta {delta} differs from the {vision.rope_delta} computed from the "
                 "image grids; the request was not run"

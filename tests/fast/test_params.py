@@ -406,7 +406,6 @@ def test_dataclasses_are_frozen() -> None:
         ({"TailFreeSamplingZ": 0.9}, "TailFreeSamplingZ"),
         ({"NegativePrompt": "ugly"}, "NegativePrompt"),
         ({"RopeFreqBase": 10000.0}, "RopeFreqBase"),
-        ({"Videos": ["aGVsbG8="]}, "Videos"),
         ({"Audios": ["aGVsbG8="]}, "Audios"),
     ],
 )

@@ -107,7 +107,7 @@ template:
 MARKERS = {
     "llama": (None, '{"name"', "", "", ""),
     "qwen3_5": ("qwen3_coder", "<tool_call>", "</tool_call>", "<think>", "</think>"),
-    "gpt_oss": (None, " to=functions.", "", "", ""),
+    "gpt_oss": (None, " to=functions.", "", "<|channel|>analysis<|message|>", "<|end|>"),
 }
 
 # Each family's own tool-call text (its chat template's format) and what it parses to.
