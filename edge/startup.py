@@ -29,6 +29,7 @@ from edge.servicer import BackendServicer, HostedEngine
 from engine import metrics as metrics_mod
 from engine.core import Engine
 from errors import Unavailable
+from loading import model_loader
 from parsing.durations import parse_duration
 from seam import contract as seam_contract
 
@@ -264,8 +265,11 @@ def main(argv: list[str] | None = None) -> None:
         logger.error("%s", exc)
         raise SystemExit(2) from None
     engine = None if args.distributed else _join_on_load(args, metrics)
+    model = args.model
+    if model == model_loader.EMBEDDED:  # preloaded (and identified) by its path
+        model = str(model_loader.embedded_model_path())
     status, clean = asyncio.run(
-        serve(args.addr, args.model, args.grace, watcher, coordinator, engine, metrics)
+        serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)
     )
     if not clean or status:
         # Finalizing Python under a thread inside native code can abort the process;
