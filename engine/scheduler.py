@@ -416,9 +416,11 @@ class Scheduler:
             raise BackendError(f"request {job.uid} decoded before it was admitted")
         delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
         if t.finish is not None:
-            self.retire(job, t.finish, delta, t.kv)
+            unmet = grammar.unmet_of(job.processors, t.finish, t.token, job.tokens)
+            self.retire(job, unmet or t.finish, delta, t.kv)
         elif pipeline.stopped:
-            self.retire(job, FinishReason.STOP, delta)
+            unmet = grammar.unmet_of(job.processors, FinishReason.STOP, t.token, job.tokens)
+            self.retire(job, unmet or FinishReason.STOP, delta)
         elif delta:
             job.emit(delta)
 
