@@ -30,7 +30,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -238,7 +238,12 @@ def _arrays(layer: Any) -> Iterator[mx.array]:
         for c in layer.caches:
             yield from _arrays(c)
         return
-    for _, x in tree_flatten(dict(vars(layer)) if hasattr(layer, "__dict__") else {}):
+    # tree_flatten returns a dict only when asked to (``destination``).
+    flat = cast(
+        "list[tuple[str, Any]]",
+        tree_flatten(dict(vars(layer)) if hasattr(layer, "__dict__") else {}),
+    )
+    for _, x in flat:
         if isinstance(x, mx.array):
             yield x
         elif hasattr(x, "state") and hasattr(x, "nbytes"):
@@ -420,8 +425,8 @@ class PromptCache:
             ghosts = list(self._ghosts)
         evicted = 0
         packed = _packed(toks) if ghosts else None
-        for key, ghost in ghosts:
-            if key == model_key and packed is not None and type(ghost) is type(packed):
+        for ghost_key, ghost in ghosts:
+            if ghost_key == model_key and packed is not None and type(ghost) is type(packed):
                 evicted = max(evicted, common_prefix(ghost, packed))
         return Nearest(best[0], best[1], entries, evicted)
 

@@ -32,7 +32,7 @@ import copy
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -107,7 +107,7 @@ class Row:
         if fresh and (self.context is None or self.held != len(self.tokens)):
             self.context, self.held = TokenBuffer(self.tokens), len(self.tokens)
         self.held += new.size
-        return self.context.update_and_fetch(new)
+        return cast(mx.array, self.context.update_and_fetch(new))
 
 
 def _nbytes(layer: Any) -> int:

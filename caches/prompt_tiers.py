@@ -29,7 +29,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 
@@ -209,7 +209,7 @@ class TieredPromptCache:
                 return None
             opening = self._opening[key] = self._open(key)
         try:
-            cache = opening.result(timeout=_OPEN_WAIT_S)
+            cache = cast("DiskCache | None", opening.result(timeout=_OPEN_WAIT_S))
         except TimeoutError:
             return None  # still scanning: this request is served from memory
         except Exception as exc:  # DiskCache logs I/O failures itself; this is unexpected

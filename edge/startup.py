@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     engine = None if args.distributed else _join_on_load(args, metrics)
     model = args.model
-    if model == "embedded":
+    if model == model_loader.EMBEDDED:  # preloaded (and identified) by its path
         model = str(model_loader.embedded_model_path())
     status, clean = asyncio.run(
         serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)
