@@ -44,13 +44,15 @@ class Stopped(Exception):
 
 
 def resolve(model: str) -> str:
-    """The path or repo id mlx-lm loads for ``model``: a GGUF file is converted once into an
-    MLX directory (the converter LoadModel uses)."""
-    if model.endswith(".gguf") and Path(model).is_file():
-        from loading import gguf_convert
+    """The local MLX directory of ``model``, found as LoadModel finds one
+    (``loading.model_loader.resolve_model``: a directory, a GGUF file converted once, a
+    Hugging Face id in any form LocalAI writes, downloaded when not cached)."""
+    from loading import gguf_convert, model_loader
 
-        return str(gguf_convert.cached_conversion(Path(model)))
-    return model
+    found = model_loader.resolve_model(model)
+    if found.kind == "gguf":
+        return str(gguf_convert.cached_conversion(found.path))
+    return str(found.path)
 
 
 def load_base(

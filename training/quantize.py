@@ -34,12 +34,9 @@ def run(spec: QuantizeSpec, emit: Emit, stop: StopFlag) -> None:
     if spec.hf_token:
         os.environ["HF_TOKEN"] = spec.hf_token
     recipe = spec.recipe
+    if not Path(spec.model).exists():
+        emit(status="downloading", message=f"Fetching {spec.model}", progress_percent=5.0)
     source = resolve(spec.model)
-    if not Path(source).exists():
-        from mlx_lm.utils import _download
-
-        emit(status="downloading", message=f"Downloading {spec.model}", progress_percent=5.0)
-        source = str(_download(source))
     if stop.is_set():
         emit(status="stopped", message="Quantization stopped")
         return

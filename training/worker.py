@@ -23,6 +23,8 @@ import threading
 import traceback
 from typing import Any, TextIO
 
+from errors import BackendError
+
 logger = logging.getLogger("localai.mlx.training.worker")
 
 
@@ -114,6 +116,10 @@ def run(kind: str, spec: dict[str, Any], emit: Emitter, stop: Stop) -> int:
             raise ValueError(f"unknown job kind {kind!r}")
     except Interrupted:
         emit(status="stopped", message=f"{kind} stopped; its partial output was removed")
+    except BackendError as exc:  # a model that cannot be found or loaded, as LoadModel says
+        logger.error("%s job failed: %s", kind, exc)
+        emit(status="failed", message=str(exc), code=exc.status)
+        return 1
     except (ValueError, MemoryError, FileNotFoundError) as exc:
         logger.error("%s job failed: %s", kind, exc)
         emit(status="failed", message=str(exc), code=_code(exc))
