@@ -124,7 +124,7 @@ def test_finetune_export_load_predict(job_server, work):
     assert 0 < listed[0].loss < steps[0].loss and listed[0].created_at.endswith("Z")
 
     exports = {}
-    for fmt in ("lora", "merged_16bit"):
+    for fmt in ("lora", "merged_16bit", "merged_4bit", "gguf"):
         out = work["root"] / "models" / fmt
         result = stub.ExportModel(
             backend_pb2.ExportModelRequest(
@@ -166,6 +166,18 @@ def test_finetune_export_load_predict(job_server, work):
         assert _ask(stub, row["prompt"]).startswith(row["completion"])
     merged = json.loads((exports["merged_16bit"] / "config.json").read_text())
     assert merged["model_type"] == "llama" and "quantization" not in merged
+    # The GGUF (f16) through LoadModel's GGUF converter answers the same.
+    (gguf,) = exports["gguf"].glob("*.gguf")
+    assert list(exports["gguf"].iterdir()) == [gguf]  # one file: LocalAI's importer finds it
+    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(gguf)))
+    assert loaded.success, loaded.message
+    for row in ROWS:
+        assert _ask(stub, row["prompt"]).startswith(row["completion"])
+    quant = json.loads((exports["merged_4bit"] / "config.json").read_text())
+    assert quant["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
+    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(exports["merged_4bit"])))
+    assert loaded.success, loaded.message
+    assert _ask(stub, ROWS[0]["prompt"])
 
 
 def test_stop_leaves_a_loadable_checkpoint(work):
