@@ -161,6 +161,7 @@ async def serve(
     if parent_watch is not None:
         parent_watch.stop()
     await health_servicer.enter_graceful_shutdown()
+    await servicer.jobs.shutdown(grace)  # a running fine-tune saves its checkpoint
     # Refuses new calls at once and returns as soon as in-flight calls are done; after
     # `grace` it cancels the rest: their clients get UNAVAILABLE, and each abandoned
     # handler's `finally: job.cancel()` runs when its generator is closed.
