@@ -411,7 +411,7 @@ class BlockStreamer:
             call.arguments += fragment
             out.append(ToolCallDelta(call.index, arguments=fragment))
 
-    def _match(self, pattern: str):
+    def _match(self, pattern: str) -> Any:
         """Full match at the position, "partial" (could still match), or None (never)."""
         m = regex.match(pattern, self._buf, pos=self._pos, partial=True, flags=regex.DOTALL)
         if m is None:
@@ -650,6 +650,6 @@ def _unquote(name: str) -> str:
 
 def _same_json(a: str, b: str) -> bool:
     try:
-        return json.loads(a) == json.loads(b)
+        return bool(json.loads(a) == json.loads(b))
     except ValueError:
         return False

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from engine import delivery, model_calls, model_host, prepare
 from engine import status as status_mod
@@ -165,7 +165,7 @@ class Engine:
 
     async def metadata(self) -> model_calls.ModelMetadata:
         """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
-        return await self.call(METADATA)
+        return cast("model_calls.ModelMetadata", await self.call(METADATA))
 
     async def score(
         self,
@@ -184,9 +184,8 @@ class Engine:
         """
         self.check_identity(identity)
         scoring.check_candidates(candidates)
-        return await self.call(
-            SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
-        )
+        args = (prompt, candidates, include_token_logprobs, max(0, stable_prefix_len))
+        return cast("list[scoring.CandidateResult]", await self.call(SCORE, *args))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
@@ -194,21 +193,21 @@ class Engine:
         """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first."""
         self.check_identity(identity)
         rerank.check_request(query, documents, top_n)
-        return await self.call(RERANK, query, documents, top_n)
+        return cast("rerank.RerankOutput", await self.call(RERANK, query, documents, top_n))
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
         """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         self.check_identity(identity)
-        return await self.call(EMBED, text, token_ids)
+        return cast("embedding.EmbeddingOutput", await self.call(EMBED, text, token_ids))
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         self.check_identity(identity)
-        return await self.call(TOKENIZE, text)
+        return cast("list[int]", await self.call(TOKENIZE, text))
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await self.call(DETOKENIZE, ids)
+        return cast("str", await self.call(DETOKENIZE, ids))
 
     def serving(self, identity: str = "") -> LoadedModel:
         """The model a new request will run on; the one check a request's model passes.

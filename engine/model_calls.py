@@ -58,7 +58,7 @@ def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
     bad = [i for i in ids if i < 0 or i >= vocab]
     if bad:
         raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
-    return tokenizer.decode(ids)
+    return str(tokenizer.decode(ids))
 
 
 def _tool_format_name(tok: Any, parser: Any) -> str:

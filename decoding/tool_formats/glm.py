@@ -43,7 +43,7 @@ def parse(text: str, tools: Any = None) -> dict[str, Any]:
         raise ValueError("an empty tool_call block")
     m = _NAME.search(text)
     if m is None:
-        call = glm47.parse_tool_call(text, tools)
+        call: dict[str, Any] = glm47.parse_tool_call(text, tools)
         if call.get("name") == "unknown":
             raise ValueError("no function name in the block")
         return call
