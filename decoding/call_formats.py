@@ -98,6 +98,8 @@ class CallFormat:
     also writes, e.g. `[`), so a lazy grammar masks from the first token instead of
     waiting for a trigger.
     `lead(marker)`: Lark text a required call may be preceded by (Harmony's header).
+    `last`: the calls end the output (nothing after them: the parser reads the output
+    from the marker to its end, as vLLM's pythonic parser reads a bare list).
     `name`: the format's name in logs."""
 
     name: str
@@ -106,6 +108,7 @@ class CallFormat:
     repeat: bool = True
     leading: bool = False
     lead: Callable[[Marker], str] | None = field(default=None)
+    last: bool = False
 
 
 @dataclass(frozen=True)
@@ -447,7 +450,9 @@ def _pythonic(start: str, end: str) -> CallFormat:
         more = "" if single else ' (", " pycall)*'
         return [f'body: pycall{more} "]"', *_py_calls(tools)]
 
-    return CallFormat("pythonic", "[", bare, repeat=False, leading=True)
+    # vLLM's pythonic_tool_parser.py reads the output as a list only when all of it
+    # parses as one (text after the `]` makes it content): the list ends the output.
+    return CallFormat("pythonic", "[", bare, repeat=False, leading=True, last=True)
 
 
 def _olmo3(start: str, end: str) -> CallFormat:

@@ -203,7 +203,7 @@ def build_grammar(
     more = "call* " if call.repeat and not single else ""
     lines = ["%llguidance {}"]
     if call.leading:  # no trigger: a call only at the start, else free text
-        opened = f"{LEAD_WHITESPACE} {first} body {more}TEXT"
+        opened = f"{LEAD_WHITESPACE} {first} body" + ("" if call.last else f" {more}TEXT")
         if opening == "required":
             lines.append(f"start: {opened}")
         else:

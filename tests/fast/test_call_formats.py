@@ -200,7 +200,12 @@ def test_bare_pythonic_list_counts_only_at_the_start():
     tok = toy_tokenizer()
     lazy = tool_grammar.build_grammar(declared, fmt, opening="lazy")
     assert accepts(tok, lazy, f"[{PY_CALLS}]")
-    assert accepts(tok, lazy, f" [{PY_CALLS}] and some text after")
+    # The list is the whole output (vLLM reads text after it as no call): nothing follows.
+    assert not accepts(tok, lazy, f" [{PY_CALLS}] and some text after", ends=False)
+    assert not accepts(tok, lazy, f"[{PY_CALLS}]\n", ends=False)
+    parser = parsers.resolve_tool_parser("pythonic")[0]
+    with pytest.raises(ValueError):
+        parse_tool_block(parser, f"[{PY_CALLS}] and some text after", TOOLS)
     assert accepts(tok, lazy, "Just talking, see [1] and [rm_rf()].")  # not at the start
     assert accepts(tok, lazy, "")
     assert not accepts(tok, lazy, "[rm_rf(", ends=False)
