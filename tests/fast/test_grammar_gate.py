@@ -381,9 +381,7 @@ def grpc_error(server, tok, req, *parts: str):
     return errors[0]
 
 
-def test_output_ending_inside_the_reasoning_is_an_error_not_an_ok_without_the_grammar(
-    served, tok
-):
+def test_output_ending_inside_the_reasoning_is_an_error_not_an_ok_without_the_grammar(served, tok):
     import grpc
 
     req = chat_request("Hi", Tokens=12, Grammar=ANSWER_GBNF)
