@@ -11,6 +11,8 @@ Synthetic keys and values (no model): shaped as the embedded SmolLM2's (3 KV hea
 
 from __future__ import annotations
 
+import itertools
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache
@@ -49,7 +51,7 @@ def test_codes_do_not_depend_on_chunking(bits):
     k, v = _kv(40, 1)
     cuts = (0, 1, 8, 21, 22, 40)  # chunks of 1, 7, 13, 1, 18 tokens
     batch = BatchQuantizedKVCache(bits, GROUP, [0])
-    for a, b in zip(cuts, cuts[1:], strict=False):
+    for a, b in itertools.pairwise(cuts):
         batch.update_and_fetch(k[:, :, a:b], v[:, :, a:b])
     assert _same(batch.extract(0), _alone(k, v, bits))
 
@@ -106,9 +108,7 @@ def test_one_last_bit_of_a_float_moves_a_code_by_a_whole_step():
     values = mx.arange(DIM, dtype=mx.float32) * (255 / (DIM - 1))  # range 255: step 1.0
     below, above = values.tolist(), values.tolist()
     below[1], above[1] = 10.5 - 1e-5, 10.5 + 1e-5
-    out = [
-        mx.dequantize(*mx.quantize(mx.array([x]), group_size=GROUP, bits=8), group_size=GROUP, bits=8)
-        for x in (below, above)
-    ]
+    q = [mx.quantize(mx.array([x]), group_size=GROUP, bits=8) for x in (below, above)]
+    out = [mx.dequantize(*t, group_size=GROUP, bits=8) for t in q]
     assert abs(above[1] - below[1]) < 1e-4
     assert (out[1][0, 1] - out[0][0, 1]).item() == pytest.approx(1.0, abs=1e-3)
