@@ -27,7 +27,8 @@ sequences, the prompt cache's memory tier and the prefill working set.
   back by `IdleRelease` once the engine has been idle for IDLE_RELEASE_S.
 
 Defaults (`default_budget`): Metal, the device's recommended working set minus 10%; CPU
-and CUDA, 75% of the physical memory (the cgroup limit when lower). ``0`` turns it off.
+and CUDA, 75% of the physical memory (the cgroup limit when lower: `loading.host_memory`,
+which ``cpu_dequantize_budget`` reads too). ``0`` turns it off.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import ctypes
 import ctypes.util
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -46,12 +46,13 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from errors import ModelLoadError
+from loading import host_memory
 from seam.release import release_cache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 MIB = 1024 * 1024
-RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of physical memory
+RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of `host_memory.usable_memory`
 METAL_MARGIN = 0.10  # default budget on Metal: the recommended working set minus this share
 PROBE_TOKENS = 64  # prompt tokens of each probe chunk that measures the prefill working set
 PROBE_CONTEXT = 1024  # context (tokens already held) of the second probe
@@ -65,12 +66,11 @@ MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
 # 951 MiB against an 835 MiB budget, about one copy of the 4 rows' KV above the model.
 KV_COPIES = 1.0
 KV_STEP = 256  # mlx-lm's KVCache.step: KV buffers grow by this many tokens
-# MLX's buffer cache: this share of the budget, within [CACHE_MIN, CACHE_MAX]. MLX's CPU
-# allocator keeps at most 32 MiB by default (mlx/backend/no_gpu/allocator.cpp), its Metal
-# allocator up to its memory limit; mlx-lm sets no limit and clears the cache after each
-# prefill chunk and every 256 tokens (mlx_lm/generate.py), as `seam.batch` does.
+# MLX's buffer cache: this share of the budget, at most CACHE_MAX. MLX's CPU allocator
+# keeps at most 32 MiB by default (mlx/backend/no_gpu/allocator.cpp), its Metal allocator
+# up to its memory limit; mlx-lm sets no limit and clears the cache after each prefill
+# chunk and every 256 tokens (mlx_lm/generate.py), as `seam.batch` does.
 CACHE_SHARE = 32  # the limit is budget // CACHE_SHARE
-CACHE_MIN = 32 * MIB
 CACHE_MAX = 1024 * MIB
 IDLE_RELEASE_S = 0.5  # idle this long, the engine gives MLX's buffer cache back
 
@@ -221,27 +221,12 @@ def default_budget() -> int:
         recommended = int(info.get("max_recommended_working_set_size", 0))
         if recommended:
             return int(recommended * (1 - METAL_MARGIN))
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = _cgroup_limit()
-    if limit is not None:
-        total = min(total, limit)
-    return int(total * RAM_SHARE)
-
-
-def _cgroup_limit() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = open(path).read().strip()  # noqa: SIM115 (tiny file, read once)
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:
-            return int(text)
-    return None
+    return int(host_memory.usable_memory() * RAM_SHARE)
 
 
 def cache_limit(budget: int) -> int:
     """Bytes MLX's buffer cache may keep under ``budget`` (module constants CACHE_*)."""
-    return min(max(budget // CACHE_SHARE, CACHE_MIN), CACHE_MAX)
+    return min(budget // CACHE_SHARE, CACHE_MAX)
 
 
 def apply_limits(budget: int) -> None:

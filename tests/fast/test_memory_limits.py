@@ -1,9 +1,12 @@
 """MLX's buffer cache inside the memory budget (`engine.memory`): its limit follows the
-budget, admission leaves room for it, and the engine gives it back once idle."""
+budget, admission leaves room for it, and the engine gives it back once idle. The two
+budgets' defaults (``memory_budget``, ``cpu_dequantize_budget``) are shares of one reading
+of the machine's memory (`loading.host_memory`)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -11,11 +14,12 @@ import pytest
 import errors
 from engine import memory
 from engine.memory import MIB, IdleRelease, MemoryBudget, MemoryProfile, cache_limit
+from loading import cpu_fast_path, host_memory
 
 
 def test_the_cache_limit_is_a_share_of_the_budget_within_bounds() -> None:
     assert cache_limit(2048 * MIB) == 64 * MIB
-    assert cache_limit(512 * MIB) == 32 * MIB  # at least MLX's own CPU default
+    assert cache_limit(512 * MIB) == 16 * MIB
     assert cache_limit(64 * 1024 * MIB) == 1024 * MIB  # at most 1 GiB
 
 
@@ -65,3 +69,48 @@ def test_the_cache_goes_back_once_idle_long_enough(monkeypatch) -> None:
         assert idle.tick(busy=False) and mx.get_cache_memory() == 0
     finally:
         mx.set_cache_limit(old)
+
+
+# -- one reader of the machine's memory (loading/host_memory.py) ---------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("v2", "v1", "want"),
+    [
+        ("max\n", None, None),  # v2 without a limit
+        (None, "9223372036854771712\n", None),  # v1's "no limit"
+        ("1073741824\n", None, 1 << 30),
+        (None, "536870912\n", 1 << 29),
+    ],
+)
+def test_the_cgroup_limit_is_read_from_v2_then_v1(tmp_path, monkeypatch, v2, v1, want) -> None:
+    paths = []
+    for name, text in (("memory.max", v2), ("memory.limit_in_bytes", v1)):
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        paths.append(str(path))
+    monkeypatch.setattr(host_memory, "CGROUP_LIMITS", tuple(paths))
+    assert host_memory.cgroup_limit() == want
+    usable = host_memory.usable_memory()
+    assert usable == min(host_memory.physical_memory(), want or usable)
+
+
+def test_both_budgets_are_shares_of_the_one_reading(monkeypatch) -> None:
+    monkeypatch.setattr(host_memory, "usable_memory", lambda: 1000 * MIB)
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)
+    assert memory.default_budget() == 750 * MIB  # memory_budget
+    assert cpu_fast_path.default_dequantize_budget() == 500 * MIB  # cpu_dequantize_budget
+
+
+def test_no_other_module_reads_the_machine_memory() -> None:
+    readers = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests", "bench") or rel == Path("loading/host_memory.py"):
+            continue
+        text = path.read_text()
+        if "SC_PHYS_PAGES" in text or "/sys/fs/cgroup" in text:
+            readers.append(str(rel))
+    assert readers == []

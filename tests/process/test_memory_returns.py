@@ -119,7 +119,8 @@ def test_rss_within_status_accounting_under_churn_and_back_when_idle(srv) -> Non
 
     assert len(samples) > 10
     worst = max(samples, key=lambda x: x[0] - bound(x[1]))
-    assert worst[0] <= bound(worst[1]) + SLACK, (worst[0] // MIB, bound(worst[1]) // MIB)
+    figures = {k: worst[1][k] // MIB for k in ("weights", "kv_active", "prompt_cache", "mlx_cache")}
+    assert worst[0] <= bound(worst[1]) + SLACK, (worst[0] // MIB, bound(worst[1]) // MIB, figures)
     assert max(s["mlx_cache"] for _, s in samples) <= limit
 
     after = wait_until(lambda: (s := status(stub))["mlx_cache"] == 0 and s, 10)
