@@ -30,6 +30,7 @@ from engine import metrics as metrics_mod
 from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
+from parsing.durations import parse_duration
 from seam import contract as seam_contract
 
 if TYPE_CHECKING:  # a single process never imports distributed; only its types are named here
@@ -160,6 +161,7 @@ async def serve(
     if parent_watch is not None:
         parent_watch.stop()
     await health_servicer.enter_graceful_shutdown()
+    await servicer.jobs.shutdown(grace)  # a running fine-tune saves its checkpoint
     # Refuses new calls at once and returns as soon as in-flight calls are done; after
     # `grace` it cancels the rest: their clients get UNAVAILABLE, and each abandoned
     # handler's `finally: job.cancel()` runs when its generator is closed.
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--grace",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=5.0,
         help='shutdown grace period for in-flight requests: seconds, or "500ms", "1m"',
     )
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--distributed-timeout",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=60.0,
         help="distributed mode: how long one step may take before rank 0 declares a rank "
         'hung and fails requests with UNAVAILABLE: seconds, or "500ms", "2m" (default 60)',
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     engine = None if args.distributed else _join_on_load(args, metrics)
     model = args.model
-    if model == "embedded":
+    if model == model_loader.EMBEDDED:  # preloaded (and identified) by its path
         model = str(model_loader.embedded_model_path())
     status, clean = asyncio.run(
         serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)
@@ -344,7 +346,7 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--join-timeout",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=None,
         help='how long a rank waits for the others to connect: seconds, or "10m" '
         "(default: $LOCALAI_MLX_JOIN_TIMEOUT, else 600)",

@@ -24,9 +24,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from engine import delivery, fit, memory, model_calls, model_host, prepare
+from engine import delivery, memory, model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -43,6 +43,7 @@ from errors import (
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
+from prompting import fit
 from tasks import embedding, rerank, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -165,7 +166,7 @@ class Engine:
 
     async def metadata(self) -> model_calls.ModelMetadata:
         """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
-        return await self.call(METADATA)
+        return cast("model_calls.ModelMetadata", await self.call(METADATA))
 
     async def score(
         self,
@@ -184,9 +185,8 @@ class Engine:
         """
         self.check_identity(identity)
         scoring.check_candidates(candidates)
-        return await self.call(
-            SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
-        )
+        args = (prompt, candidates, include_token_logprobs, max(0, stable_prefix_len))
+        return cast("list[scoring.CandidateResult]", await self.call(SCORE, *args))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
@@ -194,21 +194,21 @@ class Engine:
         """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first."""
         self.check_identity(identity)
         rerank.check_request(query, documents, top_n)
-        return await self.call(RERANK, query, documents, top_n)
+        return cast("rerank.RerankOutput", await self.call(RERANK, query, documents, top_n))
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
         """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         self.check_identity(identity)
-        return await self.call(EMBED, text, token_ids)
+        return cast("embedding.EmbeddingOutput", await self.call(EMBED, text, token_ids))
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         self.check_identity(identity)
-        return await self.call(TOKENIZE, text)
+        return cast("list[int]", await self.call(TOKENIZE, text))
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await self.call(DETOKENIZE, ids)
+        return cast("str", await self.call(DETOKENIZE, ids))
 
     def serving(self, identity: str = "") -> LoadedModel:
         """The model a new request will run on; the one check a request's model passes.
@@ -275,7 +275,7 @@ class Engine:
             self.queued += 1
 
     def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """`engine.fit.check_identity` against ``loaded`` (default: the current model)."""
+        """`prompting.fit.check_identity` against ``loaded`` (default: the current model)."""
         fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:

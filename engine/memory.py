@@ -14,12 +14,14 @@ sequences, the prompt cache's memory tier and the prefill working set.
   `engine.step_budget`) and the copies of the running KV that rows joining or leaving
   the batch make (`copies`); bench/bench_memory_model.py and
   tests/process/test_memory_model.py check the sum against MLX's real peak.
-- `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
-  token it may generate) when it starts, so nothing admitted can outgrow the budget
-  later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
-  ``n`` times its longest row. The prompt cache gives memory back first (least recently
-  used entries); a request that does not fit waits, in order; one that can never fit,
-  even alone, is refused with the numbers. While the budget is tight the prefill chunk
+- `MemoryBudget`: what admission (`engine.preemption`) asks. A sequence the batch can
+  preempt counts at the KV it holds after its next step; any other reserves its longest
+  (prompt plus every token it may generate) when it starts. The batch pads every row to
+  the longest (`batch.decode.DecodeBatch`, as mlx-lm's), so ``n`` rows cost ``n`` times
+  the longest row. The prompt cache gives memory back first (least recently used
+  entries), then the newest preemptible sequences leave for the prompt cache and resume
+  later; a request that does not fit waits, in order; one that can never fit, even
+  alone, is refused with the numbers. While the budget is tight the prefill chunk
   shrinks to what fits.
 
 - MLX's buffer cache (freed buffers MLX keeps for reuse) is part of the budget: limited
@@ -42,13 +44,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from batch.release import release_cache
 from errors import ModelLoadError
 from loading import host_memory
-from seam.release import release_cache
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -60,7 +63,7 @@ PROBE_CONTEXT = 1024  # context (tokens already held) of the second probe
 WORKING_SET_MARGIN = 1.25  # measured working set, times this (what the probes do not see)
 MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
 # A step may hold the running KV twice: the batch copies it when rows join or leave
-# (`seam.batch.DecodeBatch`: the prefill cache is deep-copied and filtered when some rows
+# (`batch.decode.DecodeBatch`: the prefill cache is deep-copied and filtered when some rows
 # start decoding, the decoding rows' cache concatenated or filtered, a leaving row's KV
 # extracted, then copied again into the prompt cache). Measured (bench/bench_memory_model.py,
 # 8 x 1,061 tokens): counting only weights, KV and the prefill working set, the peak was
@@ -70,7 +73,7 @@ KV_STEP = 256  # mlx-lm's KVCache.step: KV buffers grow by this many tokens
 # MLX's buffer cache: this share of the budget, at most CACHE_MAX. MLX's CPU allocator
 # keeps at most 32 MiB by default (mlx/backend/no_gpu/allocator.cpp), its Metal allocator
 # up to its memory limit; mlx-lm sets no limit and clears the cache after each prefill
-# chunk and every 256 tokens (mlx_lm/generate.py), as `seam.batch` does.
+# chunk and every 256 tokens (mlx_lm/generate.py), as `batch.decode` does.
 CACHE_SHARE = 32  # the limit is budget // CACHE_SHARE
 CACHE_MAX = 1024 * MIB
 IDLE_RELEASE_S = 0.5  # idle this long, the engine gives MLX's buffer cache back
@@ -131,7 +134,7 @@ def copies(kv: int) -> int:
     return int(max(kv, 0) * KV_COPIES)
 
 
-def _layer_bytes(layer) -> tuple[int, int]:
+def _layer_bytes(layer: Any) -> tuple[int, int]:
     """(bytes per token, fixed bytes) of one cache layer that has seen some tokens."""
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if keys is not None and values is not None and hasattr(layer, "offset"):
@@ -145,7 +148,7 @@ def _layer_bytes(layer) -> tuple[int, int]:
     return 0, sum(a.nbytes for a in _arrays(getattr(layer, "state", None)))
 
 
-def _arrays(state) -> list[mx.array]:
+def _arrays(state: Any) -> list[mx.array]:
     """The arrays in a cache layer's state (nested: quantized caches hold tuples)."""
     if isinstance(state, mx.array):
         return [state]
@@ -154,7 +157,7 @@ def _arrays(state) -> list[mx.array]:
     return []
 
 
-def profile(model, chunk: int) -> MemoryProfile:
+def profile(model: Any, chunk: int) -> MemoryProfile:
     """Measure `MemoryProfile` with two probe chunks of PROBE_TOKENS tokens (at most
     ``chunk``) through ``model``: one on a fresh cache (the KV per token, the working set
     per chunk token), one beside PROBE_CONTEXT tokens of KV already held (the attention
@@ -181,7 +184,7 @@ def profile(model, chunk: int) -> MemoryProfile:
     )
 
 
-def _working_set(model, cache: list, n: int) -> int:
+def _working_set(model: Any, cache: list, n: int) -> int:
     """Bytes MLX held above the cache while ``n`` tokens ran through ``model`` into
     ``cache`` (the KV they add not counted)."""
     mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
@@ -274,7 +277,7 @@ class MemoryBudget:
             )
 
     @classmethod
-    def off(cls, loaded) -> MemoryBudget:
+    def off(cls, loaded: Any) -> MemoryBudget:
         """No budget: everything fits."""
         return cls(0, loaded.weights_bytes, MemoryProfile(0, 0, 0), loaded.params.prefill_step_size)
 
@@ -355,7 +358,7 @@ class IdleRelease:
 
     While requests run, MLX keeps freed buffers (up to `cache_limit`) to reuse them the
     next step; once nothing has run for IDLE_RELEASE_S they go back to the system
-    (`seam.release.release_cache`: after the work in flight, never in the step in which the
+    (`batch.release.release_cache`: after the work in flight, never in the step in which the
     last sequence ended), then ``released`` is called (the engine reads MLX's memory again).
     The engine loop asks `wait` how long it may block for its next item and calls `tick`
     after each step.

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
-from engine import prompt as prompt_mod
+from decoding import reasoning_formats, tool_formats
 from errors import InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
 from tasks import rerank as rerank_task
@@ -33,7 +34,9 @@ class ModelMetadata:
 
     supports_thinking: bool
     rendered_template: str  # a one-user-turn probe rendered with thinking enabled
-    tool_format: str  # mlx-lm tool parser name, e.g. "json_tools"; "" when none
+    # LocalAI's tool_parser name (e.g. "qwen3_xml") where one applies, else mlx-lm's parser
+    # module (e.g. "json_tools"); "" when none
+    tool_format: str
     tool_call_start: str
     tool_call_end: str
     think_start: str
@@ -55,7 +58,16 @@ def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
     bad = [i for i in ids if i < 0 or i >= vocab]
     if bad:
         raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
-    return tokenizer.decode(ids)
+    return str(tokenizer.decode(ids))
+
+
+def _tool_format_name(tok: Any, parser: Any) -> str:
+    """The tool format's name: LocalAI's `tool_parser` name where one applies
+    (decoding/tool_formats), else mlx-lm's parser module (e.g. "json_tools"); "" for none."""
+    fmt = tool_formats.of(tok)
+    if fmt is not None:
+        return fmt.name
+    return getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else ""
 
 
 def metadata(loaded: LoadedModel) -> ModelMetadata:
@@ -73,14 +85,16 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
         except Exception as exc:  # a template that needs other inputs: report none
             logger.warning("chat template did not render a probe conversation: %s", exc)
     parser = getattr(tok, "tool_parser", None)
+    fmt = reasoning_formats.format_of(tok)
+    think_start, think_end = fmt.markers if fmt is not None else ("", "")
     return ModelMetadata(
         supports_thinking=bool(getattr(tok, "has_thinking", False)),
         rendered_template=rendered,
-        tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
+        tool_format=_tool_format_name(tok, parser),
         tool_call_start=getattr(tok, "tool_call_start", None) or "",
         tool_call_end=getattr(tok, "tool_call_end", None) or "",
-        think_start=getattr(tok, "think_start", None) or "",
-        think_end=getattr(tok, "think_end", None) or "",
+        think_start=think_start,
+        think_end=think_end,
         media_marker=vision.MEDIA_MARKER if loaded.vision is not None else "",
     )
 

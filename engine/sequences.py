@@ -2,11 +2,11 @@
 
 A `Runner` holds sequences of one kind and decodes one token for each per `step`:
 
-- `BatchRunner`: the continuous batch, `seam.batch.DecodeBatch` (newcomers join between
+- `BatchRunner`: the continuous batch, `batch.decode.DecodeBatch` (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-  With ``speculative:ngram`` or a draft model it is `seam.speculation`'s
+  With ``speculative:ngram`` or a draft model it is `batch.speculation`'s
   `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
-  Its rows' caches are `seam.rows`'s quantized (``kv_bits``) or rotating-with-
+  Its rows' caches are `batch.rows`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
 - `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
@@ -23,28 +23,30 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from batch.decode import DecodeBatch, pending
+from batch.rows import row_cache
+from batch.speculation import DraftedModel, SpeculativeBatch
+from decoding.finish import FinishReason, finish_of
 from decoding.ngram_spec import NgramStats
 from engine.checkpoints import Checkpoints, split
-from engine.jobs import Job
+from engine.sequence import Sequence
 from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup, trim_exactly
-from seam.batch import DecodeBatch, pending
-from seam.rows import row_cache
-from seam.speculation import DraftedModel, SpeculativeBatch
 
 
 @dataclass(frozen=True)
 class Token:
     """One decoded token of one sequence (``token`` None: the generator ended without
-    one). ``finish``: the runner ended the sequence ("stop", "length"); ``kv``:
+    one). ``finish``: the runner ended the sequence (STOP, LENGTH); ``kv``:
     (cache, tokens) when it handed the sequence's KV over as it ended; ``drafted``: the
     token came from an accepted draft; ``error``: the runner failed this sequence alone
     (a `BackendError` its request ends with; ``token`` is None)."""
@@ -52,7 +54,7 @@ class Token:
     uid: int
     token: int | None
     logprobs: Any = None
-    finish: str | None = None
+    finish: FinishReason | None = None
     kv: tuple | None = None
     drafted: bool = False
     error: Any = None
@@ -64,37 +66,41 @@ def stops_at_eos(params: GenerationParams) -> bool:
     return not params.ignore_eos or params.constraint is not None
 
 
-def finish_of(token: int, job: Job, eos_ids: frozenset[int]) -> str | None:
-    """How ``token``, ``job``'s next, ends it: "stop" (EOS, `stops_at_eos`), "length"
-    (its ``max_tokens``-th token), or None."""
-    if token in eos_ids and stops_at_eos(job.params):
-        return "stop"
-    if job.tokens + 1 >= job.max_tokens:
-        return "length"
-    return None
+def next_finish(token: int, job: Sequence, eos_ids: frozenset[int]) -> FinishReason | None:
+    """How ``token``, ``job``'s next, ends it (`decoding.finish.finish_of`)."""
+    return finish_of(
+        token, job.tokens + 1, job.max_tokens, stops=stops_at_eos(job.params), eos=eos_ids
+    )
 
 
-def row_kind(loaded: LoadedModel) -> str:
-    """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
-    ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
-    "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
-    quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
-    sequence's whole cache once it holds that many tokens, one representation per
-    sequence, while a batch layer holds one for all its rows)."""
+class RowKind(Enum):
+    """How the batch makes its rows' caches (`row_kind` decides it once per load)."""
+
+    DEFAULT = "default"  # mlx-lm's own: no kv_bits, no max_kv_size
+    OWN = "own"  # `batch.rows`'s quantized or rotating rows
+    NONE = "none"  # the batch holds no row for such a sequence: it runs solo
+
+
+def row_kind(loaded: LoadedModel) -> RowKind:
+    """How the batch makes ``loaded``'s rows' caches: DEFAULT without ``kv_bits`` and
+    ``max_kv_size``; NONE with them on a model whose cache layers cannot be quantized or
+    rotated in a batch, or with ``quantized_kv_start`` > 0 (mlx-lm converts a sequence's
+    whole cache once it holds that many tokens, one representation per sequence, while a
+    batch layer holds one for all its rows); else OWN."""
     p = loaded.params
     if p.kv_bits is None and p.max_kv_size is None:
-        return "default"
+        return RowKind.DEFAULT
     if p.kv_bits is not None and p.quantized_kv_start > 0:
-        return "none"
+        return RowKind.NONE
     try:
         _rows(loaded, keep=0)
     except ValueError:
-        return "none"
-    return "own"
+        return RowKind.NONE
+    return RowKind.OWN
 
 
 def _rows(loaded: LoadedModel, keep: int) -> list:
-    """One sequence's empty `seam.rows` rows (target layers, then the draft's)."""
+    """One sequence's empty `batch.rows` rows (target layers, then the draft's)."""
     p = loaded.params
     if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
         keep = min(keep or 4, p.max_kv_size - 1)
@@ -127,11 +133,11 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 
 class BatchRunner:
-    """The continuous batch of one loaded model (`seam.batch.DecodeBatch`), speculating
+    """The continuous batch of one loaded model (`batch.decode.DecodeBatch`), speculating
     per row with n-gram drafts (``speculative:ngram``) or a draft model's
-    (`seam.speculation.SpeculativeBatch`)."""
+    (`batch.speculation.SpeculativeBatch`)."""
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification."""
         return job.spec_stats.drafted if job.spec_stats is not None else 0
 
@@ -141,14 +147,11 @@ class BatchRunner:
         self.drafts = loaded.params.speculative == "ngram" or loaded.draft is not None
         self._eos_ids = eos_ids
         self.row_kind = row_kind(loaded)  # decided once per load
-        self._own_rows = self.row_kind == "own"
-        self._uids: set[int] = set()
-        self._decoding: set[int] = set()  # rows past their prefill
-        self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
-        # In-flight prefix sharing: positions where a row's KV is copied to the prompt
-        # cache for requests waiting on that prefix, and the copies made since last asked.
-        self._shares: dict[int, set[int]] = {}
-        self._share_job: dict[int, Job] = {}
+        self._own_rows = self.row_kind is RowKind.OWN
+        # Its rows' sequences, by uid; each row's state (prefill progress, decoding, the
+        # prefixes it stores for others) is its Sequence's.
+        self._rows: dict[int, Sequence] = {}
+        # In-flight prefix sharing: the copies made since last asked (`take_shared`).
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
@@ -180,43 +183,36 @@ class BatchRunner:
 
     def close(self) -> None:
         """Drop every row (and its KV)."""
-        self._batch.remove(list(self._uids))
+        self._batch.remove(list(self._rows))
         self._batch.close()
         self._forget_all()
 
     def _forget_all(self) -> None:
-        self._uids.clear()
-        self._decoding.clear()
-        self._prefilled.clear()
-        self._shares.clear()
-        self._share_job.clear()
+        self._rows.clear()
         self._shared.clear()
 
     def _forget(self, uid: int) -> None:
-        self._uids.discard(uid)
-        self._decoding.discard(uid)
-        self._prefilled.pop(uid, None)
-        self._unshare(uid)
+        seq = self._rows.pop(uid, None)
+        if seq is not None:
+            self._unshare(uid, seq)
 
-    def _unshare(self, uid: int) -> None:
-        self._share_job.pop(uid, None)
-        if self._shares.pop(uid, None):
+    def _unshare(self, uid: int, seq: Sequence) -> None:
+        if seq.stop_sharing():
             self._shared.append((uid, None))
 
     # ------------------------------------------------------------------ sharing
-    def share(self, job: Job, position: int) -> str:
+    def share(self, job: Sequence, position: int) -> str:
         """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache for
         requests that share them: "stored" (copied now: the row is past it and its cache
         trims), "later" (its prefill now stops there; `take_shared` says when it is
         stored), or "" (not possible: then the other request prefills on its own)."""
         uid = job.uid
-        row = self._batch.held(uid) if uid is not None and uid in self._uids else None
+        row = self._batch.held(uid) if uid is not None and uid in self._rows else None
         if uid is None or row is None:
             return ""
         held, stage = row
         if self._batch.cut(uid, position):
-            self._shares.setdefault(uid, set()).add(position)
-            self._share_job[uid] = job
+            job.will_share(position)
             return "later"
         if held < position or stage == 0:  # a waiting row's cache is its own, not a copy
             return ""
@@ -234,30 +230,30 @@ class BatchRunner:
 
     @property
     def rows(self) -> int:
-        return len(self._uids)
+        return len(self._rows)
 
     @property
     def nbytes(self) -> int:
         """KV bytes of the running batch."""
-        return self._batch.nbytes if self._uids else 0
+        return self._batch.nbytes if self._rows else 0
 
     def holds(self, params: GenerationParams) -> bool:
         """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
-        NKeep where the batch has no rows for them (`row_kind` "none"). Without NKeep a
+        NKeep where the batch has no rows for them (`RowKind.NONE`). Without NKeep a
         ``max_kv_size`` request there runs in the batch on mlx-lm's own cache."""
-        if self.row_kind != "none":
+        if self.row_kind is not RowKind.NONE:
             return True
         return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
-        """A new sequence's empty KV cache for this batch: `seam.rows`'s quantized rows
+        """A new sequence's empty KV cache for this batch: `batch.rows`'s quantized rows
         (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
         mlx-lm's 4 when 0), the draft model's after the target's; None: the model's own."""
         return _rows(self.loaded, params.keep) if self._own_rows else None
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -276,14 +272,16 @@ class BatchRunner:
             and self._own_rows
             and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
         )
+        snapshots: frozenset[int] = frozenset()
         if takes and job.params.cache_write:
-            job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
-            segments = split(ids, lookup.cached_tokens, job.snapshots)
+            snapshots = self.checkpoints.positions(job, len(ids), diverges)
+            segments = split(ids, lookup.cached_tokens, snapshots)
         draft = None
-        if self.drafts:
-            job.spec_stats = NgramStats()
+        stats = NgramStats() if self.drafts else None
+        if stats is not None:
             width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
-            draft = (width, job.spec_stats)
+            draft = (width, stats)
+        job.planned(snapshots, stats)
         # Segments: the batch's prefill stops exactly at each boundary (one chunk of at
         # most prefill_step_size tokens per step, interleaved with decoding).
         uid = self._batch.insert(
@@ -297,11 +295,12 @@ class BatchRunner:
             logprobs=bool(job.params.logprobs),
             draft=draft,
         )
-        self._uids.add(uid)
+        job.joined_batch()
+        self._rows[uid] = job
         return uid
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Add a sequence prefilled elsewhere (an image prompt, `engine.vision`): ``kv``
         holds ``tokens``; the batch decodes from ``last``, the prompt's last token.
@@ -316,26 +315,25 @@ class BatchRunner:
             stops=stops_at_eos(job.params),
             logprobs=bool(job.params.logprobs),
         )
-        self._uids.add(uid)
+        job.joined_batch()
+        self._rows[uid] = job
         return uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         """One batch step: a prefill chunk and/or one token for every decoding row;
         prefill snapshots taken where a row stopped at one of its checkpoints."""
-        if not self._uids:
+        if not self._rows:
             return []
-        decoding = bool(self._decoding)
+        decoding = any(s.decoding for s in self._rows.values())
         # The budget's chunk for this step; the batch reads it on every step.
         self._plan_chunk(decoding)
         start = time.perf_counter()
         prompt_responses, responses = self._batch.next()
         prefilled = 0
         for r in prompt_responses:
-            done = r.progress[0]
-            prefilled += max(done - self._prefilled.get(r.uid, 0), 0)
-            self._prefilled[r.uid] = done
-            if r.end_of_prompt:
-                self._decoding.add(r.uid)
+            seq = self._rows.get(r.uid)
+            if seq is not None:
+                prefilled += seq.prefill_progress(r.progress[0], r.end_of_prompt)
         self.budget.observe(time.perf_counter() - start, prefilled, decoding)
         self._at_boundaries(prompt_responses, jobs)
         out = []
@@ -350,12 +348,13 @@ class BatchRunner:
     def _plan_chunk(self, decoding: bool) -> None:
         """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
         A distributed follower plans the same (its budget has no time part there)."""
-        held = [(self._batch.held(u) or (0, 0))[0] for u in self._uids - self._decoding]
-        self._batch.prefill_step_size = self.budget.chunk(
-            len(held), decoding, max(held, default=0), self.nbytes
-        )
+        rows = [self._batch.held(u) or (0, 0) for u, s in self._rows.items() if not s.decoding]
+        grouped = sum(1 for _, stage in rows if stage == 1)
+        context = max((n for n, _ in rows), default=0)
+        chunk, most = self.budget.plan(len(rows) - grouped, grouped, decoding, context, self.nbytes)
+        self._batch.prefill_step_size, self._batch.prefill_rows = chunk, most
 
-    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
+    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
         (``jobs``: by uid) or `share` positions."""
         boundaries = [
@@ -363,30 +362,34 @@ class BatchRunner:
             for r in prompt_responses
             if r.end_of_segment
             and not r.end_of_prompt
-            and ((r.uid in jobs and jobs[r.uid].snapshots) or r.uid in self._shares)
+            and r.uid in self._rows
+            and (self._rows[r.uid].snapshots or self._rows[r.uid].shares)
         ]
         if boundaries:
             extracted = self._batch.extract_cache(boundaries)
-            self.checkpoints.store_extracted(extracted, jobs)
+            self.checkpoints.store_extracted(extracted, self._rows)
             for uid, (kv, tokens) in extracted.items():
-                n, job = len(tokens), self._share_job.get(uid)
-                if job is not None and n in self._shares.get(uid, ()):
+                n, job = len(tokens), self._rows[uid]
+                if job.shared(n):
                     if n not in job.snapshots:  # else the checkpoint stored it
                         self.checkpoints.store(job, list(tokens), kv)
-                    self._shares[uid].discard(n)
                     self._shared.append((uid, n))
         for r in prompt_responses:
-            if r.end_of_prompt:
-                self._unshare(r.uid)
+            seq = self._rows.get(r.uid)
+            if r.end_of_prompt and seq is not None:
+                self._unshare(r.uid, seq)
 
     def mirror_step(self) -> dict[int, tuple]:
         """A distributed follower's step: the same decode, no output; {uid: (kv, tokens)}
         of the rows the batch ended itself."""
-        if not self._uids:
+        if not self._rows:
             return {}
-        self._plan_chunk(bool(self._decoding))
+        self._plan_chunk(any(s.decoding for s in self._rows.values()))
         prompt_responses, responses = self._batch.next()
-        self._decoding.update(p.uid for p in prompt_responses if p.end_of_prompt)
+        for r in prompt_responses:
+            seq = self._rows.get(r.uid)
+            if seq is not None:
+                seq.prefill_progress(r.progress[0], r.end_of_prompt)
         self._at_boundaries(prompt_responses, {})  # rank 0's `share` cuts, repeated here
         finished = {}
         for g in responses:
@@ -395,27 +398,27 @@ class BatchRunner:
                 self._forget(g.uid)
         return finished
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         """Take ``job``'s row out of the batch: (kv, tokens) for the prompt cache."""
-        if job.uid not in self._uids:
+        if job.uid not in self._rows:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
 
-    def pending(self, job: Job) -> Token | None:
+    def pending(self, job: Sequence) -> Token | None:
         """``job``'s next token, sampled and queued but not returned yet
-        (`DecodeBatch.pending`), with the finish it makes ("stop" at EOS, "length" at
+        (`DecodeBatch.pending`), with the finish it makes (STOP at EOS, LENGTH at
         ``job.max_tokens``); None while its row prefills."""
         uid = job.uid
-        got = pending(self._batch, uid) if uid is not None and uid in self._uids else None
+        got = pending(self._batch, uid) if uid is not None and uid in self._rows else None
         if uid is None or got is None:
             return None
         token, logprobs = got
-        return Token(uid, token, logprobs, finish_of(token, job, self._eos_ids))
+        return Token(uid, token, logprobs, next_finish(token, job, self._eos_ids))
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         """Take ``job``'s row out, discarding its KV."""
-        if job.uid in self._uids:
+        if job.uid in self._rows:
             self._forget(job.uid)
             self._batch.remove([job.uid])
 
@@ -467,7 +470,7 @@ class SoloRunner:
         self._last_uid = 0
         self.drafts = loaded.draft is not None
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification: for a draft model (mlx-lm does not
         count them) an upper bound, NDraft per target token; 0 without one."""
         if not self.drafts:
@@ -485,7 +488,7 @@ class SoloRunner:
         return True
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Sequences prefilled elsewhere (image prompts) join the batch only.
 
@@ -507,7 +510,7 @@ class SoloRunner:
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -544,7 +547,7 @@ class SoloRunner:
         self.runs[self._last_uid] = SoloRun(steps, kv, list(ids))
         return self._last_uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         out = []
         for uid, run in list(self.runs.items()):
             job = jobs.get(uid)
@@ -553,11 +556,11 @@ class SoloRunner:
             try:
                 token, logprobs, *drafted = next(run.steps)
             except StopIteration:
-                out.append(Token(uid, None, finish="length"))
+                out.append(Token(uid, None, finish=FinishReason.LENGTH))
                 continue
             token = int(token)
             run.tokens.append(token)
-            finish = finish_of(token, job, self._eos_ids)
+            finish = next_finish(token, job, self._eos_ids)
             out.append(Token(uid, token, logprobs, finish, drafted=bool(drafted and drafted[0])))
         return out
 
@@ -573,11 +576,11 @@ class SoloRunner:
                 run.exhausted = True
         return {}
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         return run.finish() if run is not None else None
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         if run is not None:
             run.steps.close()

@@ -37,7 +37,7 @@ from scripted import ScriptedModel
 
 import backend_pb2 as pb
 import params
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from seam.tokenizer import vocab_size
 
@@ -106,8 +106,8 @@ template:
 # ours, section_start, section_end, reasoning_start, reasoning_end).
 MARKERS = {
     "llama": (None, '{"name"', "", "", ""),
-    "qwen3_5": ("qwen3_coder", "<tool_call>", "</tool_call>", "<think>", "</think>"),
-    "gpt_oss": (None, " to=functions.", "", "", ""),
+    "qwen3_5": ("qwen3_xml", "<tool_call>", "</tool_call>", "<think>", "</think>"),
+    "gpt_oss": (None, " to=functions.", "", "<|channel|>analysis<|message|>", "<|end|>"),
 }
 
 # Each family's own tool-call text (its chat template's format) and what it parses to.

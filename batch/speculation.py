@@ -1,4 +1,4 @@
-"""Speculative decoding inside the continuous batch (`seam.batch.DecodeBatch`).
+"""Speculative decoding inside the continuous batch (`batch.decode.DecodeBatch`).
 
 `SpeculativeBatch` (a `DecodeBatch`) replaces it for a model loaded with
 ``speculative:ngram`` or a draft model (`DraftedModel`). At each step every row that
@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
+from batch.decode import DecodeBatch, Generated, Row
 from decoding.ngram_spec import DraftGate
 from decoding.sampling import GREEDY
 from seam.arrays import ints, nested, scalar
-from seam.batch import DecodeBatch, Generated, Row
 from seam.holes import HoleyBatchKVCache, speculable
 
 #: mlx-lm private members used here: none.
@@ -153,7 +153,7 @@ class DraftedModel:
     def __call__(self, inputs: mx.array, cache: list | None = None, **kwargs: Any) -> mx.array:
         cache = cache if cache is not None else self.make_cache()
         self.draft(inputs, cache=cache[self.split :])
-        return self.target(inputs, cache=cache[: self.split], **kwargs)
+        return cast(mx.array, self.target(inputs, cache=cache[: self.split], **kwargs))
 
 
 class SpeculativeBatch(DecodeBatch):

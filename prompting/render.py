@@ -117,7 +117,7 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
         # mlx-lm's own Python chat templates do not take that argument).
         messages[-1]["content"] = f"{messages[-1]['content']}{_CONTINUE_MARK}"
     try:
-        text = tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=not spec.continue_final,
@@ -156,7 +156,7 @@ def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) 
         return 0
     head = [copy.deepcopy(dict(m)) for m in messages[:last_user]]
     try:
-        text = tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             head,
             tokenize=False,
             add_generation_prompt=False,
@@ -180,7 +180,7 @@ def prepare_prompt(
     """Render and tokenize `spec` for an mlx-lm `TokenizerWrapper`.
 
     `check_text`: called with the rendered text before tokenizing, to refuse a prompt
-    that cannot fit (`engine.fit.check_text`). `checkpoints`: also find the chat boundary
+    that cannot fit (`prompting.fit.check_text`). `checkpoints`: also find the chat boundary
     (`chat_boundary`; one more template render and tokenization) for models whose cache
     cannot be trimmed. Raises ValueError naming the field: Messages (template
     error), Prompt when the prompt gives no tokens at all or cannot fit.
