@@ -181,8 +181,8 @@ class Engine:
         Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
-        self.check_identity(identity)
-        scoring.check_candidates(candidates)
+        loaded = self.serving(identity)
+        scoring.check_candidates(candidates, prompt=prompt, bounds=fit.task_bounds(loaded))
         return await self.call(
             SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
         )
@@ -190,21 +190,28 @@ class Engine:
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
-        """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first."""
-        self.check_identity(identity)
-        rerank.check_request(query, documents, top_n)
-        return await self.call(RERANK, query, documents, top_n)
+        """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first
+        (texts measured before tokenizing), the tokenizing off the engine thread."""
+        loaded = self.serving(identity)
+        rerank.check_request(query, documents, top_n, fit.task_bounds(loaded))
+        prepared = await prepare.off_engine(
+            model_calls.prepare_rerank, loaded, query, documents, top_n
+        )
+        return await self.call(RERANK, prepared)
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
-        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
-        self.check_identity(identity)
-        return await self.call(EMBED, text, token_ids)
+        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed);
+        ``text`` is measured, then tokenized off the engine thread."""
+        loaded = self.serving(identity)
+        if not token_ids:
+            token_ids = await prepare.off_engine(model_calls.embedding_ids, loaded, text)
+        return await self.call(EMBED, "", token_ids)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
-        self.check_identity(identity)
-        return await self.call(TOKENIZE, text)
+        """Token ids of ``text``, measured first and tokenized off the engine thread."""
+        return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
 
     async def detokenize(self, ids: list[int]) -> str:
         return await self.call(DETOKENIZE, ids)

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
+from engine import fit
 from engine import prompt as prompt_mod
-from errors import InvalidArgument
+from errors import FailedPrecondition, InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
+from parsing import bounds
 from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
 from tasks import rerank as rerank_task
@@ -44,8 +46,26 @@ class ModelMetadata:
 
 
 def tokenize(loaded: LoadedModel, text: str) -> list[int]:
-    """Token ids of ``text`` (no second BOS)."""
+    """Token ids of ``text`` (no second BOS); InvalidArgument for a text longer than the
+    context can hold, measured before tokenizing (`parsing.bounds`). Any thread."""
+    _check_text("Prompt (the text to tokenize)", text, loaded)
     return prompt_mod.encode(loaded.tokenizer, text)
+
+
+def embedding_ids(loaded: LoadedModel, text: str) -> list[int]:
+    """The tokens `embedding.embed` reads of ``text``, measured first (any thread)."""
+    _check_text("Embeddings (the text to embed)", text, loaded)
+    ids = prompt_mod.encode(loaded.tokenizer, text)
+    if not ids:
+        raise InvalidArgument("the text to embed is empty: give some text (Embeddings)")
+    return ids
+
+
+def _check_text(field: str, text: str, loaded: LoadedModel) -> None:
+    try:
+        bounds.check_text(field, text, fit.task_bounds(loaded))
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
@@ -113,29 +133,42 @@ def score(
     )
 
 
-def rerank(
-    loaded: LoadedModel,
-    cache: PromptTiers | None,
-    query: str,
-    documents: list[str],
-    top_n: int,
-    should_stop: Callable[[], bool] | None = None,
-) -> rerank_task.RerankOutput:
-    """`rerank.rerank` with the loaded model's settings: option ``rerank`` (``auto``
-    resolved from the model's name and tokenizer) and ``rerank_instruction``; the shared
-    prefix's KV via ``cache``."""
+def prepare_rerank(
+    loaded: LoadedModel, query: str, documents: list[str], top_n: int
+) -> rerank_task.RerankInput:
+    """`rerank.prepare` with the loaded model's settings (option ``rerank``, ``auto``
+    resolved from the model's name and tokenizer; ``rerank_instruction``): the tokenizing,
+    run on the prepare pool, off the engine thread."""
     p = loaded.params
-    return rerank_task.rerank(
-        loaded.model,
+    return rerank_task.prepare(
         loaded.tokenizer,
         query,
         documents,
         top_n,
         mode=rerank_task.choose_mode(p.rerank, loaded.name, loaded.tokenizer),
         instruction=p.rerank_instruction,
-        cache=cache,
-        model_key=loaded.cache_key,
         context_len=loaded.context_len,
+        per_token=loaded.max_token_chars,
+        model_key=loaded.cache_key,
+    )
+
+
+def rerank(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    prepared: rerank_task.RerankInput,
+    should_stop: Callable[[], bool] | None = None,
+) -> rerank_task.RerankOutput:
+    """`rerank.run` of a `prepare_rerank`d request on the loaded model (engine thread); the
+    shared prefix's KV via ``cache``. FailedPrecondition when the model was replaced since
+    the request was tokenized."""
+    if prepared.model_key != loaded.cache_key:
+        raise FailedPrecondition("the model was replaced while the Rerank was prepared: retry")
+    p = loaded.params
+    return rerank_task.run(
+        loaded.model,
+        prepared,
+        cache=cache,
         prefill_step=p.prefill_step_size,
         max_kv_size=p.max_kv_size,
         should_stop=should_stop,

@@ -28,7 +28,7 @@ from loading.loaded_model import LoadedModel
 from params import LoadParams
 from seam.release import release_cache
 from tasks.embedding import EmbeddingOutput
-from tasks.rerank import RerankOutput
+from tasks.rerank import RerankInput, RerankOutput
 from tasks.scoring import CandidateResult
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -206,14 +206,10 @@ class ModelHost:
         )
 
     def rerank(
-        self,
-        query: str,
-        documents: list[str],
-        top_n: int,
-        should_stop: Callable[[], bool] | None = None,
+        self, prepared: RerankInput, should_stop: Callable[[], bool] | None = None
     ) -> RerankOutput:
         cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.rerank(self.require(), cache, query, documents, top_n, should_stop)
+        return model_calls.rerank(self.require(), cache, prepared, should_stop)
 
     def embed(
         self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None

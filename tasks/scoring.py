@@ -42,6 +42,8 @@ from caches.prompt_tiers import PromptTiers
 from decoding.output import OutputPipeline
 from engine import prompt as prompt_mod
 from errors import Cancelled, InvalidArgument
+from parsing import bounds as bounds_mod
+from parsing.bounds import Bounds
 from prompt_cache import common_prefix, needs_checkpoints
 
 __all__ = [
@@ -76,13 +78,26 @@ def stopper(should_stop: ShouldStop | None, what: str) -> Callable[[], None]:
 
 
 def check_candidates(
-    candidates: Sequence[str], *, max_candidates: int = MAX_SCORE_CANDIDATES
+    candidates: Sequence[str],
+    *,
+    max_candidates: int = MAX_SCORE_CANDIDATES,
+    prompt: str = "",
+    bounds: Bounds | None = None,
 ) -> None:
     """Cheap checks of a Score request's candidates, safe on the event loop.
 
-    No tokenizing: at least one candidate, at most ``max_candidates``, none empty. Raises
-    ValueError naming ``candidates`` (or ``candidates[i]``) and the limit.
+    No tokenizing: at least one candidate, at most ``max_candidates``, none empty; with
+    ``bounds`` (the model's context and longest token, `parsing.bounds`) the prompt and
+    each candidate no longer than the context can hold and the candidates together no
+    longer than MAX_SCORE_TOKENS tokens can, in characters. Raises InvalidArgument
+    naming ``prompt``, ``candidates`` (or ``candidates[i]``) and the limit.
     """
+    if bounds is not None:
+        try:
+            bounds_mod.check_text("prompt", prompt, bounds)
+            bounds_mod.check_texts("candidates", candidates, bounds, MAX_SCORE_TOKENS)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
     if not candidates:
         raise InvalidArgument("candidates is empty: give at least one continuation to score")
     if len(candidates) > max_candidates:
