@@ -27,6 +27,7 @@ import backend_pb2_grpc
 from edge import interceptors, lifecycle
 from edge.servicer import BackendServicer, HostedEngine
 from engine import metrics as metrics_mod
+from engine import request_log
 from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    request_log.limit_repeats(logging.getLogger().handlers)  # a warning per request: bounded
     for noisy in ("grpc", "asyncio"):  # their DEBUG lines come once per call
         logging.getLogger(noisy).setLevel(max(level, logging.INFO))
     if bad_env_level:
