@@ -239,12 +239,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.log_level:
             parser.error(str(exc))
         level, bad_env_level = logging.INFO, str(exc)  # an inherited typo must not stop us
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.addFilter(request_log.RepeatFilter())  # a warning per request: bounded
     logging.basicConfig(
-        stream=sys.stderr,
+        handlers=[stderr],
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    request_log.limit_repeats(logging.getLogger().handlers)  # a warning per request: bounded
     for noisy in ("grpc", "asyncio"):  # their DEBUG lines come once per call
         logging.getLogger(noisy).setLevel(max(level, logging.INFO))
     if bad_env_level:

@@ -190,27 +190,19 @@ class Engine:
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
-        """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first
-        (texts measured before tokenizing), the tokenizing off the engine thread."""
-        loaded = self.serving(identity)
-        rerank.check_request(query, documents, top_n, fit.task_bounds(loaded))
-        prepared = await prepare.off_engine(
-            model_calls.prepare_rerank, loaded, query, documents, top_n
-        )
-        return await self.call(RERANK, prepared)
+        """`tasks.rerank.rerank` on the loaded model: checked and tokenized off the engine."""
+        args = (self.serving(identity), query, documents, top_n)
+        return await self.call(RERANK, await prepare.off_engine(model_calls.prepare_rerank, *args))
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
-        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed);
-        ``text`` is measured, then tokenized off the engine thread."""
+        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         loaded = self.serving(identity)
-        if not token_ids:
-            token_ids = await prepare.off_engine(model_calls.embedding_ids, loaded, text)
-        return await self.call(EMBED, "", token_ids)
+        ids = token_ids or await prepare.off_engine(model_calls.embedding_ids, loaded, text)
+        return await self.call(EMBED, "", ids)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
-        """Token ids of ``text``, measured first and tokenized off the engine thread."""
         return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
 
     async def detokenize(self, ids: list[int]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.jobs import Job
@@ -107,10 +107,3 @@ class RepeatFilter(logging.Filter):
             record.args = None
         return True
 
-
-def limit_repeats(handlers: Iterable[logging.Handler]) -> RepeatFilter:
-    """Install one `RepeatFilter` on each of ``handlers`` (the process's log handlers)."""
-    repeat = RepeatFilter()
-    for handler in handlers:
-        handler.addFilter(repeat)
-    return repeat

@@ -96,7 +96,8 @@ def test_repeated_warnings_are_counted_and_summarized_once_per_window():
             records.append(record.getMessage())
 
     handler = Keep()
-    repeat = request_log.limit_repeats([handler])
+    repeat = request_log.RepeatFilter()
+    handler.addFilter(repeat)
     logger = logging.getLogger("localai.mlx.test_repeats")
     logger.addHandler(handler)
     logger.propagate = False
