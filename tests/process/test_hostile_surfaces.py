@@ -282,6 +282,112 @@ def test_a_grammar_after_an_open_think_block(server, refs):
     wait_idle(stub, call_timeout=5.0)
 
 
+# -- 6: preemption: requests that outgrow a tight memory budget ---------------------------
+PREEMPT_OPTIONS = ("warmup:false", "prefill_step_size:16", "max_batch_size:16")
+KV_STEP = 256  # tokens: the KV grows in steps of this many
+
+
+def _long_prompts(n: int) -> list[str]:
+    # ~245 tokens each, so that generating to the full context crosses a KV step.
+    words = ["river", "stone", "lamp", "orchard", "violet", "harbor", "copper", "meadow"]
+    return [
+        f"Story {i}: " + " ".join(words[(i * 3 + k) % len(words)] for k in range(236))
+        for i in range(n)
+    ]
+
+
+def test_requests_to_the_full_context_under_a_tight_budget_are_preempted_exactly(
+    server, refs, tiny
+):
+    """Three requests generating until the context is full (Tokens -1) outgrow a budget set
+    from Status' figures (as tests/model/test_preemption.py): the newest give way and
+    resume; they and the innocents beside them all give their solo text."""
+    stub = server.stub
+    hostile = [
+        greedy(p, -1, IgnoreEOS=True, **({"Temperature": 0.9, "Seed": 7} if i == 1 else {}))
+        for i, p in enumerate(_long_prompts(3))
+    ]
+    try:
+        load(server, tiny, f"memory_budget:{64 * 1024**3}", *PREEMPT_OPTIONS)
+        s = wait_idle(stub)
+        solo = [stub.Predict(r, timeout=CALL_TIMEOUT).message for r in hostile]
+        assert all(len(m) > 100 for m in solo), solo
+        step = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * KV_STEP
+        prefill = 16 * s["memory_prefill_per_token"]
+        prefill += 16 * (KV_STEP + 16) * s["memory_prefill_per_pair"]
+        load(server, tiny, f"memory_budget:{s['weights'] + prefill + int(6.5 * step)}",
+             *PREEMPT_OPTIONS)  # fmt: skip
+        got: list[bytes | str] = [b""] * len(hostile)
+
+        def send(i: int) -> None:
+            time.sleep(0.02 * i)
+            try:
+                got[i] = stub.Predict(hostile[i], timeout=CALL_TIMEOUT * 2).message
+            except grpc.RpcError as err:
+                got[i] = f"{err.code().name}: {err.details()}"
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(hostile))]
+        with Innocents(stub, refs):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(CALL_TIMEOUT * 3)
+        after = wait_idle(stub, call_timeout=5.0)
+        assert got == solo
+        assert after["preemptions"] >= 1, after
+        assert after["preemption_resumes"] == after["preemptions"], after
+        assert after["memory_reserved"] == 0, after
+        assert server.proc.poll() is None
+    finally:
+        load(server, tiny)
+
+
+# -- 6: in-flight prefix sharing: the request others wait on is cancelled -----------------
+def test_cancelling_the_request_a_shared_prefix_waits_on(server, refs, tiny):
+    """Followers sharing a long prefix with a request still prefilling it (16-token chunks)
+    are parked on it (engine/sharing.py); that request, and one follower, are cancelled
+    mid-way: the other followers give their solo text and nothing stays running."""
+    stub = server.stub
+    shared = _long_prompts(1)[0]
+    leader = greedy(shared + " The end.", 40, IgnoreEOS=True)
+    followers = [greedy(shared + f" Part {i}:", 12, IgnoreEOS=True) for i in range(4)]
+    try:
+        options = ("warmup:false", "prefill_step_size:16")
+        load(server, tiny, *options)
+        solo = [stub.Predict(r, timeout=CALL_TIMEOUT).message for r in followers]
+        load(server, tiny, *options)  # an empty prompt cache: the prefix is shared in flight
+        got: dict[int, bytes] = {}
+        errors: list[str] = []
+
+        def follow(i: int) -> None:
+            try:
+                if i == 3:
+                    call = stub.PredictStream(followers[i], timeout=CALL_TIMEOUT)
+                    threading.Timer(0.05, call.cancel).start()
+                    list(call)
+                else:
+                    got[i] = stub.Predict(followers[i], timeout=CALL_TIMEOUT).message
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.CANCELLED:
+                    errors.append(f"{i}: {err.code().name} {err.details()}")
+
+        with Innocents(stub, refs):
+            lead = stub.PredictStream(leader, timeout=CALL_TIMEOUT)
+            threads = [threading.Thread(target=follow, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(0.02)
+            lead.cancel()
+            for t in threads:
+                t.join(CALL_TIMEOUT * 2)
+        assert not errors, errors
+        assert got == {i: solo[i] for i in range(3)}
+        wait_idle(stub, call_timeout=5.0)
+        assert server.proc.poll() is None
+    finally:
+        load(server, tiny)
+
+
 # -- 3: volatile spans: one documented rule, bounded log lines ---------------------------
 VOLATILE_PROMPTS = 40
 
