@@ -181,11 +181,9 @@ class Engine:
         Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
-        loaded = self.serving(identity)
-        scoring.check_candidates(candidates, prompt=prompt, bounds=fit.task_bounds(loaded))
-        return await self.call(
-            SCORE, prompt, candidates, include_token_logprobs, max(0, stable_prefix_len)
-        )
+        args = (self.serving(identity), prompt, candidates, include_token_logprobs)
+        prepared = await prepare.off_engine(model_calls.prepare_score, *args, stable_prefix_len)
+        return await self.call(SCORE, prepared)
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""

@@ -2,10 +2,11 @@
 model metadata, Score, Rerank and Embedding (engine thread; each function takes the
 `LoadedModel`).
 
-Score, Rerank and Embedding run inline between batch steps, so they pause decoding meanwhile; they
-are bounded (`scoring.MAX_SCORE_CANDIDATES`) and stop between candidates / chunks once
-``should_stop`` says their caller has left. Bad input raises ``ValueError`` (or
-``InvalidArgument``); ``errors.as_backend_error`` maps it at the edge.
+Score, Rerank and Embedding run inline between batch steps, so they pause decoding meanwhile
+(their texts are tokenized before, on the prepare pool: `prepare_score`, `prepare_rerank`,
+`embedding_ids`); they are bounded (`scoring.MAX_SCORE_CANDIDATES`) and stop between
+candidates / chunks once ``should_stop`` says their caller has left. Bad input raises
+``ValueError`` (or ``InvalidArgument``); ``errors.as_backend_error`` maps it at the edge.
 """
 
 from __future__ import annotations
@@ -105,31 +106,47 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
     )
 
 
-def score(
+def prepare_score(
     loaded: LoadedModel,
-    cache: PromptTiers | None,
     prompt: str,
     candidates: list[str],
     include_token_logprobs: bool,
-    should_stop: Callable[[], bool] | None = None,
     stable_prefix_len: int = 0,
-) -> list[scoring.CandidateResult]:
-    """`scoring.score` with the loaded model's settings; the prompt's KV shared via ``cache``
-    (``stable_prefix_len``: characters of the prompt later requests share)."""
-    p = loaded.params
-    return scoring.score(
-        loaded.model,
+) -> scoring.ScoreInput:
+    """`scoring.prepare` with the loaded model's settings: the tokenizing, run on the
+    prepare pool, off the engine thread (``stable_prefix_len``: characters of the prompt
+    later requests share)."""
+    return scoring.prepare(
         loaded.tokenizer,
         prompt,
         candidates,
         include_token_logprobs=include_token_logprobs,
-        cache=cache,
-        model_key=loaded.cache_key,
         context_len=loaded.context_len,
+        per_token=loaded.max_token_chars,
+        stable_prefix_len=stable_prefix_len,
+        model_key=loaded.cache_key,
+    )
+
+
+def score(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    prepared: scoring.ScoreInput,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[scoring.CandidateResult]:
+    """`scoring.run` of a `prepare_score`d request (engine thread); the prompt's KV shared
+    via ``cache``. FailedPrecondition when the model was replaced since it was tokenized."""
+    if prepared.model_key != loaded.cache_key:
+        raise FailedPrecondition("the model was replaced while the Score was prepared: retry")
+    p = loaded.params
+    return scoring.run(
+        loaded.model,
+        loaded.tokenizer,
+        prepared,
+        cache=cache,
         prefill_step=p.prefill_step_size,
         max_kv_size=p.max_kv_size,
         should_stop=should_stop,
-        stable_prefix_len=stable_prefix_len,
     )
 
 

@@ -29,7 +29,7 @@ from params import LoadParams
 from seam.release import release_cache
 from tasks.embedding import EmbeddingOutput
 from tasks.rerank import RerankInput, RerankOutput
-from tasks.scoring import CandidateResult
+from tasks.scoring import CandidateResult, ScoreInput
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -192,18 +192,10 @@ class ModelHost:
         return model_calls.metadata(self.require())
 
     def score(
-        self,
-        prompt: str,
-        candidates: list[str],
-        include: bool,
-        stable_prefix_len: int = 0,
-        should_stop: Callable[[], bool] | None = None,
+        self, prepared: ScoreInput, should_stop: Callable[[], bool] | None = None
     ) -> list[CandidateResult]:
-        loaded = self.require()
         cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.score(
-            loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
-        )
+        return model_calls.score(self.require(), cache, prepared, should_stop)
 
     def rerank(
         self, prepared: RerankInput, should_stop: Callable[[], bool] | None = None

@@ -106,4 +106,3 @@ class RepeatFilter(logging.Filter):
             )
             record.args = None
         return True
-
