@@ -16,7 +16,6 @@ request not cancelled must give exactly its solo output.
 from __future__ import annotations
 
 import json
-import random
 import re
 import threading
 import time
@@ -418,6 +417,7 @@ def test_volatile_span_timeouts_log_one_summary(server, refs, tiny):
 
 
 # -- 6: the differential property: concurrent mixes equal their solo outputs -------------
+DIFFERENTIAL_EXAMPLES = 20  # mixes of 2-6 requests: ~10 s on 2 cores
 SHARED = (
     "You are a careful assistant. Answer in one short sentence, then stop. " * 3,
     "Here is a list of colours: red, green, blue, yellow, purple, orange. ",
@@ -463,7 +463,7 @@ def test_concurrent_mixes_equal_their_solo_outputs(server):
     rounds: list[int] = []
 
     @settings(
-        max_examples=6,
+        max_examples=DIFFERENTIAL_EXAMPLES,
         deadline=None,
         derandomize=True,
         database=None,
@@ -511,12 +511,11 @@ def test_concurrent_mixes_equal_their_solo_outputs(server):
         rounds.append(len(got))
         wait_idle(stub, call_timeout=5.0)
 
-    random.seed(0)
     t0 = time.monotonic()
     check()
     print(
         f"differential: {len(rounds)} mixes, {sum(rounds)} outputs compared, "
         f"{time.monotonic() - t0:.1f}s"
     )
-    assert sum(rounds) >= 6, rounds
+    assert sum(rounds) >= DIFFERENTIAL_EXAMPLES, rounds
     assert server.proc.poll() is None
