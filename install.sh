@@ -42,8 +42,9 @@ if ! python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("l
   fi
 fi
 
-# mlx-vlm (vision-language models) without its own requirements (datasets, fastapi,
-# opencv...: never imported); what it imports came with requirements.txt above. Always
+# mlx-vlm (vision-language models) without its own requirements (datasets, fastapi...:
+# never imported), and the GUI-free OpenCV that reads videos; what they import came with
+# requirements.txt above. Always
 # run, as installRequirements is, so a new pin upgrades it (satisfied: no download).
 if [ "x${USE_PIP}" == "xtrue" ]; then
   python -m pip install --no-deps --requirement "${EDIR}/requirements-vision.txt"

@@ -42,6 +42,10 @@ PromptCachePath (33)  | no disk tier (memory only)      | ""                | in
 Images (42)           | no images (parsing/images.py)   | ()                | base64 PNG/JPEG/WebP;
                       |                                 |                   | options max_images,
                       |                                 |                   | max_image_bytes
+Videos (45)           | no videos (parsing/videos.py)   | ()                | base64 animated
+                      |                                 |                   | GIF/WebP/PNG; options
+                      |                                 |                   | max_videos,
+                      |                                 |                   | max_video_bytes
 (no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
 
 Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
@@ -55,6 +59,10 @@ where it states none or the KV cache rotates).
 
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
 llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
+
+Metadata["reasoning_effort"] (none | minimal | low | medium | high | xhigh | max, any case)
+is the chat template's variable reasoning_effort (gpt-oss reads it); unless the request sets
+enable_thinking, "none" sets it false and a level true. chat_template_kwargs wins over both.
 
 Metadata["tool_grammar"] (required | on | off; unset: option tool_grammar, else required)
 decides when tool calls are held to the request's Tools (decoding/tool_grammar.py).
@@ -71,6 +79,8 @@ CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_
 CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
 DraftModel (39)       | no speculative decoding          | a model the loader resolves
 Options (62)          | none; "key:value", see `parsing/options.py`
+EngineArgs (73)       | none; a JSON object of the same options (wins over Options;
+                      | unknown keys fail the load), `parsing.options.read_engine_args`
 
 Load options (`ModelOptions.Options`, "key:value"): the one list is the table `OPTIONS` in
 `parsing/options.py` (key, kind, bounds, default, doc, environment variable); the README's
@@ -97,10 +107,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from caches import prompt_disk_format
 from parsing import bounds as bounds_mod
 from parsing import images as images_mod
 from parsing import jsonfield
+from parsing import videos as videos_mod
 from parsing.bounds import Bounds
 from parsing.constraint import Constraint, read_constraint
 from parsing.options import (
@@ -119,10 +129,12 @@ from parsing.options import (
     DEFAULT_STEP_BUDGET_MS,
     GRAMMAR_SCOPES,
     OPTIONS,
+    REASONING_EFFORTS,
     SAMPLING,
     TOKENIZER_OPTION_KEYS,
     TOOL_GRAMMAR_MODES,
     UNLIMITED_REASONING,
+    read_engine_args,
     read_options,
 )
 from parsing.options import check_float as _check_float
@@ -132,12 +144,13 @@ from parsing.options import (
 )
 from parsing.options import is_number as _is_number
 from parsing.options import parse_options as parse_options  # re-exported
+from parsing.paths import safe_cache_dir
 from parsing.tool_choice import ToolChoice, read_tool_choice
 from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
-MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (engine.fit)
+MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (prompting.fit)
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
@@ -157,7 +170,7 @@ class GenerationParams:
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
     mean "disabled". `max_tokens` is in tokens, as requested (UNTIL_CONTEXT_FULL for -1);
-    the prepare step caps it, once (`engine.fit.max_tokens`). `seed` None means a fresh
+    the prepare step caps it, once (`prompting.fit.max_tokens`). `seed` None means a fresh
     random seed.
     """
 
@@ -351,7 +364,7 @@ def load_params(req: Any) -> LoadParams:
         fallbacks["seed"] = str(req.Seed)
     if req.NBatch > 0:
         fallbacks["prefill_step_size"] = str(req.NBatch)
-    read = read_options(req.Options, fallbacks)
+    read = read_options(req.Options, fallbacks, engine_args=read_engine_args(req.EngineArgs))
     value = read.values
     context_size = _check_int("ModelOptions.ContextSize", req.ContextSize, 0)
     trust_remote_code = bool(req.TrustRemoteCode) or value["trust_remote_code"]
@@ -395,6 +408,9 @@ def load_params(req: Any) -> LoadParams:
             max_pixels=value["vision_max_pixels"],
             cache_entries=value["vision_cache_entries"],
             cache_bytes=value["vision_cache_bytes"],
+            max_videos=value["max_videos"],
+            max_video_bytes=value["max_video_bytes"],
+            max_video_frames=value["max_video_frames"],
         ),
     )
 
@@ -414,13 +430,13 @@ def _prompt_cache_option(value: str, model_path: str) -> str:
 
 def _prompt_cache_path(value: str, load: LoadParams | None) -> str:
     """The disk-tier directory of a request: option prompt_cache_dir when set, else
-    PromptCachePath confined to ModelPath (`prompt_disk_format.safe_cache_dir`), else ""."""
+    PromptCachePath confined to ModelPath (`parsing.paths.safe_cache_dir`), else ""."""
     if load is not None and load.prompt_cache_dir:
         return load.prompt_cache_dir
     if not value:
         return ""
     try:
-        return str(prompt_disk_format.safe_cache_dir(value, load.model_path if load else ""))
+        return str(safe_cache_dir(value, load.model_path if load else ""))
     except ValueError as exc:
         raise ValueError(f"PredictOptions.PromptCachePath: {exc}") from None
 
@@ -464,8 +480,7 @@ _REFUSED_PREDICT = {
     "NegativePromptScale": "negative prompts (classifier-free guidance) are not supported",
     "RopeFreqBase": _ROPE,
     "RopeFreqScale": _ROPE,
-    # Images are read with the prompt (`prompt_spec`); video and audio input is not.
-    "Videos": "there is no video input; send frames as PredictOptions.Images",
+    # Images and Videos are read with the prompt (`prompt_spec`); audio input is not.
     "Audios": "there is no audio input in this backend",
 }
 _REFUSED_LOAD = {
@@ -691,8 +706,8 @@ class PromptSpec:
     `tool_choice` is "none", and handed to the tool-call parser; `tool_choice` is
     ToolChoice's mode (`parsing.tool_choice`: auto, none, required, function) and
     `tool_name` the function it names (mode "function"). `template_kwargs`:
-    extra keyword arguments of the chat template (`enable_thinking`, then
-    `chat_template_kwargs` merged over it).
+    extra keyword arguments of the chat template (`enable_thinking`, `reasoning_effort`,
+    then `chat_template_kwargs` merged over them).
     """
 
     prompt: str = ""
@@ -704,6 +719,9 @@ class PromptSpec:
     # PredictOptions.Images, decoded from base64 and bounded (`parsing.images`); each
     # fills one media marker or image slot of the prompt, in order.
     images: tuple[images_mod.ImageData, ...] = ()
+    # PredictOptions.Videos, decoded from base64 and bounded (`parsing.videos`); their
+    # frames are sampled and decoded on the prompt workers (`engine.vision_prompt`).
+    videos: tuple[videos_mod.VideoData, ...] = ()
 
     @property
     def continue_final(self) -> bool:
@@ -776,6 +794,18 @@ def _template_kwargs(metadata: Any) -> dict[str, Any]:
             "PredictOptions.Metadata.enable_thinking must be true or false, "
             f"got {metadata['enable_thinking'][:40]!r}"
         )
+    effort = metadata.get("reasoning_effort", "")
+    if effort.strip():
+        # LocalAI sends it for templates that read it (gpt-oss, LFM2.5: core/backend/
+        # options.go gRPCPredictOpts); a template variable, as vLLM's build_chat_params
+        # and llama.cpp's chat_template_kwargs pass it.
+        value = effort.strip().lower()
+        if value not in REASONING_EFFORTS:
+            raise ValueError(
+                "PredictOptions.Metadata.reasoning_effort must be one of "
+                f"{', '.join(REASONING_EFFORTS)}, got {effort[:40]!r}"
+            )
+        kwargs["reasoning_effort"] = value
     field = "PredictOptions.Metadata.chat_template_kwargs"
     extra = jsonfield.decode(metadata.get("chat_template_kwargs", ""), field, dict)
     if extra:
@@ -800,6 +830,10 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     if req.Images:
         limits = load.vision.limits if load is not None else images_mod.ImageLimits()
         images = images_mod.read_images(req.Images, limits.max_images, limits.max_bytes)
+    videos: tuple[videos_mod.VideoData, ...] = ()
+    if req.Videos:
+        vision = load.vision if load is not None else images_mod.VisionOptions()
+        videos = videos_mod.read_videos(req.Videos, vision.max_videos, vision.max_video_bytes)
     if not (req.UseTokenizerTemplate and req.Messages):
         return PromptSpec(
             prompt=req.Prompt,
@@ -807,6 +841,7 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
             tool_choice=choice.mode,
             tool_name=choice.name,
             images=images,
+            videos=videos,
         )
     return PromptSpec(
         messages=_messages(req),
@@ -815,6 +850,7 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
         tool_choice=choice.mode,
         tool_name=choice.name,
         images=images,
+        videos=videos,
     )
 
 
@@ -827,14 +863,30 @@ def parse_request(
     lengths and counts (`parsing.bounds.check_predict`), before any JSON is decoded or
     any template rendered. A reasoning budget of 0 turns thinking off in the template
     (`enable_thinking` false) unless the request set `enable_thinking` itself (Metadata
-    or chat_template_kwargs). Raises ValueError naming the first bad field (see
-    `generation_params`, `prompt_spec`).
+    or chat_template_kwargs); else a `reasoning_effort` sets it (`_implied_thinking`).
+    Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
     """
     if bounds is not None:
         bounds_mod.check_predict(req, bounds)
     gen, spec = generation_params(req, load, bounds), prompt_spec(req, load)
     thinking_set = "enable_thinking" in spec.template_kwargs
-    if gen.reasoning_budget == 0 and spec.messages is not None and not thinking_set:
-        kwargs = {**spec.template_kwargs, "enable_thinking": False}
-        spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
+    if spec.messages is not None and not thinking_set:
+        effort = req.Metadata.get("reasoning_effort", "").strip().lower()  # checked above
+        implied = _implied_thinking(gen.reasoning_budget, effort)
+        if implied is not None:
+            kwargs = {**spec.template_kwargs, "enable_thinking": implied}
+            spec = replace(spec, template_kwargs=MappingProxyType(kwargs))
     return GenerationRequest(gen, spec)
+
+
+def _implied_thinking(budget: int, effort: str) -> bool | None:
+    """The template's enable_thinking when the request leaves it unset: False with a
+    reasoning budget of 0; else from Metadata's reasoning_effort, "none" False and a level
+    True (vLLM's build_chat_params, from the request's reasoning_effort; LocalAI's
+    ApplyReasoningEffort: templates such as Gemma 4's think only when asked); None = leave
+    the template's default."""
+    if budget == 0:
+        return False
+    if effort in REASONING_EFFORTS:
+        return effort != "none"
+    return None

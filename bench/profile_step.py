@@ -229,7 +229,7 @@ def batch_generator_step(model, tokenizer, b: int, ctx: int, steps: int) -> list
     sequences decode."""
     import mlx.core as mx
 
-    from seam.batch import DecodeBatch
+    from batch.decode import DecodeBatch
 
     ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 40)[:ctx]
     batch = DecodeBatch(model, max_rows=b)

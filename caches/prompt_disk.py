@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from caches import prompt_disk_format as fmt
-from caches.prompt_disk_format import FORMAT_VERSION, model_fingerprint, safe_cache_dir
+from caches.prompt_disk_format import FORMAT_VERSION, model_fingerprint
 from prompt_cache import check_kv_holds, common_prefix
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "DiskCacheStats",
     "DiskHit",
     "model_fingerprint",
-    "safe_cache_dir",
 ]
 
 # FORMAT_VERSION is the version this cache writes and accepts; the code below reads this
@@ -655,7 +654,7 @@ class DiskCache:
 
     Args:
         directory: the cache directory (created unless ``read_only``); use
-            :func:`safe_cache_dir` for a path that comes from a request.
+            `parsing.paths.safe_cache_dir` for a path that comes from a request.
         max_bytes: disk budget in bytes for all files of the cache (>= 0; 0 stores
             nothing).
         fingerprint: identifies the model and KV settings (:func:`model_fingerprint`);

@@ -1,13 +1,12 @@
 """The files of the prompt cache's disk tier, as functions without state.
 
-Owns: where a cache directory may be (:func:`safe_cache_dir`); what identifies a model's
-KV (:func:`model_fingerprint`); the names of the files in a cache directory (entry
-files ``<key>-<sha256>.safetensors``, temporary files ``.tmp-<pid>-<random>.part``); and
-the file format: mlx-lm's own prompt-cache files (``save_prompt_cache`` /
-``load_prompt_cache``: safetensors with metadata) whose metadata holds the format
-version, the fingerprint and the token ids, checked by a SHA-256 of the whole file that
-the file's name carries. ``prompt_disk.DiskCache`` does the I/O policy, the index and
-the threads. Never imports grpc or runs a model.
+Owns: what identifies a model's KV (:func:`model_fingerprint`); the names of the files in a
+cache directory (entry files ``<key>-<sha256>.safetensors``, temporary files
+``.tmp-<pid>-<random>.part``); and the file format: mlx-lm's own prompt-cache files
+(``save_prompt_cache`` / ``load_prompt_cache``: safetensors with metadata) whose metadata
+holds the format version, the fingerprint and the token ids, checked by a SHA-256 of the
+whole file that the file's name carries. ``prompt_disk.DiskCache`` does the I/O policy,
+the index and the threads. Never imports grpc or runs a model.
 
 Functions that write or check the format version take it as ``version``: the caller
 (``prompt_disk``) decides which version it writes and accepts.
@@ -44,7 +43,6 @@ __all__ = [
     "parse_entry",
     "read_file",
     "read_header",
-    "safe_cache_dir",
     "serialise",
     "tmp_name",
     "tmp_pid",
@@ -91,46 +89,6 @@ class Header:
     fingerprint: str
     tokens: tuple[int, ...]
     trimmable: bool
-
-
-# --------------------------------------------------------------------------- directory
-def safe_cache_dir(prompt_cache_path: str, model_dir: str) -> Path:
-    """The disk-cache directory for LocalAI's ``PromptCachePath``, confined to ``model_dir``.
-
-    LocalAI sends ``PromptCachePath`` as its models directory (``ModelOptions.ModelPath``)
-    joined with the model YAML's ``prompt_cache_path``; it creates only the parent. A
-    relative ``prompt_cache_path`` is taken under ``model_dir``. Symlinks are resolved
-    before the check, so a link cannot lead outside either.
-
-    Args:
-        prompt_cache_path: ``PredictOptions.PromptCachePath`` (or load option
-            ``prompt_cache_dir``).
-        model_dir: the models directory LocalAI names (``ModelOptions.ModelPath``).
-
-    Returns:
-        The resolved absolute directory (it may not exist yet; ``DiskCache`` creates it).
-
-    Raises:
-        ValueError: if either is empty or holds a NUL byte, or the path resolves to
-            ``model_dir`` itself or anywhere outside it.
-    """
-    for name, value in (("PromptCachePath", prompt_cache_path), ("model directory", model_dir)):
-        if not value or not value.strip():
-            raise ValueError(f"{name} is empty; the prompt cache directory needs both")
-        if "\0" in value:
-            raise ValueError(f"{name} contains a NUL byte")
-    root = Path(os.path.realpath(model_dir))
-    path = Path(prompt_cache_path)
-    if not path.is_absolute():
-        path = root / path
-    real = Path(os.path.realpath(path))
-    if real == root or root not in real.parents:
-        raise ValueError(
-            f"PromptCachePath {prompt_cache_path!r} resolves to {real}, which is not inside "
-            f"the models directory {root}; set prompt_cache_path in the model's YAML to a "
-            "relative path such as 'cache/<model name>'"
-        )
-    return real
 
 
 # --------------------------------------------------------------------------- model identity

@@ -4,6 +4,7 @@
 - ``grammar``: llguidance constraints (GBNF, JSON schema) compiled for the tokenizer.
 - ``reasoning_budget``: forcing the end of a think block after N tokens.
 - ``ngram_spec``: n-gram (prompt lookup) drafts, their gate, and a solo speculative step.
+- ``finish``: how a sequence ends: ``FinishReason`` and the one decision a token makes.
 - ``output``: the output pipeline: UTF-8, stop sequences, reasoning/content/tool deltas, logprobs.
 - ``tool_calls``: streaming tool-call parsing; ``parsers``: which mlx-lm parser a model uses.
 - ``arrays``: small MLX arrays' values, typed.

@@ -5,7 +5,7 @@ Owns validating and compiling a `Constraint` (read from the request by
 check before queueing and every sequence after it), and the per-sequence logits processor
 that masks every token the grammar forbids. Nothing here is global per request: each
 processor owns its own matcher, so constrained and unconstrained sequences decode together
-in one batch; there `seam.batch_logits` fills all rows' masks in one call of llguidance's
+in one batch; there `batch.logits` fills all rows' masks in one call of llguidance's
 thread pool (`fill_masks`) and applies them as one stacked mask.
 
 Engine: llguidance (guidance-ai/llguidance, Rust, MIT). Measured against xgrammar 0.2.9 on
@@ -53,8 +53,10 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
 from decoding import arrays
+from decoding.finish import FinishReason
 from decoding.grammar_gate import ChainGate, Gate, ReasoningGate, TriggerGate
-from parsing.constraint import Constraint
+from errors import BackendError, FailedPrecondition, InvalidArgument, ResourceExhausted
+from parsing.constraint import TOOLS_FIELD, Constraint
 from parsing.options import GRAMMAR_SCOPES
 
 if TYPE_CHECKING:
@@ -435,6 +437,7 @@ class ConstraintProcessor:
         self._seen: int | None = None
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._consumed = 0  # generated tokens the matcher accepted
+        self._generated = 0  # generated tokens seen (the gate's included)
         self.failure: str | None = None  # why the matcher failed after the start
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -451,7 +454,7 @@ class ConstraintProcessor:
             return apply_bitmask(logits, self._bits)
         return self.only_eos(logits)
 
-    # -- the steps of a call, also taken for many rows at once (`seam.batch_logits`) -----
+    # -- the steps of a call, also taken for many rows at once (`batch.logits`) -----
     @property
     def matcher(self) -> llguidance.LLMatcher:
         return self._matcher
@@ -491,6 +494,7 @@ class ConstraintProcessor:
             self._seen = length
         elif length > self._seen:
             self._consume(fetch(self._seen))
+            self._generated += length - self._seen
             self._seen = length
         elif length < self._seen:
             raise RuntimeError(
@@ -514,6 +518,52 @@ class ConstraintProcessor:
         only_eos = mx.full(logits.shape, -mx.inf, dtype=logits.dtype)
         only_eos[:, self._eos] = eos
         return only_eos
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the constraint is still held back by an open think block."""
+        gates = self._gate.gates if isinstance(self._gate, ChainGate) else (self._gate,)
+        return any(isinstance(g, ReasoningGate) and g.in_reasoning for g in gates)
+
+    def unmet(self, reason: FinishReason, last: int | None, generated: int) -> BackendError | None:
+        """At the end of the sequence (finish `reason`, its last token `last`, the
+        `generated` tokens it has in all): the error when the constraint was asked for and
+        not applied, else None. The last token is fed first unless a call has seen it
+        already (the batch computes the next step before a token is delivered). Never an
+        OK reply whose text breaks what was asked (issue 41 item 2):
+
+        - the matcher failed (on the last token too): INVALID_ARGUMENT, as `failure`;
+        - the output ended (EOS, a stop sequence) inside the reasoning, so the constraint
+          never engaged: FAILED_PRECONDITION naming the field (a think block cut by
+          max_tokens is a "length" reply as any cut-off output);
+        - a tool-call grammar cut by max_tokens inside a call: RESOURCE_EXHAUSTED naming
+          PredictOptions.Tools (the streamed part of the call could not be withdrawn, and
+          a cut-off call is no call). A GBNF or JSON schema output cut by max_tokens stays
+          a "length" reply, as OpenAI's and llama.cpp's are.
+        """
+        if last is not None and self._seen is not None and self._generated < generated:
+            self._consume([int(last)])
+            self._generated += 1
+        if self.failure is not None:
+            return InvalidArgument(self.failure)
+        if self.in_reasoning and reason != FinishReason.LENGTH:
+            return FailedPrecondition(
+                f"{self._field}: the output ended inside the reasoning (the think block was "
+                "never closed), so the constraint never applied; no reply is given: raise "
+                "the token limit, set Metadata reasoning_budget, or grammar_scope:all"
+            )
+        engaged = not self.dormant and self._consumed > 0
+        if (
+            self._field == TOOLS_FIELD
+            and reason == FinishReason.LENGTH
+            and engaged
+            and not (self._matcher.is_accepting() or self._matcher.is_stopped())
+        ):
+            return ResourceExhausted(
+                f"{self._field}: the token limit was reached inside a tool call, whose "
+                "arguments are incomplete; no reply is given: raise Tokens"
+            )
+        return None
 
     def _consume(self, new_tokens: list[int]) -> None:
         if self._gate is not None and self.failure is None:
@@ -568,6 +618,17 @@ def fill_masks(processors: list[tuple[ConstraintProcessor, int]], bits: np.ndarr
         p.check_mask()
 
 
+def unmet_of(
+    processors: list, reason: FinishReason, last: int | None, generated: int
+) -> BackendError | None:
+    """`ConstraintProcessor.unmet` of the constraint among `processors` (None without one):
+    the engine's check when a sequence ends."""
+    for p in processors:
+        if isinstance(p, ConstraintProcessor):
+            return p.unmet(reason, last, generated)
+    return None
+
+
 def failure_of(processors: list) -> str | None:
     """The `failure` of the `ConstraintProcessor` among `processors`, if it failed."""
     for p in processors:
@@ -595,13 +656,24 @@ def make_gate(
     "reasoning" (the prompt left a think block open). A `TriggerGate` after it for
     non-empty `triggers` (lazy grammar)."""
     gates: list[Gate] = []
+    llg = compiled.llg_tokenizer
     end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
     if scope == AFTER_REASONING and getattr(tokenizer, "has_thinking", False) and end:
         start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
-        gates.append(ReasoningGate(start, end, initial_state == "reasoning"))
+        # The end marker's text too: the output pipeline ends the reasoning on text, so
+        # the grammar must engage however the model spelled the marker in tokens.
+        gates.append(
+            ReasoningGate(
+                start,
+                end,
+                initial_state == "reasoning",
+                end_text=getattr(tokenizer, "think_end", "") or "",
+                decode=llg.decode_bytes,
+                encode=llg.tokenize_bytes,
+            )
+        )
     words = tuple(w for w in triggers if w)
     if words:
-        llg = compiled.llg_tokenizer
         gates.append(TriggerGate(words, llg.decode_bytes, llg.tokenize_bytes))
     if not gates:
         return None

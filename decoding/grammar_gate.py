@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ["ChainGate", "Gate", "ReasoningGate", "TriggerGate"]
+__all__ = ["ChainGate", "Gate", "MarkerText", "ReasoningGate", "TriggerGate"]
 
 # ReasoningGate states.
 _INSIDE = "inside"  # in a think block: dormant
@@ -54,6 +54,34 @@ class Gate(Protocol):
         """Take the newly generated tokens; return those the grammar must consume."""
 
 
+class MarkerText:
+    """Finds a marker in decoded text, however the model split it into tokens.
+
+    The output pipeline routes reasoning by text (`decoding.output`), so the gates must
+    too: a model may end its think block with ` </think>` (a space token, then the marker
+    in other tokens than the template's) and the text still says the block ended.
+    `push(token)` decodes one token and returns None while `marker` has not appeared, else
+    the bytes after its end (the rest of the token that completed it).
+    """
+
+    def __init__(self, marker: str, decode: Callable[[list[int]], bytes]) -> None:
+        self._marker = marker.encode("utf-8")
+        if not self._marker:
+            raise ValueError("a marker needs at least one character")
+        self._decode = decode
+        self._text = b""
+
+    def push(self, token: int) -> bytes | None:
+        self._text += self._decode([int(token)])
+        at = self._text.find(self._marker)
+        if at >= 0:
+            tail = self._text[at + len(self._marker) :]
+            self._text = b""
+            return tail
+        self._text = self._text[-(len(self._marker) - 1) :] if len(self._marker) > 1 else b""
+        return None
+
+
 class ReasoningGate:
     """Closed inside a think block; `start` / `end`: the think markers' token ids.
 
@@ -61,16 +89,36 @@ class ReasoningGate:
     "reasoning"). Otherwise the grammar masks from the first token, but a one-token
     `start` is allowed beside it there (`extra`): the model may still open a think block,
     and then the gate closes until `end`. After the end marker the gate stays open.
+
+    With `end_text`, `decode` and `encode` (token ids -> bytes, bytes -> ids, as
+    `TriggerGate` takes them) the end marker is found in the decoded text (`MarkerText`),
+    as the output pipeline finds it, not only as the token sequence `end`; text after the
+    marker in the token that completed it is handed on re-tokenized by `encode`.
     Raises ValueError for an empty `end`.
     """
 
-    def __init__(self, start: Sequence[int], end: Sequence[int], inside: bool) -> None:
+    def __init__(
+        self,
+        start: Sequence[int],
+        end: Sequence[int],
+        inside: bool,
+        *,
+        end_text: str = "",
+        decode: Callable[[list[int]], bytes] | None = None,
+        encode: Callable[[bytes], list[int]] | None = None,
+    ) -> None:
         if not end:
             raise ValueError("the end-of-thinking marker must have at least one token")
         self._start = tuple(int(t) for t in start)
         self._end = tuple(int(t) for t in end)
-        self._state = _INSIDE if inside else (_MAYBE if len(self._start) == 1 else _OPEN)
         self._recent: list[int] = []
+        self._decode = decode
+        self._end_text = end_text if decode is not None and encode is not None else ""
+        self._encode = encode
+        self._text: MarkerText | None = None
+        self._state = _MAYBE if len(self._start) == 1 else _OPEN
+        if inside:
+            self._enter()
 
     @property
     def open(self) -> bool:
@@ -80,6 +128,11 @@ class ReasoningGate:
     def extra(self) -> int | None:
         return self._start[0] if self._state == _MAYBE else None
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the sequence is inside a think block (the gate closed by it)."""
+        return self._state == _INSIDE
+
     def feed(self, tokens: Sequence[int]) -> list[int]:
         out: list[int] = []
         for token in tokens:
@@ -87,7 +140,7 @@ class ReasoningGate:
                 out.append(token)
             elif self._state == _MAYBE:
                 if token == self._start[0]:
-                    self._state = _INSIDE
+                    self._enter()
                 else:
                     self._state = _OPEN
                     out.append(token)
@@ -95,7 +148,20 @@ class ReasoningGate:
                 self._recent = [*self._recent, token][-len(self._end) :]
                 if tuple(self._recent) == self._end:
                     self._state = _OPEN
+                    continue
+                if self._text is not None:
+                    tail = self._text.push(token)
+                    if tail is not None:
+                        self._state = _OPEN
+                        if tail and self._encode is not None:
+                            out += self._encode(tail)
         return out
+
+    def _enter(self) -> None:
+        self._state = _INSIDE
+        self._recent = []
+        if self._end_text and self._decode is not None:
+            self._text = MarkerText(self._end_text, self._decode)
 
 
 class TriggerGate:
@@ -159,6 +225,10 @@ class ChainGate:
         if not self.open:
             return None
         return next((g.extra for g in self._gates if g.extra is not None), None)
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        return self._gates
 
     def feed(self, tokens: Sequence[int]) -> list[int]:
         out = list(tokens)

@@ -2,14 +2,14 @@
 
 The draft for the next tokens is what followed the most recent earlier occurrence of the
 longest n-gram (``ngram_max`` down to ``ngram_min`` tokens) that ends the prompt +
-generated text (`NgramIndex`). The batch (`seam.speculation.SpeculativeBatch`) runs the
+generated text (`NgramIndex`). The batch (`batch.speculation.SpeculativeBatch`) runs the
 model once on ``[last token, d1..dk]`` for all rows, keeps each row's longest agreeing
 prefix plus one token sampled by the model, and drops the rejected entries from the row's
 KV. mlx-lm has no draft-free speculation (its `speculative_generate_step` requires a draft
 model), hence this module. A request that must decode outside the batch decodes without
 n-gram drafts (mlx-lm's `generate_step`).
 
-**Exactness** (`seam.speculation`): every emitted token comes from calling the request's
+**Exactness** (`batch.speculation`): every emitted token comes from calling the request's
 own logits processors and sampler, once per emitted token, on exactly the token history
 plain decoding would give them; a draft token is accepted iff the sampler drew it. For a
 deterministic draft (a point mass on d) this *is* standard speculative sampling: d is

@@ -27,7 +27,7 @@ Text rules (what a client sees):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -36,7 +36,10 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays
+from decoding import arrays, reasoning_formats
+from decoding.finish import FinishReason, settled
+from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
+from decoding.text_router import Segment, TextRouter
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
 from seam import tokenizer as seam_tokenizer
 
@@ -75,100 +78,30 @@ class Delta:
         return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """Text of one state; `marker` is the string that ended it (None: still open)."""
-
-    state: str
-    text: str
-    marker: str | None = None
-    next_state: str | None = None  # with a marker: the state entered; None means a stop matched
-
-
-class _TextRouter:
-    """Splits decoded text into per-state segments at marker and stop strings.
-
-    `edges` maps state -> [(pattern, next state or None for stop)], the shape mlx-lm's
-    `make_text_state_machine` builds. Differs from `TextStateMachine`: it holds back only the
-    longest suffix that is a prefix of a pattern (TextStateMachine holds until its automaton
-    returns to the root, e.g. all of "aaaa" for "ab"), and stop is a terminal state.
-    """
-
-    def __init__(self, edges: Mapping[str, Sequence[tuple[str, str | None]]], state: str):
-        self._edges = {s: tuple((p, d) for p, d in e if p) for s, e in edges.items()}
-        self.state: str | None = state
-        self._held = ""
-
-    def push(self, text: str) -> list[_Segment]:
-        buf, pos, segments = self._held + text, 0, []
-        while self.state is not None:
-            hit = self._first_match(buf, pos)
-            if hit is None:
-                break
-            start, pattern, dst = hit
-            segments.append(_Segment(self.state, buf[pos:start], pattern, dst))
-            pos, self.state = start + len(pattern), dst
-        if self.state is None:  # stopped: text after the stop string is dropped
-            self._held = ""
-            return segments
-        cut = len(buf) - self._partial_suffix(buf, pos)
-        segments.append(_Segment(self.state, buf[pos:cut]))
-        self._held = buf[cut:]
-        return segments
-
-    def flush(self) -> str:
-        """Release the held text (at the end it can no longer complete a match)."""
-        held, self._held = self._held, ""
-        return held
-
-    def _current_edges(self) -> tuple[tuple[str, str | None], ...]:
-        return self._edges.get(self.state, ()) if self.state is not None else ()
-
-    def _first_match(self, buf: str, pos: int) -> tuple[int, str, str | None] | None:
-        best = None
-        for pattern, dst in self._current_edges():
-            start = buf.find(pattern, pos)
-            if start >= 0:
-                key = (start + len(pattern), start)  # ends first, then longest
-                if best is None or key < best[0]:
-                    best = (key, pattern, dst)
-        return None if best is None else (best[0][1], best[1], best[2])
-
-    def _partial_suffix(self, buf: str, pos: int) -> int:
-        patterns = [p for p, _ in self._current_edges()]
-        longest = min(max((len(p) for p in patterns), default=1) - 1, len(buf) - pos)
-        for k in range(longest, 0, -1):
-            tail = buf[-k:]
-            if any(p.startswith(tail) for p in patterns):
-                return k
-        return 0
-
-
 def initial_state_for(tokenizer: Any, prompt_tokens: Sequence[int]) -> str:
     """The `initial_state` for a prompt: "reasoning" when its last think block is still open.
 
     Same rule as mlx-lm's server (`_tokenize`): the last think-start token sequence after the
-    last think-end one; a chat template's response format (`response_initial_state`) wins.
+    last think-end one (the reasoning format's markers, `reasoning_formats.prompt_state`);
+    a chat template's response format (`response_initial_state`) wins.
     """
-    state = NORMAL
-    if tokenizer.has_thinking:
-        tokens = list(prompt_tokens)
-        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
-            state = REASONING
+    fmt = reasoning_formats.format_of(tokenizer)
+    state = reasoning_formats.prompt_state(fmt, tokenizer, list(prompt_tokens))
     return getattr(tokenizer, "response_initial_state", None) or state  # none on mlx-lm main
 
 
-def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, list]:
-    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline."""
+def _edges(
+    tokenizer: Any, fmt: ReasoningFormat | None, stop: Sequence[str], tools_on: bool
+) -> dict[str, list]:
+    """Transitions as mlx-lm's `make_text_state_machine`, plus the differences noted inline;
+    the reasoning format's (`ReasoningFormat.edges`) come after the tool markers, so that
+    with tools on a tool-call marker opens a call rather than ending reasoning as text."""
     edges: dict[str, list] = {NORMAL: [], REASONING: [], TOOL: []}
-    thinking = getattr(tokenizer, "has_thinking", False)  # getattr: engine tests use fakes
+    thinking = fmt is not None and fmt.routes
     responses = getattr(tokenizer, "response_transitions", None) or {}
-    if thinking:
-        edges[NORMAL].append((tokenizer.think_start, REASONING))
-        edges[REASONING].append((tokenizer.think_end, NORMAL))
-        # Ours: a repeated open or stray close marker is stripped too, never shown as text.
-        edges[REASONING].append((tokenizer.think_start, REASONING))
-        edges[NORMAL].append((tokenizer.think_end, NORMAL))
+    if fmt is not None and thinking:
+        edges[NORMAL].append((fmt.start, REASONING))
+        edges[REASONING].append((fmt.end, NORMAL))
     if tools_on:
         if TOOL not in {d for e in responses.values() for _, d in e}:
             edges[NORMAL].append((tokenizer.tool_call_start, TOOL))
@@ -176,6 +109,9 @@ def _edges(tokenizer: Any, stop: Sequence[str], tools_on: bool) -> dict[str, lis
             edges[REASONING].append((tokenizer.tool_call_start, TOOL))
         if tokenizer.tool_call_end:  # Mistral has none: the call runs to the end
             edges[TOOL].append((tokenizer.tool_call_end, NORMAL))
+    if fmt is not None:
+        for state, extra in fmt.edges().items():
+            edges[state].extend(e for e in extra if e[:2] not in {x[:2] for x in edges[state]})
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
@@ -224,14 +160,19 @@ class OutputPipeline:
             and tokenizer.tool_parser
         )
         self._tools = tools
-        edges = _edges(tokenizer, [stop] if isinstance(stop, str) else stop, self._tools_on)
+        fmt = reasoning_formats.format_of(tokenizer)
+        self._text = ReasoningStream(fmt or ReasoningFormat(""))
+        stops = [stop] if isinstance(stop, str) else stop
+        edges = _edges(tokenizer, fmt, stops, self._tools_on)
         if initial_state not in edges:
             raise ValueError(f"unknown initial_state {initial_state!r}; use one of {list(edges)}")
         if initial_state == REASONING and not edges[REASONING]:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        self._router = _TextRouter(edges, initial_state)
+        self._router = TextRouter(edges, initial_state)
+        if initial_state == REASONING:
+            self._text.open_block()
         self._tool_open = ""  # the marker that opened the current tool block
         self._streamer: BlockStreamer | None = None  # the current tool block's
         self._next_index = 0  # the index of the next tool call
@@ -242,7 +183,7 @@ class OutputPipeline:
         self.content = ""
         self.reasoning = ""
         self.tool_calls: list[ToolCall] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.generated_tokens = 0  # every token fed, EOS included (usage.completion_tokens)
 
     @property
@@ -268,39 +209,41 @@ class OutputPipeline:
         text = self._detok.last_segment
         return self._emit(self._router.push(text) if text else [], entries)
 
-    def finish(self, reason: str) -> Delta:
-        """End the request ("stop" | "length" | "cancelled") and flush what is held back.
+    def finish(self, reason: FinishReason) -> Delta:
+        """End the request (how its sequence ended: ``reason``) and flush what is held back.
 
         Held text that can no longer complete a marker or stop is released in its state; if
         the final flush completes a stop string, that stop applies. Unterminated reasoning is
         flushed as reasoning; an unterminated tool call is parsed as it stands (vLLM's rule:
         a complete call without its end marker still counts), and returned as content with a
         warning when it does not parse. `finish_reason`
-        becomes "stop" when a stop string matched, else `reason`. Idempotent.
+        becomes STOP when a stop string matched, else `reason` (`decoding.finish.settled`).
+        Idempotent.
         """
         if self.finish_reason is not None:
             return Delta()
-        segments: list[_Segment] = []
+        segments: list[Segment] = []
         if not self.stopped:
             self._detok.finalize()
             text = self._detok.last_segment
             segments = self._router.push(text) if text else []
             state = self._router.state
             if state is not None:
-                segments.append(_Segment(state, self._router.flush()))
+                segments.append(Segment(state, self._router.flush()))
                 if state == TOOL:
-                    segments.append(_Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
-        self.finish_reason = "stop" if self.stopped else reason
-        return self._emit(segments, ())
+                    segments.append(Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
+        self.finish_reason = settled(reason, self.stopped)
+        return self._emit(segments, (), final=True)
 
-    def _emit(self, segments: list[_Segment], entries: tuple[dict, ...]) -> Delta:
-        content, reasoning, pieces = [], [], []
+    def _emit(
+        self, segments: list[Segment], entries: tuple[dict, ...], final: bool = False
+    ) -> Delta:
+        content: list[str] = []
+        reasoning: list[str] = []
+        pieces: list[ToolCallDelta] = []
         for seg in segments:
-            if seg.state == NORMAL:
-                content.append(seg.text)
-            elif seg.state == REASONING:
-                reasoning.append(seg.text)
-            elif seg.state == TOOL and self._streamer is not None:
+            self._text.route(seg, content, reasoning)
+            if seg.state == TOOL and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
@@ -313,7 +256,10 @@ class OutputPipeline:
                 closed, raw = self._tool_call(seg.marker)
                 pieces += closed
                 content.append(raw)
-        delta = Delta("".join(content), "".join(reasoning), tuple(pieces), entries)
+        if final:
+            reasoning.append(self._text.close_block())
+        text = self._text.content("".join(content), final)
+        delta = Delta(text, "".join(reasoning), tuple(pieces), entries)
         self.content += delta.content
         self.reasoning += delta.reasoning
         return delta

@@ -40,12 +40,9 @@ llama3_json looks at the output's start): the block starts at `{"name"`; a JSON 
 is no call (no `parameters` / `arguments`) comes back as content. A `<|python_tag|>` /
 `<|python_start|>` before the JSON stays in content.
 
-Reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, ernie45, minimax_m2(_append_think), olmo3,
-hunyuan_a13b, kimi_k2, nemotron_v3 -> `<think>`/`</think>`; mistral -> `[THINK]`/`[/THINK]`;
-gemma4 -> `<|channel>thought`/`<channel|>` (mlx-lm's own pair); seed_oss ->
-`<seed:think>`/`</seed:think>`; granite -> "Here is my thought process:"/"Here is my response:";
-openai_gptoss -> Harmony channels (analysis = reasoning, final / commentary = content), the
-same response format as tool_parser openai.
+Reasoning (reasoning_parser): one `ReasoningFormat` per name in
+`decoding.reasoning_formats` (markers, where the output starts, trimming); openai_gptoss
+is the Harmony channels, the same response format as tool_parser openai.
 """
 
 from __future__ import annotations
@@ -58,12 +55,13 @@ from typing import Any
 
 import regex
 
+from decoding import reasoning_formats
+from decoding.reasoning_formats import HARMONY_FORMAT
 from decoding.tool_calls import ToolParser
 from seam import tokenizer as seam_tokenizer
 
 __all__ = [
     "HARMONY_FORMAT",
-    "REASONING_PARSERS",
     "RESPONSE_FORMATS",
     "TOOL_PARSERS",
     "apply_parser_overrides",
@@ -259,28 +257,6 @@ def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
     return {"name": name["name"], "arguments": json.loads(args) if args else {}}
 
 
-# gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
-# muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
-# commentary are content; the headers between them are stripped; each call message is one
-# tool block (` to=functions.` to `<|call|>`).
-HARMONY_FORMAT: Mapping[str, Any] = {
-    "transitions": {
-        "normal": [
-            ("<|channel|>analysis", "reasoning"),
-            ("<|channel|>final", "normal"),
-            ("<|channel|>commentary", "normal"),
-            ("<|constrain|>json", "normal"),
-            ("<|message|>", "normal"),
-            ("<|start|>assistant", "normal"),
-            ("<|end|>", "normal"),
-        ],
-        "reasoning": [("<|message|>", "reasoning"), ("<|end|>", "normal")],
-        # A call message ends at `<|call|>` (`<|end|>` as a rendered conversation has it);
-        # later messages (more calls, the final answer) are read on, as vLLM's
-        # openai_tool_parser.py reads every message of the output.
-        "tool": [("<|call|>", "normal"), ("<|end|>", "normal")],
-    },
-}
 HARMONY_TOOL_START = " to=functions."
 
 # vLLM name -> mlx-lm tool parser module; (parser, start, end) for formats parsed here (or by
@@ -324,29 +300,6 @@ TOOL_PARSERS: dict[str, str | tuple[ToolParser, str, str] | None] = {
     "xlam": None,
 }
 
-_THINK = ("<think>", "</think>")
-# vLLM name -> (think start, think end); None: no MLX equivalent. Names in RESPONSE_FORMATS
-# are channel formats instead of a marker pair.
-REASONING_PARSERS: dict[str, tuple[str, str] | None] = {
-    "deepseek_r1": _THINK,
-    "deepseek_v3": _THINK,
-    "qwen3": _THINK,
-    "glm45": _THINK,
-    "ernie45": _THINK,
-    "minimax_m2": _THINK,
-    "minimax_m2_append_think": _THINK,
-    "olmo3": _THINK,
-    "hunyuan_a13b": _THINK,
-    "kimi_k2": _THINK,
-    "nemotron_v3": _THINK,  # DeepSeek-R1 style <think> blocks (vLLM's nemotron_v3 parser)
-    "mistral": ("[THINK]", "[/THINK]"),
-    "gemma4": ("<|channel>thought", "<channel|>"),  # mlx-lm's own Gemma 4 pair
-    "seed_oss": ("<seed:think>", "</seed:think>"),
-    "granite": ("Here is my thought process:", "Here is my response:"),
-    "openai_gptoss": None,  # Harmony: RESPONSE_FORMATS
-    "step3": None,
-}
-
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
 # response format whichever of the two options names it.
 RESPONSE_FORMATS: dict[str, Mapping[str, Any]] = {
@@ -377,12 +330,13 @@ def resolve_tool_parser(name: str) -> tuple[ToolParser, str, str] | None:
 def resolve_reasoning_markers(name: str) -> tuple[str, str] | None:
     """vLLM reasoning parser name -> (think start, think end) marker text, or None (no
     marker pair: a channel format, no MLX equivalent, or an unknown name)."""
-    return REASONING_PARSERS.get(_normal(name))
+    fmt = reasoning_formats.resolve(name)
+    return (fmt.start, fmt.end) if fmt is not None and fmt.start and fmt.end else None
 
 
 def _fallback(option: str, name: str, table: Mapping[str, Any], detected: str) -> None:
     """Warn that ``name`` changes nothing: what mlx-lm detected (``detected``) stays."""
-    if _normal(name) in table:
+    if _normal(name) in table and table[_normal(name)] is None:
         why = f"{option} {name!r} (a vLLM name) has no MLX equivalent here"
     else:
         usable = sorted(k for k, v in table.items() if v is not None or k in RESPONSE_FORMATS)
@@ -424,14 +378,13 @@ def apply_parser_overrides(
         if tool is None:
             _fallback("tool_parser", tool_parser, TOOL_PARSERS, _detected_tool(tokenizer))
         formats.append(RESPONSE_FORMATS.get(_normal(tool_parser)))
+    fmt = reasoning_formats.resolve(reasoning_parser) if reasoning_parser else None
     if reasoning_parser:
-        think = resolve_reasoning_markers(reasoning_parser)
-        channels = RESPONSE_FORMATS.get(_normal(reasoning_parser))
-        if think is None and channels is None:
-            _fallback(
-                "reasoning_parser", reasoning_parser, REASONING_PARSERS, _detected_think(tokenizer)
-            )
-        formats.append(channels)
+        think = (fmt.start, fmt.end) if fmt is not None and fmt.start and fmt.end else None
+        if fmt is None:
+            table = {**reasoning_formats.FORMATS, **dict.fromkeys(reasoning_formats.NO_FORMAT)}
+            _fallback("reasoning_parser", reasoning_parser, table, _detected_think(tokenizer))
+        formats.append(fmt.channels if fmt is not None else None)
     channels = next((f for f in formats if f is not None), None)
     if channels is not None and not seam_tokenizer.takes_response_format():
         logger.warning(
@@ -440,6 +393,9 @@ def apply_parser_overrides(
             tool_parser if RESPONSE_FORMATS.get(_normal(tool_parser)) else reasoning_parser,
         )
         channels = None
-    if tool is None and think is None and channels is None:
+    if tool is None and fmt is None and channels is None:
         return tokenizer
-    return seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
+    new = seam_tokenizer.rebuild(tokenizer, tool=tool, think=think, response_format=channels)
+    if fmt is not None:  # read by decoding.output (reasoning_formats.format_of)
+        new._reasoning_format = fmt
+    return new

@@ -36,6 +36,7 @@ class _State(NamedTuple):
     spent: int  # reasoning tokens generated so far (markers excluded)
     force: int | None  # index in the end marker of the token the next call forces
     done: bool  # the end marker was forced completely: never interfere again
+    text: bytes = b""  # the last bytes of text (a marker may span tokens: `_text_marker`)
 
 
 def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
@@ -79,6 +80,9 @@ class ReasoningBudgetProcessor:
         start: Sequence[int],
         end: Sequence[int],
         initial_reasoning: bool,
+        *,
+        markers: tuple[str, str] = ("", ""),
+        decode: Callable[[list[int]], bytes] | None = None,
     ) -> None:
         if budget < 0:
             raise ValueError(f"reasoning budget must be >= 0 tokens, got {budget}")
@@ -87,6 +91,11 @@ class ReasoningBudgetProcessor:
         self.budget = budget
         self._start = tuple(int(t) for t in start)
         self._end = tuple(int(t) for t in end)
+        # The markers' text, matched in the decoded output too (as the output pipeline
+        # routes reasoning), however the model split them into tokens: ` </think>`.
+        self._decode = decode
+        self._marks = tuple(m.encode("utf-8") for m in markers) if decode else (b"", b"")
+        self._keep = max(len(m) for m in self._marks) - 1 if any(self._marks) else 0
         self._origin: int | None = None  # context length at the first call
         self._tokens: list[int] = []  # generated tokens seen so far
         self._length = 0  # context length at the last call
@@ -150,7 +159,7 @@ class ReasoningBudgetProcessor:
 
     def _step(self, state: _State) -> _State:
         """The state after `self._tokens[-1]`, given the state before it."""
-        inside, count, force, done = state
+        inside, count, force, done, text = state
         if done:
             return state
         if force is not None:  # this token was forced as end[force]
@@ -158,18 +167,37 @@ class ReasoningBudgetProcessor:
             if force == len(self._end):
                 return _State(False, count, None, True)
             return _State(True, count, force, False)
+        text, spans = self._text_marker(text, self._marks[1] if inside else self._marks[0])
         if inside:
-            if _ends_with(self._tokens, self._end):
+            if _ends_with(self._tokens, self._end) or spans:
                 # The earlier tokens of a multi-token marker were counted; take them back.
-                return _State(False, max(0, count - (len(self._end) - 1)), None, False)
+                back = len(self._end) if _ends_with(self._tokens, self._end) else spans
+                return _State(False, max(0, count - (back - 1)), None, False)
             count += 1
             if count < self.budget:
-                return _State(True, count, None, False)
+                return _State(True, count, None, False, text)
             # Spent. If the model already began the marker, force only its rest.
-            return _State(True, count, _marker_prefix(self._tokens, self._end), False)
-        if _ends_with(self._tokens, self._start):
+            return _State(True, count, _marker_prefix(self._tokens, self._end), False, text)
+        if _ends_with(self._tokens, self._start) or spans:
             return _State(True, count, 0 if count >= self.budget else None, False)
-        return state
+        return _State(inside, count, force, done, text)
+
+    def _text_marker(self, text: bytes, marker: bytes) -> tuple[bytes, int]:
+        """(the kept text after `self._tokens[-1]`, the number of tokens that spell
+        `marker` when the text now holds it, else 0)."""
+        if not marker or self._decode is None:
+            return b"", 0
+        text += self._decode([self._tokens[-1]])
+        at = text.find(marker)
+        if at < 0:
+            return text[-self._keep :] if self._keep else b"", 0
+        need, spans = len(text) - at, 0
+        for token in reversed(self._tokens):  # the tokens back to the marker's first byte
+            need -= len(self._decode([token]))
+            spans += 1
+            if need <= 0:
+                break
+        return b"", spans
 
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -192,4 +220,24 @@ def make_budget_processor(
     end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
     if not end:
         return None
-    return ReasoningBudgetProcessor(budget, start, end, initial_state == REASONING)
+    markers = (
+        getattr(tokenizer, "think_start", "") or "",
+        getattr(tokenizer, "think_end", "") or "",
+    )
+    return ReasoningBudgetProcessor(
+        budget, start, end, initial_state == REASONING, markers=markers, decode=_decoder(tokenizer)
+    )
+
+
+def _decoder(tokenizer: Any) -> Callable[[list[int]], bytes] | None:
+    """token ids -> their bytes: llguidance's view of the tokenizer (built at load,
+    `grammar.warm_up`), else the tokenizer's own decode; None when neither works."""
+    from decoding import grammar  # the grammar module imports MLX-free parts only
+
+    try:
+        return grammar.llg_tokenizer(tokenizer).decode_bytes
+    except ValueError:
+        decode = getattr(tokenizer, "decode", None)
+        if decode is None:
+            return None
+        return lambda ids: str(decode(ids)).encode("utf-8")

@@ -1,9 +1,9 @@
-"""Per-request samplers and logits processors for our batch (`seam.batch`) and mlx-lm's
+"""Per-request samplers and logits processors for our batch (`batch.decode`) and mlx-lm's
 solo `generate_step`.
 
 Owns turning a `GenerationParams` into the `sampler` and `logits_processors` a sequence
 takes. The processors are small classes (`LogitBias`, `Penalty`, the grammar's
-`ConstraintProcessor`), each callable per row, that `seam.batch_logits` recognizes and
+`ConstraintProcessor`), each callable per row, that `batch.logits` recognizes and
 applies for all rows of a batch step at once. The filters come from mlx-lm's
 `sample_utils` (top-p, min-p, top-k, penalties); what mlx-lm lacks is per-request
 random state: its samplers draw from MLX's global RNG, so one request's seed would be
@@ -169,7 +169,7 @@ def make_sampler(params: GenerationParams, tokenizer: object) -> Sampler:
 class LogitBias:
     """Logits processor adding ``bias`` {token id: value} to the logits: (tokens, logits
     (n, V)) -> (n, V). The history is ignored (``position_free``: several positions'
-    logits may go in one call, `seam.speculation.position_free`); `seam.batch_logits`
+    logits may go in one call, `batch.speculation.position_free`); `batch.logits`
     applies every row's biases of a step in one scatter (``ids``, ``values``)."""
 
     position_free = True
@@ -193,7 +193,7 @@ PENALTIES: dict[str, Callable[[float, int], LogitsProcessor]] = {
 class Penalty:
     """One of mlx-lm's penalties (``kind`` a key of PENALTIES) on the last ``window``
     tokens: (tokens (T,) or (1, T) int, logits (1, V)) -> (1, V), as mlx-lm's
-    ``make_{kind}_penalty(penalty, window)`` computes it (called here). `seam.batch_logits`
+    ``make_{kind}_penalty(penalty, window)`` computes it (called here). `batch.logits`
     applies every row's penalty of a kind in one gather/scatter (tests/model/
     test_batch_processors.py compares the two)."""
 

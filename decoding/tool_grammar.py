@@ -19,22 +19,24 @@ llguidance Lark grammar, which then runs as any request constraint (compiled and
   with a call (up to 4 whitespace characters first), not lazily; later calls and text stay
   as above.
 
-Formats (the marker text from the tokenizer; a marker that is one added token of the
-vocabulary, special to llguidance whether or not the tokenizer marks it special, e.g.
-Qwen's `<tool_call>`, is matched as that token, `<[id]>`, or as its text):
+Formats: `GRAMMARS`, one builder per vLLM tool-parser name, given the tokenizer's markers
+(a marker that is one added token of the vocabulary, special to llguidance whether or not
+the tokenizer marks it special, e.g. Qwen's `<tool_call>`, is matched as that token,
+`<[id]>`, or as its text). The JSON ones are here (`ToolFormat`):
 
 | tool parser in effect            | call                                                     |
 |----------------------------------|----------------------------------------------------------|
 | mlx-lm json_tools (hermes,       | `<tool_call>` `\n`? `{"name": N, "arguments": {...}}`    |
 | granite4, ernie45; templates     | `\n`? `</tool_call>`                                     |
 | mlx-lm detects as json_tools)    |                                                          |
-| llama3_json / llama4_json /      | `{"name": N, "parameters": {...}}` (`{"name"` is the     |
-| llama4_pythonic (ours)           | marker; no closing marker; `; ` between calls is text)   |
+| llama3_json / llama4_json (ours) | `{"name": N, "parameters": {...}}` (`{"name"` is the     |
+|                                  | marker; no closing marker; `; ` between calls is text)   |
 
-Other formats stay unconstrained (a debug line says so): their calls are XML-like
-parameter lists (qwen3_coder, glm47, minimax_m2), Python calls (pythonic, olmo3), lists
-(jamba, granite, phi4_mini_json, mistral's `[{...}]`) or channel messages (Harmony), each
-needing a grammar of its own; LocalAI's own function grammar (`Grammar`) covers them.
+the XML-parameter (qwen3_coder, glm47, minimax_m2), pythonic (pythonic, llama4_pythonic,
+olmo3) and Harmony (openai) ones in `decoding.call_formats`. The tokenizer's parser is
+matched to its name by identity (`format_name`). A format without a grammar (jamba,
+granite, phi4_mini_json, mistral, ...) with a grammar asked for is FAILED_PRECONDITION
+naming the field that asked; LocalAI's own function grammar (`Grammar`) covers them.
 
 JSON inside a call is written on one line with ", " and ": " (as `decoding.grammar`'s JSON
 schemas), so a sampled small model cannot pad a call with newlines until max_tokens.
@@ -60,11 +62,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from decoding import grammar, parsers
+from decoding import call_formats, grammar, parsers, tool_schema
+from decoding.call_formats import CallFormat
+from errors import FailedPrecondition
 from params import GenerationRequest
+from parsing import constraint as constraint_mod
 from parsing.constraint import MAX_GRAMMAR_BYTES, Constraint
 
 __all__ = [
+    "GRAMMARS",
     "HERMES",
     "LLAMA_JSON",
     "TOOLS_FIELD",
@@ -77,14 +83,7 @@ __all__ = [
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
-TOOLS_FIELD = "PredictOptions.Tools"
-# llguidance's JSON options inside a call (`x-guidance`; a tool schema's own win).
-JSON_STYLE = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "lenient": True,  # unknown keywords and formats are ignored, not a refused request
-}
+TOOLS_FIELD = constraint_mod.TOOLS_FIELD
 LEAD_WHITESPACE = r"/[ \t\r\n]{0,4}/"  # before a required first call
 
 
@@ -102,26 +101,75 @@ class ToolFormat:
     end: str = ""
     newline: bool = False
 
+    def call_format(self) -> CallFormat:
+        """This JSON format as a `call_formats.CallFormat` (what `build_grammar` takes)."""
+        newline = ' "\\n"?' if self.newline else ""
+
+        def rules(
+            tools: call_formats.Tools, marker: call_formats.Marker, single: bool
+        ) -> list[str]:
+            close = f"{newline} {marker(self.end)}" if self.end else ""
+            names = " | ".join(f"fn_{i}" for i in range(len(tools)))
+            lines = [f"body:{newline} {_literal(self.head)} ({names}){close}"]
+            for i, (name, schema) in enumerate(tools.items()):
+                head = json.dumps(name, ensure_ascii=False) + ", " + json.dumps(self.args_key)
+                lines.append(
+                    f'fn_{i}: {_literal(head + ": ")} {call_formats.json_value(schema)} "}}"'
+                )
+            return lines
+
+        return CallFormat(self.name, self.start, rules)
+
 
 HERMES = ToolFormat("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
 LLAMA_JSON = ToolFormat("llama_json", parsers.LLAMA_JSON_START, ": ", "parameters")
 
-_LLAMA_PARSER = parsers.resolve_tool_parser("llama3_json")
+
+def _json_tools(start: str, end: str) -> ToolFormat:
+    return replace(HERMES, start=start or HERMES.start, end=end or HERMES.end)
 
 
-def tool_format(tokenizer: Any) -> ToolFormat | None:
-    """The format of the tool parser in effect (`tokenizer.tool_parser`), with the
-    tokenizer's own markers; None for a format without a tool-call grammar (module doc)."""
+# vLLM tool-parser name -> the builder of its call grammar from the tokenizer's markers
+# (tool_call_start, tool_call_end): the JSON formats here, the others `call_formats.GRAMMARS`.
+GRAMMARS: dict[str, Callable[[str, str], ToolFormat | CallFormat]] = {
+    "hermes": _json_tools,
+    "granite4": _json_tools,
+    "ernie45": _json_tools,
+    "llama3_json": lambda start, end: LLAMA_JSON,
+    "llama4_json": lambda start, end: LLAMA_JSON,
+    **call_formats.GRAMMARS,
+}
+
+
+def format_name(tokenizer: Any) -> str | None:
+    """The vLLM name of the tool parser in effect (`tokenizer.tool_parser`, as
+    `parsers.resolve_tool_parser` gives it for that name) that has a call grammar, or None.
+    The tokenizer's parser is matched by identity, so a parser mlx-lm inferred from the
+    chat template is found as well as one a `tool_parser` option installed."""
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None:
         return None
-    if _LLAMA_PARSER is not None and parser is _LLAMA_PARSER[0]:
-        return LLAMA_JSON
     if getattr(parser, "__module__", "") == "mlx_lm.tool_parsers.json_tools":
-        start = getattr(tokenizer, "tool_call_start", "") or HERMES.start
-        end = getattr(tokenizer, "tool_call_end", "") or HERMES.end
-        return replace(HERMES, start=start, end=end)
+        return "hermes"
+    for name in GRAMMARS:
+        try:
+            entry = parsers.resolve_tool_parser(name)
+        except ImportError:  # an mlx-lm without that parser module
+            continue
+        if entry is not None and entry[0] is parser:
+            return name
     return None
+
+
+def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
+    """The call format of the tool parser in effect (`format_name`), with the tokenizer's
+    own markers; None for a format without a tool-call grammar."""
+    name = format_name(tokenizer)
+    if name is None:
+        return None
+    start = getattr(tokenizer, "tool_call_start", "") or ""
+    end = getattr(tokenizer, "tool_call_end", "") or ""
+    return GRAMMARS[name](start, end)
 
 
 def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
@@ -141,62 +189,69 @@ def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _literal(text: str) -> str:
-    """A Lark string literal of `text` (JSON escapes, as llguidance's StructTag writes)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _schema(schema: Mapping[str, Any]) -> str:
-    full = dict(schema)
-    full["x-guidance"] = {**JSON_STYLE, **(full.get("x-guidance") or {})}
-    return json.dumps(full, ensure_ascii=False, separators=(",", ":"))
+_literal = call_formats.lark_literal
+# Free text that does not open a call of a `leading` format (one whose calls count only at
+# the output's start): empty, blank, or text whose first non-blank character is not the
+# call's first character.
+_NO_CALL = "/[ \\t\\r\\n]*/ | /[ \\t\\r\\n]*[^ \\t\\r\\n{first}](.|\\n)*/"
 
 
 def build_grammar(
     tools: Mapping[str, Mapping[str, Any]],
-    fmt: ToolFormat,
+    fmt: ToolFormat | CallFormat,
     *,
     opening: str = "lazy",
     special: Callable[[str], int | None] = lambda text: None,
+    single: bool = False,
 ) -> str:
     """The Lark grammar (llguidance dialect) of free text with calls of `tools` ({name:
     parameters schema}, at least one) in format `fmt` (module doc). `opening`: "lazy" (free
     text first, the marker a lazy lexeme), "required" (up to 4 whitespace characters, then
     a call) or "triggered" (a call at once: the text from the marker on, as a
     `TriggerGate` hands it over). `special(marker)`: the id of the special token that is
-    `marker`, or None (then the marker is text).
+    `marker`, or None (then the marker is text). `single`: exactly one call (a named
+    function, as OpenAI's tool_choice means it), no later calls in the text.
 
     Raises ValueError naming PredictOptions.Tools when there is no tool or the grammar
     would exceed MAX_GRAMMAR_BYTES."""
     if not tools:
         raise ValueError(f"{TOOLS_FIELD} declares no function with a name to call")
+    call = fmt.call_format() if isinstance(fmt, ToolFormat) else fmt
 
-    def marker(text: str) -> tuple[str, bool]:
+    def marker(text: str) -> str:
         token = special(text)
-        return (f"<[{token}]>", True) if token is not None else (_literal(text), False)
+        return f"<[{token}]>" if token is not None else _literal(text)
 
-    start, start_special = marker(fmt.start)
-    text_start = _literal(fmt.start)
+    start = marker(call.start)
+    start_special = start.startswith("<[")
+    text_start = _literal(call.start)
     # The first call's marker: the token, or its text (a TriggerGate re-tokenizes the text).
     first = f"({start} | {text_start})" if start_special else start
-    newline = ' "\\n"?' if fmt.newline else ""
-    close = f"{newline} {marker(fmt.end)[0]}" if fmt.end else ""
-    names = " | ".join(f"fn_{i}" for i in range(len(tools)))
-    openers = {
-        "lazy": "",
-        "required": f"{LEAD_WHITESPACE} {first} body ",
-        "triggered": f"{first} body ",
-    }
-    lines = ["%llguidance {}", f"start: {openers[opening]}call* TEXT", "TEXT: /(.|\\n)*/"]
-    # The marker as text ends the free text at its first occurrence (a lazy lexeme); as a
-    # special token it never occurs inside TEXT, and the text form stays a second way in.
-    lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
-    if start_special:
-        lines[-1] += f" | TEXT {start} body"
-    lines.append(f"body:{newline} {_literal(fmt.head)} ({names}){close}")
-    for i, (name, schema) in enumerate(tools.items()):
-        head = _literal(f"{json.dumps(name, ensure_ascii=False)}, {json.dumps(fmt.args_key)}: ")
-        lines.append(f'fn_{i}: {head} %json {_schema(schema)} "}}"')
+    lead = f"{call.lead(marker)} " if call.lead is not None and opening == "required" else ""
+    more = "call* " if call.repeat and not single else ""
+    lines = ["%llguidance {}"]
+    if call.leading:  # no trigger: a call only at the start, else free text
+        opened = f"{LEAD_WHITESPACE} {first} body {more}TEXT"
+        if opening == "required":
+            lines.append(f"start: {opened}")
+        else:
+            first_char = "".join("\\" + c if c in "\\]^-[" else c for c in call.start[:1])
+            lines += [f"start: {opened} | NO_CALL", "NO_CALL: " + _NO_CALL.format(first=first_char)]
+    else:
+        openers = {
+            "lazy": "",
+            "required": f"{LEAD_WHITESPACE} {lead}{first} body ",
+            "triggered": f"{first} body ",
+        }
+        lines.append(f"start: {openers[opening]}{more}TEXT")
+    lines.append("TEXT: /(.|\\n)*/")
+    if more:
+        # The marker as text ends the free text at its first occurrence (a lazy lexeme); as
+        # a special token it never occurs inside TEXT, and the text form stays a second way.
+        lines += [f"call_start[lazy]: TEXT {text_start}", "call: call_start body"]
+        if start_special:
+            lines[-1] += f" | TEXT {start} body"
+    lines += call.rules(tools, marker, single)
     source = "\n".join(lines) + "\n"
     size = len(source.encode("utf-8"))
     if size > MAX_GRAMMAR_BYTES:
@@ -225,9 +280,6 @@ def _special_finder(tokenizer: Any) -> Callable[[str], int | None]:
     return special
 
 
-_unsupported_logged: set[str] = set()
-
-
 def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationRequest:
     """`request` with its tool-call grammar as its constraint when one applies, else
     `request` itself (the prepare step's, `engine.prepare`; any thread).
@@ -240,8 +292,14 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
     required (the constraint sleeps until then, `grammar_gate.TriggerGate`), none when one
     is (it holds from the first token after any reasoning).
 
+    A format without a grammar (`GRAMMARS`) when one is asked for ("on", or a call
+    required) is FailedPrecondition naming the field that asked. When no call is required
+    and the format's calls count only at the output's start (`CallFormat.leading`), the
+    grammar masks from the first token (no trigger).
+
     Raises ValueError naming PredictOptions.ToolChoice when it names a function Tools
-    does not declare, or PredictOptions.Tools (`build_grammar`)."""
+    does not declare, or PredictOptions.Tools (`build_grammar`, a schema that is no JSON
+    schema)."""
     params, spec = request.params, request.prompt
     choice = spec.tool_choice
     forced = choice in ("required", "function")
@@ -252,11 +310,16 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
         return request
     fmt = tool_format(tokenizer)
     if fmt is None:
-        parser = getattr(getattr(tokenizer, "tool_parser", None), "__module__", "none")
-        if parser not in _unsupported_logged:
-            _unsupported_logged.add(parser)
-            logger.info("tool calls stay unconstrained: no tool-call grammar for %s", parser)
-        return request
+        # Asked for and not buildable: an error, never calls that nothing held (issue 41).
+        field = "Metadata.tool_grammar" if mode == "on" else "PredictOptions.ToolChoice"
+        opens = getattr(tokenizer, "tool_call_start", "") or ""
+        what = f"tool-call format (opened by {opens!r})" if opens else "tokenizer (no tool parser)"
+        raise FailedPrecondition(
+            f"{field}: calls held to PredictOptions.Tools were asked for, but the model's "
+            f"{what} has no tool-call grammar (tool_parser names with one: "
+            f"{', '.join(GRAMMARS)}); send Metadata tool_grammar:off to take calls "
+            "unconstrained, or a Grammar"
+        )
     tools = declared_tools(spec.tools)
     if choice == "function":
         if spec.tool_name not in tools:
@@ -266,13 +329,17 @@ def with_tool_grammar(request: GenerationRequest, tokenizer: Any) -> GenerationR
                 f"PredictOptions.Tools does not declare (declared: {known[:200]})"
             )
         tools = {spec.tool_name: tools[spec.tool_name]}
+    tool_schema.check_schemas(tools, TOOLS_FIELD)
     # Not forced: dormant (no mask, logits untouched) until the marker, then the call and
     # the grammar's own lazy free text: a lazy lexeme from the first token would mask every
     # step of a reply that calls nothing (bench/bench_constrained.py: 0.8x on the tiny model).
-    opening = "required" if forced else "triggered"
-    source = build_grammar(tools, fmt, opening=opening, special=_special_finder(tokenizer))
+    leading = isinstance(fmt, CallFormat) and fmt.leading
+    opening = "required" if forced else ("lazy" if leading else "triggered")
+    source = build_grammar(
+        tools, fmt, opening=opening, special=_special_finder(tokenizer), single=choice == "function"
+    )
     constraint = Constraint("lark", source, TOOLS_FIELD)
-    triggers = () if forced else (fmt.start,)
+    triggers = () if forced or leading else (fmt.start,)
     return replace(
         request, params=replace(params, constraint=constraint, grammar_triggers=triggers)
     )

@@ -35,8 +35,8 @@ from distributed import lifeline, sharding
 from distributed.collectives import RESTART, Collectives, GroupLost
 from distributed.plan import SHUTDOWN, Call, Join, Leave, Op, Plan, Share
 from engine.core import LOAD, LOCAL_OPS, REPLICATED_OPS, Engine
-from engine.jobs import Job
 from engine.scheduler import GroupHooks
+from engine.sequence import Sequence
 from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from params import GenerationParams, LoadParams
 from prompt_cache import PromptCache
@@ -151,7 +151,7 @@ class Coordinator(GroupHooks):
             return params
         return dataclasses.replace(params, seed=secrets.randbits(63))
 
-    def joined(self, job: Job, ids: list[int]) -> None:
+    def joined(self, job: Sequence, ids: list[int]) -> None:
         """Rank 0 started ``job``: the followers start it at the next sync."""
         if self.leader:
             self._journal.append(
@@ -165,12 +165,12 @@ class Coordinator(GroupHooks):
                 )
             )
 
-    def shared(self, job: Job, position: int) -> None:
+    def shared(self, job: Sequence, position: int) -> None:
         """Rank 0 asked ``job``'s row for its prefix: the followers ask theirs alike."""
         if self.leader and job.uid is not None:
             self._journal.append(Share(job.uid, position))
 
-    def left(self, job: Job) -> None:
+    def left(self, job: Sequence) -> None:
         """Rank 0 retired ``job`` (any reason): the followers retire it at the next sync."""
         if self.leader:
             self._journal.append(Leave(job.uid))

@@ -17,11 +17,13 @@ import os
 import time
 from typing import Any
 
+from decoding.finish import FinishReason
 from decoding.output import Delta
 from distributed.coordinator import NAP, Coordinator, GroupLost
 from distributed.plan import SHUTDOWN, Join, Leave, Op, Share
 from engine.core import LOAD, REPLICATED_OPS, Engine
 from engine.jobs import Job
+from engine.sequence import Sequence
 from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
 from prompt_cache import CacheLookup, PromptCache
 
@@ -78,19 +80,19 @@ def follower_cache(params: LoadParams, mode: str) -> FollowerPromptCache:
 class _NullPipeline:
     """A follower's stand-in for the output pipeline: rank 0 alone decides stops."""
 
-    finish_reason = None
+    finish_reason: FinishReason | None = None
     stopped = False
 
-    def finish(self, reason: str) -> Delta:
+    def finish(self, reason: FinishReason) -> Delta:
         return Delta()
 
 
-def _shadow_job(params: GenerationParams, max_tokens: int, initial_state: str) -> Job:
-    """A follower's copy of one of rank 0's jobs: same parameters, no listener."""
-    job = Job(GenerationRequest(params, PromptSpec()), initial_state=initial_state)
-    job.max_tokens = max_tokens
-    job.pipeline = _NullPipeline()
-    return job
+def _shadow_job(params: GenerationParams, max_tokens: int, initial_state: str) -> Sequence:
+    """A follower's copy of one of rank 0's sequences: same parameters, no listener."""
+    job = Job(
+        GenerationRequest(params, PromptSpec()), initial_state=initial_state, max_tokens=max_tokens
+    )
+    return Sequence(job, pipeline=_NullPipeline())
 
 
 def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
@@ -162,7 +164,7 @@ def _apply(engine: Engine, op: Op, finished: dict[int, tuple]) -> None:
         job = sched.active.get(op.uid)
         if job is None:
             raise Desync(f"rank 0 retired sequence {op.uid}, which this rank does not run")
-        sched.retire(job, "stop", kv=finished.pop(op.uid, None))
+        sched.retire(job, FinishReason.STOP, kv=finished.pop(op.uid, None))
     elif isinstance(op, Share):
         job = sched.active.get(op.uid)
         if job is None:

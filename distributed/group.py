@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from parsing.durations import parse_duration
+
 logger = logging.getLogger("localai.mlx.distributed")
 
 BACKENDS = ("ring", "jaccl")
@@ -154,13 +156,11 @@ def env_defaults() -> dict[str, str]:
 
 def join_timeout_default() -> float:
     """``LOCALAI_MLX_JOIN_TIMEOUT`` (seconds, or "10m") or JOIN_TIMEOUT; ValueError names it."""
-    from edge import lifecycle
-
     text = os.environ.get(JOIN_TIMEOUT_ENV, "").strip()
     if not text:
         return JOIN_TIMEOUT
     try:
-        return lifecycle.parse_duration(text)
+        return parse_duration(text)
     except ValueError as exc:
         raise ValueError(f"{JOIN_TIMEOUT_ENV}: {exc}") from None
 

@@ -30,11 +30,11 @@ import mlx.nn as nn
 from mlx.nn.layers import distributed as dist_layers
 from mlx.utils import tree_unflatten
 
+from batch.release import release_cache
 from errors import ModelLoadError, Unavailable
 from loading import cpu_fast_path, loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from seam.release import release_cache
 
 if TYPE_CHECKING:
     from distributed.collectives import Collectives

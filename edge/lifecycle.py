@@ -1,4 +1,4 @@
-"""The process's life: durations and log levels from the environment, the parent-death
+"""The process's life: log levels from the environment, the parent-death
 watcher, and waiting for native threads at exit.
 
 - ``LOCALAI_BACKEND_PARENT_WATCH`` (default on; "false"/"0"/"no"/"off" disable) and
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from parsing.durations import parse_duration
 from parsing.options import env_on
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -32,28 +31,6 @@ PARENT_WATCH_ENV = "LOCALAI_BACKEND_PARENT_WATCH"
 PARENT_WATCH_INTERVAL_ENV = "LOCALAI_BACKEND_PARENT_WATCH_INTERVAL"
 LOG_LEVEL_ENV = "LOCALAI_LOG_LEVEL"
 DEFAULT_PARENT_WATCH_INTERVAL = 2.0  # seconds, as LocalAI's own backends
-
-
-# --------------------------------------------------------------------------- durations
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``text``: "500ms", "2s", "1.5m", "1h", or a plain number of seconds.
-
-    Raises ValueError for anything else (negative, empty, unknown unit, inf/nan).
-    """
-    match = _DURATION_RE.match(text)
-    if not match:
-        raise ValueError(
-            f'invalid duration {text!r}: use e.g. "500ms", "2s", "1m" or plain seconds'
-        )
-    number, unit = match.groups()
-    seconds = float(number) * _UNIT_SECONDS[unit.lower() if unit else None]
-    if not math.isfinite(seconds):
-        raise ValueError(f"invalid duration {text!r}: not a finite number of seconds")
-    return seconds
 
 
 # --------------------------------------------------------------------------- log level

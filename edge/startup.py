@@ -31,6 +31,7 @@ from engine import request_log
 from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
+from parsing.durations import parse_duration
 from seam import contract as seam_contract
 
 if TYPE_CHECKING:  # a single process never imports distributed; only its types are named here
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--grace",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=5.0,
         help='shutdown grace period for in-flight requests: seconds, or "500ms", "1m"',
     )
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--distributed-timeout",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=60.0,
         help="distributed mode: how long one step may take before rank 0 declares a rank "
         'hung and fails requests with UNAVAILABLE: seconds, or "500ms", "2m" (default 60)',
@@ -347,7 +348,7 @@ def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--join-timeout",
-        type=lifecycle.parse_duration,
+        type=parse_duration,
         default=None,
         help='how long a rank waits for the others to connect: seconds, or "10m" '
         "(default: $LOCALAI_MLX_JOIN_TIMEOUT, else 600)",

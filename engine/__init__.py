@@ -12,8 +12,8 @@
 - ``model_host``: the model slot: load, serve, unload; ``warmup``: the request path run once
   at LoadModel; ``model_calls``: tokenize, metadata, Score and Embedding on the loaded model.
 - ``prepare``: a request's one trip to a worker pool before the engine (parse, constraint
-  compile, render, tokenize); ``fit``: whether it fits the context and the memory budget,
-  and its Tokens cap, each decided there once; ``prompt``: render and tokenize (never MLX);
-  ``vision_prompt`` and ``vision``: image prompts (worker thread) and their prefill.
+  compile, render and tokenize with ``prompting.render``, the fit decisions of
+  ``prompting.fit``); ``vision_prompt`` and ``vision``: image prompts (worker thread) and
+  their prefill.
 - ``metrics``: the Prometheus series the engine reports to.
 """

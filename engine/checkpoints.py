@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from caches.prompt_tiers import PromptTiers
-from engine.jobs import Job
+from engine.sequence import Sequence
 from loading.loaded_model import LoadedModel
 from prompt_cache import needs_checkpoints
 
@@ -68,7 +68,7 @@ class Checkpoints:
         to ``kv_bits`` while prefilling) takes prefill checkpoints: the one decision."""
         return self.single_process and draft is None and kv_bits is None and needs_checkpoints(kv)
 
-    def positions(self, job: Job, n: int, diverges: int = 0) -> frozenset[int]:
+    def positions(self, job: Sequence, n: int, diverges: int = 0) -> frozenset[int]:
         """Token positions where ``job``'s prefill (of an ``n``-token prompt) is snapshot:
         the job's own (the chat boundary), ``n - 1`` (an exact repeat then prefills one
         token), every ``prompt_checkpoint_interval`` tokens, and ``diverges`` (where it
@@ -82,7 +82,7 @@ class Checkpoints:
             positions.add(diverges)
         return frozenset(p for p in positions if job.cached_tokens < p < n)
 
-    def prefill(self, job: Job, ids: list[int], kv: list, done: int, diverges: int) -> int:
+    def prefill(self, job: Sequence, ids: list[int], kv: list, done: int, diverges: int) -> int:
         """A solo sequence's prefill up to its last checkpoint, in chunks of at most
         prefill_step_size tokens stopping at each checkpoint, where ``kv`` (holding
         ``ids[:done]``) is snapshot into the prompt cache. Returns the tokens ``kv``
@@ -97,7 +97,7 @@ class Checkpoints:
             self.store(job, ids[:pos], kv)
         return done
 
-    def store_extracted(self, extracted: dict[int, tuple], jobs: dict[int, Job]) -> None:
+    def store_extracted(self, extracted: dict[int, tuple], jobs: dict[int, Sequence]) -> None:
         """Store the prefill state of batch sequences, each just stopped at a segment
         boundary (``extracted``: uid -> (kv, tokens), from mlx-lm's ``extract_cache``),
         when that boundary is one of its job's checkpoints."""
@@ -107,7 +107,7 @@ class Checkpoints:
             if job is not None and len(tokens) in job.snapshots:
                 self.store(job, tokens, kv)
 
-    def store(self, job: Job, tokens: list[int], kv: list) -> None:
+    def store(self, job: Sequence, tokens: list[int], kv: list) -> None:
         """Insert one snapshot; one that is not exact is dropped with a warning."""
         try:
             self.cache.insert(

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine import delivery, fit, model_calls, model_host, prepare
+from engine import delivery, model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -43,6 +43,7 @@ from errors import (
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
+from prompting import fit
 from tasks import embedding, rerank, scoring
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -271,7 +272,7 @@ class Engine:
             self.queued += 1
 
     def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """`engine.fit.check_identity` against ``loaded`` (default: the current model)."""
+        """`prompting.fit.check_identity` against ``loaded`` (default: the current model)."""
         fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:

@@ -17,15 +17,15 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from decoding.finish import FinishReason
 from decoding.output import Delta
 from engine import delivery
 from errors import BackendError
 from params import GenerationRequest
 
 if TYPE_CHECKING:
-    from decoding.output import OutputPipeline
     from engine.prepare import PreparedRequest
     from engine.vision_prompt import VisionPrompt
 
@@ -47,7 +47,7 @@ class Event:
     running totals: ``tokens`` generated so far, ``prompt_tokens`` the whole prompt
     (cached or not). Timings are milliseconds: ``prompt_ms`` from admission to the first
     generated token (TTFT minus queueing), ``generation_ms`` since the first token.
-    The last event has ``finish_reason`` ("stop", "length", "cancelled") or ``error``.
+    The last event has ``finish_reason`` (a `FinishReason`) or ``error``.
     """
 
     delta: Delta
@@ -56,7 +56,7 @@ class Event:
     prompt_ms: float
     generation_ms: float
     cached_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: BackendError | None = None
 
     @property
@@ -64,48 +64,19 @@ class Event:
         return self.finish_reason is not None or self.error is not None
 
 
-class JobRunner(Protocol):
-    """What a job knows of the runner decoding it: the part of `engine.runner.Runner`
-    that retiring, failing and logging it use (here, so that runner imports jobs and not
-    the other way round)."""
-
-    # Whether its sequences speculate (draft tokens); `proposed` counts them.
-    drafts: bool
-
-    def release(self, job: Job) -> Handover | None:
-        """Take ``job``'s sequence out: its KV and tokens for the prompt cache."""
-        ...
-
-    def drop(self, job: Job) -> None:
-        """Take ``job``'s sequence out, discarding its KV."""
-        ...
-
-    def proposed(self, job: Job) -> int:
-        """Draft tokens ``job`` sent to verification."""
-        ...
-
-
-class DraftStats(Protocol):
-    """Counts of a speculating sequence (the n-gram drafts' `NgramStats`)."""
-
-    @property
-    def drafted(self) -> int:
-        """Draft tokens sent to verification."""
-        ...
-
-
 class Job:
-    """One generation request: created on the event loop, run on the engine thread.
+    """One generation request's handle: created on the event loop, read back there.
 
-    ``request`` is the parsed request; ``prompt_ids`` its token ids (the servicer side
-    tokenizes, off the engine thread); ``initial_state`` the output pipeline's starting
-    state; ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
-    positions (ascending) where the scheduler may snapshot the prefill for later prompts
-    sharing that prefix (see `prompt.chat_boundary`); ``max_tokens`` what it may generate
-    (the prepare step's cap, `engine.fit.max_tokens`; default: the request's Tokens);
-    ``vision`` the image part of an image prompt. Iterate ``events()``
-    on the event loop; call ``cancel()`` from anywhere (idempotent): the scheduler drops
-    the sequence at its next step and keeps its KV in the prompt cache.
+    Holds the prepared request (``request``; ``prompt_ids`` its token ids, tokenized off
+    the engine thread; ``initial_state`` the output pipeline's starting state;
+    ``model_serial`` the loaded model the ids were made for; ``checkpoints`` token
+    positions (ascending) where the prefill may be snapshot for later prompts sharing that
+    prefix, see `prompt.chat_boundary`; ``max_tokens`` what it may generate, the prepare
+    step's cap, `prompting.fit.max_tokens`, default the request's Tokens; ``vision`` the
+    image part of an image prompt), its events and its cancel flag; no engine-thread
+    state: the engine's record of it is an `engine.sequence.Sequence`. Iterate
+    ``events()`` on the event loop; call ``cancel()`` from anywhere (idempotent): the
+    scheduler drops the sequence at its next step and keeps its KV in the prompt cache.
     """
 
     def __init__(
@@ -138,29 +109,8 @@ class Job:
         self._waiter: asyncio.Future[None] | None = None
         self._cancelled = threading.Event()
         self.submitted = time.perf_counter()
-        # Engine-thread state (the scheduler's).
-        self.uid: int | None = None
-        self.pipeline: OutputPipeline | None = None  # once admitted
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.tokens = 0
-        self.t_admit = 0.0
-        self.t_first: float | None = None
-        self.t_last = 0.0  # when the latest token was decoded (inter-token latency)
         self.max_tokens = self.params.max_tokens if max_tokens is None else max_tokens
-        self.kv_tokens = 0  # tokens its KV may reach; what the memory budget reserved
-        self.runner: JobRunner | None = None  # the runner decoding it, once started
-        self.drafted = 0  # tokens accepted from a draft
-        self.spec_stats: DraftStats | None = None  # of a speculative run
-        self.snapshots: frozenset[int] = frozenset()  # positions the scheduler snapshots
         self.vision = vision
-        self.disk_hit = False  # its prompt came from the prompt cache's disk tier
-        self.processors: list = []  # its logits processors (a grammar's reports a failure)
-        self.sampler: Any = None  # its sampler, kept with the processors across a preemption
-        # Once preempted (`engine.preemption`): the tokens it resumes (resumed) from,
-        # prompt and generated, the last one its next input; None before.
-        self.resume_ids: list[int] | None = None
-        self.preemptions = 0  # times it was preempted (> 0 in the queue: it resumes)
         self.done = False  # the final event was sent; set once, under _done_lock
         self._done_lock = threading.Lock()
 
@@ -255,26 +205,19 @@ class Job:
             return True
 
     def fail(self, error: BackendError) -> None:
-        """End the job with ``error`` unless it has ended (any thread; idempotent)."""
+        """End the job with ``error`` unless it has ended (any thread; idempotent). Before
+        the engine made its record (`engine.sequence.Sequence.fail` after)."""
         if self.mark_done():
-            self.emit(self.event(Delta(), error=error))
-
-    def timings(self, now: float) -> tuple[float, float]:
-        if self.t_first is None:
-            return (now - self.t_admit) * 1000.0 if self.t_admit else 0.0, 0.0
-        return (self.t_first - self.t_admit) * 1000.0, (now - self.t_first) * 1000.0
-
-    def event(self, delta: Delta, **kw: Any) -> Event:
-        prompt_ms, gen_ms = self.timings(time.perf_counter())
-        return Event(
-            delta=delta,
-            prompt_tokens=self.prompt_tokens,
-            tokens=self.tokens,
-            prompt_ms=prompt_ms,
-            generation_ms=gen_ms,
-            cached_tokens=self.cached_tokens,
-            **kw,
-        )
+            self.emit(
+                Event(
+                    Delta(),
+                    prompt_tokens=0,
+                    tokens=0,
+                    prompt_ms=0.0,
+                    generation_ms=0.0,
+                    error=error,
+                )
+            )
 
 
 def joined(events: Sequence[Event]) -> list[Event]:

@@ -48,7 +48,7 @@ PROBE_CONTEXT = 1024  # context (tokens already held) of the second probe
 WORKING_SET_MARGIN = 1.25  # measured working set, times this (what the probes do not see)
 MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
 # A step may hold the running KV twice: the batch copies it when rows join or leave
-# (`seam.batch.DecodeBatch`: the prefill cache is deep-copied and filtered when some rows
+# (`batch.decode.DecodeBatch`: the prefill cache is deep-copied and filtered when some rows
 # start decoding, the decoding rows' cache concatenated or filtered, a leaving row's KV
 # extracted, then copied again into the prompt cache). Measured (bench/bench_memory_model.py,
 # 8 x 1,061 tokens): counting only weights, KV and the prefill working set, the peak was

@@ -34,6 +34,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
+from decoding.finish import FinishReason
+
 logger = logging.getLogger("localai.mlx." + __name__)
 
 ADDR_ENV = "LOCALAI_MLX_METRICS_ADDR"
@@ -61,7 +63,7 @@ BATCH_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 TIERS = ("memory", "disk")
 PROMPT_SOURCES = ("prefill", *TIERS)  # where a prompt token's KV came from
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = (*(reason.value for reason in FinishReason), "error")
 MEMORY_KINDS = (
     "weights", "kv", "prompt_cache", "prompt_cache_disk", "mlx_active", "mlx_peak", "mlx_cache",
     "budget", "reserved",

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
-from engine import fit
-from engine import prompt as prompt_mod
+from decoding import reasoning_formats
 from errors import FailedPrecondition, InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
 from parsing import bounds
+from prompting import fit
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from tasks import embedding, scoring
 from tasks import rerank as rerank_task
@@ -94,14 +95,16 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
         except Exception as exc:  # a template that needs other inputs: report none
             logger.warning("chat template did not render a probe conversation: %s", exc)
     parser = getattr(tok, "tool_parser", None)
+    fmt = reasoning_formats.format_of(tok)
+    think_start, think_end = fmt.markers if fmt is not None else ("", "")
     return ModelMetadata(
         supports_thinking=bool(getattr(tok, "has_thinking", False)),
         rendered_template=rendered,
         tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
         tool_call_start=getattr(tok, "tool_call_start", None) or "",
         tool_call_end=getattr(tok, "tool_call_end", None) or "",
-        think_start=getattr(tok, "think_start", None) or "",
-        think_end=getattr(tok, "think_end", None) or "",
+        think_start=think_start,
+        think_end=think_end,
         media_marker=vision.MEDIA_MARKER if loaded.vision is not None else "",
     )
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from batch.release import release_cache
 from caches import prompt_tiers
 from caches.prompt_tiers import PromptTiers
 from engine import memory, model_calls, warmup
@@ -26,7 +27,6 @@ from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from seam.release import release_cache
 from tasks.embedding import EmbeddingOutput
 from tasks.rerank import RerankInput, RerankOutput
 from tasks.scoring import CandidateResult, ScoreInput

@@ -27,7 +27,7 @@ budget, the newest admitted sequences give way (`make_room`). For each (`take`):
 The client sees a longer pause, never an error. What cannot be resumed keeps the
 reservation at its longest: distributed groups (every rank would have to preempt alike:
 not mirrored), speculative decoding (a step returns several tokens and rewinds drafts),
-batch rows of `seam.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
+batch rows of `batch.rows` (``kv_bits``, ``max_kv_size``: untested here), solo runs, image
 prompts (their ids are cache keys). What can never fit, even alone at its longest, is
 refused before it is queued (`fit.check_memory`).
 
@@ -36,13 +36,14 @@ Engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine import fit
-from engine.jobs import Handover, Job
+from engine.jobs import Handover
 from engine.memory import MIN_CHUNK, MemoryBudget, copies
 from engine.metrics import NULL, Recorder
+from engine.sequence import Sequence
+from engine.sequences import RowKind
+from prompting import fit
 
 if TYPE_CHECKING:
     from caches.prompt_tiers import PromptTiers
@@ -56,12 +57,12 @@ class Rows(Protocol):
     """What this module asks of the continuous batch (`engine.sequences.BatchRunner`)."""
 
     drafts: bool
-    row_kind: str
+    row_kind: RowKind
     budget: PrefillBudget
 
     def holds(self, params: GenerationParams) -> bool: ...
 
-    def release(self, job: Job) -> Handover | None: ...
+    def release(self, job: Sequence) -> Handover | None: ...
 
 
 class Preemption:
@@ -86,20 +87,22 @@ class Preemption:
         self.cache = cache
         self.metrics = metrics
         self.on = (
-            memory.enabled and single_process and not rows.drafts and rows.row_kind == "default"
+            memory.enabled
+            and single_process
+            and not rows.drafts
+            and rows.row_kind is RowKind.DEFAULT
         )
         self.preempted = 0  # sequences preempted
         self.resumed = 0  # sequences resumed
         self.bytes_out = 0  # KV bytes preemption put in the prompt cache
         self.bytes_in = 0  # KV bytes resumed sequences took back from it
-        self._fetched: dict[int, tuple[list[int], CacheLookup]] = {}  # by id(job)
 
     # ------------------------------------------------------------------ counting
-    def preemptible(self, job: Job) -> bool:
+    def preemptible(self, job: Sequence) -> bool:
         """Whether ``job`` may be preempted (module doc): it decodes in the batch."""
         return self.on and job.vision is None and self.rows.holds(job.params)
 
-    def tokens(self, job: Job) -> int:
+    def tokens(self, job: Sequence) -> int:
         """Tokens ``job``'s KV is counted at: after its next step when it can be
         preempted (its prompt, then one more per generated token), else at its longest
         (``job.kv_tokens``, `fit.kv_tokens`)."""
@@ -108,7 +111,7 @@ class Preemption:
         now = fit.kv_tokens(self.loaded, len(job.prompt_ids), job.tokens + 1)
         return min(now, job.kv_tokens)
 
-    def kv_cost(self, jobs: Sequence[Job]) -> int:
+    def kv_cost(self, jobs: list[Sequence]) -> int:
         """KV bytes ``jobs`` hold after the next step: mlx-lm pads a batch's rows to its
         longest."""
         longest = max((self.tokens(j) for j in jobs), default=0)
@@ -126,13 +129,13 @@ class Preemption:
         self.cache.trim_to(max_bytes=max(self.memory.room(kv, 0) - floor, 0))
 
     # ------------------------------------------------------------------ admission
-    def reserve(self, job: Job, admitted: Sequence[Job], running: bool) -> bool:
+    def reserve(self, job: Sequence, admitted: list[Sequence], running: bool) -> bool:
         """Whether ``job`` fits beside the ``admitted`` ones now, evicting prompt-cache
         entries to make room only when it then fits; ``running``: some sequence runs
         (else it starts anyway: what never fits alone was refused before). Sets
         ``job.kv_tokens`` (its longest) and, when it fits, the reservation."""
         mem = self.memory
-        job.kv_tokens = fit.kv_tokens(self.loaded, len(job.prompt_ids), job.max_tokens)
+        job.reserved(fit.kv_tokens(self.loaded, len(job.prompt_ids), job.max_tokens))
         if not mem.enabled:
             return True
         jobs = [*admitted, job]
@@ -145,12 +148,12 @@ class Preemption:
             if running and mem.room(after, 0) < floor:
                 return False  # waits for running sequences to end; the cache stays
             if job.preemptions:  # its KV out of the cache before it makes room
-                self._fetched[id(job)] = self._fetch(job)
+                job.keep_fetched(self._fetch(job))
             self._shrink(after, floor)
         mem.reserved = after
         return True
 
-    def settle(self, admitted: Sequence[Job]) -> None:
+    def settle(self, admitted: list[Sequence]) -> None:
         """The reservation and the prefill chunk the budget allows, for who runs now."""
         mem = self.memory
         if not mem.enabled:
@@ -158,14 +161,14 @@ class Preemption:
         mem.reserved = self.kv_cost(admitted)
         self.rows.budget.limit(mem.room(mem.reserved, self.cache.nbytes), mem.profile)
 
-    def shrink_for(self, admitted: Sequence[Job]) -> None:
+    def shrink_for(self, admitted: list[Sequence]) -> None:
         """After a prompt-cache insert: evict what the ``admitted`` ones need."""
         if self.memory.enabled:
             kv = self.kv_cost(admitted)
             self._shrink(kv, self.memory.profile.prefill(self.memory.chunk) + copies(kv))
 
     # ------------------------------------------------------------------ preemption
-    def make_room(self, admitted: Sequence[Job]) -> list[Job]:
+    def make_room(self, admitted: list[Sequence]) -> list[Sequence]:
         """Before a step: evict prompt-cache entries if the ``admitted`` ones' KV after
         the step and its working set need them; the newest preemptible jobs (newest
         first) that must give way when that is not enough. One job always stays."""
@@ -186,10 +189,10 @@ class Preemption:
         self._shrink(kv, self.floor(len(keep), kv))
         return out
 
-    def _running(self, job: Job) -> bool:
+    def _running(self, job: Sequence) -> bool:
         return self.preemptible(job) and job.runner is self.rows and not job.done
 
-    def take(self, job: Job, pending: int | None, staying: Sequence[Job]) -> None:
+    def take(self, job: Sequence, pending: int | None, staying: list[Sequence]) -> None:
         """Take preempted ``job``'s row out of the batch and store its KV (module doc)
         where the budget has room beside the ``staying`` jobs; ``pending``: its next
         input, the token it sampled last (None: it was still prefilling: it resumes from
@@ -198,10 +201,9 @@ class Preemption:
         held = self.rows.release(job)
         kv, tokens = (held[0], list(held[1])) if held is not None else (None, [])
         if pending is not None:
-            job.resume_ids = [*tokens, pending]
-        elif job.resume_ids is None:
-            job.resume_ids = list(job.prompt_ids)
-        job.preemptions += 1
+            job.preempted([*tokens, pending])
+        else:
+            job.preempted(job.resume_ids or list(job.prompt_ids))
         self.preempted += 1
         moved = 0
         if kv and tokens and job.params.cache_write:
@@ -209,7 +211,7 @@ class Preemption:
         self.bytes_out += moved
         self.metrics.preempted(moved)
 
-    def _store(self, job: Job, kv: Any, tokens: list[int], staying: Sequence[Job]) -> int:
+    def _store(self, job: Sequence, kv: Any, tokens: list[int], staying: list[Sequence]) -> int:
         """Put ``kv`` (holding ``tokens``) in the prompt cache's memory tier if the budget
         has room beside ``staying``, else in its disk tier; the bytes stored (0: none)."""
         mem, directory = self.memory, job.params.prompt_cache_dir
@@ -234,14 +236,15 @@ class Preemption:
         prof = self.memory.profile
         return prof.fixed + prof.kv_per_token * tokens
 
-    def _fetch(self, job: Job) -> tuple[list[int], CacheLookup]:
+    def _fetch(self, job: Sequence) -> tuple[list[int], CacheLookup]:
         ids = job.resume_ids or list(job.prompt_ids)
         return ids, self.cache.fetch(self.loaded.cache_key, ids, job.params.prompt_cache_dir)
 
-    def resume(self, job: Job) -> tuple[list[int], CacheLookup]:
+    def resume(self, job: Sequence) -> tuple[list[int], CacheLookup]:
         """(the ids preempted ``job`` resumes from, the prompt cache's KV for them: taken
         before `reserve` made room, or now)."""
-        fetched = self._fetched.pop(id(job)) if id(job) in self._fetched else None
+        fetched = job.fetched
+        job.keep_fetched(None)
         ids, lookup = fetched or self._fetch(job)
         moved = self._bytes(lookup.cached_tokens) if lookup.cached_tokens else 0
         self.resumed += 1

@@ -12,7 +12,7 @@ pool, where it is
 - its prompt rendered and tokenized (volatile spans removed first:
   `prompt.without_volatile`; images decoded and preprocessed: `vision_prompt.prepare`),
   refused early when its text cannot fit the context,
-- and the decisions that need its token count made (`engine.fit`): the prompt fits the
+- and the decisions that need its token count made (`prompting.fit`): the prompt fits the
   context, the Tokens cap, the memory budget can ever hold it.
 No MLX here (the engine thread owns it). Every ``ValueError`` raised here comes from the
 request and leaves as ``InvalidArgument`` (INVALID_ARGUMENT); other errors are the
@@ -35,13 +35,14 @@ from typing import Any, TypeVar
 
 import params as params_mod
 from decoding import grammar, sampling, tool_grammar
-from engine import fit, vision_prompt
-from engine.prompt import PreparedPrompt, without_volatile
+from engine import vision_prompt
 from errors import invalid_argument
 from loading.loaded_model import LoadedModel
 from params import GenerationRequest, LoadParams
 from parsing.bounds import Bounds
 from parsing.constraint import Constraint
+from prompting import fit
+from prompting.render import PreparedPrompt, without_volatile
 
 T = TypeVar("T")
 

@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.jobs import Job
+from decoding.finish import FinishReason
 from engine.metrics import Recorder
+from engine.sequence import Sequence
 
 logger = logging.getLogger("localai.mlx.engine.scheduler")  # the per-request line's logger
 
@@ -28,8 +29,19 @@ class RequestMetrics:
     draft_tokens_accepted: int = 0
 
 
+def finish_label(outcome: FinishReason | str) -> FinishReason | None:
+    """The finish reason ``outcome`` counts as in the metrics: itself; CANCELLED for the
+    error status CANCELLED (cancelled before it started); None (an error) otherwise."""
+    if isinstance(outcome, FinishReason):
+        return outcome
+    return FinishReason.CANCELLED if outcome == "CANCELLED" else None
+
+
 def finished(
-    job: Job, outcome: str, metrics: Recorder, on_metrics: Callable[[RequestMetrics], None]
+    job: Sequence,
+    outcome: FinishReason | str,
+    metrics: Recorder,
+    on_metrics: Callable[[RequestMetrics], None],
 ) -> None:
     """Log ``job``'s line, record its series in ``metrics`` and hand its figures to
     ``on_metrics`` (when it generated any). ``outcome``: its finish reason or error status."""
@@ -43,10 +55,9 @@ def finished(
         )
     runner = job.runner
     drafting = runner is not None and runner.drafts
-    finish = outcome if outcome in ("stop", "length", "cancelled") else None
     metrics.request_finished(
         now - job.submitted,
-        "cancelled" if outcome == "CANCELLED" else finish,
+        finish_label(outcome),
         job.prompt_tokens,
         job.cached_tokens,
         "disk" if job.disk_hit else "memory",

@@ -12,10 +12,13 @@ All of it runs on the engine thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import collections.abc
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.jobs import KV, Handover, Job, JobRunner
+from decoding.finish import FinishReason
+from engine.jobs import KV, Handover
+from engine.sequence import Sequence, SequenceRunner
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -34,7 +37,7 @@ class Token(Protocol):
     """One decoded token of one sequence, as a runner reports it (`engine.sequences.Token`).
 
     ``token`` None: the sequence ended without one. ``finish``: the runner ended it
-    ("stop", "length"); ``kv``: (cache, tokens) when it handed the KV over as it ended;
+    (STOP, LENGTH); ``kv``: (cache, tokens) when it handed the KV over as it ended;
     ``drafted``: the token came from an accepted draft; ``error``: the runner failed this
     sequence alone (a `BackendError` its request ends with)."""
 
@@ -45,7 +48,7 @@ class Token(Protocol):
     @property
     def logprobs(self) -> Any: ...
     @property
-    def finish(self) -> str | None: ...
+    def finish(self) -> FinishReason | None: ...
     @property
     def kv(self) -> Any: ...
     @property
@@ -54,9 +57,9 @@ class Token(Protocol):
     def error(self) -> Any: ...
 
 
-class Runner(JobRunner, Protocol):
+class Runner(SequenceRunner, Protocol):
     """Sequences of one kind, stepped together by the scheduler (module doc); with
-    `JobRunner`'s ``drafts``, ``release``, ``drop`` and ``proposed``."""
+    `SequenceRunner`'s ``drafts``, ``release``, ``drop`` and ``proposed``."""
 
     @property
     def rows(self) -> int:
@@ -70,7 +73,7 @@ class Runner(JobRunner, Protocol):
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Sampler,
@@ -82,7 +85,7 @@ class Runner(JobRunner, Protocol):
         Returns its uid, unique among the runners."""
         ...
 
-    def step(self, jobs: dict[int, Job]) -> Sequence[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> collections.abc.Sequence[Token]:
         """One step of every sequence (``jobs``: the scheduler's active set, by uid)."""
         ...
 
@@ -115,7 +118,7 @@ class Batch(Runner, Protocol):
 
     def adopt(
         self,
-        job: Job,
+        job: Sequence,
         kv: KV,
         tokens: list[int],
         last: int,
@@ -126,12 +129,12 @@ class Batch(Runner, Protocol):
         ``last``, the prompt's last token. Returns its uid."""
         ...
 
-    def pending(self, job: Job) -> Token | None:
+    def pending(self, job: Sequence) -> Token | None:
         """``job``'s next token, sampled and queued but not returned yet (a preemption
         delivers it first); None while its row prefills."""
         ...
 
-    def share(self, job: Job, position: int) -> str:
+    def share(self, job: Sequence, position: int) -> str:
         """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache:
         "stored" (now), "later" (when its prefill gets there: `take_shared`), "" (never)."""
         ...

@@ -24,6 +24,7 @@ from typing import Any
 
 from caches.prompt_tiers import PromptTiers
 from decoding import grammar, sampling
+from decoding.finish import FinishReason
 from decoding.output import Delta, OutputPipeline
 from decoding.reasoning_budget import make_budget_processor
 from engine import divergence, request_log
@@ -34,6 +35,7 @@ from engine.metrics import NULL, Recorder
 from engine.preemption import Preemption
 from engine.request_log import RequestMetrics
 from engine.runner import Batch, Handover, Runner, Token
+from engine.sequence import Sequence
 from engine.sequences import BatchRunner, SoloRunner
 from engine.sharing import SharedPrefixes
 from engine.vision import VisionRunner, cache_tokens
@@ -72,13 +74,13 @@ class GroupHooks:
         """`params`, with a concrete seed when every rank must draw the same tokens."""
         return params
 
-    def joined(self, job: Job, ids: list[int]) -> None:
+    def joined(self, job: Sequence, ids: list[int]) -> None:
         """Rank 0 started `job` on prompt `ids`."""
 
-    def shared(self, job: Job, position: int) -> None:
+    def shared(self, job: Sequence, position: int) -> None:
         """Rank 0 asked `job`'s batch row for its first `position` prompt tokens."""
 
-    def left(self, job: Job) -> None:
+    def left(self, job: Sequence) -> None:
         """Rank 0 retired `job`."""
 
     def sync(self, step: bool, idle: bool) -> None:
@@ -141,8 +143,8 @@ class Scheduler:
         self.group = group
         self._on_metrics = on_metrics
         self._on_idle = on_idle  # the last running job ended (before its final event)
-        self.active: dict[int, Job] = {}
-        self.waiting: deque[Job] = deque()
+        self.active: dict[int, Sequence] = {}
+        self.waiting: deque[Sequence] = deque()
         self.kv_bytes = 0
         self.checkpoints = Checkpoints(loaded, self.cache, group.single_process)
         eos_ids = frozenset(loaded.tokenizer.eos_token_ids)
@@ -202,8 +204,11 @@ class Scheduler:
         return len(self.active) + len(self.sharing)
 
     # ------------------------------------------------------------------ admission
-    def enqueue(self, job: Job) -> None:
-        self.waiting.append(job)
+    def enqueue(self, job: Job) -> Sequence:
+        """Queue ``job``: the scheduler's record of it from now on (returned)."""
+        seq = Sequence(job)
+        self.waiting.append(seq)
+        return seq
 
     def tick(self) -> None:
         """Reap cancelled and stalled jobs, then admit waiting jobs into free slots."""
@@ -213,12 +218,11 @@ class Scheduler:
         self._unpark()
         for job in list(self.active.values()):
             if job.cancelled:
-                self.retire(job, "cancelled")
+                self.retire(job, FinishReason.CANCELLED)
             elif job.backlog > job.max_pending:
                 self.retire(
                     job,
-                    "cancelled",
-                    error=ResourceExhausted(
+                    ResourceExhausted(
                         f"the client stopped reading: the output of {job.backlog} steps "
                         "waited undelivered; read the stream as it arrives"
                     ),
@@ -247,19 +251,19 @@ class Scheduler:
                 self.end(job, error=as_backend_error(exc))
         self.preemption.settle(self._admitted())
 
-    def _reap(self, job: Job) -> None:
+    def _reap(self, job: Sequence) -> None:
         """End a waiting job cancelled by its client (a preempted one with its output)."""
         if job.preemptions:
-            self.retire(job, "cancelled")
+            self.retire(job, FinishReason.CANCELLED)
         else:
             self.end(job, error=Cancelled("cancelled before it started"))
 
-    def _admit(self, job: Job) -> None:
-        job.t_admit = time.perf_counter()
-        self.metrics.request_started(job.t_admit - job.submitted)
+    def _admit(self, job: Sequence) -> None:
+        now = time.perf_counter()
+        self.metrics.request_started(now - job.submitted)
         ids = list(job.prompt_ids)
         params = job.params
-        job.pipeline = OutputPipeline(
+        pipeline = OutputPipeline(
             self.loaded.tokenizer,
             stop=params.stop,
             top_logprobs=params.top_logprobs if params.logprobs else None,
@@ -268,18 +272,18 @@ class Scheduler:
             tools=job.request.prompt.tools,
         )
         # Distributed: every rank samples this sequence, so its seed is picked once, here.
-        job.params = self.group.pin_seed(job.params)
+        job.admitted(now, pipeline, self.group.pin_seed(job.params))
         if not self._park(job):
             self.start(job, ids)
 
-    def _admitted(self) -> list[Job]:
+    def _admitted(self) -> list[Sequence]:
         return [*self.active.values(), *self.sharing.jobs()]
 
-    def _park(self, job: Job) -> bool:
+    def _park(self, job: Sequence) -> bool:
         """Whether ``job`` waits for a running row's prefill of a prefix they share."""
         return self.sharing.park(job, self.active.values(), self.share)
 
-    def share(self, job: Job, position: int) -> str:
+    def share(self, job: Sequence, position: int) -> str:
         """Ask ``job``'s batch row for the KV of its first ``position`` prompt tokens
         (`BatchRunner.share`); every rank of a group asks alike."""
         self.group.shared(job, position)
@@ -297,7 +301,7 @@ class Scheduler:
             except (BackendError, ValueError) as exc:
                 self.end(job, error=as_backend_error(exc))
 
-    def start(self, job: Job, ids: list[int]) -> None:
+    def start(self, job: Sequence, ids: list[int]) -> None:
         """Start an admitted job's prompt ``ids`` in the runner of its kind.
 
         Fetches the prompt cache and builds the sampler from ``job.params``; uses
@@ -315,11 +319,10 @@ class Scheduler:
         diverges = near.common if self.wants_boundaries else 0
         lookup = self.cache.fetch(loaded.cache_key, ids, params.prompt_cache_dir)
         divergence.record(near, ids, lookup, tokenizer, self.metrics)
-        job.disk_hit = lookup.disk_hit  # disk tier: for the log line
         self.metrics.cache_event(
-            "hit" if lookup.cached_tokens else "miss", "disk" if job.disk_hit else "memory"
+            "hit" if lookup.cached_tokens else "miss", "disk" if lookup.disk_hit else "memory"
         )
-        job.prompt_tokens, job.cached_tokens = len(ids), lookup.cached_tokens
+        job.looked_up(len(ids), lookup.cached_tokens, lookup.disk_hit)  # disk: for the log
         runner: Runner
         if job.vision is not None:
             # Prepared for this model (its serial), which has a vision part (`fit.check_images`).
@@ -328,11 +331,11 @@ class Scheduler:
             runner = self._vision
         else:
             runner = self._batch if self._batch.holds(params) else self._solo
-        job.runner = runner
-        job.uid = runner.start(job, ids, lookup, sampler, processors, diverges)
+        uid = runner.start(job, ids, lookup, sampler, processors, diverges)
+        job.running(runner, uid)
         # Kept for a preemption's resume; a grammar failing mid-generation: see _on_token.
-        job.sampler, job.processors = sampler, processors
-        self.active[job.uid] = job
+        job.sampling(sampler, processors)
+        self.active[uid] = job
         self.group.joined(job, ids)
 
     # ------------------------------------------------------------------ decoding
@@ -366,12 +369,13 @@ class Scheduler:
             self.waiting.appendleft(job)  # the older one preempted after it goes first
         self.preemption.settle(self._admitted())
 
-    def _resume(self, job: Job) -> None:
+    def _resume(self, job: Sequence) -> None:
         """Start a preempted job again from its prompt and generated tokens, with its
         sampler, processors and output state (`Preemption.resume`)."""
         ids, lookup = self.preemption.resume(job)
-        job.uid = self._batch.start(job, ids, lookup, job.sampler, job.processors, 0)
-        self.active[job.uid] = job
+        uid = self._batch.start(job, ids, lookup, job.sampler, job.processors, 0)
+        job.running(self._batch, uid)
+        self.active[uid] = job
 
     def mirror_step(self) -> dict[int, Handover]:
         """A distributed follower's `step`: the same decode, no output.
@@ -392,48 +396,47 @@ class Scheduler:
         if job is None:
             return
         if t.error is not None:  # this sequence alone failed (e.g. its vision tower)
-            self.retire(job, "error", error=t.error)
+            self.retire(job, t.error)
             return
         failure = grammar.failure_of(job.processors)
         if failure is not None:  # its grammar failed: no reply that breaks it
-            self.retire(job, "error", error=InvalidArgument(failure))
+            self.retire(job, InvalidArgument(failure))
             return
         if t.token is None:  # the generator ended without a token
-            self.retire(job, t.finish or "length")
+            self.retire(job, t.finish or FinishReason.LENGTH)
             return
         now = time.perf_counter()
-        if job.t_first is None:
-            job.t_first = now
+        gap = job.decoded(now, t.drafted)
+        if gap is None:
             self.metrics.first_token(now - job.submitted)
         else:
-            self.metrics.token_gap(now - job.t_last)
-        job.t_last = now
-        job.tokens += 1
-        job.drafted += t.drafted
+            self.metrics.token_gap(gap)
         pipeline = job.pipeline
         if pipeline is None:  # set at admission: a job without one was never admitted here
             raise BackendError(f"request {job.uid} decoded before it was admitted")
         delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
         if t.finish is not None:
-            self.retire(job, t.finish, delta, t.kv)
+            unmet = grammar.unmet_of(job.processors, t.finish, t.token, job.tokens)
+            self.retire(job, unmet or t.finish, delta, t.kv)
         elif pipeline.stopped:
-            self.retire(job, "stop", delta)
+            unmet = grammar.unmet_of(job.processors, FinishReason.STOP, t.token, job.tokens)
+            self.retire(job, unmet or FinishReason.STOP, delta)
         elif delta:
-            job.emit(job.event(delta))
+            job.emit(delta)
 
     # ------------------------------------------------------------------ leaving
     def retire(
         self,
-        job: Job,
-        reason: str,
+        job: Sequence,
+        ending: FinishReason | BackendError,
         delta: Delta | None = None,
         kv: Handover | None = None,
-        error: BackendError | None = None,
     ) -> None:
         """End an active job: keep its KV in the prompt cache, flush its output.
 
-        ``kv``: (cache, tokens) when its runner already handed the sequence's KV over.
-        ``error``: end the job with this error instead of a finish reason.
+        ``ending``: how its sequence ended, or the error the job ends with instead of a
+        finish reason. ``kv``: (cache, tokens) when its runner already handed the
+        sequence's KV over.
         """
         self.group.left(job)  # rank 0: the other ranks retire it too
         if kv is None and job.runner is not None:
@@ -449,22 +452,23 @@ class Scheduler:
             self.preemption.shrink_for([j for j in self._admitted() if j is not job])
         # The cache keeps its own copy: drop ours now, so memory read at `end` is real.
         kv = None
-        if error is not None:
-            self.end(job, error=error)
+        if isinstance(ending, BackendError):
+            self.end(job, error=ending)
             return
+        reason = ending
         final = job.pipeline.finish(reason) if job.pipeline is not None else Delta()
         if delta:
-            job.emit(job.event(delta))
+            job.emit(delta)
         # Flushing held text can complete a stop sequence: the pipeline has the last word.
         finish = (job.pipeline.finish_reason if job.pipeline is not None else None) or reason
         self.end(job, final=final, reason=finish)
 
     def end(
         self,
-        job: Job,
+        job: Sequence,
         *,
         final: Delta | None = None,
-        reason: str | None = None,
+        reason: FinishReason | None = None,
         error: BackendError | None = None,
     ) -> None:
         """Send a job's final event (once, whichever thread ends it first) and forget it."""
@@ -480,7 +484,7 @@ class Scheduler:
         request_log.finished(
             job, reason or (error.status if error else "?"), self.metrics, self._on_metrics
         )
-        job.emit(job.event(final or Delta(), finish_reason=reason, error=error))
+        job.emit(final or Delta(), finish_reason=reason, error=error)
 
     def fail_all(self, error: BackendError) -> None:
         """End every active and waiting job with ``error``."""
@@ -494,6 +498,6 @@ class Scheduler:
             self.end(self.waiting.popleft(), error=error)
         self.kv_bytes = 0
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[Sequence]:
         """Every active and waiting job (a copy)."""
         return [*self._admitted(), *self.waiting]

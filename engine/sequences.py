@@ -2,11 +2,11 @@
 
 A `Runner` holds sequences of one kind and decodes one token for each per `step`:
 
-- `BatchRunner`: the continuous batch, `seam.batch.DecodeBatch` (newcomers join between
+- `BatchRunner`: the continuous batch, `batch.decode.DecodeBatch` (newcomers join between
   steps, prefill chunks interleave with decoding, finished sequences leave).
-  With ``speculative:ngram`` or a draft model it is `seam.speculation`'s
+  With ``speculative:ngram`` or a draft model it is `batch.speculation`'s
   `SpeculativeBatch` (per-row drafts verified for all rows in one pass).
-  Its rows' caches are `seam.rows`'s quantized (``kv_bits``) or rotating-with-
+  Its rows' caches are `batch.rows`'s quantized (``kv_bits``) or rotating-with-
   NKeep (``max_kv_size``) classes when the model is loaded so (`row_kind`).
 - `SoloRunner`: sequences the batch cannot hold (`BatchRunner.holds`: ``kv_bits`` or NKeep on
   a model whose cache layers are not all plain attention (sliding windows, recurrent
@@ -23,28 +23,30 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from batch.decode import DecodeBatch, pending
+from batch.rows import row_cache
+from batch.speculation import DraftedModel, SpeculativeBatch
+from decoding.finish import FinishReason, finish_of
 from decoding.ngram_spec import NgramStats
 from engine.checkpoints import Checkpoints, split
-from engine.jobs import Job
+from engine.sequence import Sequence
 from engine.step_budget import PrefillBudget
 from loading.loaded_model import LoadedModel
 from params import GenerationParams
 from prompt_cache import CacheLookup, trim_exactly
-from seam.batch import DecodeBatch, pending
-from seam.rows import row_cache
-from seam.speculation import DraftedModel, SpeculativeBatch
 
 
 @dataclass(frozen=True)
 class Token:
     """One decoded token of one sequence (``token`` None: the generator ended without
-    one). ``finish``: the runner ended the sequence ("stop", "length"); ``kv``:
+    one). ``finish``: the runner ended the sequence (STOP, LENGTH); ``kv``:
     (cache, tokens) when it handed the sequence's KV over as it ended; ``drafted``: the
     token came from an accepted draft; ``error``: the runner failed this sequence alone
     (a `BackendError` its request ends with; ``token`` is None)."""
@@ -52,7 +54,7 @@ class Token:
     uid: int
     token: int | None
     logprobs: Any = None
-    finish: str | None = None
+    finish: FinishReason | None = None
     kv: tuple | None = None
     drafted: bool = False
     error: Any = None
@@ -64,37 +66,41 @@ def stops_at_eos(params: GenerationParams) -> bool:
     return not params.ignore_eos or params.constraint is not None
 
 
-def finish_of(token: int, job: Job, eos_ids: frozenset[int]) -> str | None:
-    """How ``token``, ``job``'s next, ends it: "stop" (EOS, `stops_at_eos`), "length"
-    (its ``max_tokens``-th token), or None."""
-    if token in eos_ids and stops_at_eos(job.params):
-        return "stop"
-    if job.tokens + 1 >= job.max_tokens:
-        return "length"
-    return None
+def next_finish(token: int, job: Sequence, eos_ids: frozenset[int]) -> FinishReason | None:
+    """How ``token``, ``job``'s next, ends it (`decoding.finish.finish_of`)."""
+    return finish_of(
+        token, job.tokens + 1, job.max_tokens, stops=stops_at_eos(job.params), eos=eos_ids
+    )
 
 
-def row_kind(loaded: LoadedModel) -> str:
-    """How the batch makes its rows' caches: "default" (mlx-lm's own: no ``kv_bits``, no
-    ``max_kv_size``), "own" (`seam.rows`'s quantized or rotating rows), or
-    "none" (``kv_bits``/``max_kv_size`` on a model whose cache layers cannot be
-    quantized or rotated in a batch, or ``quantized_kv_start`` > 0: mlx-lm converts a
-    sequence's whole cache once it holds that many tokens, one representation per
-    sequence, while a batch layer holds one for all its rows)."""
+class RowKind(Enum):
+    """How the batch makes its rows' caches (`row_kind` decides it once per load)."""
+
+    DEFAULT = "default"  # mlx-lm's own: no kv_bits, no max_kv_size
+    OWN = "own"  # `batch.rows`'s quantized or rotating rows
+    NONE = "none"  # the batch holds no row for such a sequence: it runs solo
+
+
+def row_kind(loaded: LoadedModel) -> RowKind:
+    """How the batch makes ``loaded``'s rows' caches: DEFAULT without ``kv_bits`` and
+    ``max_kv_size``; NONE with them on a model whose cache layers cannot be quantized or
+    rotated in a batch, or with ``quantized_kv_start`` > 0 (mlx-lm converts a sequence's
+    whole cache once it holds that many tokens, one representation per sequence, while a
+    batch layer holds one for all its rows); else OWN."""
     p = loaded.params
     if p.kv_bits is None and p.max_kv_size is None:
-        return "default"
+        return RowKind.DEFAULT
     if p.kv_bits is not None and p.quantized_kv_start > 0:
-        return "none"
+        return RowKind.NONE
     try:
         _rows(loaded, keep=0)
     except ValueError:
-        return "none"
-    return "own"
+        return RowKind.NONE
+    return RowKind.OWN
 
 
 def _rows(loaded: LoadedModel, keep: int) -> list:
-    """One sequence's empty `seam.rows` rows (target layers, then the draft's)."""
+    """One sequence's empty `batch.rows` rows (target layers, then the draft's)."""
     p = loaded.params
     if p.max_kv_size is not None:  # mlx-lm's default keep; at least one rotating slot
         keep = min(keep or 4, p.max_kv_size - 1)
@@ -127,11 +133,11 @@ def new_cache(loaded: LoadedModel, keep: int = 4) -> list:
 
 
 class BatchRunner:
-    """The continuous batch of one loaded model (`seam.batch.DecodeBatch`), speculating
+    """The continuous batch of one loaded model (`batch.decode.DecodeBatch`), speculating
     per row with n-gram drafts (``speculative:ngram``) or a draft model's
-    (`seam.speculation.SpeculativeBatch`)."""
+    (`batch.speculation.SpeculativeBatch`)."""
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification."""
         return job.spec_stats.drafted if job.spec_stats is not None else 0
 
@@ -141,14 +147,14 @@ class BatchRunner:
         self.drafts = loaded.params.speculative == "ngram" or loaded.draft is not None
         self._eos_ids = eos_ids
         self.row_kind = row_kind(loaded)  # decided once per load
-        self._own_rows = self.row_kind == "own"
+        self._own_rows = self.row_kind is RowKind.OWN
         self._uids: set[int] = set()
         self._decoding: set[int] = set()  # rows past their prefill
         self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
         # In-flight prefix sharing: positions where a row's KV is copied to the prompt
         # cache for requests waiting on that prefix, and the copies made since last asked.
         self._shares: dict[int, set[int]] = {}
-        self._share_job: dict[int, Job] = {}
+        self._share_job: dict[int, Sequence] = {}
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
@@ -204,7 +210,7 @@ class BatchRunner:
             self._shared.append((uid, None))
 
     # ------------------------------------------------------------------ sharing
-    def share(self, job: Job, position: int) -> str:
+    def share(self, job: Sequence, position: int) -> str:
         """Put the KV of ``job``'s first ``position`` prompt tokens in the prompt cache for
         requests that share them: "stored" (copied now: the row is past it and its cache
         trims), "later" (its prefill now stops there; `take_shared` says when it is
@@ -243,21 +249,21 @@ class BatchRunner:
 
     def holds(self, params: GenerationParams) -> bool:
         """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
-        NKeep where the batch has no rows for them (`row_kind` "none"). Without NKeep a
+        NKeep where the batch has no rows for them (`RowKind.NONE`). Without NKeep a
         ``max_kv_size`` request there runs in the batch on mlx-lm's own cache."""
-        if self.row_kind != "none":
+        if self.row_kind is not RowKind.NONE:
             return True
         return self.loaded.params.kv_bits is None and not params.keep
 
     def row_cache(self, params: GenerationParams) -> list | None:
-        """A new sequence's empty KV cache for this batch: `seam.rows`'s quantized rows
+        """A new sequence's empty KV cache for this batch: `batch.rows`'s quantized rows
         (``kv_bits``) or rotating rows keeping ``params.keep`` tokens (``max_kv_size``;
         mlx-lm's 4 when 0), the draft model's after the target's; None: the model's own."""
         return _rows(self.loaded, params.keep) if self._own_rows else None
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -276,14 +282,16 @@ class BatchRunner:
             and self._own_rows
             and self.checkpoints.takes(kv, draft=self.loaded.draft, kv_bits=p.kv_bits)
         )
+        snapshots: frozenset[int] = frozenset()
         if takes and job.params.cache_write:
-            job.snapshots = self.checkpoints.positions(job, len(ids), diverges)
-            segments = split(ids, lookup.cached_tokens, job.snapshots)
+            snapshots = self.checkpoints.positions(job, len(ids), diverges)
+            segments = split(ids, lookup.cached_tokens, snapshots)
         draft = None
-        if self.drafts:
-            job.spec_stats = NgramStats()
+        stats = NgramStats() if self.drafts else None
+        if stats is not None:
             width = job.params.num_draft_tokens or self.loaded.params.num_draft_tokens
-            draft = (width, job.spec_stats)
+            draft = (width, stats)
+        job.planned(snapshots, stats)
         # Segments: the batch's prefill stops exactly at each boundary (one chunk of at
         # most prefill_step_size tokens per step, interleaved with decoding).
         uid = self._batch.insert(
@@ -301,7 +309,7 @@ class BatchRunner:
         return uid
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Add a sequence prefilled elsewhere (an image prompt, `engine.vision`): ``kv``
         holds ``tokens``; the batch decodes from ``last``, the prompt's last token.
@@ -319,7 +327,7 @@ class BatchRunner:
         self._uids.add(uid)
         return uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         """One batch step: a prefill chunk and/or one token for every decoding row;
         prefill snapshots taken where a row stopped at one of its checkpoints."""
         if not self._uids:
@@ -355,7 +363,7 @@ class BatchRunner:
             len(held), decoding, max(held, default=0), self.nbytes
         )
 
-    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Job]) -> None:
+    def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
         (``jobs``: by uid) or `share` positions."""
         boundaries = [
@@ -395,25 +403,25 @@ class BatchRunner:
                 self._forget(g.uid)
         return finished
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         """Take ``job``'s row out of the batch: (kv, tokens) for the prompt cache."""
         if job.uid not in self._uids:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
 
-    def pending(self, job: Job) -> Token | None:
+    def pending(self, job: Sequence) -> Token | None:
         """``job``'s next token, sampled and queued but not returned yet
-        (`DecodeBatch.pending`), with the finish it makes ("stop" at EOS, "length" at
+        (`DecodeBatch.pending`), with the finish it makes (STOP at EOS, LENGTH at
         ``job.max_tokens``); None while its row prefills."""
         uid = job.uid
         got = pending(self._batch, uid) if uid is not None and uid in self._uids else None
         if uid is None or got is None:
             return None
         token, logprobs = got
-        return Token(uid, token, logprobs, finish_of(token, job, self._eos_ids))
+        return Token(uid, token, logprobs, next_finish(token, job, self._eos_ids))
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         """Take ``job``'s row out, discarding its KV."""
         if job.uid in self._uids:
             self._forget(job.uid)
@@ -467,7 +475,7 @@ class SoloRunner:
         self._last_uid = 0
         self.drafts = loaded.draft is not None
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         """Draft tokens ``job`` sent to verification: for a draft model (mlx-lm does not
         count them) an upper bound, NDraft per target token; 0 without one."""
         if not self.drafts:
@@ -485,7 +493,7 @@ class SoloRunner:
         return True
 
     def adopt(
-        self, job: Job, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
+        self, job: Sequence, kv: list, tokens: list[int], last: int, sampler: Any, processors: list
     ) -> int:
         """Sequences prefilled elsewhere (image prompts) join the batch only.
 
@@ -507,7 +515,7 @@ class SoloRunner:
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -544,7 +552,7 @@ class SoloRunner:
         self.runs[self._last_uid] = SoloRun(steps, kv, list(ids))
         return self._last_uid
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         out = []
         for uid, run in list(self.runs.items()):
             job = jobs.get(uid)
@@ -553,11 +561,11 @@ class SoloRunner:
             try:
                 token, logprobs, *drafted = next(run.steps)
             except StopIteration:
-                out.append(Token(uid, None, finish="length"))
+                out.append(Token(uid, None, finish=FinishReason.LENGTH))
                 continue
             token = int(token)
             run.tokens.append(token)
-            finish = finish_of(token, job, self._eos_ids)
+            finish = next_finish(token, job, self._eos_ids)
             out.append(Token(uid, token, logprobs, finish, drafted=bool(drafted and drafted[0])))
         return out
 
@@ -573,11 +581,11 @@ class SoloRunner:
                 run.exhausted = True
         return {}
 
-    def release(self, job: Job) -> tuple | None:
+    def release(self, job: Sequence) -> tuple | None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         return run.finish() if run is not None else None
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         run = self.runs.pop(job.uid, None) if job.uid is not None else None
         if run is not None:
             run.steps.close()

@@ -5,7 +5,7 @@ tool list and differ in the last turn. Without sharing each one prefills the sha
 (8 requests, 8 prefills). Here a newly admitted request whose prompt shares at least
 `MIN_SHARED_PREFIX` tokens more with a running batch row than the prompt cache holds is
 *parked*: the row's prefill is made to stop at the end of the shared part
-(`BatchRunner.share`, a segment end of `seam.batch.DecodeBatch`), its KV there goes into
+(`BatchRunner.share`, a segment end of `batch.decode.DecodeBatch`), its KV there goes into
 the prompt cache, and the parked requests start from that entry in the same step (each
 takes its own copy, then prefills only its own tail). A row already past the shared
 part gives a trimmed copy at once. vLLM's automatic prefix caching and SGLang's
@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from caches.prompt_tiers import PromptTiers
-from engine.jobs import Job
 from engine.runner import Batch
+from engine.sequence import Sequence
 from prompt_cache import common_prefix
 
 # Tokens a shared prefix must save over the prompt cache for a request to wait for it.
@@ -42,7 +42,7 @@ class Parked:
     """An admitted job waiting for batch row ``leader`` to store the KV of the first
     ``position`` tokens of its prompt; ``leader`` None: it may start."""
 
-    job: Job
+    job: Sequence
     leader: int | None
     position: int
 
@@ -67,10 +67,12 @@ class SharedPrefixes:
     def __len__(self) -> int:
         return len(self.parked)
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[Sequence]:
         return [p.job for p in self.parked]
 
-    def park(self, job: Job, running: Iterable[Job], share: Callable[[Job, int], str]) -> bool:
+    def park(
+        self, job: Sequence, running: Iterable[Sequence], share: Callable[[Sequence, int], str]
+    ) -> bool:
         """Whether ``job`` (admitted, not started) waits for one of the ``running`` jobs'
         batch rows to store the prefix they share; if so it is parked. ``share(leader,
         position)`` asks the row (`Scheduler.share`: the batch's answer)."""
@@ -93,7 +95,7 @@ class SharedPrefixes:
         self.parked.append(Parked(job, leader.uid, best))
         return True
 
-    def ready(self) -> list[Job]:
+    def ready(self) -> list[Sequence]:
         """The parked jobs to start now, taken off the list: their prefix was stored,
         their leader stores no more (it left, or finished its prefill), or they were
         cancelled (the caller ends those)."""
@@ -106,7 +108,7 @@ class SharedPrefixes:
             self.parked = [p for p in self.parked if p not in go]
         return [p.job for p in go]
 
-    def drain(self) -> list[Job]:
+    def drain(self) -> list[Sequence]:
         """Every parked job, taken off the list (they are being failed)."""
         jobs, self.parked = self.jobs(), []
         return jobs

@@ -31,8 +31,8 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.checkpoints import Checkpoints
-from engine.jobs import Job
 from engine.runner import Batch, Handover
+from engine.sequence import Sequence
 from engine.sequences import Token
 from engine.vision_prompt import VisionPrompt
 from errors import BackendError, InvalidArgument
@@ -42,7 +42,7 @@ from prompt_cache import CacheLookup
 logger = logging.getLogger("localai.mlx." + __name__)
 
 
-def cache_tokens(job: Job, tokens: Any) -> list[int] | None:
+def cache_tokens(job: Sequence, tokens: Any) -> list[int] | None:
     """The tokens ``job``'s KV is stored under in the prompt cache: as they are for text;
     for an image prompt its key ids (`VisionPrompt.key_tokens`; None: store nothing)."""
     vision = job.vision
@@ -131,14 +131,16 @@ def embeddings(
         emb = model.language_model.model.embed_tokens(ids[:, start:stop])
         mx.eval(emb)
         return emb, None
-    out = model.get_input_embeddings(ids, mx.array(vision.pixel_values), mask=mask, **kwargs)
+    pixel_values = None if vision.pixel_values is None else mx.array(vision.pixel_values)
+    out = model.get_input_embeddings(ids, pixel_values, mask=mask, **kwargs)
     emb = out.inputs_embeds[:, start:stop]
     positions = None
     if parts.mrope:
         delta = out.rope_deltas
         delta = int(delta.reshape(-1)[0].item()) if delta is not None else 0
-        if parts.family.rope_delta and delta != vision.rope_delta:
-            # The cache keys carry the predicted delta: never run with another one.
+        if parts.family.rope_delta and vision.cacheable and delta != vision.rope_delta:
+            # The cache keys carry the predicted delta: never run with another one (a
+            # prompt that is not cacheable, e.g. one with videos, has no delta in its keys).
             raise BackendError(
                 f"mRoPE delta {delta} differs from the {vision.rope_delta} computed from the "
                 "image grids; the request was not run"
@@ -152,7 +154,7 @@ def embeddings(
 # --------------------------------------------------------------------------- the runner
 @dataclass
 class _Prefill:
-    job: Job
+    job: Sequence
     vision: VisionPrompt  # the job's image prompt
     ids: list[int]  # the model's token ids (the processor's)
     kv: list
@@ -188,7 +190,7 @@ class VisionRunner:
         self.seqs: dict[int, _Prefill] = {}
         self._last_uid = -(1 << 40)
 
-    def proposed(self, job: Job) -> int:
+    def proposed(self, job: Sequence) -> int:
         return 0
 
     @property
@@ -212,7 +214,7 @@ class VisionRunner:
 
     def start(
         self,
-        job: Job,
+        job: Sequence,
         ids: list[int],
         lookup: CacheLookup,
         sampler: Any,
@@ -228,7 +230,8 @@ class VisionRunner:
         kv, done = lookup.kv, lookup.cached_tokens
         if kv is not None and vision.inside_image(done):
             # Never resume inside an image's tokens (the key ids make this unlikely).
-            kv, done, job.cached_tokens = None, 0, 0
+            kv, done = None, 0
+            job.uncached()
         if kv is None:
             kv = self.batch.row_cache(job.params) or make_prompt_cache(
                 self.loaded.model, p.max_kv_size
@@ -281,7 +284,7 @@ class VisionRunner:
             seq.first, seq.features = seq.done, {}
         return False
 
-    def step(self, jobs: dict[int, Job]) -> list[Token]:
+    def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         """One unit of work of the oldest image prompt (class doc); a prompt whose
         prefill is done joins the batch (re-keyed in ``jobs``, the scheduler's active
         set). Produces no token itself: the batch steps the newcomer in the same
@@ -329,13 +332,13 @@ class VisionRunner:
             job, seq.kv, seq.ids[: seq.stop], seq.ids[seq.stop], seq.sampler, seq.processors
         )
         jobs[new] = jobs.pop(uid)
-        job.uid, job.runner = new, self.batch
+        job.running(self.batch, new)
         return []
 
     def mirror_step(self) -> dict[int, Handover]:
         return {}  # vision models are served text-only in distributed mode
 
-    def release(self, job: Job) -> Handover | None:
+    def release(self, job: Sequence) -> Handover | None:
         """A prompt left while prefilling: (kv, the tokens it holds) for the prompt cache
         (`cache_tokens` refuses a prefix that ends inside an image)."""
         seq = self.seqs.pop(job.uid, None) if job.uid is not None else None
@@ -343,6 +346,6 @@ class VisionRunner:
             return None
         return seq.kv, seq.ids[: seq.done]
 
-    def drop(self, job: Job) -> None:
+    def drop(self, job: Sequence) -> None:
         if job.uid is not None:
             self.seqs.pop(job.uid, None)

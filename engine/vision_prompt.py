@@ -2,7 +2,7 @@
 the cache identity of every token (no MLX here: the engine thread owns it).
 
 `prepare` is what `Engine.submit` runs off the event loop and off the engine thread for
-every request: a request without images goes to `engine.prompt.prepare_prompt` as before;
+every request: a request without images goes to `prompting.render.prepare_prompt` as before;
 one with images becomes a `VisionPrompt`:
 
 - Where the images go. A raw `Prompt` with media markers (``<__media__>``, what LocalAI
@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,11 +47,11 @@ import jinja2
 import numpy as np
 
 from decoding.output import initial_state_for
-from engine import fit
-from engine import prompt as prompt_mod
 from loading.vision import MEDIA_MARKER
 from params import PromptSpec
 from parsing import images as images_mod
+from prompting import fit
+from prompting import render as prompt_mod
 
 VIRTUAL_BASE = 1 << 100  # key ids of image tokens are above every vocabulary id
 TAG_BASE = 1 << 99  # first key id of a prompt whose positions shift (mRoPE delta)
@@ -122,11 +123,13 @@ def prepare(
 ) -> prompt_mod.PreparedPrompt:
     """The prepared prompt of ``spec`` for the `LoadedModel` ``loaded`` (module doc), a
     text prompt's by `prompt.prepare_prompt`. ``check_text``: called with the rendered
-    text before tokenizing (`engine.fit.check_text`). ValueError (INVALID_ARGUMENT)
-    naming the field: images sent to a text-only model (`engine.fit.check_images`),
+    text before tokenizing (`prompting.fit.check_text`). ValueError (INVALID_ARGUMENT)
+    naming the field: images sent to a text-only model (`prompting.fit.check_images`),
     markers and images that do not pair up, an image that cannot be decoded or is too
     large, the processor or the template refusing the prompt, a prompt too long.
     """
+    if spec.videos:
+        return prepare_videos(spec, loaded, check_text)
     if not spec.images:
         return prompt_mod.prepare_prompt(spec, loaded.tokenizer, check_text, checkpoints)
     fit.check_images(loaded, len(spec.images))
@@ -153,6 +156,10 @@ def prepare(
             picture.close()
         del pictures
     vision = build(parts, spec.images, data)
+    return _prepared(loaded, text, vision)
+
+
+def _prepared(loaded: Any, text: str, vision: VisionPrompt) -> VisionPreparedPrompt:
     tokenizer = loaded.tokenizer
     state = (
         initial_state_for(tokenizer, vision.input_ids) if hasattr(tokenizer, "has_thinking") else ""
@@ -160,6 +167,153 @@ def prepare(
     return VisionPreparedPrompt(
         text=text, token_ids=vision.key_ids, initial_state=state or "normal", vision=vision
     )
+
+
+# --------------------------------------------------------------------------- videos
+def check_videos(loaded: Any) -> Any:
+    """The `VisionParts` of ``loaded`` when it takes videos; else ValueError
+    (INVALID_ARGUMENT) saying why: a text-only model, or a vision model whose family or
+    processor takes none (`VisionParts.video_refusal`)."""
+    parts = loaded.vision
+    if parts is None:
+        reason = getattr(loaded.model, "text_only_reason", "")
+        raise ValueError(
+            f"PredictOptions.Videos: the loaded model {loaded.name!r} serves text only"
+            + (f" (its vision part is off: {reason})" if reason else "")
+            + "; videos need a video-language model (Qwen2-VL, Qwen2.5-VL)"
+        )
+    if parts.video_refusal:
+        raise ValueError(
+            f"PredictOptions.Videos: the loaded model {loaded.name!r} takes no videos "
+            f"({parts.video_refusal}); send frames as PredictOptions.Images, or use a "
+            "Qwen2-VL or Qwen2.5-VL model"
+        )
+    return parts
+
+
+def prepare_videos(
+    spec: PromptSpec, loaded: Any, check_text: Callable[[str], None] | None = None
+) -> VisionPreparedPrompt:
+    """The prepared prompt of a request with ``PredictOptions.Videos``: the template
+    renders a video part per video (`render_videos`), each video's frames are sampled
+    and decoded (`parsing.videos`, as mlx-vlm samples them), the processor makes the video
+    inputs, and the prompt runs through the same vision path as images, whole (the tower
+    over all its videos at once) and never cached (its mRoPE positions depend on the
+    frames' grid; `build`). ValueError (INVALID_ARGUMENT) naming the field: a model that
+    takes no videos (`check_videos`), Images and Videos in one request (mlx-vlm's
+    Qwen2-VL embeds either), markers that do not pair up, undecodable or too large
+    videos, the processor refusing them, a prompt too long."""
+    parts = check_videos(loaded)
+    if spec.images:
+        raise ValueError(
+            "PredictOptions.Images and PredictOptions.Videos in one request: mlx-vlm's "
+            f"{parts.model_type} embeds either images or videos in a prompt; send them in "
+            "separate requests"
+        )
+    text = render_videos(spec, parts, len(spec.videos))
+    if check_text is not None:
+        check_text(text)
+    budget = images_mod.MAX_REQUEST_PIXELS
+    frames = []
+    for video in spec.videos:
+        clip = parts.frames(video, budget)
+        budget -= int(clip.shape[0]) * int(clip.shape[1]) * int(clip.shape[2])
+        frames.append(clip)
+    try:
+        data = parts.process(text, [], frames)
+    except ValueError as exc:
+        raise ValueError(
+            f"PredictOptions.Videos: the model's processor refused them: {exc}"
+        ) from None
+    except Exception as exc:  # processors raise TypeError, IndexError... on odd input
+        raise ValueError(
+            f"PredictOptions.Videos: the model's processor failed on them: "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
+    finally:
+        del frames
+    vision = build(parts, spec.videos, data, parts.video_token_id, "PredictOptions.Videos")
+    return _prepared(loaded, text, vision)
+
+
+# LocalAI's video marker in a prompt it renders itself (core/templates/multimodal.go
+# DefaultMultiModalTemplate: "[vid-{{.ID}}]"), one per video in order.
+_VIDEO_MARKER = re.compile(r"\[vid-\d+\]")
+
+
+def _video_parts(n: int, text: str) -> list[dict[str, str]]:
+    # As mlx-vlm's _format_video_message: the videos first, then the text.
+    return [{"type": "video"} for _ in range(n)] + ([{"type": "text", "text": text}] * bool(text))
+
+
+def render_videos(spec: PromptSpec, parts: Any, n: int) -> str:
+    """The prompt text with one video placeholder per video. A raw `Prompt` with LocalAI's
+    ``[vid-N]`` markers: each becomes the family's video placeholder, in order; without
+    markers it is one user message with the videos before its text (mlx-vlm's video
+    message). `Messages`: the videos go before the text of the last user message. Media
+    markers (image slots) and the family's own tokens typed as text are refused."""
+    if spec.messages is None:
+        _check_literals(spec.prompt, parts, "PredictOptions.Prompt")
+        if MEDIA_MARKER in spec.prompt:
+            raise ValueError(
+                f"PredictOptions.Prompt has a media marker ({MEDIA_MARKER}, an image slot) "
+                "but the request sends Videos: mark videos with [vid-0], [vid-1]..."
+            )
+        markers = _VIDEO_MARKER.findall(spec.prompt)
+        if markers:
+            if len(markers) != n:
+                raise ValueError(
+                    f"PredictOptions.Prompt has {len(markers)} video markers ([vid-N]) but "
+                    f"PredictOptions.Videos has {n} videos: send one video per marker"
+                )
+            return _VIDEO_MARKER.sub(lambda _: parts.family.video_placeholder, spec.prompt)
+        tools = {"tools": spec.template_tools} if spec.template_tools else {}
+        return _render_parts(
+            parts, [{"role": "user", "content": _video_parts(n, spec.prompt)}], **tools
+        )
+    messages = [copy.deepcopy(dict(m)) for m in spec.messages]
+    last_user = -1
+    for i, message in enumerate(messages):
+        content = message.get("content") or ""
+        _check_literals(content, parts, f"PredictOptions.Messages[{i}].content")
+        if MEDIA_MARKER in content:
+            raise ValueError(
+                f"PredictOptions.Messages[{i}] has a media marker ({MEDIA_MARKER}, an image "
+                "slot) but the request sends Videos, no Images"
+            )
+        if message["role"] == "user":
+            last_user = i
+    if last_user < 0:
+        raise ValueError(
+            "PredictOptions.Videos: the messages have no user message to attach them to"
+        )
+    messages[last_user]["content"] = _video_parts(n, messages[last_user].get("content") or "")
+    if spec.continue_final:
+        last = messages[-1]
+        last["content"] = f"{last.get('content') or ''}{prompt_mod._CONTINUE_MARK}"
+    kwargs: dict[str, Any] = dict(spec.template_kwargs)
+    if spec.template_tools:
+        kwargs["tools"] = spec.template_tools
+    text = _render_parts(parts, messages, add_generation_prompt=not spec.continue_final, **kwargs)
+    if spec.continue_final:
+        cut = text.rfind(prompt_mod._CONTINUE_MARK)
+        if cut < 0:
+            raise ValueError(
+                "PredictOptions.Messages: the chat template does not render the final "
+                "assistant message's content, so it cannot be continued; end with a user turn"
+            )
+        text = text[:cut]
+    return text
+
+
+def _render_parts(parts: Any, messages: list, **kwargs: Any) -> str:
+    try:
+        text = parts.render_messages(messages, **kwargs)
+    except jinja2.TemplateError as err:
+        raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
+    if not isinstance(text, str):
+        raise ValueError("PredictOptions.Videos: the chat template rendered no text")
+    return text
 
 
 # --------------------------------------------------------------------------- rendering
@@ -289,11 +443,18 @@ def qwen_rope_delta(grids: Any, merge: int) -> int:
     return int(delta)
 
 
-def build(parts: Any, images: tuple, data: dict) -> VisionPrompt:
-    """The `VisionPrompt` of the processor's output ``data`` for ``images``."""
+def build(
+    parts: Any,
+    images: tuple,
+    data: dict,
+    token_id: int | None = None,
+    field_name: str = "PredictOptions.Images",
+) -> VisionPrompt:
+    """The `VisionPrompt` of the processor's output ``data`` for ``images`` (or videos:
+    ``token_id`` the family's video token, ``field_name`` their field)."""
     ids = [int(t) for t in np.asarray(data["input_ids"]).reshape(-1).tolist()]
     n = len(images)
-    spans = _runs(ids, parts.image_token_id)
+    spans = _runs(ids, parts.image_token_id if token_id is None else token_id)
     pixel_values = _array(data.get("pixel_values"))
     mask = _array(data.get("attention_mask"))
     extra = {
@@ -322,8 +483,9 @@ def build(parts: Any, images: tuple, data: dict) -> VisionPrompt:
     elif family.tower == "gemma3" and pixel_values is not None and len(pixel_values) == n:
         pixels = tuple(pixel_values[i : i + 1] for i in range(n))
     if len(spans) != n:
+        what = "videos" if token_id is not None else "images"
         raise ValueError(
-            f"PredictOptions.Images has {n} images but the prompt has room for {len(spans)} "
+            f"{field_name} has {n} {what} but the prompt has room for {len(spans)} "
             f"(the chat template or the media markers placed {len(spans)})"
         )
     if ids and spans and spans[-1][1] >= len(ids):

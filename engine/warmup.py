@@ -21,6 +21,7 @@ import time
 from decoding import sampling
 from engine.checkpoints import Checkpoints
 from engine.jobs import Job
+from engine.sequence import Sequence
 from engine.sequences import BatchRunner
 from loading.loaded_model import LoadedModel
 from params import GenerationParams, GenerationRequest, PromptSpec
@@ -79,11 +80,11 @@ def warm_up(loaded: LoadedModel) -> float:
     rounds = [[long_len], [8] * min(2, max(1, loaded.params.max_batch_size))]
     try:
         for lengths in rounds:
-            jobs: dict[int, Job] = {}
+            jobs: dict[int, Sequence] = {}
             for i, n in enumerate(lengths):
                 params = _GREEDY if i % 2 == 0 else _SAMPLED
                 ids = (text_ids * (n // len(text_ids) + 1))[:n]
-                job = Job(GenerationRequest(params, PromptSpec()), tuple(ids))
+                job = Sequence(Job(GenerationRequest(params, PromptSpec()), tuple(ids)))
                 sampler = sampling.make_sampler(params, tokenizer)
                 processors = sampling.make_logits_processors(params, tokenizer)
                 lookup = CacheLookup(None, 0, ids)

@@ -45,7 +45,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from errors import ModelLoadError
+from parsing import images as images_mod
+from parsing import videos as videos_mod
 from parsing.images import DecodeTarget, ImageLimits, VisionOptions
+from parsing.videos import FrameSampling, VideoData
 from seam import vision as seam_vision
 
 logger = logging.getLogger("localai.mlx." + __name__)
@@ -69,6 +72,10 @@ class Family:
     literals: tuple[str, ...]
     tower: str = ""
     rope_delta: bool = False
+    # The text one video is before the processor expands it (what the family's chat
+    # template writes for a {"type": "video"} part); "" = this backend runs no video
+    # through the family (`VisionParts.video_refusal`).
+    video_placeholder: str = ""
 
 
 _QWEN = Family(
@@ -76,6 +83,7 @@ _QWEN = Family(
     ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"),
     tower="qwen",
     rope_delta=True,
+    video_placeholder="<|vision_start|><|video_pad|><|vision_end|>",
 )
 FAMILIES: dict[str, Family] = {
     "qwen2_vl": _QWEN,
@@ -243,6 +251,9 @@ class VisionParts:
                 "to serve it text-only"
             )
         self.image_token_id = token_id
+        self.video_token_id = getattr(config, "video_token_id", None)
+        self.video_refusal = self._video_refusal(processor)
+        self.video_sampling = self._video_sampling(processor, options.max_video_frames)
         self.mrope = hasattr(model.language_model, "get_rope_index")
         self.size_kwargs: dict[str, int] = {}
         if options.max_pixels is not None:
@@ -274,14 +285,66 @@ class VisionParts:
         pad = getattr(tokenizer, "pad_token", None)
         if pad is None and getattr(tokenizer, "eos_token", None) is not None:
             tokenizer.pad_token = tokenizer.eos_token  # as mlx-vlm's prepare_inputs does
-        for component in (processor, getattr(processor, "image_processor", None)):
+        for component in (
+            processor,
+            getattr(processor, "image_processor", None),
+            getattr(processor, "video_processor", None),
+        ):
             if component is not None:
                 seam_vision.numpy_on_workers(component)
         quiet = logging.getLogger("transformers.processing_utils")
         if _QUIET not in quiet.filters:
             quiet.addFilter(_QUIET)
 
+    def _video_refusal(self, processor: Any) -> str:
+        """Why this model takes no ``PredictOptions.Videos`` ("" = it takes them): its
+        processor makes no video inputs (mlx-vlm's ``processor_handles_video``), or this
+        backend knows no video placeholder for the family (Qwen2-VL and Qwen2.5-VL, whose
+        mlx-vlm model embeds ``pixel_values_videos``, have one)."""
+        from mlx_vlm.generate.video import processor_handles_video
+
+        if not self.family.video_placeholder or not isinstance(self.video_token_id, int):
+            return f"the backend runs no video through {self.model_type} models"
+        if not processor_handles_video(processor):
+            return f"mlx-vlm's processor of this {self.model_type} model takes no videos"
+        return ""
+
+    @staticmethod
+    def _video_sampling(processor: Any, max_frames: int) -> FrameSampling:
+        """How frames are sampled: mlx-vlm's ``resolve_video_sampling`` (the processor's
+        fps / min / max frames, else mlx-vlm's defaults), max frames capped by the option
+        ``max_video_frames``."""
+        from mlx_vlm.utils import resolve_video_sampling
+
+        got = resolve_video_sampling(processor, {})
+        return FrameSampling(
+            fps=float(got.fps or 2.0),
+            min_frames=int(got.min_frames or 1),
+            max_frames=min(int(got.max_frames or max_frames), max_frames),
+            frame_factor=int(got.frame_factor or 1),
+        )
+
     # -- prompt worker threads (no MLX)
+    def frames(self, video: VideoData, budget: int) -> Any:
+        """The sampled frames of ``video`` (uint8 (T, H, W, 3), RGB): a video file through
+        mlx-vlm's own reader (``mlx_vlm.utils.load_video``, OpenCV) with this model's
+        sampling, an animated image through PIL with the same rule
+        (`parsing.videos.decode_frames`). ``budget``: the pixels the request's frames may
+        still hold, checked before any frame is decoded. ValueError naming the entry."""
+        if video.format not in videos_mod.CONTAINERS:
+            return videos_mod.decode_frames(
+                video, self.video_sampling, self.limits.max_pixels, budget
+            )
+        return _file_frames(video, self.video_sampling, self.limits.max_pixels, budget)
+
+    def render_messages(self, messages: list, **kwargs: Any) -> str:
+        """The chat template over ``messages`` as they are (content parts included: a
+        video part is {"type": "video"}), through mlx-vlm's ``get_chat_template``."""
+        from mlx_vlm.prompt_utils import get_chat_template
+
+        add = kwargs.pop("add_generation_prompt", True)
+        return get_chat_template(self.processor, messages, add, **kwargs)
+
     def render(self, prompt: Any, num_images: int, **kwargs: Any) -> str:
         """mlx-vlm's ``apply_chat_template`` (a string or messages), placing ``num_images``
         images as mlx-vlm does: explicit image parts where they are, the rest at the end of
@@ -292,19 +355,23 @@ class VisionParts:
             self.processor, self.model.config, prompt, num_images=num_images, **kwargs
         )
 
-    def process(self, text: str, images: list) -> dict:
-        """The processor's output for ``text`` and PIL ``images``, as numpy: input_ids,
-        attention_mask, pixel_values and the family's extras (e.g. image_grid_thw)."""
+    def process(self, text: str, images: list, videos: list | None = None) -> dict:
+        """The processor's output for ``text``, PIL ``images`` and ``videos`` (uint8 frame
+        arrays (T, H, W, 3), as mlx-vlm's ``prepare_inputs`` hands decoded frames on), as
+        numpy: input_ids, attention_mask, pixel_values and the family's extras (e.g.
+        image_grid_thw; pixel_values_videos and video_grid_thw for videos)."""
         from mlx_vlm.utils import process_inputs
 
+        more = {"videos": videos} if videos else {}
         with seam_vision.numpy_outputs():
             out = process_inputs(
                 self.processor,
                 prompts=[text],
-                images=images,
+                images=images or None,
                 add_special_tokens=self.add_special_tokens,
                 return_tensors="np",
                 **self.size_kwargs,
+                **more,
             )
         data = dict(out)
         if "images" in data and "pixel_values" not in data:
@@ -319,6 +386,67 @@ class VisionParts:
             "hits": self.feature_hits,
             "misses": self.feature_misses,
         }
+
+
+def _file_frames(video: VideoData, sampling: FrameSampling, max_pixels: int, budget: int) -> Any:
+    """`VisionParts.frames` of a video file: its header read with OpenCV (size, frame
+    count, rate) and bounded as PIL's animations are, then mlx-vlm's ``load_video`` on a
+    temporary copy (it reads a path), which samples and decodes only the frames it takes."""
+    import tempfile
+
+    import cv2
+    import numpy as np
+    from mlx_vlm.utils import VideoSampling, load_video
+
+    field = f"PredictOptions.Videos[{video.index}]"
+    with tempfile.NamedTemporaryFile(suffix=".video") as tmp:
+        tmp.write(video.data)
+        tmp.flush()
+        cap = cv2.VideoCapture(tmp.name)
+        try:
+            if not cap.isOpened():
+                raise ValueError(f"{field} cannot be decoded as a video file ({video.format})")
+            width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
+            height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+            total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+            fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0) or 1.0  # mlx-vlm's fallback
+        finally:
+            cap.release()
+        if width <= 0 or height <= 0 or total <= 0:
+            raise ValueError(f"{field} has no frames ({width}x{height}, {total} frames)")
+        if width * height > max_pixels:
+            raise ValueError(
+                f"{field} is {width}x{height} = {width * height} pixels a frame, more than "
+                f"the {max_pixels} allowed (load option max_image_pixels)"
+            )
+        if total < 2:
+            raise ValueError(f"{field} has one frame: send a still image in Images")
+        try:
+            wanted = videos_mod.frame_indices(total, total / fps, sampling)
+        except ValueError as exc:
+            raise ValueError(f"{field}: {exc}") from None
+        if len(wanted) * width * height > budget:
+            raise ValueError(
+                f"{field}: its {len(wanted)} sampled frames of {width}x{height} hold "
+                f"{len(wanted) * width * height} pixels, more than the {budget} the request "
+                "has left; send shorter or smaller videos, or lower the load option "
+                "max_video_frames"
+            )
+        how = VideoSampling(
+            fps=sampling.fps,
+            min_frames=sampling.min_frames,
+            max_frames=sampling.max_frames,
+            frame_factor=sampling.frame_factor,
+        )
+        try:
+            with images_mod.DECODE_SLOTS:
+                clip, _ = load_video(tmp.name, how)
+        except Exception as exc:  # mlx-vlm raises ValueError; OpenCV cv2.error
+            raise ValueError(
+                f"{field} cannot be decoded as a video file ({video.format}): "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
+    return np.ascontiguousarray(np.asarray(clip, dtype=np.uint8).transpose(0, 2, 3, 1))
 
 
 # --------------------------------------------------------------------------- the view

@@ -19,6 +19,7 @@ from parsing import jsonfield
 GRAMMAR_FIELD = "PredictOptions.Grammar"
 JSON_SCHEMA_FIELD = "Metadata.json_schema"
 RESPONSE_FORMAT_FIELD = "Metadata.response_format"
+TOOLS_FIELD = "PredictOptions.Tools"  # the tool-call grammar (decoding/tool_grammar.py)
 
 ANY_JSON_OBJECT = '{"type":"object"}'
 

@@ -46,11 +46,15 @@ MAX_REQUEST_PIXELS = 64_000_000
 # x 4 bytes each) of concurrent image requests stay bounded at two images.
 DECODES_AT_ONCE = 2
 _DECODING = threading.BoundedSemaphore(DECODES_AT_ONCE)
+DECODE_SLOTS = _DECODING  # shared with parsing.videos: frames count against the same bound
 # EXIF orientation -> the transpose that undoes it (as PIL's ImageOps.exif_transpose).
 _ORIENT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # values of PIL.Image.Transpose
 FORMATS = ("PNG", "JPEG", "WEBP")
 VISION_CACHE_ENTRIES = 32  # images whose vision-tower output is kept (vision_cache_entries)
 VISION_CACHE_BYTES = 512 << 20  # bytes those may hold (option vision_cache_bytes)
+MAX_VIDEOS = 2  # videos per request (load option max_videos)
+MAX_VIDEO_BYTES = 32 << 20  # bytes of one video file (option max_video_bytes; gRPC caps 50 MB)
+MAX_VIDEO_FRAMES = 32  # frames sampled from one video (option max_video_frames)
 
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?(;[\w=.+-]+)*;base64,", re.IGNORECASE)
 _URL = re.compile(r"^(https?|ftp|file|s3|gs|hf|huggingface)://", re.IGNORECASE)
@@ -86,17 +90,16 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def read_image(index: int, text: str, max_bytes: int = MAX_IMAGE_BYTES) -> ImageData:
-    """Decode one ``PredictOptions.Images`` entry (base64, with or without a data-URL
-    prefix; whitespace ignored; standard or URL-safe alphabet). ValueError naming the
-    entry: empty, a URL, not base64, over ``max_bytes`` bytes, or not PNG/JPEG/WebP."""
-    field = _field(index)
+def base64_file(field: str, text: str, max_bytes: int, what: str = "image") -> bytes:
+    """The file bytes of one base64 entry (with or without a data-URL prefix; whitespace
+    ignored; standard or URL-safe alphabet) of request field ``field``. ValueError naming
+    it: empty, a URL, not base64, or over ``max_bytes`` bytes (``what``: the noun)."""
     text = text.strip()
     if not text:
-        raise ValueError(f"{field} is empty: send the image file's bytes, base64-encoded")
+        raise ValueError(f"{field} is empty: send the {what} file's bytes, base64-encoded")
     if _URL.match(text):
         raise ValueError(
-            f"{field} is a URL; this backend does not fetch URLs: send the image file's "
+            f"{field} is a URL; this backend does not fetch URLs: send the {what} file's "
             "bytes, base64-encoded"
         )
     match = _DATA_URL.match(text)
@@ -106,7 +109,7 @@ def read_image(index: int, text: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image
         raise ValueError(f"{field} is a data URL without ';base64,': only base64 data is read")
     # base64 grows 4/3: refuse before decoding what cannot fit.
     if len(text) > (max_bytes + 2) // 3 * 4 + len(text) // 76 * 2 + 4:
-        raise ValueError(f"{field} is larger than {max_bytes} bytes, the limit per image")
+        raise ValueError(f"{field} is larger than {max_bytes} bytes, the limit per {what}")
     raw = re.sub(r"\s+", "", text).encode("ascii", "replace")
     if not _BASE64.match(raw):
         raise ValueError(f"{field} is not valid base64")
@@ -117,11 +120,19 @@ def read_image(index: int, text: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image
     except (binascii.Error, ValueError):
         raise ValueError(f"{field} is not valid base64") from None
     if not data:
-        raise ValueError(f"{field} is empty: send the image file's bytes, base64-encoded")
+        raise ValueError(f"{field} is empty: send the {what} file's bytes, base64-encoded")
     if len(data) > max_bytes:
         raise ValueError(
-            f"{field} is {len(data)} bytes, more than the {max_bytes}-byte limit per image"
+            f"{field} is {len(data)} bytes, more than the {max_bytes}-byte limit per {what}"
         )
+    return data
+
+
+def read_image(index: int, text: str, max_bytes: int = MAX_IMAGE_BYTES) -> ImageData:
+    """Decode one ``PredictOptions.Images`` entry (`base64_file`). ValueError naming the
+    entry: empty, a URL, not base64, over ``max_bytes`` bytes, or not PNG/JPEG/WebP."""
+    field = _field(index)
+    data = base64_file(field, text, max_bytes)
     fmt = sniff_format(data)
     if fmt is None:
         raise ValueError(
@@ -322,10 +333,17 @@ class VisionOptions:
     ``on`` (option ``vision``; false serves the model text-only), ``limits`` (the bounds of
     a request's images), ``max_pixels`` (option ``vision_max_pixels``: the processor's
     resize bound; None = the processor's own), ``cache_entries`` / ``cache_bytes``
-    (options ``vision_cache_entries`` / ``vision_cache_bytes``: the vision-feature cache)."""
+    (options ``vision_cache_entries`` / ``vision_cache_bytes``: the vision-feature cache),
+    ``max_videos`` / ``max_video_bytes`` / ``max_video_frames`` (the bounds of a request's
+    videos, `parsing.videos`)."""
 
     on: bool = True
     limits: ImageLimits = ImageLimits()
     max_pixels: int | None = None
     cache_entries: int = VISION_CACHE_ENTRIES
     cache_bytes: int = VISION_CACHE_BYTES
+    # PredictOptions.Videos (parsing/videos.py): options max_videos, max_video_bytes and
+    # max_video_frames (frames sampled from one video).
+    max_videos: int = MAX_VIDEOS
+    max_video_bytes: int = MAX_VIDEO_BYTES
+    max_video_frames: int = MAX_VIDEO_FRAMES

@@ -4,7 +4,10 @@ Each `Option` names its key, kind (which fixes how the value is read and checked
 default (what absence means), one-line doc and, where one sets the default, its
 environment variable. `read_options` is generated from the table: one pass over the
 entries reads and checks every known key and lists the unknown ones (a warning at load,
-never an error: LocalAI passes options meant for other backends too). The README's
+never an error: LocalAI passes options meant for other backends too).
+``ModelOptions.EngineArgs`` (a JSON object) names the same options with JSON values
+(`read_engine_args`): there an unknown key is an error, as LocalAI documents, and a key
+both set takes the EngineArgs value. The README's
 option list is generated from it too (``python -m parsing.options --readme README.md``;
 tests/fast/test_options.py fails when the two drift). ``params.load_params`` turns the
 result into ``LoadParams``; options that interact (``temp``/``temperature``, ``kv_bits``
@@ -16,6 +19,8 @@ Nothing here imports MLX.
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 import os
 import re
@@ -24,11 +29,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsing import volatile_spans
+from parsing import jsonfield, volatile_spans
 from parsing.images import (
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
     MAX_IMAGES,
+    MAX_VIDEO_BYTES,
+    MAX_VIDEO_FRAMES,
+    MAX_VIDEOS,
     VISION_CACHE_BYTES,
     VISION_CACHE_ENTRIES,
 )
@@ -80,6 +88,10 @@ GRAMMAR_SCOPES = ("after_reasoning", "all")
 # tool_grammar: when a request's calls are held to its declared tools (decoding/tool_grammar.py):
 # only when ToolChoice requires a call or names a function, for every request with tools, or never.
 TOOL_GRAMMAR_MODES = ("required", "on", "off")
+# Metadata reasoning_effort: the values vLLM's ChatCompletionRequest accepts
+# (vllm/entrypoints/openai/chat_completion/protocol.py), a superset of LocalAI's
+# none|minimal|low|medium|high (core/config/model_config.go ReasoningEffort).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's server uses 3)
 # N-gram drafts cost no model, start at 3 tokens and only grow while they keep being
 # accepted, so a wider cap pays on repetitive text and costs little elsewhere.
@@ -278,8 +290,8 @@ OPTIONS: tuple[Option, ...] = (
            "overrides it per request", choices=GRAMMAR_SCOPES, default="after_reasoning",
            group=_PARSE),
     Option("tool_grammar", "choice", "hold tool calls to the request's `Tools` once the "
-           "model's tool-call marker appears (hermes `<tool_call>` and Llama JSON formats: "
-           "a declared name, arguments valid under its JSON schema, the closing marker): "
+           "model's tool-call marker appears (every format of \"Tool-call grammars\": "
+           "a declared name, arguments held to its JSON schema, the closing marker): "
            "`required` only when `ToolChoice` requires a call or names a function (then "
            "from the first token on), `on` for every request with tools, `off` never; an "
            "explicit `Grammar` / JSON schema wins; `Metadata` `tool_grammar` overrides it "
@@ -310,6 +322,13 @@ OPTIONS: tuple[Option, ...] = (
            default=VISION_CACHE_ENTRIES, group=_VISION, field=False),
     Option("vision_cache_bytes", "int", "bytes those features may hold", lo=0,
            default=VISION_CACHE_BYTES, group=_VISION, field=False),
+    Option("max_videos", "int", "videos per request (`PredictOptions.Videos`)", lo=1,
+           default=MAX_VIDEOS, group=_VISION, field=False),
+    Option("max_video_bytes", "int", "bytes of one video file", lo=1,
+           default=MAX_VIDEO_BYTES, group=_VISION, field=False),
+    Option("max_video_frames", "int", "frames sampled from one video (at most; mlx-vlm's "
+           "sampling: 2 per second, at least 4, an even count)", lo=2,
+           default=MAX_VIDEO_FRAMES, group=_VISION, field=False),
     # reranking: LoadParams.rerank, rerank_instruction
     Option("rerank", "choice", "how Rerank scores a document: `yes_no`, the probability "
            "of \"yes\" after a generative reranker's judge prompt in the chat template "
@@ -502,16 +521,28 @@ def read_options(
     entries: Iterable[str],
     fallbacks: Mapping[str, str] | None = None,
     environ: Mapping[str, str] = os.environ,
+    engine_args: Mapping[str, str] | None = None,
 ) -> ReadOptions:
     """Read and check the load options in ``entries`` against `OPTIONS`, in one pass.
 
     ``fallbacks``: text values of keys the entries may leave unset (``ModelOptions.Seed``,
-    ``NBatch``); they count as given. Raises ValueError naming the option (the spelling
-    used) and what it accepts.
+    ``NBatch``); they count as given. ``engine_args``: the options of
+    ``ModelOptions.EngineArgs`` (`read_engine_args`), which win over ``entries`` for the
+    same option, whatever spelling either uses (module doc of `read_engine_args`).
+    Raises ValueError naming the option (the spelling used, and EngineArgs when it came
+    from there) and what it accepts.
     """
     raw = dict(split_options(entries))
     for key, text in (fallbacks or {}).items():
         raw.setdefault(key, text)
+    labels: dict[str, str] = {}
+    for key, text in (engine_args or {}).items():
+        o = SPELLINGS[key]
+        for spelling in (o.key, *o.aliases):  # the Options' spellings of it lose
+            if spelling not in engine_args:
+                raw.pop(spelling, None)
+        raw[key] = text
+        labels[key] = f"{key} (in {ENGINE_ARGS_FIELD})"
     values: dict[str, Any] = {}
     given: set[str] = set()
     for o in OPTIONS:
@@ -520,10 +551,71 @@ def read_options(
         if name is None:
             values[o.key] = _env_default(o, environ)
         else:
-            values[o.key] = _READERS[o.kind](name, raw[name], o)
+            values[o.key] = _READERS[o.kind](labels.get(name, name), raw[name], o)
             given.add(o.key)
     unknown = tuple(sorted(k for k in raw if k not in KNOWN_KEYS))
     return ReadOptions(values, frozenset(given), unknown)
+
+
+# --- ModelOptions.EngineArgs ---------------------------------------------------------------
+ENGINE_ARGS_FIELD = "ModelOptions.EngineArgs"
+SPELLINGS: Mapping[str, Option] = {n: o for o in OPTIONS for n in (o.key, *o.aliases)}
+
+
+def _engine_arg_text(key: str, value: Any, o: Option) -> str:
+    """One EngineArgs value as the text an ``Options`` entry would carry (the same reader
+    then checks it): true/false, a number, a string; a JSON array only for an option
+    that takes a list (``volatile_spans``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list) and o.kind == "patterns":
+        return json.dumps(value)
+    kind = "array" if isinstance(value, list) else "object"
+    raise ValueError(
+        f"{ENGINE_ARGS_FIELD}: {key} takes {_accepts(o)} (a JSON string, number or "
+        f"true/false), not a JSON {kind}"
+    )
+
+
+def read_engine_args(raw: str) -> dict[str, str]:
+    """``ModelOptions.EngineArgs`` (field 73) as load options: {key: text}.
+
+    LocalAI marshals a model file's ``engine_args:`` map into this field as one JSON object
+    (core/backend/options.go, ``ModelConfig.EngineArgs`` in core/config/model_config.go)
+    and documents that unknown keys fail LoadModel (backend/backend.proto; its vLLM backend
+    refuses them, backend/python/vllm/backend.py ``_apply_engine_args``). Here the engine's
+    arguments are this backend's load options: the keys and aliases of `OPTIONS`, each
+    value a JSON string, number or true/false read exactly as the same option in
+    ``Options`` (a JSON array of patterns for ``volatile_spans``); null = not set.
+    EngineArgs wins over ``Options`` for an option both set, as engine_args is applied
+    last by LocalAI's vLLM, SGLang and vllm-cpp backends (backend/python/vllm/backend.py
+    LoadModel, backend/go/vllm-cpp/options.go ``applyEngineArgs``). Raises ValueError
+    naming the field: not a JSON object (bounded as every JSON field, `jsonfield`), a
+    value of the wrong JSON type, or unknown keys (every one named, with the nearest known
+    key, and the known keys listed)."""
+    decoded = jsonfield.decode(raw, ENGINE_ARGS_FIELD, dict)
+    if not decoded:
+        return {}
+    unknown = [k for k in decoded if k not in SPELLINGS]
+    if unknown:
+        named = []
+        for key in unknown:
+            near = difflib.get_close_matches(key, list(SPELLINGS), n=1)
+            named.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
+        raise ValueError(
+            f"{ENGINE_ARGS_FIELD} has keys this backend does not know: {', '.join(named)}; "
+            "EngineArgs takes this backend's load options (the README's options table): "
+            f"{', '.join(sorted(SPELLINGS))}"
+        )
+    return {
+        key: _engine_arg_text(key, value, SPELLINGS[key])
+        for key, value in decoded.items()
+        if value is not None
+    }
 
 
 # --- the README's list ------------------------------------------------------------------

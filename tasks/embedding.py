@@ -16,9 +16,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from params import embd_normalize_code
+from prompting import render as prompt_mod
 from tasks.scoring import DEFAULT_STEP, ShouldStop, check_step, stopper
 
 POOLINGS = ("mean", "last", "none")

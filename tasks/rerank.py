@@ -46,12 +46,12 @@ from typing import Any
 import jinja2
 
 from caches.prompt_tiers import PromptTiers
-from engine import prompt as prompt_mod
 from errors import InvalidArgument
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 from parsing.options import DEFAULT_RERANK_INSTRUCTION
 from prompt_cache import common_prefix
+from prompting import render as prompt_mod
 from tasks import scoring
 
 __all__ = [

@@ -40,11 +40,11 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from caches.prompt_tiers import PromptTiers
 from decoding.output import OutputPipeline
-from engine import prompt as prompt_mod
 from errors import Cancelled, InvalidArgument
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 from prompt_cache import common_prefix, needs_checkpoints
+from prompting import render as prompt_mod
 
 __all__ = [
     "MAX_SCORE_CANDIDATES",

@@ -300,7 +300,7 @@ def assert_one_clean_line(message: str) -> None:
 def request_ids(tokenizer, req: backend_pb2.PredictOptions) -> list[int]:
     """The prompt token ids the server computes for ``req`` (raw Prompt, or Messages
     through the chat template with the generation prompt)."""
-    from engine import prompt as prompt_mod
+    from prompting import render as prompt_mod
 
     if req.Prompt:
         return prompt_mod.encode(tokenizer, req.Prompt)

@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten
 
 KINDS = ("qwen2_vl", "gemma3")
 
-# ChatML, as SmolLM2 and Qwen2-VL use; image items render as the Qwen2-VL triple.
+# ChatML, as SmolLM2 and Qwen2-VL use; image and video items render as Qwen2-VL's triples.
 QWEN2_VL_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
@@ -40,6 +40,8 @@ QWEN2_VL_TEMPLATE = (
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -304,14 +306,39 @@ def png(size: tuple[int, int] = (64, 64), seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-def reference(model, processor, prompt: str, images: list, tokens: int) -> list[int]:
+def animation(frames: list, fmt: str = "PNG", duration_ms: int = 100) -> bytes:
+    """``frames`` (PIL images) as one animated file (APNG by default: lossless, so the
+    decoded frames equal them), each shown ``duration_ms``."""
+    buf = io.BytesIO()
+    extra = {"lossless": True} if fmt == "WEBP" else {}
+    frames[0].save(
+        buf,
+        format=fmt,
+        save_all=True,
+        append_images=frames[1:],
+        duration=duration_ms,
+        loop=0,
+        **extra,
+    )
+    return buf.getvalue()
+
+
+def reference(
+    model, processor, prompt: str, images: list, tokens: int, videos: list | None = None
+) -> list[int]:
     """Greedy token ids of ``mlx_vlm.stream_generate`` (the oracle) for ``prompt`` (already
-    templated) and ``images`` (paths or PIL images)."""
+    templated), ``images`` (paths or PIL images) and ``videos`` (decoded frame arrays)."""
     import mlx_vlm
 
     out = []
     for r in mlx_vlm.stream_generate(
-        model, processor, prompt, image=images or None, max_tokens=tokens, temperature=0.0
+        model,
+        processor,
+        prompt,
+        image=images or None,
+        video=videos or None,
+        max_tokens=tokens,
+        temperature=0.0,
     ):
         if r.token_ids is not None:  # the final summary repeats the last token
             break

@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from batch.speculation import StepCosts
 from decoding.ngram_spec import FIRST_BACKOFF, START_WIDTH, DraftGate
 from seam.holes import HoleyBatchKVCache
-from seam.speculation import StepCosts
 
 H, D = 2, 4
 

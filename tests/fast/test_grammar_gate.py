@@ -3,7 +3,7 @@
 Unit tests drive `ConstraintProcessor` with its gate (decoding/grammar_gate.py) the way
 mlx-lm does (context = prompt + generated tokens) on the toy tokenizer
 (tests/toy_tokenizer.py: single-token "<think>" / "</think>"), and the batch-wide path
-(seam/batch_logits.py) beside a per-row reference. Scripted-model tests over real gRPC
+(batch/logits.py) beside a per-row reference. Scripted-model tests over real gRPC
 check the reasoning / content split of PredictStream and Predict.
 """
 
@@ -23,12 +23,12 @@ from toy_tokenizer import ids
 
 import backend_pb2
 import params
+from batch.logits import BatchLogits
 from decoding import grammar
 from decoding.grammar_gate import ChainGate, ReasoningGate, TriggerGate
-from engine import prompt as prompt_mod
 from engine.sequences import stops_at_eos
 from parsing.constraint import Constraint
-from seam.batch_logits import BatchLogits
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 SCHEMA = json.dumps(
@@ -304,3 +304,68 @@ def test_lazy_grammar_without_its_trigger_is_free_over_grpc(lazy, tok):
 def test_lazy_grammar_holds_from_its_trigger_on_over_grpc(lazy, tok):
     _, whole = run(lazy, tok, lazy_request(), "Hello", "Answer", " me", " more")
     assert whole.content == "HelloAnswer!"
+
+
+# --- issue 41 item 2: no silent constraint failures -------------------------------------
+
+
+def test_reasoning_gate_finds_the_end_marker_in_text_split_otherwise(tok):
+    llg = grammar.llg_tokenizer(tok)
+    think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    gate = ReasoningGate(
+        [think[0]], [think[1]], inside=True, end_text="</think>",
+        decode=llg.decode_bytes, encode=llg.tokenize_bytes,
+    )  # fmt: skip
+    # " </th" "ink>\nA": the marker's bytes, in other tokens than the template's one.
+    split = [*ids(tok, "b: </th"), *llg.tokenize_bytes(b"ink>\nA")]
+    assert gate.feed(split[:-3]) == [] and gate.in_reasoning
+    out = gate.feed(split[-3:])
+    assert gate.open and not gate.in_reasoning
+    assert llg.decode_bytes(out) == b"\nA"  # what followed the marker goes to the grammar
+    # The token form still works, and without text matching only it does.
+    by_token = ReasoningGate([think[0]], [think[1]], inside=True)
+    assert by_token.feed(split) == [] and by_token.in_reasoning
+    assert by_token.feed([think[1], 7]) == [7] and by_token.open
+
+
+def test_think_end_spelled_in_other_tokens_still_engages_the_grammar(served, tok):
+    # The model closes its think block with " </think>" written byte by byte (issue 41:
+    # the grammar stayed dormant and "Hello world" came back as an OK answer).
+    req = chat_request("Hi", Tokens=24, Grammar=ANSWER_GBNF)
+    _, whole = run(served, tok, req, "Let", "b: </think>", "Hello", " world")
+    assert whole.reasoning_content == "Let "
+    assert whole.content == "Answer!"
+
+
+def grpc_error(server, tok, req, *parts: str):
+    """The status of Predict and of PredictStream for `req` scripted (they must agree)."""
+    import grpc
+
+    srv, model, load = server
+    spec = params.parse_request(req, load).prompt
+    model.set_script(len(prompt_mod.prepare_prompt(spec, tok).token_ids), ids(tok, *parts))
+    errors = []
+    for call in (lambda: srv.stub.Predict(req), lambda: list(srv.stub.PredictStream(req))):
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        errors.append((info.value.code(), info.value.details()))
+    assert errors[0] == errors[1]
+    return errors[0]
+
+
+def test_output_ending_inside_the_reasoning_is_an_error_not_an_ok_without_the_grammar(
+    served, tok
+):
+    import grpc
+
+    req = chat_request("Hi", Tokens=12, Grammar=ANSWER_GBNF)
+    code, details = grpc_error(served, tok, req, "Let", " me")  # then EOS, still thinking
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert details.startswith("PredictOptions.Grammar: the output ended inside the reasoning")
+    schema = schema_request()
+    code, details = grpc_error(served, tok, schema, "Let", " me")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "Metadata.json_schema" in details
+    # Cut by the token limit while thinking: a "length" reply, as any cut-off output.
+    req.Tokens = 2
+    _, whole = run(served, tok, req, "Let", " me", "plan")
+    assert (whole.reasoning_content, whole.content) == ("Let me", "")

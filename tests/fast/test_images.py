@@ -187,7 +187,8 @@ def test_images_are_part_of_the_prompt_spec():
     load = params.load_params(pb.ModelOptions(Model="m", Options=["max_images:1"]))
     with pytest.raises(ValueError, match="max_images"):
         params.parse_request(pb.PredictOptions(Prompt="x", Images=[b64(png())] * 2), load)
-    with pytest.raises(ValueError, match=r"PredictOptions\.Videos is not supported"):
+    # Videos are read with the prompt too (tests/fast/test_videos.py).
+    with pytest.raises(ValueError, match=r"PredictOptions\.Videos\[0\] is not an animated"):
         params.parse_request(pb.PredictOptions(Prompt="x", Videos=["AAAA"]))
 
 

@@ -258,7 +258,7 @@ LOCALAI_REASONING_PARSERS = {
     "mistral": ("[THINK]", "[/THINK]"),
     "deepseek_v3": ("<think>", "</think>"),
     "glm45": ("<think>", "</think>"),
-    "gemma4": ("<|channel>thought", "<channel|>"),
+    "gemma4": ("<|channel>", "<channel|>"),  # its "thought\n" label: reasoning_formats
     "granite": ("Here is my thought process:", "Here is my response:"),
     "minimax_m2": ("<think>", "</think>"),
     "kimi_k2": ("<think>", "</think>"),
@@ -297,7 +297,7 @@ def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> 
         ("no_such_parser", "", "unknown tool_parser 'no_such_parser'"),
         ("xlam", "", "tool_parser 'xlam' (a vLLM name) has no MLX equivalent"),
         ("", "no_such_parser", "unknown reasoning_parser 'no_such_parser'"),
-        ("", "step3", "reasoning_parser 'step3' (a vLLM name) has no MLX equivalent"),
+        ("", "step3p5", "reasoning_parser 'step3p5' (a vLLM name) has no MLX equivalent"),
     ],
 )
 def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasoning, why) -> None:

@@ -14,7 +14,8 @@ from helpers import AUTH_TOKEN, wait_until
 import backend_pb2
 import params
 from edge import interceptors, lifecycle
-from engine import fit
+from parsing.durations import parse_duration
+from prompting import fit
 
 
 # --------------------------------------------------------------------------- unit: ops
@@ -23,13 +24,13 @@ from engine import fit
     [("500ms", 0.5), ("2s", 2.0), ("1m", 60.0), ("1.5", 1.5), (" 3 ", 3.0), ("2S", 2.0)],
 )
 def test_parse_duration(text, seconds):
-    assert lifecycle.parse_duration(text) == pytest.approx(seconds)
+    assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "-1s", "2 days", "ms", "1e400", "nan", "1x"])
 def test_parse_duration_rejects(text):
     with pytest.raises(ValueError, match="duration"):
-        lifecycle.parse_duration(text)
+        parse_duration(text)
 
 
 @pytest.mark.parametrize(

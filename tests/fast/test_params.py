@@ -148,7 +148,7 @@ def test_top_logprobs_alone_turns_logprobs_on() -> None:
 
 
 def test_tokens_capped_not_rejected() -> None:
-    # As requested: the prepare step caps it (engine.fit.max_tokens, tests/fast/test_prepare.py).
+    # As requested: the prepare step caps it (prompting.fit.max_tokens, tests/fast/test_prepare.py).
     assert gen(Tokens=10**9).max_tokens == 10**9
     assert gen(load("max_tokens:100000")).max_tokens == 100000
 
@@ -407,7 +407,6 @@ def test_dataclasses_are_frozen() -> None:
         ({"TailFreeSamplingZ": 0.9}, "TailFreeSamplingZ"),
         ({"NegativePrompt": "ugly"}, "NegativePrompt"),
         ({"RopeFreqBase": 10000.0}, "RopeFreqBase"),
-        ({"Videos": ["aGVsbG8="]}, "Videos"),
         ({"Audios": ["aGVsbG8="]}, "Audios"),
     ],
 )
@@ -500,7 +499,7 @@ def test_embedding_settings_from_load_options():
 
 
 def test_tokens_minus_one_means_until_eos_or_a_full_context():
-    assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by engine.fit
+    assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by prompting.fit
     assert gen(Tokens=10**6).max_tokens == 10**6
 
 

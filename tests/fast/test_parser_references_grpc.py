@@ -18,7 +18,7 @@ from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
 import backend_pb2
 import params
 from decoding.parsers import apply_parser_overrides, resolve_reasoning_markers
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 # The toy template's prompt opens a `<think>` block unless thinking is off: cases that start

@@ -8,11 +8,11 @@ import pytest
 from mlx_lm.tool_parsers import glm47, json_tools, mistral, qwen3_coder
 
 from decoding.parsers import (
-    REASONING_PARSERS,
     TOOL_PARSERS,
     resolve_reasoning_markers,
     resolve_tool_parser,
 )
+from decoding.reasoning_formats import FORMATS
 from decoding.tool_calls import parse_tool_block
 
 
@@ -44,7 +44,7 @@ def test_reasoning_parser_names_map_to_think_markers():
     assert resolve_reasoning_markers("qwen3") == ("<think>", "</think>")
     assert resolve_reasoning_markers("mistral") == ("[THINK]", "[/THINK]")
     assert resolve_reasoning_markers("seed-oss") == ("<seed:think>", "</seed:think>")
-    assert all(s and e and s != e for s, e in filter(None, REASONING_PARSERS.values()))
+    assert all(f.start != f.end for f in FORMATS.values() if f.start or f.end)
 
 
 def test_arguments_that_are_no_json_make_the_call_malformed():

@@ -16,6 +16,8 @@ from engine.jobs import Job
 from engine.memory import MIB, MemoryBudget, MemoryProfile
 from engine.metrics import Metrics
 from engine.preemption import Preemption
+from engine.sequence import Sequence
+from engine.sequences import RowKind
 from engine.step_budget import PrefillBudget
 from params import GenerationRequest, PromptSpec
 from prompt_cache import PromptCache
@@ -37,7 +39,7 @@ class Rows:
     over a KV holding ``held[uid]`` tokens."""
 
     drafts = False
-    row_kind = "default"
+    row_kind = RowKind.DEFAULT
 
     def __init__(self) -> None:
         self.budget = PrefillBudget(0, 512)
@@ -46,7 +48,7 @@ class Rows:
     def holds(self, params) -> bool:
         return True
 
-    def release(self, job: Job):
+    def release(self, job: Sequence):
         tokens = self.held.pop(job.uid, None) if job.uid is not None else None
         if tokens is None:
             return None
@@ -64,10 +66,15 @@ def _setup(budget_mib: float, weights_mib: int = 10, single_process: bool = True
     return pre, rows, cache, metrics
 
 
-def _job(uid: int, prompt: int = 200, max_tokens: int = 2048, tokens: int = 0, runner=None):
-    job = Job(GenerationRequest(gen_params(), PromptSpec()), tuple(range(prompt)))
-    job.max_tokens, job.uid, job.tokens, job.runner = max_tokens, uid, tokens, runner
-    job.kv_tokens = prompt + max_tokens  # as admission sets it
+def _job(
+    uid: int, prompt: int = 200, max_tokens: int = 2048, tokens: int = 0, runner=None, **params
+) -> Sequence:
+    request = GenerationRequest(gen_params(**params), PromptSpec())
+    job = Sequence(Job(request, tuple(range(prompt)), max_tokens=max_tokens))
+    job.running(runner, uid)
+    for _ in range(tokens):
+        job.decoded(0.0, drafted=False)
+    job.reserved(prompt + max_tokens)  # as admission sets it
     return job
 
 
@@ -78,7 +85,7 @@ def test_a_sequence_counts_what_it_holds_after_its_next_step() -> None:
     assert job.kv_tokens == 200 + 2048  # its longest, still known
     assert pre.tokens(job) == 200 + 55 + 1
     assert pre.kv_cost([job]) == 1 * MIB  # 256 tokens, as allocated
-    job.tokens = 56
+    job.decoded(0.0, drafted=False)  # its 56th token
     assert pre.kv_cost([job]) == 2 * MIB  # the next step crosses into a second KV step
 
 
@@ -197,8 +204,7 @@ def test_when_memory_is_the_problem_the_kv_goes_to_the_disk_tier() -> None:
     tiers = _Tiers()
     pre.cache = tiers
     stay = _job(1, prompt=300, tokens=100, runner=rows)
-    job = _job(2, prompt=200, tokens=40, runner=rows)
-    job.params = gen_params(prompt_cache_dir="/models/cache")
+    job = _job(2, prompt=200, tokens=40, runner=rows, prompt_cache_dir="/models/cache")
     rows.held[2] = list(range(239))
     pre.take(job, 9, staying=[stay])
     assert tiers.nbytes == 0  # no room in memory
@@ -213,7 +219,7 @@ def test_preempted_again_before_it_decodes_it_resumes_from_the_same_tokens() -> 
     pre.take(job, 4242, staying=[])
     first = job.resume_ids
     ids, _ = pre.resume(job)
-    job.uid = 6
+    job.running(rows, 6)
     rows.held[6] = ids[:-1]  # resumed: its KV restored, its next input not fed yet
     pre.take(job, None, staying=[])
     assert job.resume_ids == first == [*range(229), 4242] and job.preemptions == 2

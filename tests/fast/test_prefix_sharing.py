@@ -1,13 +1,13 @@
 """In-flight prefix sharing's decisions (`engine.sharing`) and the batch's segment cut
-(`seam.batch._cut`), without a model. The end-to-end behaviour (outputs, prompt tokens
+(`batch.decode._cut`), without a model. The end-to-end behaviour (outputs, prompt tokens
 computed) is tested over gRPC in tests/model/test_prefix_sharing.py."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from batch.decode import _cut
 from engine.sharing import MIN_SHARED_PREFIX, SharedPrefixes
-from seam.batch import _cut
 
 
 def test_cut_splits_a_segment_or_keeps_an_existing_end() -> None:

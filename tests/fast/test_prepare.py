@@ -1,4 +1,4 @@
-"""The one prepare step (engine/prepare.py) and the decisions it makes once (engine/fit.py):
+"""The one prepare step (engine/prepare.py) and the decisions it makes once (prompting/fit.py):
 the prompt text and its tokens against the context, the Tokens cap, the memory budget,
 images for a text-only model; the constraint compiled, its time bound; every request error
 INVALID_ARGUMENT. The toy tokenizer, no model."""
@@ -17,10 +17,11 @@ from PIL import Image
 import backend_pb2 as pb
 import params
 from decoding import grammar
-from engine import fit, prepare
+from engine import prepare
 from engine.memory import MemoryBudget, MemoryProfile
 from errors import InvalidArgument, ResourceExhausted
 from parsing import constraint as reading
+from prompting import fit
 
 
 def _png() -> str:

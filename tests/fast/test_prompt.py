@@ -12,9 +12,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 import backend_pb2 as pb
-from engine.prompt import PreparedPrompt, encode
-from engine.prompt import prepare_prompt as render_spec
 from params import PromptSpec, prompt_spec
+from prompting.render import PreparedPrompt, encode
+from prompting.render import prepare_prompt as render_spec
 
 # A Qwen3-style ChatML template, cut down: tools, tool calls, tool results, reasoning,
 # names, enable_thinking, and one custom kwarg. `args_is_mapping` shows whether the
@@ -259,7 +259,7 @@ def test_no_double_bos() -> None:
 
 def test_no_chat_template_falls_back_to_join(caplog: pytest.LogCaptureFixture) -> None:
     tok = make_tokenizer(chat_template=None)
-    with caplog.at_level(logging.WARNING, logger="localai.mlx.engine.prompt"):
+    with caplog.at_level(logging.WARNING, logger="localai.mlx.prompting.render"):
         p = prepare_prompt(request(), tok)
     assert p.text == "You are terse.\nHi there"
     assert "no chat template" in caplog.text

@@ -21,7 +21,8 @@ from helpers import DISK_FP, file_names, held
 from helpers import token_kv as any_token_kv
 
 from caches import prompt_disk
-from caches.prompt_disk import DiskCache, model_fingerprint, safe_cache_dir
+from caches.prompt_disk import DiskCache, model_fingerprint
+from parsing.paths import safe_cache_dir
 
 HEADS, DIM, LAYERS = 2, 8, 2
 # Entries of known values: 2 heads of 8 float16 numbers per token in each of 2 layers.

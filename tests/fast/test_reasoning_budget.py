@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast
 import backend_pb2
 import params
 from decoding.reasoning_budget import ReasoningBudgetProcessor, make_budget_processor
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 XTML = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
@@ -109,6 +109,15 @@ def test_model_closing_the_block_in_time_is_never_touched(tok):
     proc = make_budget_processor(tok, 3, "reasoning")
     assert drive(proc, tok, prompt, script) == script
     assert proc.reasoning_tokens == 2 and not proc.done
+
+
+def test_end_marker_spelled_in_other_tokens_ends_the_block_too(tok):
+    # " </think>" byte by byte (issue 41): the budget must see the block closed, not force
+    # a second marker into the answer once it is spent.
+    script = ids(tok, "Let", "b: </think>", "Sure", "!", " more", "Hello", " world")
+    proc = make_budget_processor(tok, 12, "reasoning")  # 9 tokens before the marker ends
+    assert drive(proc, tok, ids(tok, "<think>"), script) == script
+    assert proc.reasoning_tokens == 2 and not proc.done  # "Let" and the space before it
 
 
 def test_block_opened_by_the_model_counts_from_its_start_marker(tok):

@@ -20,7 +20,7 @@ from toy_tokenizer import WEATHER, ids
 
 import backend_pb2
 import params
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 GET_TIME = '{"name": "get_time", "arguments": {}}'

@@ -1,5 +1,6 @@
-"""No import circle among the project's own modules; no test module imports another; no
-class over MAX_CLASS_LINES lines.
+"""No import circle among the project's own modules, nor between its rooms (top-level
+packages and root modules); seam/ imports nothing of ours; no test module imports another;
+no class over MAX_CLASS_LINES lines.
 
 The graph is read from the source with ``ast`` (nothing is imported): every ``import`` and
 ``from ... import`` of a project module counts, at module level, inside functions (a lazy
@@ -123,6 +124,46 @@ def test_no_import_circle_among_our_modules():
     )
 
 
+def rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between rooms: a top-level package or a module at the root (what
+    ``farm-studio look`` draws as one room). An edge a -> b when a module of a imports one of b."""
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        room = name.split(".")[0]
+        out.setdefault(room, set()).update(t.split(".")[0] for t in targets)
+        out[room].discard(room)
+    return out
+
+
+def test_rooms_folds_modules_into_their_room():
+    graph = {"a.x": {"b.y", "a.z"}, "a.z": set(), "b.y": {"c"}, "c": set()}
+    assert rooms(graph) == {"a": {"b"}, "b": {"c"}, "c": set()}
+    # a -> b -> a through different modules: no module circle, but a circle of rooms.
+    assert cycles(rooms({"a.x": {"b.y"}, "b.z": {"a.w"}})) == [["a", "b"]]
+
+
+def test_no_circle_between_rooms():
+    """The rooms stand on floors, each above every room it imports: no import runs back up
+    (a circle between rooms is one that does, e.g. decoding -> seam -> decoding)."""
+    circles = cycles(rooms(import_graph()))
+    assert not circles, "rooms that import each other (move what one needs down): " + "; ".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_seam_imports_nothing_of_ours():
+    """seam/ (what touches mlx-lm's and mlx-vlm's internals) is the ground floor."""
+    graph = import_graph()
+    outside = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.split(".")[0] == "seam"
+        for target in targets
+        if target.split(".")[0] != "seam"
+    )
+    assert outside == []
+
+
 def test_no_test_module_imports_another():
     """Helpers shared by test modules live in tests/helpers.py (or a tier's conftest.py),
     not in a test module that another one imports."""
@@ -157,12 +198,65 @@ def test_no_class_is_over_400_lines() -> None:
     assert not long, "split these classes by job: " + "; ".join(long)
 
 
-def test_only_seam_release_clears_mlx_buffers() -> None:
+def test_only_batch_release_clears_mlx_buffers() -> None:
     """Issue 32: every ``mx.clear_cache`` waits for the work in flight first, so one
-    function owns the call (`seam.release.release_cache`)."""
+    function owns the call (`batch.release.release_cache`)."""
     callers = []
     for name, path in project_modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "clear_cache":
                 callers.append(name)
-    assert sorted(set(callers)) == ["seam.release"], callers
+    assert sorted(set(callers)) == ["batch.release"], callers
+
+
+def _record_fields() -> set[str]:
+    from helpers import gen_params
+
+    from engine.jobs import Job
+    from engine.sequence import Sequence
+    from params import GenerationRequest, PromptSpec
+
+    return set(vars(Sequence(Job(GenerationRequest(gen_params(), PromptSpec()), (1, 2)))))
+
+
+def test_only_the_sequence_record_writes_its_fields() -> None:
+    """Issue 40: one engine-side record per request (`engine.sequence.Sequence`); other
+    modules call its methods (`admitted`, `running`, `decoded`, `preempted`...) and
+    never assign ``x.field = ...`` for one of its fields on another object."""
+    fields = _record_fields()
+    writes = []
+    for name, path in project_modules().items():
+        # Where sequences are handled (batch/ and decoding/ keep records of their own:
+        # a batch row's tokens, a draft's counts).
+        if name == "engine.sequence" or name.split(".")[0] not in ("engine", "distributed"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.ctx, ast.Store)
+                        and t.attr in fields
+                        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                    ):
+                        writes.append(f"{name}:{t.lineno}: .{t.attr}")
+    assert writes == []
+
+
+def test_a_job_holds_no_engine_thread_state() -> None:
+    """`Job` is the event-loop handle: the prepared request, its events, its cancel flag."""
+    from helpers import gen_params
+
+    from engine.jobs import Job
+    from params import GenerationRequest, PromptSpec
+
+    job = Job(GenerationRequest(gen_params(), PromptSpec()), (1, 2))
+    engine_side = _record_fields() - {
+        "job", "request", "prompt_ids", "initial_state", "checkpoints", "model_serial",
+        "vision", "max_tokens", "submitted", "params",
+    }  # fmt: skip
+    assert engine_side & set(vars(job)) == set()
+    assert {"uid", "tokens", "runner", "pipeline", "resume_ids"} <= engine_side

@@ -22,9 +22,9 @@ from decoding import grammar, parsers, tool_grammar
 from decoding.tool_calls import merge_tool_call_deltas
 from decoding.tool_grammar import HERMES, LLAMA_JSON
 from engine import prepare
-from engine import prompt as prompt_mod
-from errors import InvalidArgument
+from errors import FailedPrecondition, InvalidArgument
 from parsing.tool_choice import ToolChoice, read_tool_choice
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 UNITS = {"type": "string", "enum": ["c", "f"]}
@@ -251,14 +251,23 @@ def test_bad_metadata_value_names_the_field(tok):
         prepared(tok, Metadata={"tool_grammar": "maybe"})
 
 
-def test_formats_without_a_grammar_stay_unconstrained(tok):
-    coder = parsers.apply_parser_overrides(tok, "qwen3_coder")
-    assert tool_grammar.tool_format(coder) is None
+def test_a_grammar_asked_for_a_format_without_one_is_an_error(tok):
+    # Issue 41: asked for (a required call, tool_grammar on) and not buildable is an error
+    # naming the field that asked, never calls that nothing held.
+    jamba = parsers.apply_parser_overrides(tok, "jamba")
+    assert tool_grammar.tool_format(jamba) is None
     assert tool_grammar.tool_format(parsers.apply_parser_overrides(tok, "llama3_json")) == (
         LLAMA_JSON
     )
-    loaded = served(coder, 4096)
+    loaded = served(jamba, 4096)
     req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS), ToolChoice="required")
+    with pytest.raises(FailedPrecondition, match=r"^PredictOptions\.ToolChoice: .*'<tool_calls>'"):
+        prepare.prepare(req, prepare.Intake(loaded))
+    req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(TOOLS))
+    req.Metadata["tool_grammar"] = "on"
+    with pytest.raises(FailedPrecondition, match=r"^Metadata\.tool_grammar: .*tool_grammar:off"):
+        prepare.prepare(req, prepare.Intake(loaded))
+    req.Metadata["tool_grammar"] = "off"  # what the message says to send: unconstrained
     assert prepare.prepare(req, prepare.Intake(loaded)).request.params.constraint is None
 
 
@@ -361,3 +370,101 @@ def test_required_call_when_the_model_would_only_talk(scripted, tok, fmt):
     assert whole.reasoning_content == "plan"
     assert checked_calls(whole)[0] in BOUNDED
     assert not whole.content.startswith("Hello")  # the call came first
+
+
+# --- issue 41 item 2: only complete, schema-valid calls; no cut-off call with OK ------------
+
+RECURSIVE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+
+
+def rpc_errors(server, tok, req, *parts: str) -> list[tuple]:
+    """(code, details) of Predict and of PredictStream for `req` scripted to `parts`."""
+    import grpc
+
+    srv, model = server
+    model.set_script(
+        len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids), ids(tok, *parts)
+    )
+    errors = []
+    for call in (lambda: srv.stub.Predict(req), lambda: list(srv.stub.PredictStream(req))):
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        errors.append((info.value.code(), info.value.details()))
+    return errors
+
+
+def test_call_cut_by_the_token_limit_is_an_error_not_a_fragment(scripted, tok):
+    import grpc
+
+    # Issue 41: a recursive schema, the arguments' string cut by max_tokens: the stream had
+    # already sent `{"name": "get_weather", "description": "` as the call's arguments.
+    tools = json.dumps([{"type": "function", "function": {"name": "get_weather",
+                                                          "parameters": RECURSIVE}}])  # fmt: skip
+    req = chat_request("Hi", Tokens=30, Tools=tools, ToolChoice='"required"')
+    req.Metadata["enable_thinking"] = "false"
+    head = 'b:{"name": "get_weather", "arguments": {"name": "get_weather", "description": "'
+    errors = rpc_errors(scripted["hermes"], tok, req, "<tool_call>", head, "b:" + "a" * 40)
+    for code, details in errors:
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert details.startswith("PredictOptions.Tools: the token limit was reached inside")
+    # With room to finish, the recursive schema's grammar holds and the call is complete.
+    req.Tokens = 200
+    end = 'b:", "children": [{"name": "x"}]}}'
+    whole = run_script(scripted["hermes"], tok, req, "<tool_call>", head, "b:sunny", end,
+                       "</tool_call>")  # fmt: skip
+    (call,) = whole.tool_calls
+    arguments = json.loads(call.arguments)
+    jsonschema.validate(arguments, RECURSIVE)
+    assert arguments["children"] == [{"name": "x"}]
+
+
+def test_call_breaking_its_schema_is_not_reported(scripted, tok):
+    # No grammar (tool_grammar off): the parser reads a well-formed call whose arguments
+    # break the declared schema; Predict gives it back as content, never as a call. (A
+    # stream has sent its fragments by then; the proto cannot withdraw them: a grammar,
+    # tool_grammar on/required, is what keeps a streamed call valid.)
+    req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, Metadata={"tool_grammar": "off"})
+    req.Metadata["enable_thinking"] = "false"
+    srv, model = scripted["hermes"]
+    bad = 'b:{"name": "get_weather", "arguments": {"city": 3, "unit": "k"}}'
+    prompt = len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids)
+    model.set_script(prompt, ids(tok, "<tool_call>", bad, "</tool_call>"))
+    (whole,) = srv.stub.Predict(req).chat_deltas
+    assert not whole.tool_calls
+    assert '"city": 3' in whole.content
+    good = 'b:{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}'
+    whole = run_script(scripted["hermes"], tok, req, "<tool_call>", good, "</tool_call>")
+    assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [
+        ("get_weather", {"city": "Rome", "unit": "c"})
+    ]
+
+
+def test_tool_schema_that_is_no_schema_is_refused_when_a_grammar_is_built(tok):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]
+    req = backend_pb2.PredictOptions(Prompt="hi", Tools=json.dumps(tools), ToolChoice="required")
+    match = r"PredictOptions\.Tools: the parameters of function 'f' are not a valid JSON schema"
+    with pytest.raises(InvalidArgument, match=match):
+        prepare.prepare(req, prepare.Intake(served(tok, 4096)))
+
+
+def test_named_function_is_one_call(tok):
+    # OpenAI's named tool_choice: that function, once (no second call after it).
+    named = {"get_time": {"type": "object"}}
+    source = tool_grammar.build_grammar(
+        named, HERMES, opening="required", special=special(tok), single=True
+    )
+    one = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert accepts(tok, source, one + " done")
+    assert not accepts(tok, source, one + one)  # no second call

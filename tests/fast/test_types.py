@@ -33,11 +33,11 @@ def test_what_crosses_a_thread_is_a_frozen_dataclass() -> None:
     from engine.mailbox import Call, Stop, Submit, Wake
     from engine.model_calls import ModelMetadata
     from engine.prepare import Intake, PreparedRequest
-    from engine.prompt import PreparedPrompt
     from engine.scheduler import RequestMetrics
     from engine.status import StatusSnapshot
     from engine.vision_prompt import VisionPreparedPrompt, VisionPrompt
     from params import GenerationParams, GenerationRequest, LoadParams, PromptSpec
+    from prompting.render import PreparedPrompt
     from tasks.embedding import EmbeddingOutput
     from tasks.scoring import CandidateResult
 

@@ -18,9 +18,9 @@ import backend_pb2 as pb
 import params
 from engine import divergence, prepare, request_log
 from engine.metrics import Metrics
-from engine.prompt import without_volatile
 from parsing import volatile_spans as vs
 from prompt_cache import CacheLookup, Nearest, PromptCache
+from prompting.render import without_volatile
 
 # Claude Code 2.1.x's first system block (anthropics/claude-code issue #68900; the cch
 # nonce changes with every request), and what LocalAI makes of the system blocks: joined

@@ -114,7 +114,7 @@ def test_quantized_tiny_family_and_the_solo_fallback(srv, model_root):
 
 
 def test_logprobs_beside_rows_that_skip_them(srv):
-    """Greedy rows without logprobs skip the log-softmax (`seam.batch.DecodeBatch`'s lean
+    """Greedy rows without logprobs skip the log-softmax (`batch.decode.DecodeBatch`'s lean
     step); a row that asks for logprobs in the same batch (all three rows at once, no
     solo sequence) still gets them, equal to its alone reply."""
     _load(srv, GGUF)

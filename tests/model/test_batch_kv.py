@@ -1,6 +1,6 @@
 """Quantized KV (kv_bits) and rotating KV with keep (NKeep) inside the continuous batch
-(`seam.batch.DecodeBatch` with `seam.quantized_kv`'s and `seam.rotating_kv`'s batch
-layers, `seam.rows`) give the same greedy tokens as mlx-lm's solo ``generate_step``.
+(`batch.decode.DecodeBatch` with `seam.quantized_kv`'s and `seam.rotating_kv`'s batch
+layers, `batch.rows`) give the same greedy tokens as mlx-lm's solo ``generate_step``.
 
 Models: the embedded SmolLM2-135M (``smol``: 30 layers, 3 KV heads of 64, GQA) and the
 tiny random-weight llama of tests/tiny_models.py (2 layers, 1 KV head of 32, so group
@@ -31,13 +31,13 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.utils import _get_classes
 
+from batch.decode import DecodeBatch
+from batch.rows import merge_layer, row_cache
 from caches import prompt_disk_format as fmt
 from loading import model_loader
 from prompt_cache import PromptCache
-from seam.batch import DecodeBatch
 from seam.quantized_kv import BatchQuantizedKVCache
 from seam.rotating_kv import BatchKeepRotatingKVCache
-from seam.rows import merge_layer, row_cache
 
 MAX, KEEP = 48, 4  # tiny llama's rotating cache
 GROUP = 32  # tiny llama's head dim

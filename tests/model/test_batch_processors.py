@@ -1,5 +1,5 @@
-"""Batch-wide logits processors (`seam.batch_logits`) against the same processors called
-one row at a time (the per-row step `seam.batch.DecodeBatch._forward` took before issue
+"""Batch-wide logits processors (`batch.logits`) against the same processors called
+one row at a time (the per-row step `batch.decode.DecodeBatch._forward` took before issue
 30, kept here as `PerRow`), and the penalties against mlx-lm's own `make_*_penalty`
 (mlx_lm/sample_utils.py).
 
@@ -27,15 +27,15 @@ from mlx_lm.sample_utils import (
     make_repetition_penalty,
 )
 
+from batch.decode import DecodeBatch, Row
+from batch.logits import BatchLogits, split
+from batch.speculation import SpeculativeBatch
 from decoding import grammar, sampling
 from decoding.grammar import make_constraint_processor
 from decoding.ngram_spec import NgramStats
 from decoding.sampling import GREEDY, LogitBias, Penalty, SeededSampler
 from loading import model_loader
 from parsing.constraint import Constraint
-from seam.batch import DecodeBatch, Row
-from seam.batch_logits import BatchLogits, split
-from seam.speculation import SpeculativeBatch
 
 SCHEMA = Constraint(
     "json_schema",

@@ -27,8 +27,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import backend_pb2
 import params
-from engine import prompt as prompt_mod
 from prompt_cache import PromptCache, common_prefix, kv_nbytes, needs_checkpoints
+from prompting import render as prompt_mod
 
 FAMILIES = list(tiny_models.CONFIGS)
 MAX_TOKENS = 6

@@ -1,4 +1,4 @@
-"""`seam.batch.DecodeBatch` against mlx-lm's own `BatchGenerator` (0.32's, the steps it
+"""`batch.decode.DecodeBatch` against mlx-lm's own `BatchGenerator` (0.32's, the steps it
 replaces): driven alike (the same rows inserted at the same steps), both give the same
 greedy tokens, the same prefill progress and segment ends, and finished rows hand over a
 KV holding exactly their tokens. Rows join at different steps, one starts from a cached
@@ -17,8 +17,8 @@ import tiny_models
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from batch.decode import DecodeBatch
 from loading import model_loader
-from seam.batch import DecodeBatch
 
 
 def _ids(n: int, seed: int) -> list[int]:

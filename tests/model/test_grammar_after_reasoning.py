@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
+import grpc
 import jsonschema
 import pytest
-from helpers import chat_request, greedy
+from helpers import chat_request, greedy, stream_text
 from inprocess import InProcessServer
 
 import backend_pb2
@@ -117,3 +119,31 @@ def test_lazy_grammar_without_its_trigger_leaves_the_output_alone(lazy):
     assert " Paris" not in free
     got = lazy.stub.Predict(greedy(prompt, 8, Grammar=LAZY_GBNF), timeout=300).message.decode()
     assert got == free
+
+
+def test_output_ending_inside_the_reasoning_is_an_error_beside_an_innocent(served, smol):
+    # Issue 41 item 2: a model biased to end (EOS) while still thinking never reaches the
+    # grammar; the reply is FAILED_PRECONDITION naming the field, never an OK whose content
+    # the grammar did not hold. A greedy stream running beside keeps its solo text.
+    eos = smol[1].eos_token_id
+    req = chat_request("Give me JSON.", Tokens=16, Temperature=0.0, Grammar=JSON_GBNF,
+                       LogitBias=json.dumps({str(eos): 100}))  # fmt: skip
+    innocent = greedy(PARIS, 24, IgnoreEOS=True)
+    solo = stream_text(served.stub, innocent, 300)[0]
+    beside: dict = {}
+
+    def run_innocent() -> None:
+        beside["text"] = stream_text(served.stub, innocent, 300)[0]
+
+    thread = threading.Thread(target=run_innocent)
+    thread.start()
+    stub = served.stub
+    for call in (stub.Predict, lambda r, timeout: list(stub.PredictStream(r, timeout=timeout))):
+        with pytest.raises(grpc.RpcError) as info:
+            call(req, timeout=300)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.value.details().startswith(
+            "PredictOptions.Grammar: the output ended inside the reasoning"
+        )
+    thread.join(300)
+    assert beside["text"] == solo

@@ -37,7 +37,7 @@ from scripted import ScriptedModel
 
 import backend_pb2 as pb
 import params
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam import tokenizer as seam_tokenizer
 from seam.tokenizer import vocab_size
 
@@ -107,7 +107,7 @@ template:
 MARKERS = {
     "llama": (None, '{"name"', "", "", ""),
     "qwen3_5": ("qwen3_coder", "<tool_call>", "</tool_call>", "<think>", "</think>"),
-    "gpt_oss": (None, " to=functions.", "", "", ""),
+    "gpt_oss": (None, " to=functions.", "", "<|channel|>analysis<|message|>", "<|end|>"),
 }
 
 # Each family's own tool-call text (its chat template's format) and what it parses to.

@@ -1,6 +1,6 @@
 """N-gram (prompt lookup) speculation inside the batch matches plain decoding exactly.
 
-`seam.speculation.SpeculativeBatch` against plain decoding by mlx-lm's own
+`batch.speculation.SpeculativeBatch` against plain decoding by mlx-lm's own
 `BatchGenerator`. Real models: the embedded SmolLM2-135M (greedy
 identity alone and in batches mixed with rows that do not draft, KV bookkeeping, stops
 and max_tokens inside accepted drafts, rows joining and leaving, hole compaction, seeded
@@ -24,13 +24,13 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache
 
 import backend_pb2 as pb
+from batch import speculation
+from batch.speculation import DraftedModel, SpeculativeBatch
 from decoding import sampling
 from decoding.ngram_spec import NgramStats
 from loading.model_loader import load_model
 from params import generation_params
 from seam import holes as seam_holes
-from seam import speculation
-from seam.speculation import DraftedModel, SpeculativeBatch
 
 PLANETS_LINE = "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune\n"
 PLANETS = PLANETS_LINE * 4 + "Mercury, Venus,"

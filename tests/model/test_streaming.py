@@ -9,7 +9,7 @@ from scripted import ScriptedModel
 
 import backend_pb2
 import params
-from engine import prompt as prompt_mod
+from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
 
 

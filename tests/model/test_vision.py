@@ -393,3 +393,146 @@ def test_image_requests_have_their_own_sampler_logprobs_and_stops(vlm):
     assert sampled[0].message == sampled[1].message
     content = json.loads(sampled[0].logprobs)["content"]
     assert len(content) == sampled[0].tokens
+
+
+# --------------------------------------------------------------------------- videos
+# Ten 64x64 frames at 10 fps (1 s): mlx-vlm's sampling takes 4 of them (2 fps, raised to
+# min_frames 4): frames 0, 3, 6, 9. APNG is lossless, so the decoded frames are these.
+CLIP_FRAMES = [vm.image((64, 64), seed=s) for s in range(1, 11)]
+CLIP = vm.animation(CLIP_FRAMES, duration_ms=100)
+OTHER_CLIP = vm.animation(CLIP_FRAMES[::-1], duration_ms=100)
+
+
+def video_expected(vlm: Vision, prompt: str, frames, tokens: int = TOKENS) -> str:
+    """mlx-vlm's greedy text for the templated ``prompt`` and one video: ``frames``
+    (decoded frames, as mlx-vlm's ``prepare_inputs`` takes them) or a video file's path
+    (mlx-vlm then samples and decodes it itself, ``mlx_vlm.utils.load_video``)."""
+    import numpy as np
+
+    clip = frames if isinstance(frames, str) else np.stack([np.asarray(f) for f in frames])
+    ids = vm.reference(vlm.model, vlm.processor, prompt, [], tokens, videos=[clip])
+    return vlm.processor.tokenizer.decode(ids)
+
+
+def mp4(path: Path, frames: list, fps: float = 10.0) -> bytes:
+    """``frames`` written as an MP4 file at ``path`` (OpenCV, mlx-vlm's video library)."""
+    import cv2
+    import numpy as np
+
+    size = frames[0].size
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+    assert writer.isOpened()
+    for frame in frames:
+        writer.write(np.asarray(frame)[:, :, ::-1])  # OpenCV writes BGR
+    writer.release()
+    return path.read_bytes()
+
+
+def test_video_requests_equal_mlx_vlm_or_are_refused(vlm):
+    def call(req):
+        return vlm.stub.Predict(req, timeout=120)
+
+    if vlm.kind != "qwen2_vl":  # Gemma 3: mlx-vlm's model embeds no video
+        with pytest.raises(grpc.RpcError) as err:
+            call(greedy("Describe.", 4, Videos=[b64(CLIP)]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "takes no videos" in err.value.details()
+        return
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    # mlx-vlm's own prompt for a video: the video before the text of the user message.
+    prompt = apply_chat_template(vlm.processor, vlm.model.config, "Describe.", video=["clip"])
+    assert vlm.parts.family.video_placeholder in prompt
+    sampled = [CLIP_FRAMES[i] for i in (0, 3, 6, 9)]
+    want = video_expected(vlm, prompt, sampled)
+    assert want != video_expected(vlm, prompt, CLIP_FRAMES[:4])  # the frames matter
+    # A raw prompt without markers: one user message, as mlx-vlm renders it.
+    reply = call(greedy("Describe.", TOKENS, Videos=[b64(CLIP)]))
+    assert reply.message.decode() == want
+    # prompt_tokens counts the video's tokens: 4 frames of 56x56 = 2 x 4 x 4 patches / 4.
+    assert reply.prompt_tokens == len(vlm.processor.tokenizer.encode(prompt)) - 1 + 8
+    # Messages (UseTokenizerTemplate, as LocalAI sends them): the same prompt.
+    req = backend_pb2.PredictOptions(
+        UseTokenizerTemplate=True, Tokens=TOKENS, Temperature=0.0, Videos=[b64(CLIP)]
+    )
+    req.Messages.add(role="user", content="Describe.")
+    assert call(req).message.decode() == want
+    streamed = "".join(r.message.decode() for r in vlm.stub.PredictStream(req, timeout=120))
+    assert streamed == want
+    # LocalAI's [vid-N] marker in a prompt it rendered itself is the video.
+    raw = prompt.replace(vlm.parts.family.video_placeholder, "[vid-0]")
+    assert call(greedy(raw, TOKENS, Videos=[b64(CLIP)])).message.decode() == want
+    # Another clip, another answer (nothing is cached across videos).
+    other = [CLIP_FRAMES[::-1][i] for i in (0, 3, 6, 9)]
+    got = call(greedy("Describe.", TOKENS, Videos=[b64(OTHER_CLIP)])).message.decode()
+    assert got == video_expected(vlm, prompt, other) and got != want
+
+
+def test_an_mp4_equals_mlx_vlm_reading_the_same_file(vlm, tmp_path):
+    """A video file goes through mlx-vlm's own reader (OpenCV), sampled as mlx-vlm samples
+    it: the answer equals mlx-vlm's generation given the file's path."""
+    if vlm.kind != "qwen2_vl":
+        pytest.skip("videos go to Qwen2-VL only (Gemma 3's refusal: the test above)")
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    # 30 frames at 10 fps: 3 s, so 6 frames at mlx-vlm's 2 fps.
+    path = tmp_path / "clip.mp4"
+    data = mp4(path, [vm.image((64, 64), seed=s) for s in range(1, 31)])
+    prompt = apply_chat_template(vlm.processor, vlm.model.config, "Describe.", video=["clip"])
+    want = video_expected(vlm, prompt, str(path))
+    reply = vlm.stub.Predict(greedy("Describe.", TOKENS, Videos=[b64(data)]), timeout=120)
+    assert reply.message.decode() == want
+    # 6 frames of 56x56: 3 x 4 x 4 patches, merged 2x2: 12 video tokens.
+    assert reply.prompt_tokens == len(vlm.processor.tokenizer.encode(prompt)) - 1 + 12
+
+
+@pytest.mark.parametrize(("frames", "fps"), [(7, 10.0), (30, 10.0), (95, 25.0), (200, 4.0)])
+def test_animation_sampling_is_mlx_vlms_on_a_file(vlm, tmp_path, frames, fps):
+    """`parsing.videos.frame_indices` (the rule for PIL's animations, written from mlx-vlm's
+    reader) picks the frames mlx-vlm's ``load_video`` picks from a file of that length."""
+    if vlm.kind != "qwen2_vl":
+        pytest.skip("videos go to Qwen2-VL only (Gemma 3's refusal: the test above)")
+    from mlx_vlm.utils import VideoSampling, load_video
+
+    from parsing.videos import frame_indices
+
+    path = tmp_path / "clip.mp4"
+    mp4(path, [vm.image((16, 16), seed=s + 1) for s in range(frames)], fps)
+    sampling = vlm.parts.video_sampling
+    how = VideoSampling(
+        fps=sampling.fps,
+        min_frames=sampling.min_frames,
+        max_frames=sampling.max_frames,
+        frame_factor=sampling.frame_factor,
+    )
+    _, metadata = load_video(str(path), how)
+    assert metadata.frames_indices == frame_indices(frames, frames / fps, sampling)
+
+
+def test_bad_videos_are_refused_naming_them(vlm, tmp_path):
+    if vlm.kind != "qwen2_vl":
+        pytest.skip("videos go to Qwen2-VL only (Gemma 3's refusal: the test above)")
+
+    def refused(req) -> str:
+        with pytest.raises(grpc.RpcError) as err:
+            vlm.stub.Predict(req, timeout=120)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        return err.value.details()
+
+    clip = b64(CLIP)
+    assert "Images and PredictOptions.Videos in one request" in refused(
+        greedy("x", 4, Videos=[clip], Images=[b64(GRADIENT)])
+    )
+    assert "2 video markers" in refused(greedy("[vid-0] [vid-1] x", 4, Videos=[clip]))
+    assert "media marker" in refused(greedy(f"{MARKER} x", 4, Videos=[clip]))
+    assert "Videos[0] has one frame" in refused(greedy("x", 4, Videos=[b64(GRADIENT)]))
+    assert "Videos[0] cannot be decoded as a video file (MP4)" in refused(
+        greedy("x", 4, Videos=[b64(b"\0\0\0\x18ftypisom" + b"\0" * 32)])
+    )
+    # 80x80 frames are over max_image_pixels (6200) of this fixture.
+    big = vm.animation([vm.image((80, 80), seed=s) for s in (1, 2)])
+    assert "max_image_pixels" in refused(greedy("x", 4, Videos=[b64(big)]))
+    big = mp4(tmp_path / "big.mp4", [vm.image((80, 80), seed=s) for s in range(4)])
+    assert "Videos[0] is 80x80 = 6400 pixels a frame" in refused(greedy("x", 4, Videos=[b64(big)]))
+    # The server serves on.
+    assert vlm.stub.Predict(greedy("Describe.", 2, Videos=[clip])).tokens >= 1

@@ -56,7 +56,7 @@ def row_cache(
     max_kv_size: int | None = None,
     keep: int = 0,
 ) -> list:
-    """One new sequence's empty per-layer cache for `seam.batch.DecodeBatch.insert`.
+    """One new sequence's empty per-layer cache for `batch.decode.DecodeBatch.insert`.
 
     - ``kv_bits`` set: a ``QuantizedKVCache(kv_group_size, kv_bits)`` per layer (merging,
       ``own``, into :class:`BatchQuantizedKVCache`).

@@ -1,4 +1,4 @@
-"""Logits processors applied to all rows of a batch step at once (`seam.batch.DecodeBatch`).
+"""Logits processors applied to all rows of a batch step at once (`batch.decode.DecodeBatch`).
 
 A row's processors, one by one, cost a few array operations each per row and step (a
 slice, a scatter, a concatenation: on Metal each a kernel dispatch; the grammar a host

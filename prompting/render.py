@@ -180,7 +180,7 @@ def prepare_prompt(
     """Render and tokenize `spec` for an mlx-lm `TokenizerWrapper`.
 
     `check_text`: called with the rendered text before tokenizing, to refuse a prompt
-    that cannot fit (`engine.fit.check_text`). `checkpoints`: also find the chat boundary
+    that cannot fit (`prompting.fit.check_text`). `checkpoints`: also find the chat boundary
     (`chat_boundary`; one more template render and tokenization) for models whose cache
     cannot be trimmed. Raises ValueError naming the field: Messages (template
     error), Prompt when the prompt gives no tokens at all or cannot fit.

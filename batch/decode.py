@@ -20,8 +20,8 @@ Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are pri
 all but name (subclassing them meant re-implementing their private ``_step`` and reading
 their private counters, renamed on mlx-lm's main), and this project needs what they lack:
 a log-softmax only when a row reads it, logits processors applied to all rows at once
-(`seam.batch_logits`), rows of the batched quantized and keep-rotating caches
-(`seam.rows`), and a step that speculation replaces (`seam.speculation`).
+(`batch.logits`), rows of the batched quantized and keep-rotating caches
+(`batch.rows`), and a step that speculation replaces (`batch.speculation`).
 
 Runs on the engine's MLX thread, like every MLX call.
 """
@@ -38,11 +38,12 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 
+from batch.logits import BatchLogits
+from batch.release import release_cache
+from batch.rows import merge_rows
+from decoding.finish import FinishReason, finish_of
 from decoding.sampling import GREEDY
 from seam.arrays import ints
-from seam.batch_logits import BatchLogits
-from seam.release import release_cache
-from seam.rows import merge_rows
 
 #: mlx-lm private members used here: none.
 PRIVATE: tuple = ()
@@ -65,13 +66,13 @@ class Prefilled:
 @dataclass(frozen=True)
 class Generated:
     """One decoded token of row ``uid``; ``logprobs`` (V,), or None when its row does not
-    read them. On the last one, ``finish_reason`` ("stop", "length"), ``prompt_cache`` the
+    read them. On the last one, ``finish_reason`` (STOP, LENGTH), ``prompt_cache`` the
     row's KV and ``all_tokens`` the tokens it holds. ``drafted``: an accepted draft."""
 
     uid: int
     token: int
     logprobs: mx.array | None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     prompt_cache: list | None = None
     all_tokens: list[int] | None = None
     drafted: bool = False
@@ -91,7 +92,7 @@ class Row:
     stops: bool  # EOS ends it
     logprobs: bool  # its logprobs are read
     total: int  # prompt tokens to feed
-    draft: tuple | None = None  # (most draft tokens per step, stats): `seam.speculation`
+    draft: tuple | None = None  # (most draft tokens per step, stats): `batch.speculation`
     done: int = 0  # prompt tokens fed
     emitted: int = 0  # tokens returned
     context: Any = None  # TokenBuffer of its history, for its per-row logits processors
@@ -157,7 +158,7 @@ class DecodeBatch:
         max_rows: most rows decoding, and most prefilling, at once.
         prefill_step_size: most prompt tokens per row per step (may change between steps).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
-        own_layers: rows' quantized and rotating layers merge into `seam.rows`'s batch
+        own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
         settle: each `next` waits for the step it queued (no overlap with the caller's
             next collective). A distributed group needs it: a lost peer then fails the
@@ -223,7 +224,7 @@ class DecodeBatch:
         ``cache`` holding ``tokens`` (None: an empty cache of the model's), up to
         ``max_tokens`` tokens sampled with ``sampler`` (None: greedy) after
         ``processors``; ``stops``: EOS ends it; ``logprobs``: its logprobs are read;
-        ``draft``: (most draft tokens per step, `NgramStats`) for `seam.speculation`.
+        ``draft``: (most draft tokens per step, `NgramStats`) for `batch.speculation`.
         Returns its uid.
 
         Raises:
@@ -465,7 +466,7 @@ class DecodeBatch:
         """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs (V,) of each
         row that reads them, else None), evaluation started.
 
-        The rows' logits processors run batch-wide (`seam.batch_logits`); greedy rows are
+        The rows' logits processors run batch-wide (`batch.logits`); greedy rows are
         one argmax; a seeded sampler draws from its own row (reproducible alone or in any
         batch)."""
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
@@ -513,7 +514,7 @@ class DecodeBatch:
         return tokens, current_lp
 
     def _decode(self) -> list[Generated]:
-        """One token for every decoding row (`seam.speculation` may return several)."""
+        """One token for every decoding row (`batch.speculation` may return several)."""
         tokens, logprobs = self._plain_step()
         return self._respond([[(t, lp, False)] for t, lp in zip(tokens, logprobs, strict=True)])
 
@@ -526,10 +527,9 @@ class DecodeBatch:
             row, finish = self._rows[i], None
             for n, (token, lp, drafted) in enumerate(toks):
                 row.emitted += 1
-                if row.emitted >= row.max_tokens:
-                    finish = "length"
-                if row.stops and token in self.eos:
-                    finish = "stop"
+                finish = finish_of(
+                    token, row.emitted, row.max_tokens, stops=row.stops, eos=self.eos
+                )
                 if finish is None:
                     out.append(Generated(row.uid, token, lp, drafted=drafted))
                     continue

@@ -1,4 +1,4 @@
-"""Speculative decoding inside the continuous batch (`seam.batch.DecodeBatch`).
+"""Speculative decoding inside the continuous batch (`batch.decode.DecodeBatch`).
 
 `SpeculativeBatch` (a `DecodeBatch`) replaces it for a model loaded with
 ``speculative:ngram`` or a draft model (`DraftedModel`). At each step every row that
@@ -33,10 +33,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
+from batch.decode import DecodeBatch, Generated, Row
 from decoding.ngram_spec import DraftGate
 from decoding.sampling import GREEDY
 from seam.arrays import ints, nested, scalar
-from seam.batch import DecodeBatch, Generated, Row
 from seam.holes import HoleyBatchKVCache, speculable
 
 #: mlx-lm private members used here: none.

@@ -5,7 +5,7 @@ MLX keeps freed buffers for reuse; clearing that cache while work is still in fl
 oMLX reports (its issues #300 and #435; it now synchronizes first and never clears in the
 step a sequence completes). Here every clear waits for the stream's queued work first;
 the batch defers its periodic clear past a step in which a sequence finished
-(`seam.batch.DecodeBatch`).
+(`batch.decode.DecodeBatch`).
 
 mlx-lm's own generators (`generate_step`, used by the solo runner for the few requests
 the batch cannot hold) still clear every 256 tokens with the next step queued: their

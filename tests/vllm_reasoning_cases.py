@@ -1,0 +1,1238 @@
+"""vLLM's reasoning-parser unit tests, wholesale, for every reasoning-parser name LocalAI's
+importer writes (core/config/parser_defaults.json) and those vLLM registers beside them
+(vllm/reasoning/__init__.py): what vLLM's parser of that name extracts.
+
+Each case names the vLLM test file (github.com/vllm-project/vllm, at the commit given) and
+the test ids it stands for: vLLM runs most outputs twice (non-streaming and streaming, ids
+X and X_streaming); one case here covers both where vLLM expects the same, and both run
+here as one piece and split at every byte. `IDS` lists every test id of each file;
+`test_every_vllm_test_id_is_a_case` checks that each is a case here, a case of
+tests/vllm_parser_cases.py (the reasoning cases that were there before), a known
+difference (`KNOWN`, with vLLM's result, ours and why) or `NOT_APPLICABLE` (why).
+
+prompt: what the prompt leaves open. "" is vLLM's unit-test setup: for a format whose vLLM
+parser reads the output as inside the block (`implicit_start`: its thinking template opens
+the block) the prompt ends with the start marker, for the others it has none; "open" the
+start marker; "closed" the block opened and closed (thinking off); "none" no marker (here a
+prompt with no marker starts in content for every format: `KNOWN`).
+
+Used by tests/fast/test_reasoning_references.py (the output pipeline) and
+tests/fast/test_reasoning_references_grpc.py (Predict and PredictStream over gRPC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+T = "tests/reasoning/"
+GEMMA4 = T + "test_gemma4_reasoning_parser.py@0c4966200a"
+GEMMA4_TOOL = T + "test_gemma4_reasoning_with_tool_call.py@109eefd646"
+MINIMAX = T + "test_minimax_m2_reasoning_parser.py@3f9d440b5a"
+MINIMAX_APPEND = T + "test_minimax_m2_append_reasoning_parser.py@41c5903d04"
+HUNYUAN = T + "test_hunyuan_reasoning_parser.py@0011c7437d"
+HUNYUAN_A13B = T + "test_hunyuan_a13b_reasoning_parser.py@3de3265613"
+GRANITE = T + "test_granite_reasoning_parser.py@04dbd8f32c"
+GPTOSS = T + "test_gptoss_reasoning_parser.py@0985a564f4"
+GLM45 = T + "test_glm4_moe_reasoning_parser.py@158912e581"
+GLM45_FIX = T + "test_glm45_fix.py@5c3d82e08f"
+KIMI = T + "test_kimi_k2_reasoning_parser.py@0847a95f7f"
+ERNIE = T + "test_ernie45_reasoning_parser.py@0fed8908ce"
+DSV3 = T + "test_deepseekv3_reasoning_parser.py@0fdc121666"
+QWEN3 = T + "test_qwen3_reasoning_parser.py@049d8df27d"
+R1 = T + "test_deepseekr1_reasoning_parser.py@04dbd8f32c"
+MISTRAL = T + "test_mistral_reasoning_parser.py@04dbd8f32c"
+SEED = T + "test_seedoss_reasoning_parser.py@3060cdea8c"
+OLMO3 = T + "test_olmo3_reasoning_parser.py@11c69d49ad"
+NEMOTRON = T + "test_nemotron_v3_reasoning_parser.py@028e77a725"
+GLM47 = T + "test_glm47_reasoning_parser.py@fd125f499b"
+STEP3 = T + "test_step3_reasoning_parser.py@4cf9a39530"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One vLLM reasoning case: what vLLM's parser extracts from ``output`` (None there is
+    "" here). ids: the vLLM test ids it stands for; tool: a tool_parser beside it (calls:
+    (name, arguments) in order)."""
+
+    ids: tuple[str, ...]
+    source: str
+    parser: str
+    output: str
+    reasoning: str = ""
+    content: str = ""
+    prompt: str = ""
+    tool: str = ""
+    calls: tuple = ()
+    why: str = ""  # known differences: the reason
+
+    @property
+    def id(self) -> str:
+        return f"{self.parser}/{self.ids[0]}"
+
+
+@dataclass(frozen=True)
+class StreamCase:
+    """vLLM's streaming sub-cases: after ``prefix`` (not checked), each step's text emits
+    exactly its (reasoning, content) ("" for vLLM's None: nothing yet)."""
+
+    ids: tuple[str, ...]
+    source: str
+    parser: str
+    prefix: str
+    steps: tuple[tuple[str, str, str], ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.parser}/{self.ids[0]}"
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    """vLLM's parser selection / is_reasoning_end over a whole prompt: the state the
+    prompt leaves the output in here ("reasoning" where vLLM reads on as reasoning)."""
+
+    ids: tuple[str, ...]
+    source: str
+    parser: str
+    prompt: str
+    state: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.parser}/{self.ids[0]}"
+
+
+def prompt_tail(fmt, prompt: str) -> str:
+    """The end of the prompt a case runs with (see `prompt` above)."""
+    if prompt == "":
+        prompt = "open" if fmt.implicit_start else "none"
+    return {"none": "", "open": fmt.start, "closed": fmt.start + fmt.end}[prompt]
+
+
+def both(id_: str, suffix: str = "_streaming") -> tuple[str, str]:
+    return (id_, id_ + suffix)
+
+
+RS = "This is a reasoning section"
+REST = "This is the rest"
+
+
+def case(ids, source, parser, output, reasoning="", content="", **kw) -> Case:
+    ids = (ids,) if isinstance(ids, str) else tuple(ids)
+    return Case(ids, source, parser, output, reasoning, content, **kw)
+
+
+# --- gemma4: <|channel>...<channel|>, the `thought\n` label dropped; starts in content ---
+G_START, G_END = "<|channel>", "<channel|>"
+GEMMA4_CASES = [
+    case("invalid_simple_streaming", GEMMA4, "gemma4", f"{RS}{G_END}{REST}", content=RS + REST),
+    case("invalid_complete_streaming", GEMMA4, "gemma4", f"{RS}{G_END}", content=RS),
+    case("no_content", GEMMA4, "gemma4", f"{G_START}This is reasoning", "This is reasoning"),
+    case("no_reasoning", GEMMA4, "gemma4", "This is content", content="This is content"),
+    case(both("reasoning"), GEMMA4, "gemma4", f"{G_START}{RS}{G_END}{REST}", RS, REST),
+    case(both("complete_reasoning"), GEMMA4, "gemma4", f"{G_START}{RS}{G_END}", RS),
+    case(
+        both("multiple_lines"),
+        GEMMA4,
+        "gemma4",
+        f"{G_START}This\nThat{G_END}{REST}\nThat",
+        "This\nThat",
+        REST + "\nThat",
+    ),
+    case(both("no_end"), GEMMA4, "gemma4", f"{G_START}{RS}", RS),
+    case("empty", GEMMA4, "gemma4", ""),
+    case(
+        both("new_line"),
+        GEMMA4,
+        "gemma4",
+        f"Before\n{G_START}{RS}{G_END}\n{REST}",
+        RS,
+        "Before\n\n" + REST,
+    ),
+    case(
+        both("thought_prefix"),
+        GEMMA4,
+        "gemma4",
+        f"{G_START}thought\nActual reasoning here{G_END}Final answer",
+        "Actual reasoning here",
+        "Final answer",
+    ),
+    case(both("thought_prefix_only"), GEMMA4, "gemma4", f"{G_START}thought\n{G_END}"),
+    case(
+        both("thought_prefix_multiline"),
+        GEMMA4,
+        "gemma4",
+        f"{G_START}thought\nLine1\nLine2{G_END}Answer",
+        "Line1\nLine2",
+        "Answer",
+    ),
+    case(
+        both("thought_prefix_diverge"),
+        GEMMA4,
+        "gemma4",
+        f"{G_START}thousand reasons{G_END}Done",
+        "thousand reasons",
+        "Done",
+    ),
+    case(both("tool_call_started"), GEMMA4, "gemma4", "<|tool_call>", content="<|tool_call>"),
+]
+FIND_CALL = '<|tool_call>call:find{path:<|"|>research<|"|>}<tool_call|>'
+GEMMA4_CASES += [
+    case(
+        (
+            "test_reasoning_then_tool_call_token_by_token",
+            "test_reasoning_then_tool_call_single_delta",
+        ),
+        GEMMA4_TOOL,
+        "gemma4",
+        f"{G_START}thought\nI need to find files{G_END}{FIND_CALL}",
+        "I need to find files",
+        tool="gemma4",
+        calls=(("find", {"path": "research"}),),
+    ),
+    # The prompt's completed tool exchange leaves the output in content; the model's own
+    # <|channel> opens the reasoning.
+    case(
+        "test_reasoning_after_tool_response",
+        GEMMA4_TOOL,
+        "gemma4",
+        f"{G_START}thought\nI need to answer{G_END}The answer is 42",
+        "I need to answer",
+        "The answer is 42",
+        tool="gemma4",
+    ),
+    case(
+        "test_reasoning_only_no_tool_call",
+        GEMMA4_TOOL,
+        "gemma4",
+        f"{G_START}thought\nLet me think{G_END}The answer is 42",
+        "Let me think",
+        "The answer is 42",
+        tool="gemma4",
+    ),
+]
+
+# --- minimax_m2: output inside <think> from the start; only </think> is written ---
+MINIMAX_CASES = [
+    case(both("simple_reasoning"), MINIMAX, "minimax_m2", f"{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning"), MINIMAX, "minimax_m2", f"{RS}</think>", RS),
+    case(
+        both("no_end_token"),
+        MINIMAX,
+        "minimax_m2",
+        "This is reasoning in progress",
+        "This is reasoning in progress",
+    ),
+    case(
+        both("multiple_lines"),
+        MINIMAX,
+        "minimax_m2",
+        "First line\nSecond line</think>Response first line\nResponse second",
+        "First line\nSecond line",
+        "Response first line\nResponse second",
+    ),
+    case(
+        both("shortest_reasoning"),
+        MINIMAX,
+        "minimax_m2",
+        "</think>This is the response",
+        content="This is the response",
+    ),
+    case(both("empty"), MINIMAX, "minimax_m2", ""),
+    case(
+        both("special_chars"),
+        MINIMAX,
+        "minimax_m2",
+        "Let me think... 1+1=2, right?</think>Yes, 1+1=2.",
+        "Let me think... 1+1=2, right?",
+        "Yes, 1+1=2.",
+    ),
+    case(
+        both("code_in_reasoning"),
+        MINIMAX,
+        "minimax_m2",
+        "```python\nprint('hello')\n```</think>Here is the code.",
+        "```python\nprint('hello')\n```",
+        "Here is the code.",
+    ),
+    case(
+        both("double_end_token"),
+        MINIMAX,
+        "minimax_m2",
+        "reasoning</think>content A</think>content B",
+        "reasoning",
+        "content Acontent B",
+    ),
+]
+
+# --- minimax_m2_append_think: no split; the content is `<think>` + the output ---
+MA = "minimax_m2_append_think"
+
+
+def append(ids, output: str) -> Case:
+    return case(both(ids), MINIMAX_APPEND, MA, output, content="<think>" + output)
+
+
+MINIMAX_APPEND_CASES = [
+    append("simple_output", "This is reasoning</think>This is response"),
+    append("no_end_token", "This is reasoning in progress"),
+    append("only_end_token", "</think>This is response"),
+    append("multiple_lines", "Line 1\nLine 2</think>Response 1\nResponse 2"),
+    append("special_chars", "Let me think... 1+1=2</think>Yes!"),
+    append("code_output", "```python\nprint('hi')\n```</think>Here's the code."),
+    case("empty", MINIMAX_APPEND, MA, "", content="<think>"),
+]
+
+# --- hunyuan_a13b: "<think>\n" ... "\n</think>\n<answer>\n" ... "\n</answer>" ---
+H_START, H_RESPONSE, H_END = "<think>\n", "\n</think>\n<answer>\n", "\n</answer>"
+HY = "hunyuan_a13b"
+HUNYUAN_CASES = [
+    case(
+        both("simple_reasoning"), HUNYUAN, HY, f"{H_START}{RS}{H_RESPONSE}{REST}{H_END}", RS, REST
+    ),
+    case(both("complete_reasoning"), HUNYUAN, HY, f"{H_START}{RS}{H_RESPONSE}", RS),
+    case("complete_reasoning_with_symbol", HUNYUAN, HY, f"{H_START}{RS}!{H_RESPONSE}", RS + "!"),
+    case(both("no_reasoning"), HUNYUAN, HY, "This is content", content="This is content"),
+    case(
+        ("no_reasoning_quick", "no_reasoning_quick_stream"),
+        HUNYUAN,
+        HY,
+        f"{H_START}{H_RESPONSE}{REST}{H_END}",
+        content=REST,
+    ),
+    case(
+        both("multiple_lines"),
+        HUNYUAN,
+        HY,
+        f"{H_START}This\nThat{H_RESPONSE}{REST}\nThat",
+        "This\nThat",
+        REST + "\nThat",
+    ),
+    case(both("reasoning_with_think"), HUNYUAN, HY, f"{H_START}{RS}{H_RESPONSE}{REST}", RS, REST),
+    case(both("complete_reasoning_with_think"), HUNYUAN, HY, f"{H_START}{RS}{H_RESPONSE}", RS),
+    case(
+        both("multiple_lines_with_think"),
+        HUNYUAN,
+        HY,
+        f"{H_START}This\nThat{H_RESPONSE}{REST}\nThat",
+        "This\nThat",
+        REST + "\nThat",
+    ),
+    case(
+        tuple(
+            f"test_streaming_multi_token_delta_matches_single_token_feed[{n}]"
+            for n in (2, 3, 7, 100)
+        ),
+        HUNYUAN,
+        HY,
+        f"{H_START} reasoning here{H_RESPONSE} the answer{H_END}",
+        " reasoning here",
+        " the answer",
+    ),
+    # test_hunyuan_a13b_reasoning_parser.py feeds the token ids of these texts (its
+    # comments: THINK_START_IDS "<think>\n", RESPONSE_START_IDS "\n</think>\n<answer>\n"
+    # as "\n", "</", "think", ">\n", "<", "answer", ">\n"); here the text.
+    case(
+        "test_streaming_reaches_the_response_state",
+        HUNYUAN_A13B,
+        HY,
+        f"{H_START}x{H_RESPONSE}",
+        "x",
+    ),
+]
+_H_PIECES = ["\n", "</", "think", ">\n", "<", "answer", ">\n"]
+HUNYUAN_CASES += [
+    case(
+        f"test_partial_response_start_falls_back_to_reasoning[{n}]",
+        HUNYUAN_A13B,
+        HY,
+        f"{H_START}x{''.join(_H_PIECES[:n])}y",
+        f"x{''.join(_H_PIECES[:n])}y",
+    )
+    for n in range(1, len(_H_PIECES))
+]
+
+# --- granite: "Here is my thought process:" ... "Here is my response:" ---
+G_THINK, G_RESPONSE = "Here is my thought process:", "Here is my response:"
+GRANITE_CASES = [
+    case(
+        ("simple_reasoning_streaming",),
+        GRANITE,
+        "granite",
+        f"{G_THINK}{RS}{G_RESPONSE}{REST}",
+        RS,
+        REST,
+    ),
+    case(("complete_reasoning_streaming",), GRANITE, "granite", f"{G_THINK}{RS}{G_RESPONSE}", RS),
+    case(
+        ("no_reasoning_streaming",),
+        GRANITE,
+        "granite",
+        "This is content",
+        content="This is content",
+    ),
+    case(
+        ("multiple_lines_streaming",),
+        GRANITE,
+        "granite",
+        f"{G_THINK}This\nThat{G_RESPONSE}{REST}\nThat",
+        "This\nThat",
+        REST + "\nThat",
+    ),
+    case(
+        both("reasoning_with_think"),
+        GRANITE,
+        "granite",
+        f"{G_THINK}{RS}{G_RESPONSE}{REST}",
+        RS,
+        REST,
+    ),
+    case(
+        both("complete_reasoning_with_think"), GRANITE, "granite", f"{G_THINK}{RS}{G_RESPONSE}", RS
+    ),
+    case(
+        both("multiple_lines_with_think"),
+        GRANITE,
+        "granite",
+        f"{G_THINK}This\nThat{G_RESPONSE}{REST}\nThat",
+        "This\nThat",
+        REST + "\nThat",
+    ),
+]
+
+
+def sub(name: str, previous: str | None, delta: str, reasoning="", content="") -> StreamCase:
+    return StreamCase(
+        (f"test_streaming_subcases[{name}]",),
+        GRANITE,
+        "granite",
+        previous or "",
+        ((delta, reasoning, content),),
+    )
+
+
+GP = "Here is my thought process: foo"
+GRANITE_STREAM_CASES = [
+    sub("Starting reasoning special sequence", None, "Here"),
+    sub(
+        "Unexpected start reasoning sequence",
+        "Here is my thought",
+        " failure",
+        content="Here is my thought failure",
+    ),
+    sub("Only start reasoning sequence and nothing else", "Here is my thought", " process:"),
+    sub("Reasoning content has started", "Here is my thought process:", " foo", " foo"),
+    sub("Response special sequence has started", GP, " Here is", " "),
+    sub("Response special sequence reset", GP + " Here is", " Here", "Here is "),
+    sub("Response text has started", GP + " Here is my response:", " bar", content=" bar"),
+    sub("Delta contains everything", None, GP + " Here is my response: bar", " foo ", " bar"),
+    sub(
+        "Delta contains some reasoning and response",
+        GP,
+        " bar Here is my response: baz",
+        " bar ",
+        " baz",
+    ),
+    sub(
+        "Delta starts response sequence",
+        "Here is my thought process: This is a reasoning section ",
+        "Here",
+    ),
+    sub("Delta finishes response sequence", GP + " Here is my response", ":"),
+    sub("Delta breaks potential responise sequence", GP + " Here", " was", "Here was"),
+]
+
+# --- glm45: <think> written by the model; starts in content ---
+GLM45_CASES = [
+    case(
+        ("with_think", "with_think_stream"), GLM45, "glm45", f"<think>{RS}</think>{REST}", RS, REST
+    ),
+    case(("without_think", "without_think_stream"), GLM45, "glm45", REST, content=REST),
+    case(both("complete_reasoning", "_stream"), GLM45, "glm45", f"<think>{RS}</think>", RS),
+    case(
+        both("multiline_reasoning", "_stream"),
+        GLM45,
+        "glm45",
+        "<think>This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    case(
+        both("empty_think_block", "_stream"), GLM45, "glm45", f"<think></think>{REST}", content=REST
+    ),
+    case(both("empty_think_block_no_content", "_stream"), GLM45, "glm45", "<think></think>"),
+    case("only_open_tag_stream", GLM45, "glm45", f"<think>{RS}", RS),
+]
+GLM_PROMPT = (
+    "[gMASK]<sop><|system|>\nYou are a helpful assistant.<|user|>\n"
+    "What is the capital of France?<|assistant|>\n"
+)
+GLM_TURN_1 = (
+    "<think></think>\nThe capital of France is Paris.<|user|>\nWhat about Chile?<|assistant|>\n"
+)
+GLM45_PROMPT_CASES = [
+    PromptCase(
+        ("test_is_reasoning_end_full_prompt[still_reasoning]",),
+        GLM45,
+        "glm45",
+        GLM_PROMPT + "<think>The user is asking for the capital of",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_full_prompt[done_reasoning]",),
+        GLM45,
+        "glm45",
+        GLM_PROMPT
+        + "<think>The user is asking for the capital of France.</think>\n"
+        + "The capital of France is Paris.",
+        "normal",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_full_prompt[multi_turn_still_reasoning]",),
+        GLM45,
+        "glm45",
+        GLM_PROMPT + GLM_TURN_1 + "<think>The user is asking for the capital of",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_full_prompt[multi_turn_done_reasoning]",),
+        GLM45,
+        "glm45",
+        GLM_PROMPT
+        + GLM_TURN_1
+        + "<think>The user is asking for the capital of Chile.</think>\n"
+        + "The capital of Chile is Santiago.",
+        "normal",
+    ),
+]
+
+# --- glm47: inside <think> from the start (the template opens it), as deepseek_r1 ---
+GLM47_CASES = [
+    case(both("simple_reasoning"), GLM47, "glm47", f"{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning"), GLM47, "glm47", f"{RS}</think>", RS),
+    case(("no_content_token", "no_reasoning_token_streaming"), GLM47, "glm47", RS, RS),
+    case(
+        both("multiple_lines"),
+        GLM47,
+        "glm47",
+        "This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(("shortest", "shortest_no_streaming"), GLM47, "glm47", f"</think>{REST}", "", REST),
+    case(both("reasoning_with_think"), GLM47, "glm47", f"<think>{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning_with_think"), GLM47, "glm47", f"<think>{RS}</think>", RS),
+    case(
+        both("multiple_lines_with_think"),
+        GLM47,
+        "glm47",
+        "<think>This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(both("think_no_end"), GLM47, "glm47", f"<think>{RS}", RS),
+    case(both("empty"), GLM47, "glm47", ""),
+]
+
+# --- kimi_k2: inside <think> from the start; a tool-call section ends reasoning ---
+KS = "<|tool_calls_section_begin|>"
+KIMI_CASES = [
+    case(
+        "test_extract_reasoning_with_think_tags",
+        KIMI,
+        "kimi_k2",
+        "<think>step by step reasoning</think>final answer",
+        "step by step reasoning",
+        "final answer",
+    ),
+    case(
+        "test_extract_reasoning_empty_thinking",
+        KIMI,
+        "kimi_k2",
+        "<think></think>final answer",
+        content="final answer",
+    ),
+    case(
+        "test_extract_reasoning_implicit_start",
+        KIMI,
+        "kimi_k2",
+        "implicit reasoning with no tags",
+        "implicit reasoning with no tags",
+    ),
+    case(
+        "test_extract_reasoning_tool_section_ends_reasoning",
+        KIMI,
+        "kimi_k2",
+        f"some reasoning{KS}tool call data",
+        "some reasoning",
+        f"{KS}tool call data",
+    ),
+]
+KIMI_STREAM_CASES = [
+    StreamCase(
+        ("test_streaming_reasoning_then_content",),
+        KIMI,
+        "kimi_k2",
+        "",
+        (
+            ("<think>", "", ""),
+            ("step one", "step one", ""),
+            ("</think>", "", ""),
+            ("answer", "", "answer"),
+        ),
+    ),
+    StreamCase(
+        ("test_streaming_tool_section_ends_reasoning",),
+        KIMI,
+        "kimi_k2",
+        "<think>thinking",
+        ((KS, "", KS),),
+    ),
+]
+GLM47_PROMPT_CASES = [
+    PromptCase(tuple(c.ids), GLM47, "glm47", c.prompt, c.state) for c in GLM45_PROMPT_CASES
+]
+# step3 (test_is_reasoning_end_ignores_think_end_in_prompt_history): a </think> of an
+# earlier turn does not end the reasoning a fresh <think> opened.
+STEP3_PROMPT_CASES = [
+    PromptCase(
+        ("test_is_reasoning_end_ignores_think_end_in_prompt_history",),
+        STEP3,
+        "step3",
+        text,
+        state,
+    )
+    for text, state in (
+        ("a</think>b<think>c", "reasoning"),
+        ("a</think>b<think>c</think>", "normal"),
+        ("ab</think>", "normal"),
+    )
+]
+KIMI_PROMPT_CASES = [
+    PromptCase(
+        ("test_parser_selection_thinking_enabled",), KIMI, "kimi_k2", "<think>", "reasoning"
+    ),
+    PromptCase(
+        ("test_parser_selection_thinking_disabled",), KIMI, "kimi_k2", "<think></think>", "normal"
+    ),
+]
+
+# --- ernie45: inside <think> from the start ---
+ERNIE_CASES = [
+    case(both("with_think", "_stream"), ERNIE, "ernie45", "abc</think>def", "abc", "def"),
+    case(both("without_think", "_stream"), ERNIE, "ernie45", "abc", "abc"),
+    case(both("complete_reasoning", "_stream"), ERNIE, "ernie45", "abc</think>", "abc"),
+    case(
+        both("multiline_reasoning", "_stream"),
+        ERNIE,
+        "ernie45",
+        "abc\nABC</think>def\nDEF",
+        "abc\nABC",
+        "def\nDEF",
+    ),
+]
+
+# --- deepseek_v3: deepseek_r1 with thinking, identity without ---
+DSV3_CASES = [
+    case(
+        "test_identity_reasoning_parser_basic",
+        DSV3,
+        "deepseek_v3",
+        "This is some output",
+        content="This is some output",
+        prompt="closed",
+    ),
+]
+DSV3_PROMPT_CASES = [
+    PromptCase(
+        ("test_parser_selection[True-DeepSeekR1ReasoningParser]",),
+        DSV3,
+        "deepseek_v3",
+        "<think>",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_parser_selection[False-IdentityReasoningParser]",),
+        DSV3,
+        "deepseek_v3",
+        "</think>",
+        "normal",
+    ),
+]
+
+# --- qwen3: the ids tests/vllm_parser_cases.py's QWEN3_CASES leave (with tool_parser
+# qwen3_coder there; here the reasoning parser alone, as vLLM's test runs it) ---
+TOOL_BODY = (
+    "<tool_call>\n<function=bash>\n<parameter=command>"
+    "\ncat /etc/hosts\n</parameter>\n</function>\n</tool_call>"
+)
+NEED = "I need to read the file.\n\n"
+QWEN3_CASES = [
+    case("without_start_token_stream", QWEN3, "qwen3", f"{RS}</think>{REST}", RS, REST),
+    case("without_start_token_complete_reasoning_stream", QWEN3, "qwen3", f"{RS}</think>", RS),
+    case("with_think_stream", QWEN3, "qwen3", f"<think>{RS}</think>{REST}", RS, REST),
+    case("without_think_stream", QWEN3, "qwen3", REST, REST),
+    case("complete_reasoning_stream", QWEN3, "qwen3", f"<think>{RS}</think>", RS),
+    case(
+        "multiline_reasoning_stream",
+        QWEN3,
+        "qwen3",
+        "<think>This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    case("only_open_tag_stream", QWEN3, "qwen3", f"<think>{RS}", RS),
+    case("truncated_no_start_token_stream", QWEN3, "qwen3", RS, RS),
+    case(
+        both("tool_call_no_think_end", "_stream"), QWEN3, "qwen3", NEED + TOOL_BODY, NEED, TOOL_BODY
+    ),
+    case(
+        both("tool_call_with_think_no_end", "_stream"),
+        QWEN3,
+        "qwen3",
+        "<think>" + NEED + TOOL_BODY,
+        NEED,
+        TOOL_BODY,
+    ),
+    case(
+        "start_token_grouped_with_text",
+        QWEN3,
+        "qwen3",
+        f"<think>{RS}</think>{REST}",
+        RS,
+        REST,
+    ),
+    case(
+        "end_token_grouped_with_content",
+        QWEN3,
+        "qwen3",
+        f"reasoning section</think>{REST}",
+        "reasoning section",
+        REST,
+    ),
+    case(
+        "start_and_end_in_one_delta_no_content",
+        QWEN3,
+        "qwen3",
+        "<think>reasoning</think>",
+        "reasoning",
+    ),
+    case(
+        "no_start_end_grouped_with_content",
+        QWEN3,
+        "qwen3",
+        "reasoning section</think>content",
+        "reasoning section",
+        "content",
+    ),
+    case(
+        "tool_call_implicit_reasoning_end",
+        QWEN3,
+        "qwen3",
+        NEED + "<tool_call>\n<function=bash>",
+        NEED,
+        "<tool_call>\n<function=bash>",
+    ),
+    case(
+        "thinking_disabled_no_think_tokens",
+        QWEN3,
+        "qwen3",
+        "Some output without think tokens",
+        content="Some output without think tokens",
+        prompt="closed",
+    ),
+    case(
+        "thinking_disabled_with_tool_call",
+        QWEN3,
+        "qwen3",
+        NEED + TOOL_BODY,
+        content=NEED + TOOL_BODY,
+        prompt="closed",
+    ),
+]
+
+
+# --- deepseek_r1 / mistral: the streaming ids tests/vllm_parser_cases.py's R1_CASES and
+# MISTRAL_REASONING_CASES leave ---
+def r1_family(source: str, parser: str, start: str, end: str) -> list[Case]:
+    def c(ids, output, reasoning="", content=""):
+        output = output.replace("<think>", start).replace("</think>", end)
+        return case(ids, source, parser, output, reasoning, content)
+
+    return [
+        c("simple_reasoning_streaming", f"{RS}</think>{REST}", RS, REST),
+        c("complete_reasoning_streaming", f"{RS}</think>", RS),
+        c("no_reasoning_token_streaming", RS, RS),
+        c(
+            "multiple_lines_streaming",
+            "This\nThat</think>This is the rest\nThat",
+            "This\nThat",
+            "This is the rest\nThat",
+        ),
+        c("shortest_streaming", f"</think>{REST}", "", REST),
+        c("reasoning_with_think_streaming", f"<think>{RS}</think>{REST}", RS, REST),
+        c("complete_reasoning_with_think_streaming", f"<think>{RS}</think>", RS),
+        c(
+            "multiple_lines_with_think_streaming",
+            "<think>This\nThat</think>This is the rest\nThat",
+            "This\nThat",
+            "This is the rest\nThat",
+        ),
+        c(both("shortest_with_think"), f"</think>{REST}", "", REST),
+        c("think_no_end_streaming", f"<think>{RS}", RS),
+        c("empty_streaming", ""),
+    ]
+
+
+R1_CASES = r1_family(R1, "deepseek_r1", "<think>", "</think>")
+MISTRAL_CASES = r1_family(MISTRAL, "mistral", "[THINK]", "[/THINK]")
+
+# --- seed_oss: inside <seed:think> from the start ---
+SS, SE = "<seed:think>", "</seed:think>"
+
+
+def seed(name: str, output: str, reasoning="", content="") -> Case:
+    return case((f"{name}[True]", f"{name}[False]"), SEED, "seed_oss", output, reasoning, content)
+
+
+SEED_CASES = [
+    seed("test_simple_reasoning", f"{RS}{SE}{REST}", RS, REST),
+    seed("test_complete_reasoning", f"{RS}{SE}", RS),
+    seed("test_no_content", "This is content", "This is content"),
+    seed("test_multiple_lines", f"This\nThat{SE}{REST}\nThat", "This\nThat", REST + "\nThat"),
+    seed("test_with_start_token", f"{SS}{RS}{SE}{REST}", RS, REST),
+    seed("test_only_end_token", f"Some reasoning{SE}{REST}", "Some reasoning", REST),
+    seed(
+        "test_no_tokens",
+        "This is just content without any reasoning tokens",
+        "This is just content without any reasoning tokens",
+    ),
+    case(
+        "test_streaming_delta_processing",
+        SEED,
+        "seed_oss",
+        f"Some reasoning content{SE}Final answer",
+        "Some reasoning content",
+        "Final answer",
+    ),
+]
+# test_seedoss_reasoning_parser_creation: the parser's markers (ModelMetadata shows them).
+MARKERS = {"seed_oss": (SS, SE, SEED, "test_seedoss_reasoning_parser_creation")}
+
+# --- olmo3: inside <think> from the start; whitespace kept ---
+NO_THOUGHTS = "No thoughts, head empty!"
+OLMO3_CASES = [
+    case(
+        both("no_reasoning"), OLMO3, "olmo3", f"<think></think>{NO_THOUGHTS}", content=NO_THOUGHTS
+    ),
+    case(
+        both("no_reasoning_with_newline"),
+        OLMO3,
+        "olmo3",
+        f"<think>\n</think>\n\n{NO_THOUGHTS}",
+        "\n",
+        "\n\n" + NO_THOUGHTS,
+    ),
+    case(
+        (*both("simple_reasoning"), "test_single_delta_preserves_content_after_end_marker"),
+        OLMO3,
+        "olmo3",
+        f"<think>{RS}</think>{REST}",
+        RS,
+        REST,
+    ),
+    case(
+        both("simple_reasoning_with_newline"),
+        OLMO3,
+        "olmo3",
+        f"<think> Look!\n\nI'm thinking...</think>\n{REST}",
+        " Look!\n\nI'm thinking...",
+        "\n" + REST,
+    ),
+    case(
+        both("simple_reasoning_with_multiple_newlines"),
+        OLMO3,
+        "olmo3",
+        f"<think>\nLook!\nI'm thinking...\n\n</think>\n\n\n{REST}",
+        "\nLook!\nI'm thinking...\n\n",
+        "\n\n\n" + REST,
+    ),
+    case(
+        "simple_reasoning_with_trailing_space_streaming",
+        OLMO3,
+        "olmo3",
+        f"<think>\nLook!\nI'm thinking... </think>\n{REST}",
+        "\nLook!\nI'm thinking... ",
+        "\n" + REST,
+    ),
+    case(
+        both("no_reasoning_only_end_think"),
+        OLMO3,
+        "olmo3",
+        f"</think>\n\n{NO_THOUGHTS}",
+        content="\n\n" + NO_THOUGHTS,
+    ),
+    case(
+        both("yes_reasoning_only_end_think"),
+        OLMO3,
+        "olmo3",
+        "The user is asking me not to think.</think>No thoughts!",
+        "The user is asking me not to think.",
+        "No thoughts!",
+    ),
+]
+
+# --- nemotron_v3: inside <think> from the start ---
+NV = "nemotron_v3"
+NEMOTRON_CASES = [
+    case(both("without_start_token"), NEMOTRON, NV, f"{RS}</think>{REST}", RS, REST),
+    case(both("with_start_token"), NEMOTRON, NV, f"<think>{RS}</think>{REST}", RS, REST),
+    case(
+        "test_nemotron_v3_without_thinking_moves_into_content",
+        NEMOTRON,
+        NV,
+        "This is plain content",
+        content="This is plain content",
+        prompt="closed",
+    ),
+    case(
+        (
+            "test_nemotron_v3_force_nonempty_keeps_real_content",
+            "test_nemotron_v3_streaming_no_promotion_with_real_content",
+        ),
+        NEMOTRON,
+        NV,
+        "<think>reasoning here</think>real answer",
+        "reasoning here",
+        "real answer",
+    ),
+    case(
+        "test_nemotron_v3_with_thinking_keeps_truncated_reasoning",
+        NEMOTRON,
+        NV,
+        "This is truncated reasoning",
+        "This is truncated reasoning",
+    ),
+    case("test_nemotron_v3_streaming_no_promotion_without_opt_in", NEMOTRON, NV, "<think>4", "4"),
+]
+
+CASES = (
+    GEMMA4_CASES
+    + MINIMAX_CASES
+    + MINIMAX_APPEND_CASES
+    + HUNYUAN_CASES
+    + GRANITE_CASES
+    + GLM45_CASES
+    + KIMI_CASES
+    + ERNIE_CASES
+    + GLM47_CASES
+    + DSV3_CASES
+    + QWEN3_CASES
+    + R1_CASES
+    + MISTRAL_CASES
+    + SEED_CASES
+    + OLMO3_CASES
+    + NEMOTRON_CASES
+)
+STREAM_CASES = GRANITE_STREAM_CASES + KIMI_STREAM_CASES
+PROMPT_CASES = (
+    GLM45_PROMPT_CASES
+    + GLM47_PROMPT_CASES
+    + STEP3_PROMPT_CASES
+    + KIMI_PROMPT_CASES
+    + DSV3_PROMPT_CASES
+)
+
+
+def known(c: Case, ours: dict, why: str) -> tuple[Case, dict]:
+    return Case(**{**c.__dict__, "why": why}), ours
+
+
+PATHS = (
+    "vLLM's non-streaming and streaming paths disagree here; this backend has one path "
+    "(Predict is the joined stream) and gives vLLM's streaming result"
+)
+NO_MARKER = (
+    "vLLM's parser cannot see the prompt and reads an output with no marker as reasoning; "
+    "here the prompt decides, and one with no marker starts in content: LocalAI's importer "
+    "gives this name to whole families, models that never think among them "
+    "(mistral-nemo / -small, Qwen3 instruct), whose whole answer would else be reasoning. "
+    "The thinking templates open the block in the prompt, and then the output starts in "
+    "reasoning as vLLM's does (every other case of this name)"
+)
+KNOWN = [
+    known(
+        case(
+            "no_content_token",
+            R1,
+            "deepseek_r1",
+            "This is content",
+            "This is content",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is content"},
+        NO_MARKER,
+    ),
+    known(
+        case("without_think", QWEN3, "qwen3", REST, REST, prompt="none"),
+        {"reasoning": "", "content": REST},
+        NO_MARKER,
+    ),
+    known(
+        case(
+            "no_content_token",
+            MISTRAL,
+            "mistral",
+            "This is content",
+            "This is content",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is content"},
+        NO_MARKER,
+    ),
+    known(
+        case(
+            both("no_end_token"),
+            MINIMAX,
+            "minimax_m2",
+            "This is reasoning in progress",
+            "This is reasoning in progress",
+            prompt="none",
+        ),
+        {"reasoning": "", "content": "This is reasoning in progress"},
+        NO_MARKER,
+    ),
+    known(
+        case("invalid_simple", GEMMA4, "gemma4", f"{RS}{G_END}{REST}", RS, REST),
+        {"reasoning": "", "content": RS + REST},
+        PATHS + " (a stray <channel|> without <|channel>: dropped, all content)",
+    ),
+    known(
+        case("invalid_complete", GEMMA4, "gemma4", f"{RS}{G_END}", RS),
+        {"reasoning": "", "content": RS},
+        PATHS + " (a stray <channel|> without <|channel>: dropped, all content)",
+    ),
+    known(
+        case("only_open_tag", GLM45, "glm45", f"<think>{RS}", content=f"<think>{RS}"),
+        {"reasoning": RS, "content": ""},
+        PATHS + " (an open <think> never closed: reasoning, cut off)",
+    ),
+    known(
+        case("new_line", MISTRAL, "mistral", f"\n[THINK]{RS}[/THINK]\n{REST}", RS, "\n" + REST),
+        {"reasoning": "\n" + RS},
+        PATHS + " (tests/vllm_parser_cases.py has deepseek_r1's new_line so)",
+    ),
+    known(
+        case("empty_streaming", MINIMAX_APPEND, MA, ""),
+        {"content": "<think>"},
+        "vLLM's two paths disagree (non-streaming '<think>', streaming nothing); here "
+        "Predict and the stream agree on the non-streaming result: the content always "
+        "starts with <think>",
+    ),
+    known(
+        case(
+            "test_nemotron_v3_force_nonempty_content_moves_into_content",
+            NEMOTRON,
+            NV,
+            "<think>This is plain content",
+            content="This is plain content",
+        ),
+        {"reasoning": "This is plain content", "content": ""},
+        "chat_template_kwargs force_nonempty_content (reasoning moved into empty content) "
+        "is vLLM's own request field; LocalAI's proto has no such option, so reasoning "
+        "stays reasoning",
+    ),
+    known(
+        case(
+            "test_nemotron_v3_streaming_promotes_reasoning_to_content",
+            NEMOTRON,
+            NV,
+            "<think>4",
+            "4",
+            "4",
+        ),
+        {"reasoning": "4", "content": ""},
+        "as test_nemotron_v3_force_nonempty_content_moves_into_content: no "
+        "force_nonempty_content option here",
+    ),
+]
+
+# Tests whose subject is not the text split (or not reachable through LocalAI's proto).
+_IS_END = (
+    "asserts only vLLM's is_reasoning_end(token ids), which gates vLLM's structured "
+    "output; here the routing state is covered by the cases and the grammar gate "
+    "(decoding/grammar_gate.py) decides when a grammar starts"
+)
+NOT_APPLICABLE = {
+    (GEMMA4, "test_gemma4_adjust_request"): "vLLM's skip_special_tokens request flag: "
+    "here markers are matched on the decoded text, special tokens included",
+    (GEMMA4, "test_gemma4_previous_turn_reasoning_is_reasoning_end"): _IS_END
+    + " (a new turn starts in content here; the model's own <|channel> opens reasoning)",
+    (GRANITE, "test_streaming_subcases[Continuing unexpected start reasoning sequence]"): (
+        "its previous/current/delta texts are no prefix chain (current ' words' does not "
+        "start with previous 'Here wrong'), so no token stream gives them"
+    ),
+    (GPTOSS, "test_gptoss_is_reasoning_end[9 outputs]"): _IS_END,
+    (GPTOSS, "TestGptOssStructuralTags"): "xgrammar structural tags vLLM builds for "
+    "gpt-oss; constrained decoding here is decoding/grammar.py's (issue 37 item 4)",
+    (GLM45_FIX, "*"): "tests a helper the file defines itself (_split_embedded_tool_calls), "
+    "not vLLM's glm45 parser",
+    (KIMI, "test_streaming_end_token_id_buffered"): "a marker's token id arriving before "
+    "its text: here markers are matched on the decoded text only",
+    (KIMI, "test_streaming_tool_section_id_buffered"): "as test_streaming_end_token_id_buffered",
+    (DSV3, "test_deepseek_v4_reasoning_parser_alias"): "deepseek_v4: no LocalAI name",
+    (DSV3, "test_count_reasoning_tokens_delegates[True-3]"): "counts reasoning tokens "
+    "(usage); LocalAI's proto has no reasoning-token count",
+    (DSV3, "test_count_reasoning_tokens_delegates[False-0]"): "as [True-3]",
+    (SEED, "test_is_reasoning_end"): _IS_END,
+    (STEP3, "test_count_reasoning_tokens_stops_at_think_end"): "counts reasoning tokens "
+    "(usage); LocalAI's proto has no reasoning-token count",
+    (STEP3, "test_count_reasoning_tokens_without_think_end"): "as "
+    "test_count_reasoning_tokens_stops_at_think_end",
+    (SEED, "test_extract_content_ids"): "vLLM's content token-id API; here content is text",
+}
+
+
+def _ids(*names: str, streaming: str = "_streaming") -> list[str]:
+    return [i for n in names for i in (n, n + streaming)]
+
+
+# Every test id of each vLLM file (non-streaming id, streaming id, other tests).
+IDS = {
+    GEMMA4: [
+        "invalid_simple", "invalid_simple_streaming", "invalid_complete",
+        "invalid_complete_streaming", "no_content", "no_reasoning",
+        *_ids("reasoning", "complete_reasoning", "multiple_lines"),
+        "no_end", "no_end_streaming", "empty", "new_line", "new_line_streaming",
+        *_ids("thought_prefix", "thought_prefix_only", "thought_prefix_multiline",
+              "thought_prefix_diverge", "tool_call_started"),
+        "test_gemma4_adjust_request", "test_gemma4_previous_turn_reasoning_is_reasoning_end",
+    ],
+    GEMMA4_TOOL: [
+        "test_reasoning_then_tool_call_token_by_token",
+        "test_reasoning_then_tool_call_single_delta",
+        "test_reasoning_after_tool_response", "test_reasoning_only_no_tool_call",
+    ],
+    MINIMAX: _ids(
+        "simple_reasoning", "complete_reasoning", "no_end_token", "multiple_lines",
+        "shortest_reasoning", "empty", "special_chars", "code_in_reasoning", "double_end_token",
+    ),
+    MINIMAX_APPEND: _ids(
+        "simple_output", "no_end_token", "only_end_token", "multiple_lines", "empty",
+        "special_chars", "code_output",
+    ),
+    HUNYUAN: [
+        "simple_reasoning", "complete_reasoning", "complete_reasoning_with_symbol",
+        "no_reasoning", "no_reasoning_quick", "multiple_lines", "reasoning_with_think",
+        "complete_reasoning_with_think", "multiple_lines_with_think",
+        "simple_reasoning_streaming", "complete_reasoning_streaming", "no_reasoning_streaming",
+        "no_reasoning_quick_stream", "multiple_lines_streaming",
+        "reasoning_with_think_streaming", "complete_reasoning_with_think_streaming",
+        "multiple_lines_with_think_streaming",
+        *(f"test_streaming_multi_token_delta_matches_single_token_feed[{n}]"
+          for n in (2, 3, 7, 100)),
+    ],
+    HUNYUAN_A13B: [
+        "test_streaming_reaches_the_response_state",
+        *(f"test_partial_response_start_falls_back_to_reasoning[{n}]" for n in range(1, 7)),
+    ],
+    GRANITE: [
+        *_ids("simple_reasoning", "complete_reasoning", "no_reasoning", "multiple_lines",
+              "reasoning_with_think", "complete_reasoning_with_think", "multiple_lines_with_think"),
+        *(f"test_streaming_subcases[{n}]" for n in (
+            "Starting reasoning special sequence", "Unexpected start reasoning sequence",
+            "Continuing unexpected start reasoning sequence",
+            "Only start reasoning sequence and nothing else", "Reasoning content has started",
+            "Response special sequence has started", "Response special sequence reset",
+            "Response text has started", "Delta contains everything",
+            "Delta contains some reasoning and response", "Delta starts response sequence",
+            "Delta finishes response sequence", "Delta breaks potential responise sequence",
+        )),
+    ],
+    GPTOSS: ["test_gptoss_is_reasoning_end[9 outputs]", "TestGptOssStructuralTags"],
+    GLM45: [
+        *_ids("with_think", "without_think", "complete_reasoning", "multiline_reasoning",
+              "empty_think_block", "empty_think_block_no_content", "only_open_tag",
+              streaming="_stream"),
+        *(f"test_is_reasoning_end_full_prompt[{n}]" for n in (
+            "still_reasoning", "done_reasoning", "multi_turn_still_reasoning",
+            "multi_turn_done_reasoning")),
+    ],
+    GLM45_FIX: ["*"],
+    KIMI: [
+        "test_parser_selection_thinking_enabled", "test_parser_selection_thinking_disabled",
+        "test_extract_reasoning_with_think_tags", "test_extract_reasoning_empty_thinking",
+        "test_extract_reasoning_implicit_start",
+        "test_extract_reasoning_tool_section_ends_reasoning",
+        "test_streaming_reasoning_then_content", "test_streaming_tool_section_ends_reasoning",
+        "test_streaming_end_token_id_buffered", "test_streaming_tool_section_id_buffered",
+    ],
+    ERNIE: _ids("with_think", "without_think", "complete_reasoning", "multiline_reasoning",
+                streaming="_stream"),
+    DSV3: [
+        "test_parser_selection[True-DeepSeekR1ReasoningParser]",
+        "test_parser_selection[False-IdentityReasoningParser]",
+        "test_deepseek_v4_reasoning_parser_alias", "test_identity_reasoning_parser_basic",
+        "test_count_reasoning_tokens_delegates[True-3]",
+        "test_count_reasoning_tokens_delegates[False-0]",
+    ],
+    QWEN3: [
+        *_ids("without_start_token", "without_start_token_complete_reasoning", "with_think",
+              "without_think", "complete_reasoning", "multiline_reasoning", "only_open_tag",
+              "truncated_no_start_token", "tool_call_no_think_end",
+              "tool_call_with_think_no_end", streaming="_stream"),
+        "start_token_grouped_with_text", "end_token_grouped_with_content",
+        "start_and_end_in_one_delta_no_content", "no_start_end_grouped_with_content",
+        "tool_call_implicit_reasoning_end", "thinking_disabled_plain_content",
+        "thinking_disabled_no_think_tokens", "thinking_disabled_with_tool_call",
+    ],
+    R1: [
+        *_ids("simple_reasoning", "complete_reasoning", "multiple_lines", "reasoning_with_think",
+              "complete_reasoning_with_think", "multiple_lines_with_think", "shortest_with_think",
+              "think_no_end", "empty", "new_line"),
+        "no_content_token", "no_reasoning_token_streaming", "shortest", "shortest_streaming",
+    ],
+    SEED: [
+        "test_seedoss_reasoning_parser_creation",
+        *(f"{n}[{s}]" for n in (
+            "test_simple_reasoning", "test_complete_reasoning", "test_no_content",
+            "test_multiple_lines", "test_with_start_token", "test_only_end_token",
+            "test_no_tokens") for s in (True, False)),
+        "test_is_reasoning_end", "test_extract_content_ids", "test_streaming_delta_processing",
+    ],
+    OLMO3: [
+        *_ids("no_reasoning", "no_reasoning_with_newline", "simple_reasoning",
+              "simple_reasoning_with_newline", "simple_reasoning_with_multiple_newlines",
+              "no_reasoning_only_end_think", "yes_reasoning_only_end_think"),
+        "simple_reasoning_with_trailing_space_streaming",
+        "test_single_delta_preserves_content_after_end_marker",
+    ],
+    NEMOTRON: [
+        *_ids("without_start_token", "with_start_token"),
+        "test_nemotron_v3_without_thinking_moves_into_content",
+        "test_nemotron_v3_force_nonempty_content_moves_into_content",
+        "test_nemotron_v3_force_nonempty_keeps_real_content",
+        "test_nemotron_v3_with_thinking_keeps_truncated_reasoning",
+        "test_nemotron_v3_streaming_promotes_reasoning_to_content",
+        "test_nemotron_v3_streaming_no_promotion_with_real_content",
+        "test_nemotron_v3_streaming_no_promotion_without_opt_in",
+    ],
+}  # fmt: skip
+IDS[MISTRAL] = list(IDS[R1])
+IDS[GLM47] = [
+    *_ids("simple_reasoning", "complete_reasoning", "multiple_lines", "reasoning_with_think",
+          "complete_reasoning_with_think", "multiple_lines_with_think", "think_no_end", "empty"),
+    "no_content_token", "no_reasoning_token_streaming", "shortest", "shortest_no_streaming",
+    *(f"test_is_reasoning_end_full_prompt[{n}]" for n in (
+        "still_reasoning", "done_reasoning", "multi_turn_still_reasoning",
+        "multi_turn_done_reasoning")),
+]  # fmt: skip
+IDS[STEP3] = [
+    "test_count_reasoning_tokens_stops_at_think_end",
+    "test_count_reasoning_tokens_without_think_end",
+    "test_is_reasoning_end_ignores_think_end_in_prompt_history",
+]
+
+
+def expected(c: Case) -> dict:
+    return {"calls": list(c.calls), "content": c.content, "reasoning": c.reasoning}
