@@ -12,8 +12,8 @@ A request's non-zero value always wins over the option default.
 Field (number)        | zero means (else built-in)      | built-in          | valid
 ----------------------|---------------------------------|-------------------|-----------------
 Tokens (4)            | option max_tokens               | 512 tokens        | >= 0, > 32768 capped;
-                      |                                 |                   | -1 = until EOS or the
-                      |                                 |                   | context is full
+                      |                                 |                   | -1 = until EOS, a full
+                      |                                 |                   | context or 32768
 Temperature (9)       | option temperature / temp       | 0.0 = greedy      | finite, >= 0
 TopP (32)             | option top_p                    | 1.0 (off)         | [0, 1]
 TopK (5)              | option top_k                    | 0 (off)           | any; < 0 = off
@@ -151,7 +151,7 @@ from parsing.volatile_spans import read as read_volatile_spans
 
 DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
 MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (prompting.fit)
-UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: the scheduler caps it to the context left
+UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: capped to the context left and MAX_TOKENS_CAP
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
@@ -232,7 +232,7 @@ class LoadParams:
     model_path: str
     context_size: int
     trust_remote_code: bool
-    max_cache_entries: int
+    max_cache_entries: int | None  # None: `caches.prompt_tiers.entry_bound` decides
     max_cache_bytes: int | None
     max_kv_size: int | None
     tokenizer_config: dict[str, Any]

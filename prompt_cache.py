@@ -30,9 +30,10 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import (
     CacheList,
@@ -82,7 +83,7 @@ class CacheStats:
     tokens_reused: int
     entries: int
     nbytes: int
-    max_entries: int
+    max_entries: int | None  # None: no entry bound
     max_bytes: int | None
     evictions: int
     # Breakdowns, left out of equality: two snapshots with the same totals compare equal.
@@ -146,6 +147,32 @@ class _Entry:
     nbytes: int
     trimmable: bool
     checkpoint: bool = False  # a prefill snapshot (insert(..., checkpoint=True))
+    ids: np.ndarray | None = None  # its tokens as int64 (`_ids`), for `_Prefixes`
+
+
+def _ids(tokens: Sequence[int]) -> np.ndarray | None:
+    """``tokens`` as an int64 array; None when some do not fit (image key ids)."""
+    packed = _packed(tokens)
+    return None if packed is None else np.frombuffer(packed, dtype=np.int64)
+
+
+class _Prefixes:
+    """The common prefix of one prompt with each stored entry, one vectorised comparison
+    per entry: agents' prompts share thousands of tokens with hundreds of entries (a
+    system prompt and tool list, a session's history), where `common_prefix`'s sliced
+    tuple comparisons cost about a millisecond per entry on the engine thread."""
+
+    def __init__(self, toks: tuple[int, ...]) -> None:
+        self.toks = toks
+        self.ids = _ids(toks)
+
+    def common(self, etoks: tuple[int, ...], entry: _Entry) -> int:
+        a, b = entry.ids, self.ids
+        if a is None or b is None:
+            return common_prefix(etoks, self.toks)
+        m = min(len(a), len(b))
+        differ = np.flatnonzero(a[:m] != b[:m])
+        return int(differ[0]) if differ.size else m
 
 
 def needs_checkpoints(layers: Sequence[Any]) -> bool:
@@ -211,7 +238,12 @@ def _arrays(layer: Any) -> Iterator[mx.array]:
         for c in layer.caches:
             yield from _arrays(c)
         return
-    for _, x in tree_flatten(dict(vars(layer)) if hasattr(layer, "__dict__") else {}):
+    # tree_flatten returns a dict only when asked to (``destination``).
+    flat = cast(
+        "list[tuple[str, Any]]",
+        tree_flatten(dict(vars(layer)) if hasattr(layer, "__dict__") else {}),
+    )
+    for _, x in flat:
         if isinstance(x, mx.array):
             yield x
         elif hasattr(x, "state") and hasattr(x, "nbytes"):
@@ -325,14 +357,16 @@ class PromptCache:
       prefixes, and a partially trimmed copy is discarded, never returned.
 
     Ties prefer an untrimmed copy, then the most recently used entry. A fetch scans
-    every stored entry (C-speed slice comparisons), meant for tens of entries.
+    every stored entry (one vectorised comparison each: `_Prefixes`), a few
+    milliseconds for hundreds of entries of thousands of tokens.
 
     On :meth:`insert` of a trimmable cache, stored entries of the same model whose
     tokens are a strict prefix of the new tokens are dropped (as mlx-lm does): the new
     entry serves every prompt they could, at least as well, by trimming.
 
     Args:
-        max_entries: most entries kept (>= 1).
+        max_entries: most entries kept (>= 1); ``None`` for no entry bound (a memory
+            budget bounds the bytes instead: `entry_bound`).
         max_bytes: most bytes kept, summing :func:`kv_nbytes` of every entry (what
             MLX holds for them, up to the allocator's per-buffer rounding);
             ``None`` for no byte bound; ``0`` disables caching (insert stores nothing).
@@ -341,8 +375,8 @@ class PromptCache:
         ValueError: if ``max_entries < 1`` or ``max_bytes < 0``.
     """
 
-    def __init__(self, max_entries: int = 10, max_bytes: int | None = None) -> None:
-        if max_entries < 1:
+    def __init__(self, max_entries: int | None = 10, max_bytes: int | None = None) -> None:
+        if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         if max_bytes is not None and max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
@@ -365,10 +399,10 @@ class PromptCache:
         """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
         ``model_key`` spans (0 when none): where a new prompt diverges from one seen
         before, a position worth a prefill snapshot. Changes no recency or counter."""
-        toks = tuple(map(int, tokens))
+        prefixes = _Prefixes(tuple(map(int, tokens)))
         with self._lock:
             return max(
-                (common_prefix(k[1], toks) for k in self._entries if k[0] == model_key),
+                (prefixes.common(k[1], e) for k, e in self._entries.items() if k[0] == model_key),
                 default=0,
             )
 
@@ -377,21 +411,22 @@ class PromptCache:
         of equals), and the longest common prefix with the entries evicted last
         (``GHOSTS`` of them). Changes no recency or counter."""
         toks = tuple(map(int, tokens))
+        prefixes = _Prefixes(toks)
         best: tuple[int, tuple[int, ...]] = (0, ())
         entries = 0
         with self._lock:
-            for key in self._entries:
+            for key, entry in self._entries.items():
                 if key[0] != model_key:
                     continue
                 entries += 1
-                n = common_prefix(key[1], toks)
+                n = prefixes.common(key[1], entry)
                 if n > best[0] or (n == best[0] and n and len(key[1]) < len(best[1])):
                     best = (n, key[1])
             ghosts = list(self._ghosts)
         evicted = 0
         packed = _packed(toks) if ghosts else None
-        for key, ghost in ghosts:
-            if key == model_key and packed is not None and type(ghost) is type(packed):
+        for ghost_key, ghost in ghosts:
+            if ghost_key == model_key and packed is not None and type(ghost) is type(packed):
                 evicted = max(evicted, common_prefix(ghost, packed))
         return Nearest(best[0], best[1], entries, evicted)
 
@@ -416,6 +451,7 @@ class PromptCache:
         n = len(toks)
         if n == 0:
             raise ValueError("fetch needs at least one token")
+        prefixes = _Prefixes(toks)
         with self._lock:
             # (cached tokens, untrimmed, recency rank, tokens to trim, key)
             candidates: list[tuple[int, bool, int, int, _Key]] = []
@@ -423,10 +459,11 @@ class PromptCache:
                 if key[0] != model_key:
                     continue
                 etoks = key[1]
-                if len(etoks) < n and toks[: len(etoks)] == etoks:
+                common = prefixes.common(etoks, entry)
+                if len(etoks) < n and common == len(etoks):
                     cached, trim = len(etoks), 0
                 elif entry.trimmable:
-                    cached = min(common_prefix(etoks, toks), n - 1)
+                    cached = min(common, n - 1)
                     trim = len(etoks) - cached
                 else:
                     continue
@@ -506,7 +543,11 @@ class PromptCache:
             )
             return
         entry = _Entry(
-            kv=kv, nbytes=nbytes, trimmable=can_trim_prompt_cache(kv), checkpoint=checkpoint
+            kv=kv,
+            nbytes=nbytes,
+            trimmable=can_trim_prompt_cache(kv),
+            checkpoint=checkpoint,
+            ids=_ids(toks),
         )
         key = (model_key, toks)
         with self._lock:
@@ -516,13 +557,14 @@ class PromptCache:
             if entry.trimmable:
                 # Only trimmable prefixes: a snapshot of a cache that cannot be trimmed
                 # is the one way a prompt sharing just that prefix reuses anything.
+                prefixes = _Prefixes(toks)
                 redundant = [
                     k
                     for k, e in self._entries.items()
                     if k[0] == model_key
                     and e.trimmable
                     and len(k[1]) < len(toks)
-                    and toks[: len(k[1])] == k[1]
+                    and prefixes.common(k[1], e) == len(k[1])
                 ]
                 for k in redundant:
                     self._nbytes -= self._entries.pop(k).nbytes
@@ -542,10 +584,11 @@ class PromptCache:
                 max_bytes if max_bytes is not None else self._max_bytes,
             )
 
-    def _evict_locked(self, max_entries: int, max_bytes: int | None) -> int:
+    def _evict_locked(self, max_entries: int | None, max_bytes: int | None) -> int:
         evicted = 0
         while self._entries and (
-            len(self._entries) > max_entries or (max_bytes is not None and self._nbytes > max_bytes)
+            (max_entries is not None and len(self._entries) > max_entries)
+            or (max_bytes is not None and self._nbytes > max_bytes)
         ):
             key, entry = self._entries.popitem(last=False)
             self._nbytes -= entry.nbytes

@@ -32,7 +32,7 @@ import copy
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -107,7 +107,7 @@ class Row:
         if fresh and (self.context is None or self.held != len(self.tokens)):
             self.context, self.held = TokenBuffer(self.tokens), len(self.tokens)
         self.held += new.size
-        return self.context.update_and_fetch(new)
+        return cast(mx.array, self.context.update_and_fetch(new))
 
 
 def _nbytes(layer: Any) -> int:
@@ -149,6 +149,16 @@ def _extend(a: list, b: list) -> list:
     return a
 
 
+def _joining(n: int, limit: int | None, prefilling: list[Row]) -> int:
+    """Of ``n`` waiting rows that may join the prefill group, how many do when it holds at
+    most ``limit`` rows (None: all; engine/step_budget.py sets it between steps): the
+    others wait, in order. Rows down to their last token leave it in this step."""
+    if limit is None:
+        return n
+    leaving = sum(1 for r in prefilling if len(r.segments) == 1 == len(r.segments[0]))
+    return min(n, limit - len(prefilling) + leaving)
+
+
 class DecodeBatch:
     """The continuous batch of one model (module doc).
 
@@ -156,7 +166,8 @@ class DecodeBatch:
         model: called as ``model(tokens (B, L), cache=layers)`` -> logits (B, L, V).
         eos: token ids that end a row that stops at EOS.
         max_rows: most rows decoding, and most prefilling, at once.
-        prefill_step_size: most prompt tokens per row per step (may change between steps).
+        prefill_step_size: most prompt tokens per row per step (may change between steps),
+            ``prefill_rows`` the most rows prefilling together (`_joining`; None: any).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
@@ -182,6 +193,7 @@ class DecodeBatch:
         self.eos = frozenset(eos)
         self.max_rows = max_rows
         self.prefill_step_size = prefill_step_size
+        self.prefill_rows: int | None = None
         self.max_kv_size = max_kv_size
         self.own_layers = own_layers
         self._uid = 0
@@ -370,6 +382,7 @@ class DecodeBatch:
             self.max_rows - len(self._rows),
             len(self._waiting),
         )
+        n = _joining(n, self.prefill_rows, self._prefilling)
         if n > 0:
             rows = [self._waiting.popleft() for _ in range(n)]
             cache = merge_rows([r.cache for r in rows], self.own_layers)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
@@ -153,7 +153,7 @@ class DraftedModel:
     def __call__(self, inputs: mx.array, cache: list | None = None, **kwargs: Any) -> mx.array:
         cache = cache if cache is not None else self.make_cache()
         self.draft(inputs, cache=cache[self.split :])
-        return self.target(inputs, cache=cache[: self.split], **kwargs)
+        return cast(mx.array, self.target(inputs, cache=cache[: self.split], **kwargs))
 
 
 class SpeculativeBatch(DecodeBatch):

@@ -283,6 +283,12 @@ class VllmMlxServer(bl._Proc):
         found = re.findall(r"tokens_to_prefill=(\d+)", self.logs())
         return sum(int(n) for n in found) - getattr(self, "_warm", 0)
 
+    def scheduled(self) -> tuple[int, int]:
+        """(requests its scheduler logged, their prompt tokens), warm-up included: that
+        its computed count covers every request sent, each whole."""
+        found = re.findall(r"prompt_tokens=(\d+) tokens_to_prefill=", self.logs())
+        return len(found), sum(int(n) for n in found)
+
 
 def replay(
     sessions: list[Session], concurrency: int, send: Callable[[Request], Sample]
@@ -381,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
                     computed: int | None = after.get("prefill", 0) - before.get("prefill", 0)
                 elif isinstance(server, VllmMlxServer):
                     computed = server.prefilled()
+                    logged, logged_tokens = server.scheduled()
+                    print(
+                        f"  vllm-mlx at {level}: {logged} requests logged (warm-up included), "
+                        f"{logged_tokens} prompt tokens in them",
+                        flush=True,
+                    )
                 else:
                     parts = [s.computed for s in samples]
                     computed = None if None in parts else sum(p for p in parts if p is not None)

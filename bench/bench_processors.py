@@ -4,7 +4,8 @@ The proxy for hosts where per-step host work dominates (small and medium models 
 GPUs): a tiny random-weight llama (`tests/tiny_models.py` "llama": 2 layers, hidden 64,
 the embedded SmolLM2 tokenizer's 49,152-token vocabulary), served by
 
-* **ours**: this checkout's backend through ``run.sh`` (``max_batch_size:32``);
+* **ours**: this checkout's backend through ``run.sh`` (``max_batch_size:32``; ``--options ''``:
+  the default options, issue 38's 32 streams starting together);
 * **main**: the same backend from another checkout (``--main-root``, e.g. a ``git archive``
   of main's HEAD with backend_pb2*.py and the .venv link copied in), the code before;
 * **mlx_lm.server**: ``python -m mlx_lm.server`` from the installed mlx-lm (its default
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--options",
+        default="max_batch_size:32",
+        help="load options of ours and main, comma-separated ('' = the defaults: issue 38)",
+    )
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.streams.split(",")]
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             server = backend_at(args.main_root, name) if name == "main" else bl.Backend(name)
             procs.append(server)
-            server.load(model, ["max_batch_size:32"])
+            server.load(model, [o for o in args.options.split(",") if o])
             fns[name] = lambda p, row, sc, stub=server.stub: grpc_stream(
                 stub, p, args.new_tokens, _fields(sc, row)
             )

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "FORMAT_VERSION",
@@ -391,4 +391,4 @@ def parse_entry(
         raise CorruptFile(f"does not load ({type(exc).__name__}: {exc})") from exc
     if not ok:
         raise CorruptFile("metadata does not match the index")
-    return kv
+    return cast("list[Any]", kv)

@@ -29,11 +29,12 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 
 from caches.prompt_disk import DiskCache, model_fingerprint, run_into
+from parsing.options import DEFAULT_MAX_CACHE_ENTRIES
 from prompt_cache import CacheLookup, CacheStats, Nearest, PromptCache, trim_exactly
 
 __all__ = ["MAX_DISK_DIRS", "PromptTiers", "TieredLookup", "TieredPromptCache", "load_fingerprint"]
@@ -208,7 +209,7 @@ class TieredPromptCache:
                 return None
             opening = self._opening[key] = self._open(key)
         try:
-            cache = opening.result(timeout=_OPEN_WAIT_S)
+            cache = cast("DiskCache | None", opening.result(timeout=_OPEN_WAIT_S))
         except TimeoutError:
             return None  # still scanning: this request is served from memory
         except Exception as exc:  # DiskCache logs I/O failures itself; this is unexpected
@@ -347,13 +348,28 @@ def fingerprint_of(loaded: Any, distributed: str = "") -> str | None:
         return None
 
 
-def for_model(loaded: Any, fingerprint: str | None) -> TieredPromptCache:
+def entry_bound(params: Any, budgeted: bool) -> int | None:
+    """The memory tier's entry bound for load ``params``: option ``max_cache_entries``;
+    without it none where a memory budget bounds the tier's bytes (``budgeted``: the
+    budget is on and this process decides alone, engine/preemption.py evicting least
+    recently used entries when running sequences need the room), else the original
+    backend's 10 (no budget; a distributed group, whose ranks must evict alike and whose
+    followers count entries only: distributed/follower.py). Agents' sessions each keep
+    an entry per turn: a count of 10 evicted on nearly every insert with a 19 GB budget
+    0.2% used (issue 38)."""
+    if params.max_cache_entries is not None:
+        return int(params.max_cache_entries)
+    return None if budgeted else DEFAULT_MAX_CACHE_ENTRIES
+
+
+def for_model(loaded: Any, fingerprint: str | None, budgeted: bool = False) -> TieredPromptCache:
     """The prompt cache of ``loaded`` (a ``LoadedModel``): its memory tier bounded by
-    the load's ``max_cache_entries`` / ``max_cache_bytes``, disk tiers of
-    ``prompt_cache_disk_bytes`` each; the load option ``prompt_cache_dir`` is opened
-    now. Call on the engine thread, after the previous model's cache was closed."""
+    the load's `entry_bound` / ``max_cache_bytes`` (``budgeted``: a memory budget bounds
+    it), disk tiers of ``prompt_cache_disk_bytes`` each; the load option
+    ``prompt_cache_dir`` is opened now. Call on the engine thread, after the previous
+    model's cache was closed."""
     p = loaded.params
-    memory = PromptCache(p.max_cache_entries, p.max_cache_bytes)
+    memory = PromptCache(entry_bound(p, budgeted), p.max_cache_bytes)
     return TieredPromptCache(memory, fingerprint, p.prompt_cache_disk_bytes, p.prompt_cache_dir)
 
 

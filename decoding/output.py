@@ -36,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays, reasoning_formats
+from decoding import arrays, reasoning_formats, tool_formats
 from decoding.finish import FinishReason, settled
 from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
 from decoding.text_router import Segment, TextRouter
@@ -57,6 +57,19 @@ logger = logging.getLogger(__name__)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
+_NO_BLOCK = tool_formats.Block("")
+
+
+def _is_tool(state: str | None) -> bool:
+    """A tool block's state: "tool", or "tool1", "tool2"... for a format's other blocks."""
+    return state is not None and state.startswith(TOOL)
+
+
+def tool_state(i: int) -> str:
+    """The router state of a tool format's i-th block."""
+    return TOOL if i == 0 else f"{TOOL}{i}"
+
+
 _SPM_SPACE = "\u2581".encode()  # SentencePiece's word-boundary mark
 
 
@@ -103,12 +116,23 @@ def _edges(
         edges[NORMAL].append((fmt.start, REASONING))
         edges[REASONING].append((fmt.end, NORMAL))
     if tools_on:
-        if TOOL not in {d for e in responses.values() for _, d in e}:
-            edges[NORMAL].append((tokenizer.tool_call_start, TOOL))
-        if thinking:
-            edges[REASONING].append((tokenizer.tool_call_start, TOOL))
-        if tokenizer.tool_call_end:  # Mistral has none: the call runs to the end
-            edges[TOOL].append((tokenizer.tool_call_end, NORMAL))
+        tool_fmt = tool_formats.of(tokenizer)
+        blocks = (
+            tool_fmt.blocks
+            if tool_fmt is not None
+            else (tool_formats.Block(tokenizer.tool_call_start, tokenizer.tool_call_end),)
+        )
+        from_normal = TOOL not in {d for e in responses.values() for _, d in e}
+        for i, block in enumerate(blocks):  # a decoding.tool_formats format: every block
+            state = tool_state(i)
+            edges.setdefault(state, [])
+            if from_normal:
+                edges[NORMAL].append((block.start, state))
+            if thinking and not block.at_content_start:
+                edges[REASONING].append((block.start, state))
+            if block.end:  # Mistral has none: the call runs to the end
+                edges[state].append((block.end, NORMAL))
+        edges[NORMAL].extend((m, NORMAL) for m in (tool_fmt.strip if tool_fmt else ()))
     if fmt is not None:
         for state, extra in fmt.edges().items():
             edges[state].extend(e for e in extra if e[:2] not in {x[:2] for x in edges[state]})
@@ -170,7 +194,22 @@ class OutputPipeline:
             # No end marker could ever leave reasoning: the whole answer would be lost there.
             logger.warning("initial_state 'reasoning' ignored: the tokenizer has no think markers")
             initial_state = NORMAL
-        self._router = TextRouter(edges, initial_state)
+        tool_fmt = tool_formats.of(tokenizer) if self._tools_on else None
+        blocks = tool_fmt.blocks if tool_fmt is not None else ()
+        self._blocks = {tool_state(i): b for i, b in enumerate(blocks)}
+        self._router = TextRouter(
+            edges,
+            initial_state,
+            [b.start for b in blocks if b.at_content_start],
+            tool_fmt.content_start_after if tool_fmt is not None else (),
+            NORMAL,
+            _is_tool,
+        )
+        self._trim = bool(tool_fmt is not None and tool_fmt.trim_content)
+        self._blank = bool(tool_fmt is not None and tool_fmt.blank_content)
+        self._content_seen = False
+        self._space = ""  # content whitespace held back (formats that trim it)
+        self._keep = False  # whether the current block's markers are part of its text
         if initial_state == REASONING:
             self._text.open_block()
         self._tool_open = ""  # the marker that opened the current tool block
@@ -230,9 +269,11 @@ class OutputPipeline:
             state = self._router.state
             if state is not None:
                 segments.append(Segment(state, self._router.flush()))
-                if state == TOOL:
-                    segments.append(Segment(TOOL, "", "", NORMAL))  # close it: see _tool_call
+                if _is_tool(state):
+                    segments.append(Segment(state, "", "", NORMAL))  # close it: see _tool_call
         self.finish_reason = settled(reason, self.stopped)
+        if self._space and not segments:
+            segments.append(Segment(NORMAL, ""))
         return self._emit(segments, (), final=True)
 
     def _emit(
@@ -242,17 +283,25 @@ class OutputPipeline:
         reasoning: list[str] = []
         pieces: list[ToolCallDelta] = []
         for seg in segments:
-            self._text.route(seg, content, reasoning)
-            if seg.state == TOOL and self._streamer is not None:
+            if seg.state == NORMAL and (self._trim or self._blank):
+                routed: list[str] = []
+                self._text.route(seg, routed, reasoning)
+                content.append(self._held_space(seg, "".join(routed), final))
+            else:
+                self._text.route(seg, content, reasoning)
+            if _is_tool(seg.state) and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.
             if seg.marker is None or seg.next_state is None:
                 continue
-            if seg.state != TOOL and seg.next_state == TOOL:
+            if not _is_tool(seg.state) and _is_tool(seg.next_state):
                 self._tool_open = seg.marker
                 parser = self._tok.tool_parser if self._tools_on else None
                 self._streamer = BlockStreamer(parser, self._tools, self._next_index)
-            elif seg.state == TOOL and seg.next_state != TOOL:
+                self._keep = self._blocks.get(seg.next_state, _NO_BLOCK).keep
+                if self._keep:  # the marker is part of the calls' text
+                    pieces += self._streamer.push(seg.marker)
+            elif _is_tool(seg.state) and not _is_tool(seg.next_state):
                 closed, raw = self._tool_call(seg.marker)
                 pieces += closed
                 content.append(raw)
@@ -264,17 +313,51 @@ class OutputPipeline:
         self.reasoning += delta.reasoning
         return delta
 
+    def _held_space(self, seg: Segment, text: str, final: bool) -> str:
+        """The content of a NORMAL segment for a format that trims it: whitespace is held
+        back until more content shows it is no gap around a block (then it is left out)."""
+        if self._blank and not self._content_seen:
+            # vLLM gives no content where it is only whitespace before the calls
+            self._space += text
+            if self._space.strip():
+                out, self._space, self._content_seen = self._space, "", True
+                return out
+            if _is_tool(seg.next_state):
+                self._space = ""
+            elif seg.marker is not None or (final and not self.tool_calls):
+                out, self._space = self._space, ""
+                return out
+            return ""
+        if not self._trim:
+            return text
+        # vLLM strips the content around a format's calls: before a block, between blocks
+        # and after the last one
+        text = self._space + text
+        kept = text.rstrip()
+        self._space = text[len(kept) :]
+        if _is_tool(seg.next_state):
+            self._space = ""
+        elif seg.marker is not None or (final and not self.tool_calls):
+            kept, self._space = kept + self._space, ""
+        return kept
+
     def _tool_call(self, close: str) -> tuple[list[ToolCallDelta], str]:
         """End the current block: (its last pieces, "") or (dropped pieces, raw markup)."""
         streamer, self._streamer = self._streamer, None
         if streamer is None:  # cannot happen: a TOOL state always starts with a marker
             return [], close
-        raw = self._tool_open + streamer.text + close
+        pushed: list[ToolCallDelta] = []
+        if self._keep:  # the end marker is part of the calls' text too
+            pushed = streamer.push(close)
+            raw = streamer.text
+        else:
+            raw = self._tool_open + streamer.text + close
         if not self._tools_on:
             return [], raw
         # A block still open at the end (close "") is parsed as it stands, as vLLM's hermes
         # parser does (hermes_tool_parser.py reads `<tool_call>(.*)` up to the end).
         pieces, calls, ok = streamer.close(True)
+        pieces = pushed + pieces
         self._next_index = streamer.next_index
         if not ok and not close and self._tok.tool_call_end:
             logger.warning(

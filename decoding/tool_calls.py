@@ -42,6 +42,7 @@ Rules (what the final reply holds):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
@@ -221,6 +222,8 @@ class _XmlSpec:
     call_close: str | None
     synth_close: str
     trim: str
+    value_stop: tuple[str, ...] = ()  # literals that end a value left unclosed (not consumed)
+    close_follow: str | None = None  # what must follow value_close for it to end the value
 
 
 _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
@@ -238,6 +241,11 @@ _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
         call_close=r"\s*</function>",
         synth_close="</function>",
         trim="nl",
+        # vLLM reads a parameter left unclosed up to the next one, and a close tag not
+        # followed by a declared parameter or the function's end as text
+        # (qwen3coder_tool_parser.py; decoding/tool_formats/qwen3_xml.py)
+        value_stop=("<parameter=",),
+        close_follow=r"\s*(?:<parameter=(?P<key>[^>]*)>|</function>(?P<end>))",
     ),
     "minimax_m2": _XmlSpec(
         call_open=r"\s*<invoke name=(?P<name>[^>]+)>",
@@ -259,6 +267,10 @@ _SPECS: dict[str, _JsonSpec | _XmlSpec] = {
     ),
 }
 _SPECS["laguna"] = _SPECS["glm47"]
+# decoding/tool_formats/glm.py: string values as written (vLLM keeps their whitespace)
+_GLM47 = _SPECS["glm47"]
+assert isinstance(_GLM47, _XmlSpec)
+_SPECS["glm"] = dataclasses.replace(_GLM47, trim="none")
 
 STREAMED_FORMATS = tuple(sorted(_SPECS))  # formats whose arguments stream (others: whole)
 
@@ -325,6 +337,7 @@ class BlockStreamer:
         self._params = 0
         self._sent_value: str | None = None  # None: the value is not streamed char by char
         self._value_started = False
+        self._call_keys: set[str] = set()  # the parameters the current call has opened
 
     @property
     def text(self) -> str:
@@ -401,7 +414,7 @@ class BlockStreamer:
             call.arguments += fragment
             out.append(ToolCallDelta(call.index, arguments=fragment))
 
-    def _match(self, pattern: str):
+    def _match(self, pattern: str) -> Any:
         """Full match at the position, "partial" (could still match), or None (never)."""
         m = regex.match(pattern, self._buf, pos=self._pos, partial=True, flags=regex.DOTALL)
         if m is None:
@@ -465,6 +478,7 @@ class BlockStreamer:
                     return
                 self._call_start = self._pos
                 self._params = 0
+                self._call_keys = set()
                 self._open(out, _unquote(m.group("name").strip()), None)
                 self._pos = m.end()
                 self._state = "between"
@@ -487,18 +501,60 @@ class BlockStreamer:
                     return
             elif self._state == "value":
                 region = self._buf[self._value_start :]
-                j = region.find(spec.value_close)
-                if j < 0:
+                end, close_len, hold = self._value_end(region, spec)
+                if end is None:
                     if self._sent_value is not None:
-                        visible = region[: len(region) - _partial_suffix(region, spec.value_close)]
-                        self._stream_value(out, visible)
+                        held = max(
+                            _partial_suffix(region, t) for t in (spec.value_close, *spec.value_stop)
+                        )
+                        cut = len(region) - held if hold is None else min(hold, len(region) - held)
+                        self._stream_value(out, region[:cut])
                     return
-                self._pos = self._value_start + j + len(spec.value_close)
+                self._pos = self._value_start + end + close_len
                 self._end_value(out)
                 self._params += 1
                 self._state = "between"
             else:
                 return
+
+    def _value_end(self, region: str, spec: _XmlSpec) -> tuple[int | None, int, int | None]:
+        """Where the current value ends in ``region``: (end, length of the close to skip,
+        None) once known; (None, 0, position text is held from) while undecided. With
+        `close_follow`, a close counts only where a declared parameter or the function's
+        end follows it (vLLM's rule; else it is the value's text), and an unclosed value
+        ends at the next declared `<parameter=...>` (`value_stop`)."""
+        if spec.close_follow is None:
+            j = region.find(spec.value_close)
+            return (None, 0, None) if j < 0 else (j, len(spec.value_close), None)
+        from decoding.tool_formats.qwen3_xml import _properties, known_key
+
+        props = _properties(self._tools, self.calls[-1].name)
+        close, stop = None, None
+        j = region.find(spec.value_close)
+        while j >= 0:
+            m = regex.match(spec.close_follow, region, pos=j + len(spec.value_close), partial=True)
+            if m is not None and m.partial:
+                return None, 0, j
+            if m is not None and (m.group("key") is None or known_key(m.group("key"), props)):
+                close = j
+                break
+            j = region.find(spec.value_close, j + 1)
+        for literal in spec.value_stop:
+            k = region.find(literal)
+            while k >= 0 and (close is None or k < close):
+                m = regex.match(r"<parameter=(?P<key>[^>]*)>", region, pos=k, partial=True)
+                if m is not None and m.partial:
+                    return None, 0, k
+                key = m.group("key").strip() if m is not None else ""
+                if m is not None and known_key(key, props) and key not in self._call_keys:
+                    stop = k if stop is None else min(stop, k)
+                    break
+                k = region.find(literal, k + 1)
+        if stop is not None and (close is None or stop < close):
+            return stop, 0, None
+        if close is not None:
+            return close, len(spec.value_close), None
+        return None, 0, None
 
     @property
     def _xml(self) -> _XmlSpec:
@@ -521,6 +577,10 @@ class BlockStreamer:
         return args
 
     def _begin_value(self, key: str) -> None:
+        self._call_keys.add(key.strip())
+        self._begin_value_stream(key)
+
+    def _begin_value_stream(self, key: str) -> None:
         """Decide whether this parameter's value streams char by char: only when the parser
         returns it as text unchanged (probed with two values that other types would convert)."""
         self._sent_value, self._value_started, self._key = None, False, ""
@@ -536,10 +596,11 @@ class BlockStreamer:
         if self._xml.trim == "nl":
             visible = visible[1:] if visible.startswith("\n") else visible
             visible = visible[:-1] if visible.endswith("\n") else visible
-        else:
+        elif self._xml.trim == "strip":
             visible = visible.strip()
         if not self._value_started:
-            if "null".startswith(visible.lower()):  # the parsers turn "null" into None
+            # the parsers may turn "null" (and Python's "None") into None
+            if "null".startswith(visible.lower()) or "None".startswith(visible):
                 return
             self._args(out, ("{" if self._params == 0 else ", ") + _dumps(self._key) + ': "')
             self._value_started = True
@@ -592,6 +653,6 @@ def _unquote(name: str) -> str:
 
 def _same_json(a: str, b: str) -> bool:
     try:
-        return json.loads(a) == json.loads(b)
+        return bool(json.loads(a) == json.loads(b))
     except ValueError:
         return False

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from caches.prompt_tiers import entry_bound
 from decoding.finish import FinishReason
 from decoding.output import Delta
 from distributed.coordinator import NAP, Coordinator, GroupLost
@@ -74,7 +75,7 @@ def follower_cache(params: LoadParams, mode: str) -> FollowerPromptCache:
     # Pipeline ranks hold different layers, so their KV sizes differ from rank 0's:
     # bound followers by entries only and let them match rank 0's reuse exactly.
     max_bytes = params.max_cache_bytes if mode == "tensor" else None
-    return FollowerPromptCache(params.max_cache_entries, max_bytes)
+    return FollowerPromptCache(entry_bound(params, False), max_bytes)  # as rank 0's
 
 
 class _NullPipeline:

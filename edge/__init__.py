@@ -5,6 +5,6 @@
 - ``servicer``: one short adapter per RPC (proto in -> ``params`` -> engine call -> proto out)
   and the one mapping of domain errors to gRPC status.
 - ``replies``: engine events -> ``Reply`` messages (Predict joins what PredictStream sends).
-- ``interceptors``: bearer-token auth and the per-call log line.
-- ``lifecycle``: parent-process watch and shutdown helpers.
+- ``interceptors``: bearer-token auth and request-decoding errors.
+- ``lifecycle``: log levels from the environment, the parent-process watch, shutdown helpers.
 """

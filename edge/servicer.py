@@ -10,6 +10,7 @@ that PredictStream sends. Domain errors map to gRPC status codes in one place
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -34,6 +35,9 @@ from params import LoadParams
 from tasks.embedding import EmbeddingOutput
 from tasks.rerank import RerankOutput
 from tasks.scoring import CandidateResult
+from training import checkpoints as training_checkpoints
+from training import spec as training_spec
+from training.jobs import JobManager, parse
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -102,14 +106,24 @@ class HostedEngine(ServedEngine, Protocol):
     def fail_from_outside(self, error: BackendError) -> None: ...
 
 
+def _update(message: Any, job_id: str, update: dict[str, Any]) -> Any:
+    """A job's progress line (training.worker) as LocalAI's progress message."""
+    names = {f.name for f in message.DESCRIPTOR.fields}
+    return message(job_id=job_id, **{k: v for k, v in update.items() if k in names})
+
+
 class BackendServicer(backend_pb2_grpc.BackendServicer):
     """The LocalAI ``backend.Backend`` service over one engine."""
 
     def __init__(
-        self, engine: ServedEngine, health_servicer: health.aio.HealthServicer | None = None
+        self,
+        engine: ServedEngine,
+        health_servicer: health.aio.HealthServicer | None = None,
+        jobs: JobManager | None = None,
     ) -> None:
         self.engine = engine
         self.health = health_servicer
+        self.jobs = jobs or JobManager()  # fine-tune/export/quantize children (training/)
 
     async def _abort(self, context, exc: Exception) -> None:
         """End the call with the gRPC status of ``exc``: the one mapping of domain errors to
@@ -134,6 +148,10 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.Reply(message=b"OK")
 
     async def LoadModel(self, request, context):
+        if training_spec.names_this_backend(request.Model, request.ModelFile):
+            # LocalAI starts a job's process with the backend's name as the model
+            # (core/services/finetune/service.go): nothing to load, jobs bring their own.
+            return backend_pb2.Result(success=True, message=training_spec.JOB_PROCESS_MESSAGE)
         try:
             await self.engine.load(params.load_params(request))
         except (ValueError, BackendError) as exc:
@@ -313,3 +331,66 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             return await fn(*args)
         except Exception as exc:
             await self._abort(context, exc)
+
+    # ------------------------------------------------------------------ training jobs
+    async def StartFineTune(self, request, context):
+        try:
+            spec = parse(training_spec.finetune_spec, request)
+            job = await self.jobs.start("finetune", spec.job_id, spec.to_json())
+        except Exception as exc:
+            await self._abort(context, exc)
+        return backend_pb2.FineTuneJobResult(
+            job_id=job.id, success=True, message="Fine-tuning job started"
+        )
+
+    async def FineTuneProgress(self, request, context):
+        try:
+            async for update in self.jobs.follow(request.job_id, "finetune"):
+                yield _update(backend_pb2.FineTuneProgressUpdate, request.job_id, update)
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def StopFineTune(self, request, context):
+        # LocalAI stops a job by stopping its process (the child saves on SIGTERM); a
+        # client may call this instead: the job saves a checkpoint when asked and ends.
+        final = await self._call(
+            context, self.jobs.stop, request.job_id, "finetune", request.save_checkpoint
+        )
+        return backend_pb2.Result(success=True, message=final.get("message", "stopped"))
+
+    async def ListCheckpoints(self, request, context):
+        found = await asyncio.to_thread(training_checkpoints.list_checkpoints, request.output_dir)
+        return backend_pb2.ListCheckpointsResponse(
+            checkpoints=[backend_pb2.CheckpointInfo(**c) for c in found]
+        )
+
+    async def ExportModel(self, request, context):
+        try:
+            spec = parse(training_spec.export_spec, request)
+            final = await self.jobs.run("export", f"export-{id(request)}", spec.to_json())
+        except Exception as exc:
+            await self._abort(context, exc)
+        return backend_pb2.Result(success=True, message=final.get("message", ""))
+
+    async def StartQuantization(self, request, context):
+        try:
+            spec = parse(training_spec.quantize_spec, request)
+            job = await self.jobs.start("quantize", spec.job_id, spec.to_json())
+        except Exception as exc:
+            await self._abort(context, exc)
+        return backend_pb2.QuantizationJobResult(
+            job_id=job.id,
+            success=True,
+            message=f"Quantization job started: {spec.recipe.describe()}",
+        )
+
+    async def QuantizationProgress(self, request, context):
+        try:
+            async for update in self.jobs.follow(request.job_id, "quantize"):
+                yield _update(backend_pb2.QuantizationProgressUpdate, request.job_id, update)
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def StopQuantization(self, request, context):
+        final = await self._call(context, self.jobs.stop, request.job_id, "quantize", False)
+        return backend_pb2.Result(success=True, message=final.get("message", "stopped"))

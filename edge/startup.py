@@ -162,6 +162,7 @@ async def serve(
     if parent_watch is not None:
         parent_watch.stop()
     await health_servicer.enter_graceful_shutdown()
+    await servicer.jobs.shutdown(grace)  # a running fine-tune saves its checkpoint
     # Refuses new calls at once and returns as soon as in-flight calls are done; after
     # `grace` it cancels the rest: their clients get UNAVAILABLE, and each abandoned
     # handler's `finally: job.cancel()` runs when its generator is closed.
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     engine = None if args.distributed else _join_on_load(args, metrics)
     model = args.model
-    if model == "embedded":
+    if model == model_loader.EMBEDDED:  # preloaded (and identified) by its path
         model = str(model_loader.embedded_model_path())
     status, clean = asyncio.run(
         serve(args.addr, model, args.grace, watcher, coordinator, engine, metrics)

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from engine import delivery, model_calls, model_host, prepare
 from engine import status as status_mod
@@ -165,7 +165,7 @@ class Engine:
 
     async def metadata(self) -> model_calls.ModelMetadata:
         """Capabilities of the loaded model's tokenizer (thinking, tool-call markers)."""
-        return await self.call(METADATA)
+        return cast("model_calls.ModelMetadata", await self.call(METADATA))
 
     async def score(
         self,
@@ -184,14 +184,15 @@ class Engine:
         """
         args = (self.serving(identity), prompt, candidates, include_token_logprobs)
         prepared = await prepare.off_engine(model_calls.prepare_score, *args, stable_prefix_len)
-        return await self.call(SCORE, prepared)
+        return cast("list[scoring.CandidateResult]", await self.call(SCORE, prepared))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
         """`tasks.rerank.rerank` on the loaded model: checked and tokenized off the engine."""
         args = (self.serving(identity), query, documents, top_n)
-        return await self.call(RERANK, await prepare.off_engine(model_calls.prepare_rerank, *args))
+        prepared = await prepare.off_engine(model_calls.prepare_rerank, *args)
+        return cast("rerank.RerankOutput", await self.call(RERANK, prepared))
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
@@ -199,13 +200,13 @@ class Engine:
         """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
         loaded = self.serving(identity)
         ids = token_ids or await prepare.off_engine(model_calls.embedding_ids, loaded, text)
-        return await self.call(EMBED, "", ids)
+        return cast("embedding.EmbeddingOutput", await self.call(EMBED, "", ids))
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
 
     async def detokenize(self, ids: list[int]) -> str:
-        return await self.call(DETOKENIZE, ids)
+        return cast("str", await self.call(DETOKENIZE, ids))
 
     def serving(self, identity: str = "") -> LoadedModel:
         """The model a new request will run on; the one check a request's model passes.

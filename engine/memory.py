@@ -14,12 +14,14 @@ sequences, the prompt cache's memory tier and the prefill working set.
   `engine.step_budget`) and the copies of the running KV that rows joining or leaving
   the batch make (`copies`); bench/bench_memory_model.py and
   tests/process/test_memory_model.py check the sum against MLX's real peak.
-- `MemoryBudget`: admission. A sequence reserves its KV at its longest (prompt plus every
-  token it may generate) when it starts, so nothing admitted can outgrow the budget
-  later; mlx-lm's batch pads every row to the longest, so a batch of ``n`` rows costs
-  ``n`` times its longest row. The prompt cache gives memory back first (least recently
-  used entries); a request that does not fit waits, in order; one that can never fit,
-  even alone, is refused with the numbers. While the budget is tight the prefill chunk
+- `MemoryBudget`: what admission (`engine.preemption`) asks. A sequence the batch can
+  preempt counts at the KV it holds after its next step; any other reserves its longest
+  (prompt plus every token it may generate) when it starts. The batch pads every row to
+  the longest (`batch.decode.DecodeBatch`, as mlx-lm's), so ``n`` rows cost ``n`` times
+  the longest row. The prompt cache gives memory back first (least recently used
+  entries), then the newest preemptible sequences leave for the prompt cache and resume
+  later; a request that does not fit waits, in order; one that can never fit, even
+  alone, is refused with the numbers. While the budget is tight the prefill chunk
   shrinks to what fits.
 
 Defaults (`default_budget`): Metal, the device's recommended working set minus 10%; CPU
@@ -32,6 +34,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -112,7 +115,7 @@ def copies(kv: int) -> int:
     return int(max(kv, 0) * KV_COPIES)
 
 
-def _layer_bytes(layer) -> tuple[int, int]:
+def _layer_bytes(layer: Any) -> tuple[int, int]:
     """(bytes per token, fixed bytes) of one cache layer that has seen some tokens."""
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
     if keys is not None and values is not None and hasattr(layer, "offset"):
@@ -126,7 +129,7 @@ def _layer_bytes(layer) -> tuple[int, int]:
     return 0, sum(a.nbytes for a in _arrays(getattr(layer, "state", None)))
 
 
-def _arrays(state) -> list[mx.array]:
+def _arrays(state: Any) -> list[mx.array]:
     """The arrays in a cache layer's state (nested: quantized caches hold tuples)."""
     if isinstance(state, mx.array):
         return [state]
@@ -135,7 +138,7 @@ def _arrays(state) -> list[mx.array]:
     return []
 
 
-def profile(model, chunk: int) -> MemoryProfile:
+def profile(model: Any, chunk: int) -> MemoryProfile:
     """Measure `MemoryProfile` with two probe chunks of PROBE_TOKENS tokens (at most
     ``chunk``) through ``model``: one on a fresh cache (the KV per token, the working set
     per chunk token), one beside PROBE_CONTEXT tokens of KV already held (the attention
@@ -162,7 +165,7 @@ def profile(model, chunk: int) -> MemoryProfile:
     )
 
 
-def _working_set(model, cache: list, n: int) -> int:
+def _working_set(model: Any, cache: list, n: int) -> int:
     """Bytes MLX held above the cache while ``n`` tokens ran through ``model`` into
     ``cache`` (the KV they add not counted)."""
     mx.eval([c.state for c in cache if getattr(c, "state", None) is not None] or [mx.array(0)])
@@ -259,7 +262,7 @@ class MemoryBudget:
             )
 
     @classmethod
-    def off(cls, loaded) -> MemoryBudget:
+    def off(cls, loaded: Any) -> MemoryBudget:
         """No budget: everything fits."""
         return cls(0, loaded.weights_bytes, MemoryProfile(0, 0, 0), loaded.params.prefill_step_size)
 

@@ -58,8 +58,8 @@ E2E_BUCKETS = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
-# Sequences decoded together in one step (max_batch_size defaults to 8).
-BATCH_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Sequences decoded together in one step (up to max_batch_size, default 256).
+BATCH_ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 TIERS = ("memory", "disk")
 PROMPT_SOURCES = ("prefill", *TIERS)  # where a prompt token's KV came from

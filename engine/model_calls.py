@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from caches.prompt_tiers import PromptTiers
-from decoding import reasoning_formats
+from decoding import reasoning_formats, tool_formats
 from errors import FailedPrecondition, InvalidArgument
 from loading import vision
 from loading.loaded_model import LoadedModel
@@ -37,7 +37,9 @@ class ModelMetadata:
 
     supports_thinking: bool
     rendered_template: str  # a one-user-turn probe rendered with thinking enabled
-    tool_format: str  # mlx-lm tool parser name, e.g. "json_tools"; "" when none
+    # LocalAI's tool_parser name (e.g. "qwen3_xml") where one applies, else mlx-lm's parser
+    # module (e.g. "json_tools"); "" when none
+    tool_format: str
     tool_call_start: str
     tool_call_end: str
     think_start: str
@@ -77,7 +79,16 @@ def detokenize(loaded: LoadedModel, ids: list[int]) -> str:
     bad = [i for i in ids if i < 0 or i >= vocab]
     if bad:
         raise InvalidArgument(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab})")
-    return tokenizer.decode(ids)
+    return str(tokenizer.decode(ids))
+
+
+def _tool_format_name(tok: Any, parser: Any) -> str:
+    """The tool format's name: LocalAI's `tool_parser` name where one applies
+    (decoding/tool_formats), else mlx-lm's parser module (e.g. "json_tools"); "" for none."""
+    fmt = tool_formats.of(tok)
+    if fmt is not None:
+        return fmt.name
+    return getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else ""
 
 
 def metadata(loaded: LoadedModel) -> ModelMetadata:
@@ -100,7 +111,7 @@ def metadata(loaded: LoadedModel) -> ModelMetadata:
     return ModelMetadata(
         supports_thinking=bool(getattr(tok, "has_thinking", False)),
         rendered_template=rendered,
-        tool_format=getattr(parser, "__module__", "").rsplit(".", 1)[-1] if parser else "",
+        tool_format=_tool_format_name(tok, parser),
         tool_call_start=getattr(tok, "tool_call_start", None) or "",
         tool_call_end=getattr(tok, "tool_call_end", None) or "",
         think_start=think_start,

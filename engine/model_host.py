@@ -77,6 +77,14 @@ class ModelHost:
             # running or waiting is interrupted.
             logger.info("%s is already loaded with these options; serving on", current.name)
             return
+        budget = params.memory_budget
+        if current is not None and budget and budget < file_bytes:
+            # Refused before anything is released: the weights alone outgrow it.
+            raise ModelLoadError(
+                f"memory_budget {budget / memory.MIB:.0f} MiB is smaller than the weights "
+                f"({file_bytes / memory.MIB:.0f} MiB on disk): raise memory_budget (or 0 to "
+                f"turn it off); {current.name} serves on"
+            )
         keep = current is not None and loaded_model.fits_beside(current, file_bytes)
         if current is not None and not keep:
             logger.warning(
@@ -112,11 +120,16 @@ class ModelHost:
         self, loaded: LoadedModel, cache: PromptTiers | None = None, fingerprint: str | None = None
     ) -> None:
         """Serve ``loaded``; ``cache``: a prompt cache of one's own, else memory + disk
-        tiers (``fingerprint`` None: memory only)."""
+        tiers (``fingerprint`` None: memory only). A memory budget too small for ``loaded``
+        fails before the model served now is released."""
+        budget = self._memory_budget(loaded)
         self.unload(Unavailable(_REPLACED))
-        budget = self._memory_budget(loaded)  # before anything: a budget too small fails here
+        if budget.budget:
+            memory.apply_limits(budget.budget)
         if cache is None:  # after unload: the previous model's disk tiers are closed
-            cache = prompt_tiers.for_model(loaded, fingerprint)
+            cache = prompt_tiers.for_model(
+                loaded, fingerprint, budget.enabled and self.group.single_process
+            )
         self.scheduler = Scheduler(
             loaded, cache, self.group, self._on_metrics, self._on_idle, self.metrics, budget
         )
@@ -131,8 +144,8 @@ class ModelHost:
 
     def _memory_budget(self, loaded: LoadedModel) -> memory.MemoryBudget:
         """The memory budget of ``loaded`` (option memory_budget, else the platform
-        default), its profile measured (once per model and weight mode), MLX's own limits
-        set from it. Raises ModelLoadError when the budget cannot hold the weights and one
+        default), its profile measured (once per model and weight mode); `serve` sets MLX's
+        own limits from it. Raises ModelLoadError when the budget cannot hold the weights and one
         prefill chunk."""
         p = loaded.params
         budget = memory.default_budget() if p.memory_budget is None else p.memory_budget
@@ -147,7 +160,6 @@ class ModelHost:
                 logger.warning("memory budget off: cannot measure the model's KV (%r)", exc)
                 return memory.MemoryBudget.off(loaded)
         mem = memory.MemoryBudget(budget, loaded.weights_bytes, prof, p.prefill_step_size)
-        memory.apply_limits(budget)
         logger.info(
             "memory budget %.0f MiB: weights %.0f MiB, KV %.1f KiB/token (+%.1f KiB fixed), "
             "prefill %.1f KiB/token",

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from caches.prompt_tiers import PromptTiers
+from caches.prompt_tiers import PromptTiers, entry_bound
 from decoding import grammar, sampling
 from decoding.finish import FinishReason
 from decoding.output import Delta, OutputPipeline
@@ -138,7 +138,10 @@ class Scheduler:
         self.cache: PromptTiers = (
             cache
             if cache is not None
-            else PromptCache(loaded.params.max_cache_entries, loaded.params.max_cache_bytes)
+            else PromptCache(
+                entry_bound(loaded.params, self.memory.enabled and group.single_process),
+                loaded.params.max_cache_bytes,
+            )
         )
         self.group = group
         self._on_metrics = on_metrics

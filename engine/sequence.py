@@ -102,6 +102,10 @@ class Sequence:
         self.resume_ids: list[int] | None = None
         self.preemptions = 0  # times it was preempted (> 0 in the queue: it resumes)
         self.fetched: tuple[list[int], CacheLookup] | None = None  # its resume's lookup
+        # Its row in the continuous batch (`engine.sequences.BatchRunner`).
+        self.prefilled = 0  # prompt tokens the row has prefilled
+        self.decoding = False  # the row is past its prefill
+        self.shares: set[int] = set()  # prompt positions the row stores for waiting requests
 
     # -- the handle's side, read from the engine thread --------------------------------
     @property
@@ -203,6 +207,36 @@ class Sequence:
         """Taken out to make room: it resumes from ``resume_ids``."""
         self.resume_ids = resume_ids
         self.preemptions += 1
+
+    def joined_batch(self) -> None:
+        """A new row in the continuous batch (started, resumed or handed over)."""
+        self.prefilled, self.decoding, self.shares = 0, False, set()
+
+    def prefill_progress(self, done: int, end_of_prompt: bool) -> int:
+        """Its row has prefilled ``done`` prompt tokens (``end_of_prompt``: all, it now
+        decodes); the tokens new since the last report."""
+        new = max(done - self.prefilled, 0)
+        self.prefilled = done
+        self.decoding = self.decoding or end_of_prompt
+        return new
+
+    def will_share(self, position: int) -> None:
+        """Its row's prefill stops at ``position`` to store that prefix for others."""
+        self.shares.add(position)
+
+    def shared(self, position: int) -> bool:
+        """Its row stored the prefix up to ``position``: whether it was one it promised."""
+        if position not in self.shares:
+            return False
+        self.shares.discard(position)
+        return True
+
+    def stop_sharing(self) -> bool:
+        """Its row stores no more prefixes (it left, or finished its prefill): whether it
+        still had some to store (their waiters start on their own)."""
+        pending = bool(self.shares)
+        self.shares = set()
+        return pending
 
     def keep_fetched(self, fetched: tuple[list[int], CacheLookup] | None) -> None:
         """Its resume's prompt-cache lookup, taken before room was made (or None: taken)."""

@@ -148,13 +148,10 @@ class BatchRunner:
         self._eos_ids = eos_ids
         self.row_kind = row_kind(loaded)  # decided once per load
         self._own_rows = self.row_kind is RowKind.OWN
-        self._uids: set[int] = set()
-        self._decoding: set[int] = set()  # rows past their prefill
-        self._prefilled: dict[int, int] = {}  # prompt tokens prefilled so far, per row
-        # In-flight prefix sharing: positions where a row's KV is copied to the prompt
-        # cache for requests waiting on that prefix, and the copies made since last asked.
-        self._shares: dict[int, set[int]] = {}
-        self._share_job: dict[int, Sequence] = {}
+        # Its rows' sequences, by uid; each row's state (prefill progress, decoding, the
+        # prefixes it stores for others) is its Sequence's.
+        self._rows: dict[int, Sequence] = {}
+        # In-flight prefix sharing: the copies made since last asked (`take_shared`).
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
         self._batch = self._new_batch()
@@ -186,27 +183,21 @@ class BatchRunner:
 
     def close(self) -> None:
         """Drop every row (and its KV)."""
-        self._batch.remove(list(self._uids))
+        self._batch.remove(list(self._rows))
         self._batch.close()
         self._forget_all()
 
     def _forget_all(self) -> None:
-        self._uids.clear()
-        self._decoding.clear()
-        self._prefilled.clear()
-        self._shares.clear()
-        self._share_job.clear()
+        self._rows.clear()
         self._shared.clear()
 
     def _forget(self, uid: int) -> None:
-        self._uids.discard(uid)
-        self._decoding.discard(uid)
-        self._prefilled.pop(uid, None)
-        self._unshare(uid)
+        seq = self._rows.pop(uid, None)
+        if seq is not None:
+            self._unshare(uid, seq)
 
-    def _unshare(self, uid: int) -> None:
-        self._share_job.pop(uid, None)
-        if self._shares.pop(uid, None):
+    def _unshare(self, uid: int, seq: Sequence) -> None:
+        if seq.stop_sharing():
             self._shared.append((uid, None))
 
     # ------------------------------------------------------------------ sharing
@@ -216,13 +207,12 @@ class BatchRunner:
         trims), "later" (its prefill now stops there; `take_shared` says when it is
         stored), or "" (not possible: then the other request prefills on its own)."""
         uid = job.uid
-        row = self._batch.held(uid) if uid is not None and uid in self._uids else None
+        row = self._batch.held(uid) if uid is not None and uid in self._rows else None
         if uid is None or row is None:
             return ""
         held, stage = row
         if self._batch.cut(uid, position):
-            self._shares.setdefault(uid, set()).add(position)
-            self._share_job[uid] = job
+            job.will_share(position)
             return "later"
         if held < position or stage == 0:  # a waiting row's cache is its own, not a copy
             return ""
@@ -240,12 +230,12 @@ class BatchRunner:
 
     @property
     def rows(self) -> int:
-        return len(self._uids)
+        return len(self._rows)
 
     @property
     def nbytes(self) -> int:
         """KV bytes of the running batch."""
-        return self._batch.nbytes if self._uids else 0
+        return self._batch.nbytes if self._rows else 0
 
     def holds(self, params: GenerationParams) -> bool:
         """Whether a request decodes in this batch; if not, it runs solo: quantized KV or
@@ -305,7 +295,8 @@ class BatchRunner:
             logprobs=bool(job.params.logprobs),
             draft=draft,
         )
-        self._uids.add(uid)
+        job.joined_batch()
+        self._rows[uid] = job
         return uid
 
     def adopt(
@@ -324,26 +315,25 @@ class BatchRunner:
             stops=stops_at_eos(job.params),
             logprobs=bool(job.params.logprobs),
         )
-        self._uids.add(uid)
+        job.joined_batch()
+        self._rows[uid] = job
         return uid
 
     def step(self, jobs: dict[int, Sequence]) -> list[Token]:
         """One batch step: a prefill chunk and/or one token for every decoding row;
         prefill snapshots taken where a row stopped at one of its checkpoints."""
-        if not self._uids:
+        if not self._rows:
             return []
-        decoding = bool(self._decoding)
+        decoding = any(s.decoding for s in self._rows.values())
         # The budget's chunk for this step; the batch reads it on every step.
         self._plan_chunk(decoding)
         start = time.perf_counter()
         prompt_responses, responses = self._batch.next()
         prefilled = 0
         for r in prompt_responses:
-            done = r.progress[0]
-            prefilled += max(done - self._prefilled.get(r.uid, 0), 0)
-            self._prefilled[r.uid] = done
-            if r.end_of_prompt:
-                self._decoding.add(r.uid)
+            seq = self._rows.get(r.uid)
+            if seq is not None:
+                prefilled += seq.prefill_progress(r.progress[0], r.end_of_prompt)
         self.budget.observe(time.perf_counter() - start, prefilled, decoding)
         self._at_boundaries(prompt_responses, jobs)
         out = []
@@ -358,10 +348,11 @@ class BatchRunner:
     def _plan_chunk(self, decoding: bool) -> None:
         """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
         A distributed follower plans the same (its budget has no time part there)."""
-        held = [(self._batch.held(u) or (0, 0))[0] for u in self._uids - self._decoding]
-        self._batch.prefill_step_size = self.budget.chunk(
-            len(held), decoding, max(held, default=0), self.nbytes
-        )
+        rows = [self._batch.held(u) or (0, 0) for u, s in self._rows.items() if not s.decoding]
+        grouped = sum(1 for _, stage in rows if stage == 1)
+        context = max((n for n, _ in rows), default=0)
+        chunk, most = self.budget.plan(len(rows) - grouped, grouped, decoding, context, self.nbytes)
+        self._batch.prefill_step_size, self._batch.prefill_rows = chunk, most
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
@@ -371,30 +362,34 @@ class BatchRunner:
             for r in prompt_responses
             if r.end_of_segment
             and not r.end_of_prompt
-            and ((r.uid in jobs and jobs[r.uid].snapshots) or r.uid in self._shares)
+            and r.uid in self._rows
+            and (self._rows[r.uid].snapshots or self._rows[r.uid].shares)
         ]
         if boundaries:
             extracted = self._batch.extract_cache(boundaries)
-            self.checkpoints.store_extracted(extracted, jobs)
+            self.checkpoints.store_extracted(extracted, self._rows)
             for uid, (kv, tokens) in extracted.items():
-                n, job = len(tokens), self._share_job.get(uid)
-                if job is not None and n in self._shares.get(uid, ()):
+                n, job = len(tokens), self._rows[uid]
+                if job.shared(n):
                     if n not in job.snapshots:  # else the checkpoint stored it
                         self.checkpoints.store(job, list(tokens), kv)
-                    self._shares[uid].discard(n)
                     self._shared.append((uid, n))
         for r in prompt_responses:
-            if r.end_of_prompt:
-                self._unshare(r.uid)
+            seq = self._rows.get(r.uid)
+            if r.end_of_prompt and seq is not None:
+                self._unshare(r.uid, seq)
 
     def mirror_step(self) -> dict[int, tuple]:
         """A distributed follower's step: the same decode, no output; {uid: (kv, tokens)}
         of the rows the batch ended itself."""
-        if not self._uids:
+        if not self._rows:
             return {}
-        self._plan_chunk(bool(self._decoding))
+        self._plan_chunk(any(s.decoding for s in self._rows.values()))
         prompt_responses, responses = self._batch.next()
-        self._decoding.update(p.uid for p in prompt_responses if p.end_of_prompt)
+        for r in prompt_responses:
+            seq = self._rows.get(r.uid)
+            if seq is not None:
+                seq.prefill_progress(r.progress[0], r.end_of_prompt)
         self._at_boundaries(prompt_responses, {})  # rank 0's `share` cuts, repeated here
         finished = {}
         for g in responses:
@@ -405,7 +400,7 @@ class BatchRunner:
 
     def release(self, job: Sequence) -> tuple | None:
         """Take ``job``'s row out of the batch: (kv, tokens) for the prompt cache."""
-        if job.uid not in self._uids:
+        if job.uid not in self._rows:
             return None
         self._forget(job.uid)
         return self._batch.remove([job.uid], return_prompt_caches=True).get(job.uid)
@@ -415,7 +410,7 @@ class BatchRunner:
         (`DecodeBatch.pending`), with the finish it makes (STOP at EOS, LENGTH at
         ``job.max_tokens``); None while its row prefills."""
         uid = job.uid
-        got = pending(self._batch, uid) if uid is not None and uid in self._uids else None
+        got = pending(self._batch, uid) if uid is not None and uid in self._rows else None
         if uid is None or got is None:
             return None
         token, logprobs = got
@@ -423,7 +418,7 @@ class BatchRunner:
 
     def drop(self, job: Sequence) -> None:
         """Take ``job``'s row out, discarding its KV."""
-        if job.uid in self._uids:
+        if job.uid in self._rows:
             self._forget(job.uid)
             self._batch.remove([job.uid])
 

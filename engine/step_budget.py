@@ -9,6 +9,15 @@ left); here the budget is time, since tokens per second differ by orders of magn
 between a 2-core CPU and a GPU: while rows decode, the chunk is what the measured prefill
 speed fits into ``budget_ms`` after the decode step; with nobody decoding, the full chunk
 (the fastest prefill).
+
+How the step's prefill tokens are shared (issue 38): in arrival order, as vLLM's scheduler
+gives its token budget to the oldest requests first (vllm/v1/core/sched/scheduler.py,
+``schedule``: running requests, then waiting ones, each taking what is left of
+``max_num_batched_tokens``), not in equal slices to every prefilling row. With 16 agents'
+turns of 500 tokens arriving together and room for 4,000 tokens a step, equal slices end
+every prefill in the second step; in order, half end in the first. `plan` says how many
+rows the batch's prefill group may hold (the others wait to enter it, in order) and their
+chunk.
 """
 
 from __future__ import annotations
@@ -75,6 +84,31 @@ class PrefillBudget:
         room = max(self.budget_s - self.decode_s, 0.0) * self.rate / prefill_rows
         tokens = int(room) // CHUNK_QUANTUM * CHUNK_QUANTUM
         return max(MIN_CHUNK, min(largest, tokens))
+
+    def plan(
+        self, waiting: int, grouped: int, decoding: bool, context: int = 0, kv: int = 0
+    ) -> tuple[int, int | None]:
+        """(chunk, most rows in the prefill group; None: every row) for the next step:
+        ``grouped`` rows prefill now, ``waiting`` more would join (module doc). Rows take
+        about a full chunk each, in order, within the time budget; rows in the group stay
+        (their KV is merged there). Where the time part is off (nobody decodes, budget
+        0, no speed measured yet), every row joins and shares the chunk (`chunk`)."""
+        rows = waiting + grouped
+        tokens = self._tokens(decoding)
+        if tokens is None or rows == 0:
+            return self.chunk(rows, decoding, context, kv), None
+        full = for_context(context, self.max_chunk)
+        most = max(grouped, 1, int(tokens) // full)
+        if most >= rows:
+            return self.chunk(rows, decoding, context, kv), None
+        return self.chunk(most, decoding, context, kv), most
+
+    def _tokens(self, decoding: bool) -> float | None:
+        """Prompt tokens the time budget leaves a step beside the decode (all rows
+        together); None where no time budget applies."""
+        if not decoding or self.budget_s <= 0 or self.rate is None:
+            return None
+        return max(self.budget_s - self.decode_s, 0.0) * self.rate
 
     def observe(self, seconds: float, prefill_tokens: int, decoding: bool) -> None:
         """One step took ``seconds``, prefilling ``prefill_tokens`` tokens (all rows), with

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -67,12 +67,13 @@ def _tower(parts: Any, vision: Any, i: int) -> mx.array:
     if parts.family.tower == "qwen":
         grid = mx.array(vision.image_extra[i]["image_grid_thw"])
         dtype = model.vision_tower.patch_embed.proj.weight.dtype
-        return model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False)
+        out = model.vision_tower(pixels.astype(dtype), grid, output_hidden_states=False)
+        return cast(mx.array, out)
     if parts.family.tower == "gemma3":
         hidden, _, _ = model.vision_tower(
             pixels.transpose(0, 2, 3, 1).astype(_embed_dtype(parts)), output_hidden_states=True
         )
-        return model.multi_modal_projector(hidden)
+        return cast(mx.array, model.multi_modal_projector(hidden))
     raise TypeError(f"no per-image vision tower for {parts.model_type}")
 
 

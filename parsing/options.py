@@ -80,7 +80,9 @@ def env_on(environ: Mapping[str, str], name: str, default: bool = True) -> bool:
 
 
 # --- built-in defaults ----------------------------------------------------------------
-DEFAULT_MAX_CACHE_ENTRIES = 10  # the original backend's default
+# Prompt-cache entries kept in memory where no memory budget bounds their bytes (memory_budget:0,
+# distributed groups: `caches.prompt_tiers.entry_bound`): the original backend's default.
+DEFAULT_MAX_CACHE_ENTRIES = 10
 DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
 # grammar_scope: a constraint covers the answer after the reasoning, or all the output.
@@ -97,7 +99,12 @@ DEFAULT_NUM_DRAFT_TOKENS = 3  # draft tokens per speculative step (mlx-lm's serv
 # accepted, so a wider cap pays on repetitive text and costs little elsewhere.
 DEFAULT_NGRAM_DRAFT_TOKENS = 8
 DEFAULT_NGRAM_SIZE = 3  # longest n-gram looked up for drafts (option ngram_size)
-DEFAULT_MAX_BATCH_SIZE = 8  # sequences decoded together (option ``max_batch_size``)
+# Most sequences decoded together (option ``max_batch_size``): a ceiling, not the usual bound.
+# Below it the memory budget admits by the KV sequences hold and preempts when it runs short
+# (engine/preemption.py), and the step budget shares each step's prefill (engine/step_budget.py),
+# so 32 agents arriving together all start within a step or two. The ceiling bounds the decode
+# step's time and the batch's host work per row; 256 is vLLM's default ``max_num_seqs``.
+DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
 DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
 # Milliseconds one batch step may take while others decode (option ``step_budget_ms``): the
@@ -202,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
            "field `TrustRemoteCode`)", default=False, group=_TOKENIZER, field=False),
     # prompt cache, KV and memory
     Option("max_cache_entries", "int", "prompt-cache entries kept in memory", lo=1,
-           default=DEFAULT_MAX_CACHE_ENTRIES, group=_CACHE),
+           shown="unbounded: the memory budget decides (10 without one)", group=_CACHE),
     Option("max_cache_bytes", "size", "bytes the prompt cache's memory tier may hold",
            shown="unbounded", group=_CACHE),
     Option("max_kv_size", "int", "a rotating KV cache of this many tokens", lo=1,
@@ -232,7 +239,8 @@ OPTIONS: tuple[Option, ...] = (
            "and prefill (README \"Memory budget\")", lo=0,
            shown="the platform's (0 = off)", group=_CACHE),
     # batching and scheduling
-    Option("max_batch_size", "int", "sequences decoded together", lo=1,
+    Option("max_batch_size", "int", "most sequences decoded together (below it the "
+           "memory budget decides: README \"Memory budget\")", lo=1,
            default=DEFAULT_MAX_BATCH_SIZE, group=_BATCH),
     Option("max_queue", "int", "requests waiting for a batch slot", lo=0,
            default=DEFAULT_MAX_QUEUE, group=_BATCH),

@@ -117,7 +117,7 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
         # mlx-lm's own Python chat templates do not take that argument).
         messages[-1]["content"] = f"{messages[-1]['content']}{_CONTINUE_MARK}"
     try:
-        text = tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=not spec.continue_final,
@@ -156,7 +156,7 @@ def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) 
         return 0
     head = [copy.deepcopy(dict(m)) for m in messages[:last_user]]
     try:
-        text = tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             head,
             tokenize=False,
             add_generation_prompt=False,

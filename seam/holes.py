@@ -14,7 +14,7 @@ returns only a row's live entries. Kept small and separate so that it can go ups
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -65,7 +65,7 @@ class HoleyBatchKVCache(BatchKVCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         prev = self._idx
-        out = super().update_and_fetch(keys, values)
+        out: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
         if self.dead is not None:
             cap = self.keys.shape[2]
             if self.dead.shape[1] != cap:  # the keys were regrown from column ``prev``
@@ -76,7 +76,7 @@ class HoleyBatchKVCache(BatchKVCache):
         return out
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
-        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        mask: mx.array = super().make_mask(N, return_array=return_array, **kwargs)
         if self.dead is None:
             return mask
         alive = mx.concatenate(
@@ -168,7 +168,7 @@ class HoleyBatchKVCache(BatchKVCache):
 
     def extract(self, idx: int) -> KVCache:
         if self.dead is None or not self.holes or not self.holes[idx]:
-            return super().extract(idx)
+            return cast(KVCache, super().extract(idx))
         cols = mx.array(self._live(idx))
         cache = KVCache()
         cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))

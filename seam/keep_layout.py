@@ -205,7 +205,7 @@ class KeepRotatingLayout:
         return visible[0], visible[1]
 
     def make_mask(
-        self, N: int, window_size: int | None = None, return_array: bool = False, **kwargs
+        self, N: int, window_size: int | None = None, return_array: bool = False, **kwargs: Any
     ) -> mx.array:
         """The (B, 1, N, columns) boolean mask of the next update of N tokens.
 
@@ -302,4 +302,4 @@ class KeepRotatingLayout:
     def nbytes(self) -> int:
         if self.keys is None:
             return 0
-        return self.keys.nbytes + self.values.nbytes + self.pos.nbytes
+        return int(self.keys.nbytes + self.values.nbytes + self.pos.nbytes)

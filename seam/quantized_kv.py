@@ -8,7 +8,7 @@ and separate so that it can go upstream.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_map, tree_reduce
@@ -100,7 +100,7 @@ class BatchQuantizedKVCache(BatchKVCache):
         return self.keys_and_values()
 
     def keys_and_values(self) -> tuple:
-        return tree_map(lambda x: x[..., : self._idx, :], (self.keys, self.values))
+        return cast(tuple, tree_map(lambda x: x[..., : self._idx, :], (self.keys, self.values)))
 
     def finalize(self) -> None:
         if self._right_padding is not None:
@@ -266,4 +266,4 @@ class BatchQuantizedKVCache(BatchKVCache):
     def nbytes(self) -> int:
         if self.keys is None:
             return 0
-        return tree_reduce(lambda a, x: a + x.nbytes, (self.keys, self.values), 0)
+        return int(tree_reduce(lambda a, x: a + x.nbytes, (self.keys, self.values), 0))

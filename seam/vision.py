@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 PRIVATE = (
     (
@@ -38,7 +38,7 @@ def numpy_on_workers(processor: Any) -> None:
         def to_mlx(data: dict, _original: Any = original) -> dict:
             if getattr(_numpy_threads, "active", False):
                 return dict(data)
-            return _original(data)
+            return cast(dict, _original(data))
 
         to_mlx._numpy_aware = True  # type: ignore[attr-defined]
         setattr(module, "to_mlx", to_mlx)  # noqa: B010

@@ -1,1 +1,2 @@
-"""Tasks other than generation: ``scoring`` (the Score RPC) and ``embedding``."""
+"""Tasks other than generation: ``scoring`` (Score), ``rerank`` (Rerank), ``embedding``
+(Embedding)."""

@@ -131,21 +131,40 @@ def wait_idle(stub, timeout: float = 30.0, call_timeout: float | None = None) ->
         busy = s["requests_running"] or s["requests_waiting"] or s["kv_active"]
         return s if s["state"] == backend_pb2.StatusResponse.READY and not busy else None
 
-    s = wait_until(idle, timeout)
-    assert s is not None, f"server never went idle: {status(stub, call_timeout)}"
-    return s
+    return wait_until(
+        idle, timeout, explain=lambda: f"server never went idle: {status(stub, call_timeout)}"
+    )
 
 
 # --------------------------------------------------------------------------- waiting
-def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
-    """Call ``predicate`` until it returns something truthy or ``timeout`` seconds pass;
-    return its last value (truthy once the condition holds, falsy on timeout)."""
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    interval: float = 0.05,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Call ``predicate`` until it returns something truthy; return that value. Raises
+    TimeoutError when ``timeout`` seconds pass first, with its last value and what
+    ``explain()`` says (logs, a Status: read only then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
-        if value or time.monotonic() >= deadline:
+        if value:
             return value
+        if time.monotonic() >= deadline:
+            detail = f": {explain()}" if explain is not None else ""
+            raise TimeoutError(f"not within {timeout:g} s (last value {value!r}){detail}")
         time.sleep(interval)
+
+
+def never(predicate: Callable[[], object], seconds: float, interval: float = 0.05) -> bool:
+    """Whether ``predicate`` stays falsy for ``seconds`` (it is asked until then)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return False
+        time.sleep(interval)
+    return not predicate()
 
 
 def free_ports(n: int, consecutive: bool = False) -> list[int]:

@@ -36,6 +36,7 @@ class Case:
     reasoning: str = ""
     initial: str = "normal"
     why: str = field(default="", compare=False)  # known differences: the reason
+    tools: tuple = ()  # the request's tool definitions (OpenAI's shape), where vLLM's has some
 
 
 def hermes(id, output, calls=(), content="", tool="hermes", **kw):
@@ -991,8 +992,18 @@ def weather(city: str, state: str, unit: str) -> tuple:
     return ("get_current_weather", {"city": city, "state": state, "unit": unit})
 
 
+GLM_TWO = (
+    glm_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
+    + "\n    "
+    + glm_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
+)
 GLM45_CASES = [
     glm("no_tools", "This is a test", content="This is a test"),
+    glm(
+        "multiple_tool_calls",
+        GLM_TWO,
+        [weather("Dallas", "TX", "fahrenheit"), weather("Orlando", "FL", "fahrenheit")],
+    ),
     glm(
         "single_tool_call",
         glm_call(
@@ -1039,8 +1050,2497 @@ GLM45_CASES = [
     ),
 ]
 
+
+PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py"
+LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py"
+
+
+def pythonic(id, output, calls=(), content="", tool="pythonic", source=PYTHONIC):
+    return Case(id, source, tool, "", output, tuple(calls), content)
+
+
+PY_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
+PY_SIMPLE_CALL = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+PY_MORE = (
+    "register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, "
+    "role=None, passed_test=True, aliases=['John', 'Johnny'])"
+)
+PY_MORE_CALL = (
+    "register_user",
+    {
+        "name": "John Doe",
+        "age": 37,
+        "address": {"city": "San Francisco", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+PY_ESCAPED = r"get_weather(city='Martha\'s Vineyard', metric='\"cool units\"')"
+PY_ESCAPED_CALL = ("get_weather", {"city": "Martha's Vineyard", "metric": '"cool units"'})
+PY_FORMS = [  # test_tool_call's TEST_CASES, each id with _streaming and _nonstreaming
+    ("simple", PY_SIMPLE, [PY_SIMPLE_CALL]),
+    ("more_types", PY_MORE, [PY_MORE_CALL]),
+    ("parameterless", "get_weather()", [("get_weather", {})]),
+    (
+        "empty_dict",
+        "do_something_cool(additional_data={})",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    ("empty_list", "do_something_cool(steps=[])", [("do_something_cool", {"steps": []})]),
+    ("escaped_string", PY_ESCAPED, [PY_ESCAPED_CALL]),
+    ("parallel_calls", f"{PY_SIMPLE}, {PY_MORE}", [PY_SIMPLE_CALL, PY_MORE_CALL]),
+]
+PY_TIMEOUT_INPUT = "hello world[A(A=" + "\t)A(A=,\t" * 2
+PYTHONIC_CASES = [
+    pythonic("test_no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    *[pythonic(f"test_tool_call[{i}_(non)streaming]", f"[{o}]", c) for i, o, c in PY_FORMS],
+    pythonic(
+        "test_streaming_tool_call_with_large_steps",
+        "[get_weather(city='San Francisco', metric='celsius'), get_weather(), "
+        "do_something_cool(steps=[])]",
+        [PY_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    pythonic("test_regex_timeout_handling", PY_TIMEOUT_INPUT, content=PY_TIMEOUT_INPUT),
+    pythonic(
+        "test_bad_sibling_call_does_not_drop_good_calls",
+        f"[bad(x=b'z'), {PY_SIMPLE}]",
+        [PY_SIMPLE_CALL],
+    ),
+    pythonic(
+        "test_non_finite_argument_rejected", f"[calc(x=1e999), {PY_SIMPLE}]", [PY_SIMPLE_CALL]
+    ),
+    pythonic(
+        "test_good_call_survives_unparsable_sibling",
+        f"[{PY_SIMPLE}, f(a='x 'y', b='z')]",
+        [PY_SIMPLE_CALL],
+    ),
+    pythonic(
+        "test_unrecoverable_block_still_reports_no_tool_call",
+        "[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
+        content="[f(a='x 'y' 'z), g(b='p 'q' 'r)]",
+    ),
+    # vLLM asserts no call (its content unchecked): the text comes back as content here.
+    pythonic(
+        "test_streaming_mismatched_brackets_reported_once", "[foo(x=1])]", content="[foo(x=1])]"
+    ),
+]
+
+
+def llama4p(id, output, calls=(), content=""):
+    return pythonic(id, output, calls, content, "llama4_pythonic", LLAMA4P)
+
+
+L4_SIMPLE_CALL = ("get_weather", {"city": "LA", "metric": "C"})
+L4_MORE = (
+    "[register_user(name='Doe', age=9, address={'city': 'LA', 'state': 'CA'}, role=None, "
+    "passed_test=True, aliases=['John', 'Johnny'])]"
+)
+L4_MORE_CALL = (
+    "register_user",
+    {
+        "name": "Doe",
+        "age": 9,
+        "address": {"city": "LA", "state": "CA"},
+        "role": None,
+        "passed_test": True,
+        "aliases": ["John", "Johnny"],
+    },
+)
+L4_DOE = ("register_user", {"name": "Doe", "age": 9})
+L4_INNER = "get_weather(city='LA', metric='C')"
+LLAMA4_PYTHONIC_CASES = [
+    llama4p("test_no_tool_call", "How can I help you today?", content="How can I help you today?"),
+    # test_tool_call's TEST_CASES (simple_streaming is the escaped-string output there)
+    llama4p("test_tool_call[simple_streaming]", f"[{PY_ESCAPED}]", [PY_ESCAPED_CALL]),
+    llama4p("test_tool_call[simple_nonstreaming]", f"[{L4_INNER}]", [L4_SIMPLE_CALL]),
+    llama4p("test_tool_call[more_types_(non)streaming]", L4_MORE, [L4_MORE_CALL]),
+    llama4p(
+        "test_tool_call[parameterless_(non)streaming]", "[get_weather()]", [("get_weather", {})]
+    ),
+    llama4p(
+        "test_tool_call[empty_dict_(non)streaming]",
+        "[do_something_cool(additional_data={})]",
+        [("do_something_cool", {"additional_data": {}})],
+    ),
+    llama4p(
+        "test_tool_call[empty_list_(non)streaming]",
+        "[do_something_cool(steps=[])]",
+        [("do_something_cool", {"steps": []})],
+    ),
+    llama4p("test_tool_call[escaped_string_(non)streaming]", f"[{PY_ESCAPED}]", [PY_ESCAPED_CALL]),
+    llama4p(
+        "test_tool_call[parallel_calls_(non)streaming]",
+        "[get_weather(city='LA',metric='C'),register_user(name='Doe',age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_tool_call[python_tag_(non)streaming]",
+        f"<|python_start|>[{L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    llama4p(
+        "test_tool_call[parallel_calls_streaming, python_start]",
+        "<|python_start|>[get_weather(city='LA', metric='C'),register_user(name='Doe', age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_tool_call[parallel_calls_nonstreaming, python_start]",
+        "<|python_start|>[get_weather(city='LA', metric='C'), register_user(name='Doe', age=9)]",
+        [L4_SIMPLE_CALL, L4_DOE],
+    ),
+    llama4p(
+        "test_streaming_tool_call_with_large_steps",
+        "<|python_start|>[get_weather(city='LA', metric='C'), get_weather(), "
+        "do_something_cool(steps=[])]<|python_end|>",
+        [L4_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+    ),
+    llama4p("test_regex_timeout_handling", PY_TIMEOUT_INPUT, content=PY_TIMEOUT_INPUT),
+    llama4p(
+        "test_bad_sibling_call_does_not_drop_good_calls",
+        f"<|python_start|>[bad(x=b'z'), {L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    llama4p(
+        "test_non_finite_argument_rejected",
+        f"<|python_start|>[calc(x=1e999), {L4_INNER}]<|python_end|>",
+        [L4_SIMPLE_CALL],
+    ),
+    # vLLM asserts no call (content unchecked): the block comes back as content here.
+    llama4p(
+        "test_streaming_mismatched_brackets_reported_once",
+        "<|python_start|>[foo(x=1])]<|python_end|>",
+        content="<|python_start|>[foo(x=1])]<|python_end|>",
+    ),
+]
+
+
+XLAM = "tests/tool_parsers/test_xlam_tool_parser.py"
+
+
+def xlam(id, output, calls=(), content=""):
+    return Case(id, XLAM, "xlam", "", output, tuple(calls), content)
+
+
+def xlam_list(*calls: tuple[str, dict]) -> str:
+    return json.dumps([{"name": n, "arguments": a} for n, a in calls])
+
+
+X_DALLAS = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+X_ORLANDO = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})
+X_SEATTLE = ("get_current_weather", {"city": "Seattle", "state": "WA", "unit": "celsius"})
+X_ONE = xlam_list(X_DALLAS)
+XLAM_CASES = [
+    xlam("test_extract_tool_calls_no_tools", "This is a test", content="This is a test"),
+    # test_extract_tool_calls (non-streaming) and test_extract_tool_calls_streaming_incremental
+    xlam(
+        "test_extract_tool_calls[parallel_tool_calls]",
+        xlam_list(X_DALLAS, X_ORLANDO),
+        [X_DALLAS, X_ORLANDO],
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_think_tag]",
+        "<think>I'll help you with that.</think>" + X_ONE,
+        [X_DALLAS],
+        content="<think>I'll help you with that.</think>",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_json_code_block]",
+        "I'll help you with that.\n```json\n" + X_ONE + "\n```",
+        [X_DALLAS],
+        content="I'll help you with that.",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_tool_calls_tag]",
+        "I'll check the weather for you.[TOOL_CALLS]" + X_ONE,
+        [X_DALLAS],
+        content="I'll check the weather for you.",
+    ),
+    xlam(
+        "test_extract_tool_calls[single_tool_with_tool_call_xml_tags]",
+        "I'll help you check the weather.<tool_call>" + X_ONE + "</tool_call>",
+        [X_DALLAS],
+        content="I'll help you check the weather.",
+    ),
+    xlam(
+        "test_extract_tool_calls_list_structure[list_structured_tool_call]",
+        xlam_list(X_SEATTLE),
+        [X_SEATTLE],
+    ),
+    xlam(
+        "test_preprocess_model_output[list]",
+        xlam_list(("get_current_weather", {"city": "Seattle"})),
+        [("get_current_weather", {"city": "Seattle"})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_json_code_block]",
+        "```json\n" + X_ONE + "\n```",
+        [X_DALLAS],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_tool_calls_tag]",
+        "[TOOL_CALLS]" + X_ONE,
+        [X_DALLAS],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_incremental[single_tool_with_tool_call_xml_tags]",
+        "I can help with that.<tool_call>" + X_ONE + "</tool_call>",
+        [X_DALLAS],
+        content="I can help with that.",
+    ),
+    xlam(
+        "test_extract_tool_calls_non_ascii",
+        '[{"name": "get_current_weather", "arguments": {"city": "北京"}}, '
+        '{"name": "get_current_weather", "arguments": {"city": "上海"}}]',
+        [("get_current_weather", {"city": "北京"}), ("get_current_weather", {"city": "上海"})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_one_empty_args_tool[first]",
+        '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 42}}]',
+        [("a", {}), ("b", {"x": 42})],
+    ),
+    xlam(
+        "test_extract_tool_calls_streaming_one_empty_args_tool[last]",
+        '[{"name": "a", "arguments": {"x": 42}}, {"name": "b", "arguments": {}}]',
+        [("a", {"x": 42}), ("b", {})],
+    ),
+]
+
+
+SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py"
+SEED_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get current temperature for a given location.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string"},
+                    "unit": {"type": "string"},
+                },
+                "required": ["location"],
+            },
+        },
+    },
+)
+
+
+def seed(id, output, calls=(), content="", tools=SEED_TOOLS):
+    return Case(id, SEED, "seed_oss", "", output, tuple(calls), content, tools=tools)
+
+
+SEED_CALL = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>"
+    "\n</function>\n</seed:tool_call>"
+)
+SEED_CALL_UNIT = (
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=location>Barcelona, Spain</parameter>"
+    "\n<parameter=unit>celsius</parameter>\n</function>\n</seed:tool_call>"
+)
+BARCELONA = ("get_weather", {"location": "Barcelona, Spain"})
+BARCELONA_C = ("get_weather", {"location": "Barcelona, Spain", "unit": "celsius"})
+SEED_THINK_512 = (
+    "<seed:think>The user's current thinking budget is 512.</seed:cot_budget_reflect>\nLet me "
+    "analyze the question.\n<seed:cot_budget_reflect>I have used 131 tokens, and there are 381 "
+    "tokens remaining for use.</seed:cot_budget_reflect>\n The unit parameter can be omitted "
+    "since it's optional.</seed:think>\n"
+)
+SEED_THINK_UNLIMITED = (
+    "<seed:think>\nGot it, let's see. The format is <seed:tool_call>\n<function=get_weather>\n"
+    "<parameter=location>Barcelona, Spain</parameter>\n<parameter=unit>celsius</parameter>\n"
+    "</function>\n</seed:tool_call>. Let me go with that.</seed:think>"
+)
+SEED_OSS_CASES = [
+    seed(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+        tools=(),
+    ),
+    seed("test_extract_tool_calls[tool_call_0_thinking_budget]", SEED_CALL, [BARCELONA]),
+    seed(
+        "test_extract_tool_calls[tool_call_512_thinkg_budget] (reasoning shortened)",
+        SEED_THINK_512 + SEED_CALL,
+        [BARCELONA],
+        content=SEED_THINK_512,
+    ),
+    seed(
+        "test_streaming_tool_calls[tool_call_0_thinking_budget]",
+        "<seed:think>\n</seed:cot_budget_reflect>\n</seed:cot_budget_reflect>\nThe current "
+        "thinking budget is 0, so I will directly start answering the question.\n</seed:think>\n"
+        + SEED_CALL,
+        [BARCELONA],
+        content="<seed:think>\n</seed:cot_budget_reflect>\n</seed:cot_budget_reflect>\nThe "
+        "current thinking budget is 0, so I will directly start answering the question.\n"
+        "</seed:think>\n",
+    ),
+]
+
+
+GEMMA4 = "tests/tool_parsers/test_gemma4_tool_parser.py"
+Q = '<|"|>'
+
+
+def gemma4(id, output, calls=(), content=""):
+    return Case(id, GEMMA4, "gemma4", "", output, tuple(calls), content)
+
+
+def g4(name: str, args: str) -> str:
+    return f"<|tool_call>call:{name}{{{args}}}<tool_call|>"
+
+
+# TestParseGemma4Args / TestParseGemma4Array: the argument reader's cases, each as the one
+# call f{ARGS} (an array's as f{a:[ITEMS]}); their partial (streaming-internal) modes and
+# the two malformed-array timeouts have no call form and are left out.
+G4_ARGS = [
+    ("test_empty_string", "", {}),
+    ("test_whitespace_only", "   ", {}),
+    ("test_single_string_value", f"location:{Q}Paris{Q}", {"location": "Paris"}),
+    (
+        "test_string_value_with_comma",
+        f"location:{Q}Paris, France{Q}",
+        {"location": "Paris, France"},
+    ),
+    (
+        "test_multiple_string_values",
+        f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}",
+        {"location": "San Francisco", "unit": "celsius"},
+    ),
+    ("test_integer_value", "count:42", {"count": 42}),
+    ("test_float_value", "score:3.14", {"score": 3.14}),
+    ("test_boolean_true", "flag:true", {"flag": True}),
+    ("test_boolean_false", "flag:false", {"flag": False}),
+    ("test_null_value", "param:null", {"param": None}),
+    (
+        "test_mixed_types",
+        f"name:{Q}test{Q},count:42,active:true,score:3.14",
+        {"name": "test", "count": 42, "active": True, "score": 3.14},
+    ),
+    ("test_nested_object", f"nested:{{inner:{Q}value{Q}}}", {"nested": {"inner": "value"}}),
+    (
+        "test_string_delimited_dict_key",
+        f"record_map:{{{Q}3{Q}:{Q}new text{Q}}}",
+        {"record_map": {"3": "new text"}},
+    ),
+    (
+        "test_nested_string_delimited_dict_key",
+        f"outer:{{inner:{{{Q}3{Q}:{Q}new text{Q}}}}}",
+        {"outer": {"inner": {"3": "new text"}}},
+    ),
+    ("test_array_of_strings", f"items:[{Q}a{Q},{Q}b{Q}]", {"items": ["a", "b"]}),
+    ("test_empty_value", "key:", {"key": ""}),
+    (
+        "test_trailing_dot_float_partial_withheld (non-partial)",
+        "left:108.,right:22.8",
+        {"left": 108.0, "right": 22.8},
+    ),
+    ("Array.test_string_array", f"a:[{Q}a{Q},{Q}b{Q}]", {"a": ["a", "b"]}),
+    ("Array.test_empty_array", "a:[]", {"a": []}),
+    ("Array.test_bare_values", "a:[42,true,3.14]", {"a": [42, True, 3.14]}),
+    (
+        "Array.test_string_element_with_closing_bracket",
+        f"a:[[{Q}a]b{Q},{Q}c{Q}],{Q}tail{Q}]",
+        {"a": [["a]b", "c"], "tail"]},
+    ),
+]
+G4_LONDON = g4("get_weather", f"location:{Q}London{Q}")
+G4_HTML = (
+    '<!DOCTYPE html>\n<html lang="zh-CN">\n<head>\n    <meta charset="UTF-8">\n'
+    '    <meta name="viewport" content="width=device-width">\n'
+)
+GEMMA4_CASES = [
+    *[gemma4(f"TestParseGemma4Args.{i}", g4("f", a), [("f", want)]) for i, a, want in G4_ARGS],
+    gemma4(
+        "TestExtractToolCalls.test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_single_tool_call",
+        G4_LONDON,
+        [("get_weather", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_multiple_arguments",
+        g4("get_weather", f"location:{Q}San Francisco{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_text_before_tool_call",
+        "Let me check the weather for you. " + g4("get_weather", f"location:{Q}Paris{Q}"),
+        [("get_weather", {"location": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_multiple_tool_calls",
+        G4_LONDON + g4("get_time", f"location:{Q}London{Q}"),
+        [("get_weather", {"location": "London"}), ("get_time", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_nested_arguments",
+        g4("complex_function", f"nested:{{inner:{Q}value{Q}}},list:[{Q}a{Q},{Q}b{Q}]"),
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_tool_call_with_number_and_boolean",
+        g4("set_status", "is_active:true,count:42,score:3.14"),
+        [("set_status", {"is_active": True, "count": 42, "score": 3.14})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_incomplete_tool_call",
+        f"<|tool_call>call:get_weather{{location:{Q}London",
+        content=f"<|tool_call>call:get_weather{{location:{Q}London",
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_hyphenated_function_name",
+        g4("get-weather", f"location:{Q}London{Q}"),
+        [("get-weather", {"location": "London"})],
+    ),
+    gemma4(
+        "TestExtractToolCalls.test_dotted_function_name",
+        g4("weather.get", f"location:{Q}London{Q}"),
+        [("weather.get", {"location": "London"})],
+    ),
+    gemma4("TestExtractToolCalls.test_no_arguments", g4("get_status", ""), [("get_status", {})]),
+    # TestStreamingExtraction: the chunks joined (split at every byte here)
+    gemma4(
+        "TestStreamingExtraction.test_basic_streaming_single_tool",
+        g4("get_weather", f"location:{Q}Paris, France{Q}"),
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_multi_arg",
+        g4("get_weather", f"location:{Q}Tokyo{Q},unit:{Q}celsius{Q}"),
+        [("get_weather", {"location": "Tokyo", "unit": "celsius"})],
+    ),
+    *[
+        gemma4(
+            f"TestStreamingExtraction.{i}",
+            g4("get_weather", f"location:{Q}{city}{Q}"),
+            [("get_weather", {"location": city})],
+        )
+        for i, city in [
+            ("test_streaming_no_extra_brace", "London"),
+            ("test_streaming_no_unquoted_keys", "Paris"),
+            ("test_streaming_name_no_call_prefix", "Paris"),
+        ]
+    ],
+    gemma4(
+        "TestStreamingExtraction.test_streaming_text_before_tool_call",
+        "Let me check the weather. " + G4_LONDON,
+        [("get_weather", {"location": "London"})],
+        content="Let me check the weather.",
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_numeric_args",
+        g4("set_config", "count:42,active:true"),
+        [("set_config", {"count": 42, "active": True})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_boolean_split_across_chunks",
+        g4("search", "input:{all:true}"),
+        [("search", {"input": {"all": True}})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_false_split_across_chunks",
+        g4("set", "flag:false"),
+        [("set", {"flag": False})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_number_split_across_chunks",
+        g4("set", "count:42"),
+        [("set", {"count": 42})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_empty_args",
+        g4("get_status", ""),
+        [("get_status", {})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_split_delimiter_no_invalid_json",
+        g4("todowrite", f"content:{Q}Buy milk{Q}"),
+        [("todowrite", {"content": "Buy milk"})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_does_not_duplicate_plain_text_after_tool_call",
+        g4("get_weather", f"location:{Q}Paris{Q}") + "<div>",
+        [("get_weather", {"location": "Paris"})],
+        content="<div>",
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_html_argument_does_not_duplicate_tag_prefixes",
+        g4("write_file", f"path:{Q}index.html{Q},content:{Q}{G4_HTML}{Q}"),
+        [("write_file", {"path": "index.html", "content": G4_HTML})],
+    ),
+    gemma4(
+        "TestStreamingExtraction.test_streaming_trailing_bare_bool_not_duplicated",
+        g4(
+            "Edit",
+            f"file_path:{Q}src/env.py{Q},old_string:{Q}old_val{Q},"
+            f"new_string:{Q}new_val{Q},replace_all:false",
+        ),
+        [
+            (
+                "Edit",
+                {
+                    "file_path": "src/env.py",
+                    "old_string": "old_val",
+                    "new_string": "new_val",
+                    "replace_all": False,
+                },
+            )
+        ],
+    ),
+]
+
+
+QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py"
+
+
+def fn_tool(name: str, properties: dict, **extra) -> dict:
+    params = {"type": "object", "properties": properties, **extra}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+QC_TOOLS = (  # the file's sample_tools
+    fn_tool(
+        "get_current_weather",
+        {
+            "city": {"type": "string"},
+            "state": {"type": "string"},
+            "unit": {"type": "string", "enum": ["fahrenheit", "celsius"]},
+        },
+        required=["city", "state"],
+    ),
+    fn_tool(
+        "calculate_area",
+        {
+            "shape": {"type": "string"},
+            "dimensions": {"type": "object"},
+            "precision": {"type": "integer"},
+        },
+    ),
+)
+
+
+def qcoder(id, output, calls=(), content="", tools=QC_TOOLS, tool="qwen3_coder"):
+    return Case(id, QWEN3CODER, tool, "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def qc_call(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+QC_DALLAS = qc_call(
+    "get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit")
+)
+QC_DALLAS_CALL = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})
+QC_RECT = qc_call(
+    "calculate_area",
+    ("shape", "rectangle"),
+    ("dimensions", '{"width": 10, \n "height": 20}'),
+    ("precision", "2"),
+)
+QC_RECT_CALL = (
+    "calculate_area",
+    {"shape": "rectangle", "dimensions": {"width": 10, "height": 20}, "precision": 2},
+)
+QC_CIRCLE = qc_call(
+    "calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'), ("precision", "3")
+)
+QC_CIRCLE_CALL = (
+    "calculate_area",
+    {"shape": "circle", "dimensions": {"radius": 15.5}, "precision": 3},
+)
+QC_TYPES_TOOLS = (
+    fn_tool(
+        "test_types",
+        {
+            "int_param": {"type": "integer"},
+            "float_param": {"type": "float"},
+            "bool_param": {"type": "boolean"},
+            "str_param": {"type": "string"},
+            "obj_param": {"type": "object"},
+        },
+    ),
+)
+QC_ANYOF_TOOLS = (
+    fn_tool(
+        "test_anyof",
+        {
+            "anyof_int": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 5},
+            "anyof_str": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "anyof_array": {
+                "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+            },
+            "anyof_obj": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "type_as_array": {"type": ["integer", "null"]},
+            "multi_non_null": {
+                "anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]
+            },
+        },
+    ),
+)
+QC_SEARCH_TOOLS = (
+    fn_tool(
+        "search_web",
+        {
+            "query": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "count": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": 5},
+            "verbose": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+        },
+    ),
+)
+QC_MISSING_CLOSE = (
+    "Let me check the weather for you:\n<tool_call>\n<function=get_current_weather>\n"
+    "<parameter=city>\nDallas\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\n"
+    "fahrenheit\n</parameter>\n</function>\n</tool_call>"
+)
+QC_NONE_FILTERED_BAD = "<tool_call>\n<function=bad_func_no_gt\n</function>\n</tool_call>"
+QC_NO_GT = (
+    "<tool_call>\n<function=get_current_weather\n<parameter=city>Dallas</parameter>\n"
+    "</function>\n</tool_call>"
+)
+QWEN3CODER_CASES = [
+    qcoder(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+    ),
+    # test_extract_tool_calls and test_extract_tool_calls_streaming (same ids, same outputs
+    # but parallel_tools' second unit: celsius in the streaming test)
+    qcoder("test_extract_tool_calls[single_tool]", QC_DALLAS, [QC_DALLAS_CALL]),
+    qcoder(
+        "test_extract_tool_calls[single_tool_with_content]",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+    ),
+    qcoder("test_extract_tool_calls[single_tool_multiline_param]", QC_RECT, [QC_RECT_CALL]),
+    qcoder(
+        "test_extract_tool_calls[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
+        content="\n",
+    ),
+    qcoder(
+        "test_extract_tool_calls[tool_with_typed_params]",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+    ),
+    qcoder(
+        "test_extract_tool_calls_streaming[no_tools]",
+        "This is a test without tools",
+        content="This is a test without tools",
+    ),
+    qcoder(
+        "test_extract_tool_calls_streaming[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "celsius")),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"}),
+        ],
+        content="\n",
+    ),
+    # vLLM asserts the name only; the arguments are the block's
+    qcoder(
+        "test_extract_tool_calls_fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    qcoder(
+        "test_extract_tool_calls_type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QC_TYPES_TOOLS,
+    ),
+    qcoder(
+        "test_extract_tool_calls_anyof_type_conversion",
+        qc_call(
+            "test_anyof",
+            ("anyof_int", "5"),
+            ("anyof_str", "hello"),
+            ("anyof_array", '["a", "b", "c"]'),
+            ("anyof_obj", '{"key": "value"}'),
+            ("type_as_array", "42"),
+            ("multi_non_null", "some text"),
+        ),
+        [
+            (
+                "test_anyof",
+                {
+                    "anyof_int": 5,
+                    "anyof_str": "hello",
+                    "anyof_array": ["a", "b", "c"],
+                    "anyof_obj": {"key": "value"},
+                    "type_as_array": 42,
+                    "multi_non_null": "some text",
+                },
+            )
+        ],
+        tools=QC_ANYOF_TOOLS,
+    ),
+    qcoder(
+        "test_extract_tool_calls_anyof_type_conversion_streaming",
+        qc_call("search_web", ("query", "vllm tool parser"), ("count", "10"), ("verbose", "true")),
+        [("search_web", {"query": "vllm tool parser", "count": 10, "verbose": True})],
+        tools=QC_SEARCH_TOOLS,
+    ),
+    # vLLM asserts the content contains the text before the call
+    *[
+        qcoder(
+            i,
+            QC_MISSING_CLOSE,
+            [QC_DALLAS_CALL],
+            content="Let me check the weather for you:\n",
+        )
+        for i in (
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        )
+    ],
+    qcoder(
+        "test_extract_tool_calls_streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+    ),
+    qcoder(  # vLLM asserts the content contains the text before the call
+        "test_extract_tool_calls_streaming_missing_opening_tag",
+        "I'll check the weather for you.\n\n<function=get_current_weather>\n<parameter=city>\n"
+        "Dallas\n</parameter>\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\n"
+        "fahrenheit\n</parameter>\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+        content="I'll check the weather for you.\n\n\n",
+    ),
+    # vLLM asserts no crash and no None call: the malformed block is content here
+    qcoder("test_malformed_xml_no_gt_delimiter", QC_NO_GT, content=QC_NO_GT),
+    qcoder(  # vLLM asserts the one valid call; the malformed block is content here
+        "test_none_tool_calls_filtered",
+        QC_NONE_FILTERED_BAD
+        + "\n<tool_call>\n<function=get_current_weather>\n<parameter=city>Dallas</parameter>\n"
+        "<parameter=state>TX</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content=QC_NONE_FILTERED_BAD + "\n",
+    ),
+    qcoder(
+        "test_anyof_parameter_not_double_encoded",
+        '<tool_call>\n<function=update_record>\n<parameter=data>{"key": "value", "count": 42}'
+        "</parameter>\n</function>\n</tool_call>",
+        [("update_record", {"data": {"key": "value", "count": 42}})],
+        tools=(
+            fn_tool("update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),
+        ),
+    ),
+    qcoder(
+        "test_streaming_multi_param_single_chunk",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>"
+        "\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>"
+        "\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+    ),
+    qcoder(
+        "test_no_double_serialization_string_args",
+        "<tool_call>\n<function=greet>\n<parameter=message>hello world</parameter>\n"
+        "</function>\n</tool_call>",
+        [("greet", {"message": "hello world"})],
+        tools=(fn_tool("greet", {"message": {"type": "string"}}),),
+    ),
+]
+
+
+QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py"
+
+
+def qshared(id, output, calls=(), content="", tools=QC_TOOLS):
+    """One case of the shared file, for both parsers it runs (xml and coder)."""
+    return [
+        Case(f"{id}[{tag}]", QSHARED, name, "", output, tuple(calls), content, tools=tuple(tools))
+        for tag, name in (("xml", "qwen3_xml"), ("coder", "qwen3_coder"))
+    ]
+
+
+QS_WEATHER_TOOLS = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+QS_TWO = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+    "London\n</parameter>\n</function>\n</tool_call>"
+)
+QS_PARIS_LONDON = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "London"})]
+QS_PROCESS_TOOLS = (fn_tool("process", {"name": {"type": "string"}, "data": {"type": "object"}}),)
+QS_TYPES_TOOLS = QC_TYPES_TOOLS
+QS_JINJA_BAD = (
+    "<tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>\n{{ v }}\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+QS_WRITE_TOOLS = (
+    fn_tool("write_file", {"path": {"type": "string"}, "content": {"type": "string"}}),
+)
+
+
+def qs_one(name: str, key: str, value: str) -> str:
+    return (
+        f"<tool_call>\n<function={name}>\n<parameter={key}>{value}</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+
+
+QSHARED_CASES = [
+    *qshared(
+        "test_extract_tool_calls_no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+    ),
+    # test_extract_tool_calls and test_extract_tool_calls_streaming (_EXTRACT_CASES)
+    *qshared("test_extract_tool_calls[single_tool]", QC_DALLAS, [QC_DALLAS_CALL]),
+    *qshared(
+        "test_extract_tool_calls[single_tool_with_content]",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+    ),
+    *qshared(
+        "test_extract_tool_calls[single_tool_multiline_param]",
+        qc_call(
+            "calculate_area",
+            ("shape", "rectangle"),
+            ("dimensions", '{"width": 10,\n "height": 20}'),
+            ("precision", "2"),
+        ),
+        [QC_RECT_CALL],
+    ),
+    *qshared(
+        "test_extract_tool_calls[parallel_tools]",
+        QC_DALLAS
+        + "\n"
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
+        content="\n",
+    ),
+    *qshared(
+        "test_extract_tool_calls[tool_with_typed_params]",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+    ),
+    *qshared(
+        "test_extract_tool_calls_streaming[no_tools]",
+        "This is a test without tools",
+        content="This is a test without tools",
+    ),
+    *qshared(
+        "test_extract_tool_calls_fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    *qshared(
+        "test_extract_tool_calls_type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QS_TYPES_TOOLS,
+    ),
+    *qshared(
+        "test_extract_tool_calls_complex_type_with_single_quote",
+        qc_call("test_types", ("obj_param", "{'key': 'value'}")),
+        [("test_types", {"obj_param": {"key": "value"}})],
+        tools=QS_TYPES_TOOLS,
+    ),
+    *[
+        c
+        for i in (
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        )
+        for c in qshared(
+            i, QC_MISSING_CLOSE, [QC_DALLAS_CALL], content="Let me check the weather for you:\n"
+        )
+    ],
+    *qshared(
+        "test_extract_tool_calls_streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+    ),
+    *qshared("test_malformed_xml_no_gt_delimiter", QC_NO_GT, content=QC_NO_GT),
+    *qshared(  # vLLM asserts the one valid call; the malformed block is content here
+        "test_none_tool_calls_filtered",
+        QC_NONE_FILTERED_BAD
+        + "\n<tool_call>\n<function=get_current_weather>\n<parameter=city>Dallas</parameter>\n"
+        "<parameter=state>TX</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content=QC_NONE_FILTERED_BAD + "\n",
+    ),
+    *qshared(
+        "test_streaming_multi_param_single_chunk",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>"
+        "\n<parameter=state>\nTX\n</parameter>\n<parameter=unit>\nfahrenheit\n</parameter>"
+        "\n</function>\n</tool_call>",
+        [QC_DALLAS_CALL],
+    ),
+    *qshared(
+        "test_no_double_serialization_string_args",
+        qs_one("greet", "message", "hello world"),
+        [("greet", {"message": "hello world"})],
+        tools=(fn_tool("greet", {"message": {"type": "string"}}),),
+    ),
+    *qshared(
+        "test_extract_tool_calls_streaming_speculative_decode_loss",
+        "<tool_call>\n<function=test>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+        "</tool_call>",
+        [("test", {"city": "Paris"})],
+    ),
+    *qshared(
+        "test_string_null_value_preserved",
+        qs_one("search", "query", "null"),
+        [("search", {"query": "null"})],
+        tools=(fn_tool("search", {"query": {"type": "string"}}),),
+    ),
+    *qshared(
+        "test_anyof_string_null_keeps_value_as_string",
+        qs_one("set_code", "code", "42"),
+        [("set_code", {"code": "42"})],
+        tools=(fn_tool("set_code", {"code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),),
+    ),
+    *qshared(
+        "test_anyof_integer_null_parses_as_int",
+        qs_one("set_count", "count", "42"),
+        [("set_count", {"count": 42})],
+        tools=(
+            fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),
+        ),
+    ),
+    *[
+        c
+        for i in (
+            "test_anyof_object_param_not_double_encoded_nonstreaming",
+            "test_anyof_object_param_not_double_encoded_streaming",
+        )
+        for c in qshared(
+            i,
+            qs_one("update_record", "data", '{"key": "value", "count": 42}'),
+            [("update_record", {"data": {"key": "value", "count": 42}})],
+            tools=(
+                fn_tool(
+                    "update_record", {"data": {"anyOf": [{"type": "object"}, {"type": "null"}]}}
+                ),
+            ),
+        )
+    ],
+    *[
+        c
+        for i in (
+            "test_double_encoded_object_param_nonstreaming",
+            "test_double_encoded_object_param_streaming",
+        )
+        for c in qshared(
+            i,
+            "<tool_call>\n<function=process>\n<parameter=name>\nhello\n</parameter>\n"
+            "<parameter=data>\n\"{'key': 'value', 'n': 1}\"\n</parameter>\n</function>\n"
+            "</tool_call>\n",
+            [("process", {"name": "hello", "data": {"key": "value", "n": 1}})],
+            content="\n",
+            tools=QS_PROCESS_TOOLS,
+        )
+    ],
+    *qshared(
+        "test_array_with_json_bool",
+        '<tool_call>\n<function=pick>\n<parameter=items>\n["a", "b", 1, true]\n</parameter>\n'
+        "</function>\n</tool_call>",
+        [("pick", {"items": ["a", "b", 1, True]})],
+        tools=(fn_tool("pick", {"items": {"type": "array"}}),),
+    ),
+    *qshared(
+        "test_two_tool_calls_in_one_streaming_chunk",
+        QS_TWO,
+        QS_PARIS_LONDON,
+        content="\n",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(
+        "test_python_none_value_for_nullable_int",
+        qs_one("set_count", "count", "None"),
+        [("set_count", {"count": None})],
+        tools=(
+            fn_tool("set_count", {"count": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}),
+        ),
+    ),
+    *qshared(  # vLLM asserts the trailing text is in the content
+        "test_streaming_two_tool_calls_plus_trailing_text_one_delta",
+        QS_TWO + "\nAll done!",
+        QS_PARIS_LONDON,
+        content="\n\nAll done!",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(  # vLLM asserts the trailing text is in the content
+        "test_streaming_trailing_text_with_final_close_in_same_delta",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>"
+        "\n</tool_call>\nI hope this helps!",
+        [("get_weather", {"city": "Paris"})],
+        content="\nI hope this helps!",
+        tools=QS_WEATHER_TOOLS,
+    ),
+    *qshared(  # vLLM asserts the real call only; the phantom block is content here
+        "test_jinja_template_phantom_tool_call_is_rejected_nonstreaming",
+        QS_JINJA_BAD
+        + "\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nout.txt\n</parameter>\n"
+        "<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>",
+        [("write_file", {"path": "out.txt", "content": "hello"})],
+        content=QS_JINJA_BAD + "\n\n",
+        tools=QS_WRITE_TOOLS,
+    ),
+    *qshared(  # vLLM asserts both texts are in the content
+        "test_inline_empty_tool_call_preserves_content_before_real_call",
+        "I'll show: <tool_call>example</tool_call>. Now real:\n<tool_call>\n<function=log>\n"
+        "<parameter=msg>\nhi\n</parameter>\n</function>\n</tool_call>",
+        [("log", {"msg": "hi"})],
+        content="I'll show: <tool_call>example</tool_call>. Now real:\n",
+        tools=(fn_tool("log", {"msg": {"type": "string"}}),),
+    ),
+    *[
+        c
+        for literal in ("null", "None")
+        for c in qshared(
+            f"test_anyof_string_null_with_null_literal_returns_none ({literal})",
+            qs_one("set_value", "optional", literal),
+            [("set_value", {"optional": None})],
+            tools=(
+                fn_tool(
+                    "set_value", {"optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
+                ),
+            ),
+        )
+    ],
+]
+
+
+DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py"
+FC_START, FC_END = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
+INV_START, INV_END = '<｜DSML｜invoke name="', "</｜DSML｜invoke>"
+PARAM_START, PARAM_END = '<｜DSML｜parameter name="', "</｜DSML｜parameter>"
+
+
+def dsv32(id, output, calls=(), content="", tools=()):
+    return Case(id, DSV32, "deepseek_v32", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def dsml_call(name: str, params: dict[str, str]) -> str:
+    """vLLM's build_tool_call: every parameter string="true"."""
+    body = "".join(f'{PARAM_START}{k}" string="true">{v}{PARAM_END}' for k, v in params.items())
+    return f'{FC_START}\n{INV_START}{name}">\n{body}\n{INV_END}\n{FC_END}'
+
+
+def dsml(*invokes: tuple[str, list[tuple[str, str, str]]]) -> str:
+    """A function_calls block of invokes, each (name, [(key, string attr, value)])."""
+    body = "".join(
+        f'{INV_START}{name}">\n'
+        + "".join(f'{PARAM_START}{k}" string="{a}">{v}{PARAM_END}\n' for k, a, v in params)
+        + f"{INV_END}\n"
+        for name, params in invokes
+    )
+    return f"{FC_START}\n{body}{FC_END}"
+
+
+D32_TOGGLE = (fn_tool("toggle", {"enabled": {"type": "boolean"}, "count": {"type": "integer"}}),)
+D32_SCORE = (fn_tool("score", {"value": {"type": "integer"}}),)
+D32_TIMER = (
+    fn_tool(
+        "set_timer",
+        {
+            "wait": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"type": {"const": "until"}, "date": {"type": "string"}},
+                    },
+                    {
+                        "type": "object",
+                        "properties": {"type": {"const": "for"}, "minutes": {"type": "number"}},
+                    },
+                ]
+            },
+            "patches": {
+                "oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]
+            },
+        },
+    ),
+)
+D32_TIMER_SIMPLE = (
+    fn_tool(
+        "set_timer",
+        {
+            "wait": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "patches": {
+                "oneOf": [{"type": "array", "items": {"type": "object"}}, {"type": "null"}]
+            },
+        },
+    ),
+)
+D32_WEATHER = (fn_tool("get_weather", {"location": {"type": "string"}}),)
+D32_UPDATE = (fn_tool("update", {"tags": {"type": "array"}, "meta": {"type": "object"}}),)
+D32_TIMER_ARGS = ("wait", "false", '{"type":"for","minutes":2880}')
+D32_PATCHES = ("patches", "false", '[{"op":"replace","path":"/schedule","value":"quiet"}]')
+D32_TIMER_CALL = (
+    "set_timer",
+    {
+        "wait": {"type": "for", "minutes": 2880},
+        "patches": [{"op": "replace", "path": "/schedule", "value": "quiet"}],
+    },
+)
+D32_AB = dsml(("func_a", [("p", "true", "v1")]), ("func_b", [("q", "true", "v2")]))
+D32_AB_CALLS = [("func_a", {"p": "v1"}), ("func_b", {"q": "v2"})]
+DEEPSEEK_V32_CASES = [
+    dsv32("TestExtractToolCalls.test_no_tool_call", "just some text", content="just some text"),
+    dsv32(
+        "TestExtractToolCalls.test_single_tool_no_params",
+        f'{FC_START}\n{INV_START}get_time">\n{INV_END}\n{FC_END}',
+        [("get_time", {})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_single_tool_with_params",
+        dsml_call("get_weather", {"location": "SF", "date": "2024-01-16"}),
+        [("get_weather", {"location": "SF", "date": "2024-01-16"})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_content_before_tool_call",
+        "Sure, let me check! " + dsml_call("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+        content="Sure, let me check! ",
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_no_content_prefix_returns_none",
+        dsml_call("get_weather", {"location": "NYC"}),
+        [("get_weather", {"location": "NYC"})],
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_multiple_tools",
+        dsml(
+            ("get_weather", [("location", "true", "SF")]),
+            ("get_weather", [("location", "true", "NYC")]),
+        ),
+        [("get_weather", {"location": "SF"}), ("get_weather", {"location": "NYC"})],
+    ),
+    *[
+        dsv32(
+            i,
+            dsml(("toggle", [("enabled", "false", "true"), ("count", "false", "42")])),
+            [("toggle", {"enabled": True, "count": 42})],
+            tools=D32_TOGGLE,
+        )
+        for i in (
+            "TestExtractToolCalls.test_type_conversion_in_non_streaming",
+            "TestExtractToolCallsStreaming.test_responses_function_tool_schema_in_streaming",
+        )
+    ],
+    *[
+        dsv32(i, dsml(("score", [("value", a, "42")])), [("score", {"value": 42})], tools=D32_SCORE)
+        for i, a in (
+            ("TestExtractToolCalls.test_string_attr_true_coerced_by_schema", "true"),
+            ("TestExtractToolCalls.test_string_attr_false_allows_schema_conversion", "false"),
+            (
+                "TestExtractToolCallsStreaming.test_string_attr_true_coerced_by_schema_streaming",
+                "true",
+            ),
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_composed_schema_converts_object_and_array_params",
+        dsml(("set_timer", [D32_TIMER_ARGS, D32_PATCHES])),
+        [D32_TIMER_CALL],
+        tools=D32_TIMER,
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_composed_schema_conversion_in_streaming",
+        dsml(("set_timer", [D32_TIMER_ARGS, D32_PATCHES])),
+        [D32_TIMER_CALL],
+        tools=D32_TIMER_SIMPLE,
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_string_attr_true_coerced_by_composed_schema",
+        dsml(("set_timer", [("wait", "true", '{"type":"for","minutes":2880}')])),
+        [("set_timer", {"wait": {"type": "for", "minutes": 2880}})],
+        tools=(fn_tool("set_timer", {"wait": {"anyOf": [{"type": "object"}, {"type": "null"}]}}),),
+    ),
+    *[
+        dsv32(
+            f"TestExtractToolCalls.test_{key}_wrapper_repaired",
+            dsml(("get_weather", [(key, a, '{"location":"Beijing"}')])),
+            [("get_weather", {"location": "Beijing"})],
+            tools=D32_WEATHER,
+        )
+        for key, a in (("arguments", "false"), ("input", "true"))
+    ],
+    *[
+        dsv32(
+            i,
+            dsml(("update", [("tags", "false", '["a", "b"]'), ("meta", "false", '{"k": 1}')])),
+            [("update", {"tags": ["a", "b"], "meta": {"k": 1}})],
+            tools=D32_UPDATE,
+        )
+        for i in (
+            "TestExtractToolCalls.test_object_and_array_params",
+            "TestExtractToolCallsStreaming.test_object_and_array_params_streaming",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_number_param",
+        dsml(("measure", [("ratio", "false", "3.14"), ("whole", "false", "5.0")])),
+        [("measure", {"ratio": 3.14, "whole": 5})],
+        tools=(fn_tool("measure", {"ratio": {"type": "number"}, "whole": {"type": "number"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_multi_typed_schema",
+        dsml(("set_val", [("count", "false", "42"), ("label", "false", "hello")])),
+        [("set_val", {"count": 42, "label": "hello"})],
+        tools=(
+            fn_tool(
+                "set_val",
+                {"count": {"type": ["integer", "null"]}, "label": {"type": ["string", "null"]}},
+            ),
+        ),
+    ),
+    *[
+        dsv32(
+            i,
+            dsml(("clear", [("value", "false", "null")])),
+            [("clear", {"value": None})],
+            tools=(fn_tool("clear", {"value": {"type": ["integer", "null"]}}),),
+        )
+        for i in (
+            "TestExtractToolCalls.test_multi_typed_null_value",
+            "TestExtractToolCallsStreaming.test_multi_typed_null_streaming",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCalls.test_null_coerced_back_to_string_by_schema",
+        dsml(("echo", [("text", "false", "null")])),
+        [("echo", {"text": "null"})],
+        tools=(fn_tool("echo", {"text": {"type": "string"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCalls.test_no_schema_parses_json",
+        dsml(("unknown_fn", [("count", "false", "42"), ("flag", "false", "true")])),
+        [("unknown_fn", {"count": 42, "flag": True})],
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_plain_content_no_tool",
+        "Hello, world!",
+        content="Hello, world!",
+    ),
+    *[
+        dsv32(i, dsml_call(n, a), [(n, a)])
+        for i, n, a in (
+            (
+                "TestExtractToolCallsStreaming.test_single_tool_streaming",
+                "get_weather",
+                {"location": "SF"},
+            ),
+            ("TestExtractToolCallsStreaming.test_tool_name_emitted", "my_func", {"x": "1"}),
+            ("TestExtractToolCallsStreaming.test_state_reset_on_new_stream", "fn", {"k": "v"}),
+            (
+                "TestExtractToolCallsStreaming.test_streaming_matches_non_streaming",
+                "get_weather",
+                {"location": "SF", "date": "2024-01-16"},
+            ),
+            (
+                "TestExtractToolCallsStreaming.test_single_tool_chunked_stream_interval",
+                "get_weather",
+                {"location": "SF"},
+            ),
+            ("TestExtractToolCallsStreaming.test_no_marker_leak_chunked", "fn", {"k": "v"}),
+            ("TestExtractToolCallsStreaming.test_no_marker_leak_char_by_char", "fn", {"k": "v"}),
+            (
+                "TestExtractToolCallsStreaming.test_no_marker_leak_all_split_points",
+                "fn",
+                {"k": "v"},
+            ),
+        )
+    ],
+    *[
+        dsv32(
+            i,
+            "Thinking... " + dsml_call("fn", {"a": "b"}),
+            [("fn", {"a": "b"})],
+            content="Thinking... ",
+        )
+        for i in (
+            "TestExtractToolCallsStreaming.test_content_before_tool_call_streaming",
+            "TestExtractToolCallsStreaming.test_content_before_tool_chunked",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCallsStreaming.test_type_conversion_in_streaming",
+        dsml(("add", [("x", "false", "3"), ("y", "false", "4")])),
+        [("add", {"x": 3, "y": 4})],
+        tools=(fn_tool("add", {"x": {"type": "integer"}, "y": {"type": "integer"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_streaming_matches_non_streaming_conversion_fallbacks",
+        dsml(
+            (
+                "coerce",
+                [
+                    ("union_value", "false", "hello"),
+                    ("bad_int", "false", "abc"),
+                    ("nullable_string", "false", "null"),
+                    ("null_string", "false", "null"),
+                    ("whole_number", "false", "3.0"),
+                ],
+            )
+        ),
+        [
+            (
+                "coerce",
+                {
+                    "union_value": "hello",
+                    "bad_int": "abc",
+                    "nullable_string": None,
+                    "null_string": "null",
+                    "whole_number": 3,
+                },
+            )
+        ],
+        tools=(
+            fn_tool(
+                "coerce",
+                {
+                    "union_value": {"type": ["null", "string"]},
+                    "bad_int": {"type": "integer"},
+                    "nullable_string": {"type": ["null", "string"]},
+                    "null_string": {"type": "string"},
+                    "whole_number": {"type": "number"},
+                },
+            ),
+        ),
+    ),
+    *[
+        dsv32(i, D32_AB, D32_AB_CALLS)
+        for i in (
+            "TestExtractToolCallsStreaming.test_multiple_tools_streaming",
+            "TestExtractToolCallsStreaming.test_multiple_tools_chunked",
+        )
+    ],
+    dsv32(
+        "TestExtractToolCallsStreaming.test_unique_tool_call_ids",
+        dsml(("fn_a", [("x", "true", "1")]), ("fn_b", [("y", "true", "2")])),
+        [("fn_a", {"x": "1"}), ("fn_b", {"y": "2"})],
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_long_string_argument_streams_before_close",
+        dsml(("emit", [("text", "true", "A" * 4096)])),
+        [("emit", {"text": "A" * 4096})],
+        tools=(fn_tool("emit", {"text": {"type": "string"}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_no_marker_leak_with_prefix_chunked",
+        "Hello!" + dsml_call("fn", {"a": "b"}),
+        [("fn", {"a": "b"})],
+        content="Hello!",
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_false_partial_marker_emitted",
+        "<｜DSM some regular text",
+        content="<｜DSM some regular text",
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_multi_typed_schema_streaming",
+        dsml(("set_val", [("count", "false", "42")])),
+        [("set_val", {"count": 42})],
+        tools=(fn_tool("set_val", {"count": {"type": ["integer", "null"]}}),),
+    ),
+    dsv32(
+        "TestExtractToolCallsStreaming.test_number_param_streaming",
+        dsml(("measure", [("ratio", "false", "3.14")])),
+        [("measure", {"ratio": 3.14})],
+        tools=(fn_tool("measure", {"ratio": {"type": "number"}}),),
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization",
+        dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization (prefixed)",
+        "Here is the weather: " + dsml(("get_weather", [("location", "true", "Tokyo")])),
+        [("get_weather", {"location": "Tokyo"})],
+        content="Here is the weather: ",
+    ),
+    dsv32(
+        "TestDelimiterPreservation.test_tool_detection_skip_special_tokens_false",
+        dsml_call("search", {"query": "vllm documentation"}),
+        [("search", {"query": "vllm documentation"})],
+        tools=(fn_tool("search", {"query": {"type": "string"}}),),
+    ),
+]
+
+
+HUNYUAN = "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py"
+
+
+def hunyuan(id, output, calls=(), content=""):
+    return Case(id, HUNYUAN, "hunyuan_a13b", "", output, tuple(calls), content)
+
+
+def hy_block(*calls: tuple[str, dict]) -> str:
+    return (
+        "<tool_calls>"
+        + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+        + "</tool_calls>"
+    )
+
+
+HY_SF = ("get_weather", {"city": "San Francisco", "metric": "celsius"})
+HY_BOSTON = ("get_weather", {"city": "Boston"})
+HY_COMPLEX = ("complex_tool", {"level1": {"level2": {"level3": {"value": 123}}}})
+HUNYUAN_CASES = [
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_extract[no_tool_call]",
+        "How can I help you today?",
+        content="How can I help you today?",
+    ),
+    hunyuan("test_hunyuan_a13b_tool_parser_extract[single]", hy_block(HY_SF), [HY_SF]),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_extract[multiple]",
+        hy_block(HY_SF, PY_MORE_CALL),
+        [HY_SF, PY_MORE_CALL],
+    ),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_extract[content_before]",
+        "I will call the tool now. " + hy_block(HY_BOSTON),
+        [HY_BOSTON],
+        content="I will call the tool now. ",
+    ),
+    hunyuan("test_hunyuan_a13b_tool_parser_extract[complex]", hy_block(HY_COMPLEX), [HY_COMPLEX]),
+    hunyuan("test_hunyuan_a13b_tool_parser_streaming[0]", hy_block(HY_SF), [HY_SF]),
+    hunyuan("test_hunyuan_a13b_tool_parser_streaming[1]", hy_block(HY_BOSTON), [HY_BOSTON]),
+    # vLLM's streaming test checks the calls only; the trailing text is content here
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_streaming[2]",
+        hy_block(HY_BOSTON) + "\n</answer>",
+        [HY_BOSTON],
+        content="\n</answer>",
+    ),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_streaming[3] (xfail there)",
+        hy_block(HY_COMPLEX),
+        [HY_COMPLEX],
+    ),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_non_ascii",
+        hy_block(("get_weather", {"city": "北京"})),
+        [("get_weather", {"city": "北京"})],
+    ),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool[first]",
+        hy_block(("a", {}), ("b", {"x": 42})),
+        [("a", {}), ("b", {"x": 42})],
+    ),
+    hunyuan(
+        "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool[last]",
+        hy_block(("a", {"x": 42}), ("b", {})),
+        [("a", {"x": 42}), ("b", {})],
+    ),
+]
+
+
+FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py"
+
+
+def fgemma(id, output, calls=(), content=""):
+    return Case(id, FUNCTIONGEMMA, "functiongemma", "", output, tuple(calls), content)
+
+
+def fg(body: str) -> str:
+    return f"<start_function_call>call:{body}<end_function_call>"
+
+
+ESC = "<escape>"
+FUNCTIONGEMMA_CASES = [
+    fgemma(
+        "TestExtractToolCalls.test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_single_tool_call",
+        fg(f"get_weather{{location:{ESC}London{ESC}}}"),
+        [("get_weather", {"location": "London"})],
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_multiple_arguments",
+        fg(f"get_weather{{location:{ESC}San Francisco{ESC},unit:{ESC}celsius{ESC}}}"),
+        [("get_weather", {"location": "San Francisco", "unit": "celsius"})],
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_text_before_tool_call",
+        "Let me check the weather for you. " + fg(f"get_weather{{location:{ESC}Paris{ESC}}}"),
+        [("get_weather", {"location": "Paris"})],
+        content="Let me check the weather for you.",
+    ),
+    fgemma(
+        "TestExtractToolCalls.test_multiple_tool_calls",
+        fg(f"get_weather{{location:{ESC}London{ESC}}}") + fg(f"get_time{{timezone:{ESC}UTC{ESC}}}"),
+        [("get_weather", {"location": "London"}), ("get_time", {"timezone": "UTC"})],
+    ),
+    # TestParseArguments: the argument reader's cases, each as the one call f{ARGS}
+    *[
+        fgemma(f"TestParseArguments.{i}", fg(f"f{{{a}}}"), [("f", want)])
+        for i, a, want in [
+            ("test_empty_arguments", "", {}),
+            ("test_single_string_argument", f"city:{ESC}Tokyo{ESC}", {"city": "Tokyo"}),
+            (
+                "test_multiple_arguments",
+                f"city:{ESC}Tokyo{ESC},country:{ESC}Japan{ESC}",
+                {"city": "Tokyo", "country": "Japan"},
+            ),
+            ("test_numeric_argument", f"count:{ESC}42{ESC}", {"count": 42}),
+            ("test_boolean_argument", f"enabled:{ESC}true{ESC}", {"enabled": True}),
+            (
+                "test_argument_with_spaces",
+                f"message:{ESC}Hello World{ESC}",
+                {"message": "Hello World"},
+            ),
+        ]
+    ],
+    fgemma(
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_two_keys",
+        fg(f"get_weather{{city:{ESC}NYC{ESC}unit:{ESC}celsius{ESC}}}"),
+        [("get_weather", {"city": "NYC", "unit": "celsius"})],
+    ),
+    fgemma(
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_three_keys",
+        fg(f"search{{query:{ESC}python{ESC}limit:{ESC}10{ESC}sort:{ESC}relevance{ESC}}}"),
+        [("search", {"query": "python", "limit": 10, "sort": "relevance"})],
+    ),
+]
+
+
+MINIMAX_M2 = "tests/tool_parsers/test_minimax_m2_tool_parser.py"
+
+
+def minimax(id, output, calls=(), content="", tools=()):
+    return Case(id, MINIMAX_M2, "minimax_m2", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+def mm_invoke(name: str, *params: tuple[str, str]) -> str:
+    body = "".join(f'<parameter name="{k}">{v}</parameter>' for k, v in params)
+    return f'<invoke name="{name}">{body}</invoke>'
+
+
+def mm(*invokes: str) -> str:
+    return "<minimax:tool_call>" + "".join(invokes) + "</minimax:tool_call>"
+
+
+MM_SEATTLE = mm_invoke("get_weather", ("city", "Seattle"))
+MM_PROFILE = (
+    fn_tool("update_profile", {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+)
+MINIMAX_M2_CASES = [
+    minimax("TestContentStreaming.test_plain_content", "Hello world", content="Hello world"),
+    minimax(
+        "TestContentStreaming.test_content_before_tool_call",
+        "Let me check. " + mm(MM_SEATTLE),
+        [("get_weather", {"city": "Seattle"})],
+        content="Let me check. ",
+    ),
+    *[
+        minimax(i, mm(MM_SEATTLE), [("get_weather", {"city": "Seattle"})])
+        for i in (
+            "TestSingleInvoke.test_incremental_chunks",
+            "TestSingleInvoke.test_single_chunk_complete",
+        )
+    ],
+    *[
+        minimax(
+            i,
+            mm(mm_invoke("get_weather", ("city", "Seattle"), ("days", "5"))),
+            [("get_weather", {"city": "Seattle", "days": "5"})],
+        )
+        for i in (
+            "TestSingleInvoke.test_multiple_params",
+            "TestLargeChunks.test_header_and_params_in_separate_chunks",
+        )
+    ],
+    minimax(
+        "TestMultipleInvokes.test_two_invokes_incremental",
+        mm(
+            mm_invoke("search_web", ("query", "OpenAI")),
+            mm_invoke("search_web", ("query", "Gemini")),
+        ),
+        [("search_web", {"query": "OpenAI"}), ("search_web", {"query": "Gemini"})],
+    ),
+    minimax(
+        "TestMultipleInvokes.test_two_invokes_in_single_delta",
+        mm(mm_invoke("fn_a", ("x", "1")), mm_invoke("fn_b", ("y", "2"))),
+        [("fn_a", {"x": "1"}), ("fn_b", {"y": "2"})],
+    ),
+    minimax(
+        "TestMultipleInvokes.test_different_functions",
+        mm(mm_invoke("get_weather", ("city", "NYC")), mm_invoke("get_stock", ("ticker", "AAPL"))),
+        [("get_weather", {"city": "NYC"}), ("get_stock", {"ticker": "AAPL"})],
+    ),
+    minimax(
+        "TestInternalState.test_prev_tool_call_arr_single",
+        mm(mm_invoke("fn", ("a", "1"))),
+        [("fn", {"a": "1"})],
+    ),
+    minimax(
+        "TestInternalState.test_prev_tool_call_arr_multiple",
+        mm(mm_invoke("search", ("q", "hello")), mm_invoke("search", ("q", "world"))),
+        [("search", {"q": "hello"}), ("search", {"q": "world"})],
+    ),
+    minimax(
+        "TestDeltaMessageFormat.test_tool_call_fields",
+        mm(mm_invoke("fn", ("k", "v"))),
+        [("fn", {"k": "v"})],
+    ),
+    minimax(
+        "TestDeltaMessageFormat.test_multi_invoke_indices",
+        mm(mm_invoke("a", ("x", "1")), mm_invoke("b", ("x", "2"))),
+        [("a", {"x": "1"}), ("b", {"x": "2"})],
+    ),
+    minimax(
+        "TestEOSHandling.test_eos_after_tool_calls",
+        mm(mm_invoke("fn", ("k", "v"))),
+        [("fn", {"k": "v"})],
+    ),
+    # the end marker as a special token: the block ends with the output
+    minimax(
+        "TestEOSHandling.test_end_token_ignored",
+        "<minimax:tool_call>" + mm_invoke("fn", ("k", "v")),
+        [("fn", {"k": "v"})],
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_non_null_value",
+        mm(mm_invoke("update_profile", ("nickname", "Alice"))),
+        [("update_profile", {"nickname": "Alice"})],
+        tools=MM_PROFILE,
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_null_value",
+        mm(mm_invoke("update_profile", ("nickname", "null"))),
+        [("update_profile", {"nickname": None})],
+        tools=MM_PROFILE,
+    ),
+    minimax(
+        "TestAnyOfNullableParam.test_anyof_nullable_param_object_value",
+        mm(mm_invoke("update_settings", ("config", '{"theme": "dark", "fontSize": 14}'))),
+        [("update_settings", {"config": {"theme": "dark", "fontSize": 14}})],
+        tools=(
+            fn_tool(
+                "update_settings", {"config": {"anyOf": [{"type": "object"}, {"type": "null"}]}}
+            ),
+        ),
+    ),
+]
+
+
+GRANITE_T = "tests/tool_parsers/test_granite_tool_parser.py"
+
+
+def granite(id, output, calls=(), content=""):
+    return Case(id, GRANITE_T, "granite", "", output, tuple(calls), content)
+
+
+GR_TOKYO = '<|tool_call|> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]'
+GR_VARIOUS = {
+    "string_field": "hello",
+    "int_field": 42,
+    "float_field": 3.14,
+    "bool_field": True,
+    "null_field": None,
+    "array_field": ["a", "b", "c"],
+    "object_field": {"nested": "value"},
+    "empty_array": [],
+    "empty_object": {},
+}
+GR_ESCAPED = {
+    "quoted": 'He said "hello"',
+    "path": "C:\\Users\\file.txt",
+    "newline": "line1\nline2",
+    "unicode": "emoji: 🎉",
+}
+GRANITE_CASES = [
+    # common_tests.py ToolParserTests, with this file's config (content checked where set)
+    granite(
+        "test_no_tool_calls",
+        "This is a regular response without any tool calls.",
+        content="This is a regular response without any tool calls.",
+    ),
+    *[
+        granite(i, GR_TOKYO, [("get_weather", {"city": "Tokyo"})])
+        for i in (
+            "test_single_tool_call_simple_args",
+            "test_streaming_reconstruction",
+            "test_granite_token_prefix_format",
+        )
+    ],
+    granite(
+        "test_parallel_tool_calls",
+        '<|tool_call|> [\n  {"name": "get_weather", "arguments": {"city": "Tokyo"}},\n'
+        '  {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}\n]',
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    granite(
+        "test_various_data_types",
+        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_VARIOUS}], indent=2),
+        [("test_function", GR_VARIOUS)],
+    ),
+    granite(
+        "test_empty_arguments",
+        '<|tool_call|> [{"name": "refresh", "arguments": {}}]',
+        [("refresh", {})],
+    ),
+    # xfail there in both modes; the text after the list is left out here too
+    granite(
+        "test_surrounding_text",
+        'Let me check the weather for you.\n<|tool_call|> [{"name": "get_weather", '
+        '"arguments": {"city": "Tokyo"}}]\nI\'ll get that information.',
+        [("get_weather", {"city": "Tokyo"})],
+        content="Let me check the weather for you.\n",
+    ),
+    granite(
+        "test_escaped_strings",
+        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_ESCAPED}], indent=2),
+        [("test_function", GR_ESCAPED)],
+    ),
+    # vLLM asserts only that these do not raise; here they are content
+    *[
+        granite(f"test_malformed_input[{i + 1}]", text, content=text)
+        for i, text in enumerate(
+            [
+                '<|tool_call|> {"name": "func", "arguments": {}}',
+                '[{"name": "func", "arguments": "not a dict"}]',
+                'Some text [{"name": "func"}]',
+            ]
+        )
+    ],
+    granite(
+        "test_granite_string_prefix_format",
+        '<tool_call> [{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    granite(
+        "test_streaming_parallel_calls_batched_deltas",
+        '<|tool_call|> [{"arguments": {"city": "Tokyo"}, "name": "get_weather"}, '
+        '{"arguments": {"timezone": "Asia/Tokyo"}, "name": "get_time"}]',
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+    ),
+    granite(
+        "test_streaming_parallel_calls_single_delta",
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"x": 42}}, '
+        '{"name": "b", "arguments": {"y": 7}}]',
+        [("get_weather", {"x": 42}), ("b", {"y": 7})],
+    ),
+]
+
+
+GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py"
+G4_COORD = {"coordinates": [[23.54, 43.1], [-12.2, 54.3], [4, 5]], "coordinate_type": "latlong"}
+G4_STOCK = {"symbol": "AAPL", "start_date": "2021-01-01", "end_date": "2021-12-31"}
+G4_TEXTS = [
+    "Here goes the bbox call: \n",
+    " Now the stock price call: \n ",
+    " Now another bbox call: \n ",
+    " See? I'm a helpful assistant.",
+]
+G4_COMPLEX = (
+    G4_TEXTS[0]
+    + "<tool_call> "
+    + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)})
+    + " </tool_call>"
+    + G4_TEXTS[1]
+    + "<tool_call> "
+    + json.dumps({"name": "get_stock_price", "arguments": G4_STOCK})
+    + " </tool_call>"
+    + G4_TEXTS[2]
+    + "<tool_call> "
+    + json.dumps({"name": "find_bbox", "arguments": json.dumps(G4_COORD)})
+    + " </tool_call>"
+    + G4_TEXTS[3]
+)
+GRANITE4_FILE_CASES = [
+    Case(
+        "test_tool_call_parser_complex",
+        GRANITE4_T,
+        "granite4",
+        "",
+        G4_COMPLEX,
+        (("find_bbox", G4_COORD), ("get_stock_price", G4_STOCK), ("find_bbox", G4_COORD)),
+        "".join(G4_TEXTS),
+    ),
+    Case(  # vLLM asserts "some explanation" is in the content
+        "test_streaming_preserves_content_between_complete_tool_calls",
+        GRANITE4_T,
+        "granite4",
+        "",
+        '<tool_call> {"name": "find_bbox", "arguments": {}} </tool_call>some explanation '
+        '<tool_call> {"name": "get_stock_price", "arguments": {}} </tool_call>',
+        (("find_bbox", {}), ("get_stock_price", {})),
+        "some explanation ",
+    ),
+]
+
+
+ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py"
+ER_BEIJING = (
+    '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}'
+    "\n</tool_call>\n"
+)
+ER_GZ = (
+    '<tool_call>\n{"name": "get_temperature_unit", "arguments": {"location": "Guangzhou", '
+    '"unit": "c"}}\n</tool_call>\n'
+)
+ER_CALLS = [
+    ("get_current_temperature", {"location": "Beijing"}),
+    ("get_temperature_unit", {"location": "Guangzhou", "unit": "c"}),
+]
+ER_BEFORE = "I need to call two tools to handle these two issues separately.\n</think>"
+ERNIE45_CASES = [
+    Case(
+        "test_extract_tool_calls_no_tools",
+        ERNIE45,
+        "ernie45",
+        "",
+        "This is a test",
+        (),
+        "This is a test",
+    ),
+    *[
+        c
+        for kind in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
+        for c in (
+            Case(
+                f"{kind}[single_tool_call]", ERNIE45, "ernie45", "", ER_BEIJING, tuple(ER_CALLS[:1])
+            ),
+            Case(
+                f"{kind}[multiple_tool_calls]",
+                ERNIE45,
+                "ernie45",
+                "",
+                ER_BEIJING + ER_GZ,
+                tuple(ER_CALLS),
+            ),
+            Case(
+                f"{kind}[tool_call_with_content_before]",
+                ERNIE45,
+                "ernie45",
+                "",
+                ER_BEFORE + "\n\n" + ER_BEIJING + ER_GZ,
+                tuple(ER_CALLS),
+                ER_BEFORE,
+            ),
+        )
+    ],
+]
+
+
+GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py"
+GLM47_TOOLS = (
+    {"type": "function", "function": {"name": "get_current_date", "parameters": {}}},
+    fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
+)
+
+
+def glm47(id, output, calls=(), content=""):
+    return Case(id, GLM47, "glm47", "", output, tuple(calls), content, tools=GLM47_TOOLS)
+
+
+G47_DATE = "<tool_call>get_current_date</tool_call>"
+G47_BEIJING = (
+    "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+)
+GLM47_CASES = [
+    glm47(
+        "TestGlm47ExtractToolCalls.test_no_tool_call",
+        "This is a plain response.",
+        content="This is a plain response.",
+    ),
+    *[
+        glm47(f"TestGlm47ExtractToolCalls.{i}", G47_DATE, [("get_current_date", {})])
+        for i in ("test_zero_arg_inline", "test_empty_content_none")
+    ],
+    glm47(
+        "TestGlm47ExtractToolCalls.test_zero_arg_newline",
+        "<tool_call>get_current_date\n</tool_call>",
+        [("get_current_date", {})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_args_same_line",
+        G47_BEIJING,
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_args_with_newlines",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_content_before",
+        "Checking." + G47_DATE,
+        [("get_current_date", {})],
+        content="Checking.",
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_multiple",
+        G47_BEIJING + "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Shanghai</arg_value>"
+        "</tool_call>",
+        [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+    ),
+    glm47(
+        "TestGlm47ExtractToolCalls.test_whitespace_content_none",
+        "  \n  " + G47_DATE,
+        [("get_current_date", {})],
+    ),
+    glm47("TestGlm47Streaming.test_no_args", G47_DATE, [("get_current_date", {})]),
+    glm47(
+        "TestGlm47Streaming.test_with_args",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    *[
+        glm47(f"TestGlm47Streaming.{i}", G47_BEIJING, [("get_weather", {"city": "Beijing"})])
+        for i in (
+            "test_delays_prefix_only_tool_name_until_exact_match",
+            "test_delays_prefix_only_tool_name_with_function_tools",
+        )
+    ],
+]
+
+
+GLM45_TOOLS = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+
+
+def glm4(id, output, calls=(), content="", tools=GLM45_TOOLS):
+    return Case(id, GLM45, "glm45", "", output, tuple(calls), content, tools=tuple(tools))
+
+
+G4M_BEIJING = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n</tool_call>"
+)
+G4M_BJ = "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>"
+G4M_SH = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Shanghai</arg_value></tool_call>"
+)
+G4M_CALC_TOOLS = (
+    fn_tool(
+        "calculate",
+        {"operation": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}},
+    ),
+)
+G4M_FN_TOOLS = (
+    fn_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}}),
+    *G4M_CALC_TOOLS,
+)
+G4M_BUBBLE = (
+    '#!/usr/bin/env python3\n# -*- coding: utf-8 -*-\n"""\nBubble Sort Implementation\n"""\n\n'
+    "def bubble_sort(arr):\n    n = len(arr)\n    for i in range(n):\n        swapped = False\n"
+    "        for j in range(0, n - i - 1):\n            if arr[j] > arr[j + 1]:\n"
+    "                arr[j], arr[j + 1] = arr[j + 1], arr[j]\n                swapped = True\n"
+    "        if not swapped:\n            break\n    return arr\n\n"
+    'if __name__ == "__main__":\n    test_arr = [64, 34, 25, 12, 22, 11, 90]\n'
+    '    print(f"Original: {test_arr}")\n    sorted_arr = bubble_sort(test_arr.copy())\n'
+    '    print(f"Sorted: {sorted_arr}")'
+)
+GLM4_MORE_CASES = [
+    glm4(
+        "test_extract_tool_calls_with_thinking_tags",
+        "<think>I want to get the weather.</think>\n\nI will help you get the weather.\n"
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+        "<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Beijing", "date": "2025-08-01"})],
+        content="<think>I want to get the weather.</think>\n\nI will help you get the weather.\n",
+    ),
+    *[
+        glm4(i, G4M_BEIJING, [("get_weather", {"city": "Beijing"})])
+        for i in ("test_streaming_basic_functionality", "test_streaming_prev_tool_call_arr_updates")
+    ],
+    glm4(
+        "test_streaming_no_tool_calls",
+        "This is just regular text without any tool calls.",
+        content="This is just regular text without any tool calls.",
+    ),
+    # vLLM's streaming test checks the content streamed before the (unfinished) block; the
+    # block, cut off at the end, holds no call and comes back as content here
+    glm4(
+        "test_streaming_with_content_before_tool_calls",
+        "I will help you get the weather.<tool_call>",
+        content="I will help you get the weather.<tool_call>",
+    ),
+    glm4(
+        "test_streaming_incremental_string_value",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value></tool_call>",
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    # vLLM asserts that it does not hang: no call, content here
+    glm4(
+        "test_streaming_empty_tool_call",
+        "<tool_call></tool_call>",
+        content="<tool_call></tool_call>",
+    ),
+    *[
+        glm4(
+            i,
+            G4M_BJ + G4M_SH,
+            [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+        )
+        for i in (
+            "test_streaming_multiple_tool_calls_sequential",
+            "test_stream_interval_multiple_tool_calls",
+        )
+    ],
+    glm4(
+        "test_streaming_json_escape_in_string",
+        '<tool_call>send_message\n<arg_key>message</arg_key><arg_value>Hello "world"\nNew line'
+        "</arg_value></tool_call>",
+        [("send_message", {"message": 'Hello "world"\nNew line'})],
+    ),
+    glm4(
+        "test_streaming_long_content_incremental",
+        "<tool_call>write_to_file\n<arg_key>file_path</arg_key><arg_value>/tmp/bubble_sort.py"
+        "</arg_value><arg_key>content</arg_key><arg_value>"
+        + G4M_BUBBLE
+        + "\n</arg_value></tool_call>",
+        [("write_to_file", {"file_path": "/tmp/bubble_sort.py", "content": G4M_BUBBLE + "\n"})],
+        tools=(
+            fn_tool(
+                "write_to_file", {"file_path": {"type": "string"}, "content": {"type": "string"}}
+            ),
+        ),
+    ),
+    glm4(
+        "test_extract_tool_calls_numeric_deserialization",
+        "<tool_call>calculate\n<arg_key>operation</arg_key>\n<arg_value>add</arg_value>\n"
+        "<arg_key>a</arg_key>\n<arg_value>42</arg_value>\n<arg_key>b</arg_key>\n<arg_value>3.14"
+        "</arg_value>\n<arg_key>enabled</arg_key>\n<arg_value>true</arg_value>\n</tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14, "enabled": True})],
+    ),
+    glm4(
+        "test_whitespace_preserved_in_arg_values",
+        "<tool_call>apply_diff\n<arg_key>s</arg_key>\n"
+        "<arg_value>    indented code    </arg_value>\n"
+        "</tool_call>",
+        [("apply_diff", {"s": "    indented code    "})],
+        tools=(fn_tool("apply_diff", {"s": {"type": "string"}}, required=["s"]),),
+    ),
+    glm4("test_zero_argument_tool_call", "<tool_call>get_time\n</tool_call>", [("get_time", {})]),
+    glm4("test_malformed_tool_call_no_regex_match", "<tool_call>   ", content="<tool_call>   "),
+    glm4(
+        "test_unicode_characters_preserved",
+        "<tool_call>send_message\n<arg_key>greeting</arg_key>\n<arg_value>你好世界</arg_value>\n"
+        "<arg_key>emoji</arg_key>\n<arg_value>🎉</arg_value>\n</tool_call>",
+        [("send_message", {"greeting": "你好世界", "emoji": "🎉"})],
+    ),
+    *[
+        glm4(i, G4M_BJ, [("get_weather", {"city": "Beijing"})])
+        for i in (
+            "test_streaming_multi_token_chunks",
+            "test_streaming_entire_tool_call_at_once",
+            "test_stream_interval_single_tool_call",
+        )
+    ],
+    # vLLM's streaming result (both texts are content); its non-streaming path keeps the
+    # text before the first call only (glm45 mixed_content)
+    *[
+        glm4(
+            i,
+            f"{prefix}\n{G4M_BJ}\nAlso Shanghai.\n{G4M_SH}",
+            [("get_weather", {"city": "Beijing"}), ("get_weather", {"city": "Shanghai"})],
+            content=f"{prefix}\n\nAlso Shanghai.\n",
+        )
+        for i, prefix in (
+            ("test_streaming_content_between_tool_calls_multi_token", "I will check."),
+            ("test_stream_interval_content_between_tool_calls", "Checking Beijing."),
+        )
+    ],
+    glm4(
+        "test_streaming_multi_token_with_multiple_args",
+        "<tool_call>calculate\n<arg_key>operation</arg_key><arg_value>add</arg_value><arg_key>a"
+        "</arg_key><arg_value>42</arg_value><arg_key>b</arg_key><arg_value>3.14</arg_value></tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        tools=G4M_CALC_TOOLS,
+    ),
+    *[
+        glm4(
+            i, f"{prefix}\n{G4M_BJ}", [("get_weather", {"city": "Beijing"})], content=f"{prefix}\n"
+        )
+        for i, prefix in (
+            ("test_stream_interval_content_then_tool_call", "I will check the weather for you."),
+            ("test_stream_interval_extreme_single_chunk", "Here is the weather."),
+        )
+    ],
+    glm4(
+        "test_extract_tool_calls_with_function_tool",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Dallas</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>fahrenheit</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Dallas", "unit": "fahrenheit"})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_extract_tool_calls_with_function_tool_mixed_types",
+        "<tool_call>calculate\n<arg_key>operation</arg_key>\n<arg_value>add</arg_value>\n"
+        "<arg_key>a</arg_key>\n<arg_value>42</arg_value>\n<arg_key>b</arg_key>\n<arg_value>3.14"
+        "</arg_value>\n</tool_call>",
+        [("calculate", {"operation": "add", "a": 42, "b": 3.14})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_streaming_with_function_tool",
+        G4M_BJ,
+        [("get_weather", {"city": "Beijing"})],
+        tools=G4M_FN_TOOLS,
+    ),
+    glm4(
+        "test_extract_tool_call_without_newline_after_name",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Seattle</arg_value></tool_call>",
+        [("get_weather", {"city": "Seattle"})],
+    ),
+    glm4(
+        "test_string_type_detection_with_anyof",
+        "<tool_call>configure<arg_key>api_key</arg_key><arg_value>sk-12345678</arg_value></tool_call>",
+        [("configure", {"api_key": "sk-12345678"})],
+        tools=(
+            fn_tool("configure", {"api_key": {"anyOf": [{"type": "string"}, {"type": "null"}]}}),
+        ),
+    ),
+    glm4(
+        "test_string_type_detection_with_list_types",
+        "<tool_call>log<arg_key>message</arg_key><arg_value>test message</arg_value></tool_call>",
+        [("log", {"message": "test message"})],
+        tools=(fn_tool("log", {"message": {"type": ["string", "null"]}}),),
+    ),
+    glm4(
+        "test_streaming_no_corruption_for_boolean_values",
+        "<tool_call>configure<arg_key>enabled</arg_key><arg_value>true</arg_value></tool_call>",
+        [("configure", {"enabled": True})],
+        tools=(fn_tool("configure", {"enabled": {"type": "boolean"}}),),
+    ),
+]
+
+
+KIMI_WEATHER = fn_tool("get_weather", {"city": {"type": "string"}, "unit": {"type": "string"}})
+KIMI_READ = fn_tool("read_file", {"path": {"type": "string"}})
+KIMI_FLIGHT = fn_tool("book_flight", {"city": {"type": "string"}})
+
+
+def kimi_t(id, prefix, tools_out, calls=(), content=None, tools=()):
+    c = kimi(id, prefix, tools_out, calls, content)
+    return Case(**{**c.__dict__, "tools": tuple(tools)})
+
+
+KIMI_MORE_CASES = [
+    kimi(
+        "test_invalid_funcall_id_skipped",
+        "Help. ",
+        [
+            kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
+            kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
+        ],
+        [("valid", {"city": "Shanghai"})],
+    ),
+    kimi(
+        "test_native_id_extracted",
+        "Checking weather. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"}')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "test_multi_turn_native_id_continuity (turn 1)",
+        "Let me check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "test_multi_turn_native_id_continuity (turn 2)",
+        "Now let me get news. ",
+        [kimi_tool("functions.get_news:0", '{"topic": "weather in Beijing"}')],
+        [("get_news", {"topic": "weather in Beijing"})],
+    ),
+    kimi_t(
+        "test_bare_counter",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo", "unit": "celsius"}')],
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        tools=(KIMI_WEATHER,),
+    ),
+    kimi_t(
+        "test_bare_counter_multiple_tools_infers_by_args",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo", "unit": "celsius"}')],
+        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+        tools=(KIMI_READ, KIMI_WEATHER),
+    ),
+    kimi_t(  # no call: the section comes back as content here
+        "test_bare_counter_multiple_tools_skips_unsafe_inference[ambiguous]",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo"}')],
+        content="Let me check. "
+        + K_SECTION[0]
+        + kimi_tool("0", '{"city": "Tokyo"}')
+        + K_SECTION[1],
+        tools=(KIMI_WEATHER, KIMI_FLIGHT),
+    ),
+    kimi_t(
+        "test_bare_counter_multiple_tools_skips_unsafe_inference[malformed_json]",
+        "Let me check. ",
+        [kimi_tool("0", '{"city": "Tokyo"')],
+        content="Let me check. " + K_SECTION[0] + kimi_tool("0", '{"city": "Tokyo"') + K_SECTION[1],
+        tools=(KIMI_WEATHER, KIMI_FLIGHT),
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_single_tool_call",
+        "I'll help. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_multiple_tool_calls",
+        "Compare weather. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} '),
+            kimi_tool("functions.get_weather:1", '{"city": "NYC"} '),
+        ],
+        [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "NYC"})],
+    ),
+    kimi_t(
+        "TestStreamingHappyPath.test_bare_counter",
+        "I'll help. ",
+        [kimi_tool("0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+        tools=(KIMI_WEATHER,),
+    ),
+    kimi_t(
+        "TestStreamingHappyPath.test_bare_counter_multiple_tools_infers_by_args",
+        "I'll help. ",
+        [kimi_tool("0", '{"city": "Beijing", "unit": "celsius"} ')],
+        [("get_weather", {"city": "Beijing", "unit": "celsius"})],
+        tools=(KIMI_READ, KIMI_WEATHER),
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_content_before_tools",
+        "I'll check the weather. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_no_tool_calls",
+        "This is just regular text without tools.",
+        [],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_incremental_arguments",
+        "Help. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"} ')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[single_tool]",
+        "Single. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Beijing"}')],
+        [("get_weather", {"city": "Beijing"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[parallel_tools]",
+        "Multi. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "Tokyo"}'),
+            kimi_tool("functions.get_news:1", '{"topic": "tech"}'),
+        ],
+        [("get_weather", {"city": "Tokyo"}), ("get_news", {"topic": "tech"})],
+    ),
+    kimi(
+        "TestStreamingHappyPath.test_streaming_matches_nonstreaming[no_functions_prefix]",
+        "No prefix id. ",
+        [kimi_tool("get_weather:0", '{"city": "NYC"}')],
+        [("get_weather", {"city": "NYC"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_marker_suppression",
+        "I'll check. ",
+        [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_noise_between_markers_suppressed",
+        "Reasoning. ",
+        [" spurious noise " + kimi_tool("functions.test:0", '{"k": "v"} ')],
+        [("test", {"k": "v"})],
+    ),
+    kimi(
+        "TestStreamingEdgeCases.test_three_different_tools",
+        "Multiple tasks. ",
+        [
+            kimi_tool("functions.get_weather:0", '{"city": "NYC"} '),
+            kimi_tool("functions.get_news:1", '{"topic": "tech"} '),
+            kimi_tool("functions.send_email:2", '{"to": "a@b.com"} '),
+        ],
+        [
+            ("get_weather", {"city": "NYC"}),
+            ("get_news", {"topic": "tech"}),
+            ("send_email", {"to": "a@b.com"}),
+        ],
+    ),
+    *[
+        kimi(
+            f"TestStreamingIntervals.{i}",
+            prefix,
+            [kimi_tool("functions.get_weather:0", args)],
+            [("get_weather", json.loads(args))],
+        )
+        for i, prefix, args in (
+            ("test_single_tool_call_at_interval", "Help. ", '{"city": "Beijing"}'),
+            (
+                "test_content_then_tool_call_at_interval",
+                "Sure, let me check. ",
+                '{"city": "Tokyo"}',
+            ),
+            ("test_content_and_tool_call_in_single_chunk", "Hi! ", '{"city": "Beijing"}'),
+        )
+    ],
+    kimi(
+        "TestStreamingIntervals.test_multiple_tool_calls_at_interval",
+        "Compare. ",
+        [
+            kimi_tool("functions.search:0", '{"q": "cats"}'),
+            kimi_tool("functions.search:1", '{"q": "dogs"}'),
+        ],
+        [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+    ),
+    kimi(
+        "TestStreamingIntervals.test_plain_text_at_interval",
+        "This is plain text with no tool calling involved.",
+        [],
+    ),
+]
+
+
+QS_XML_TAGS = (
+    'char_deltas = [\n    "<tool_call>\\n",\n    "<parameter=query>\\n",\n'
+    '    "\\n</parameter>\\n",\n    "</function>\\n",\n]\n'
+)
+QS_PARAM_LINES = (
+    'TOOL_CALL_TEMPLATE = """\n</parameter>\n<parameter=new_string>\n#!/usr/bin/env python3\n'
+    '</parameter>\n"""\n'
+)
+QS_REAL_NAME = 'doc = """\n<parameter=path>\nliteral/value\n</parameter>\n"""\n'
+QS_NESTED = (
+    'doc = """\n<tool_call>\n<function=write_file>\n<parameter=path>\nliteral/value.txt\n'
+    "</parameter>\n<parameter=content>\nhello\n</parameter>\n</function>\n</tool_call>\n" + '"""\n'
+)
+QS_OUT_OF_SCHEMA = (
+    'template = """\n<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n'
+    '</function>\n</tool_call>\n"""\n'
+)
+
+
+def qs_write(path: str, content: str, tail: str = "\n") -> str:
+    return (
+        "<tool_call>\n<function=write_file>\n<parameter=path>\n" + path + "\n</parameter>\n"
+        "<parameter=content>\n" + content + "</parameter>\n</function>\n</tool_call>" + tail
+    )
+
+
+QS_OOS_OUTPUT = (
+    "<tool_call>\n<function=foo>\n<parameter=bar>baz</parameter>\n</function>\n</tool_call>"
+    "\n\n" + qs_write("fixture.py", QS_OUT_OF_SCHEMA, "")
+)
+QSHARED_LITERAL_CASES = [
+    # vLLM checks the calls (content unchecked); the newline after the block is content here
+    *[
+        c
+        for kind in ("nonstreaming", "streaming")
+        for i, path, content in (
+            ("test_content_with_xml_structural_tags", "test.py", QS_XML_TAGS),
+            ("test_content_with_param_like_lines", "test_template.py", QS_PARAM_LINES),
+            ("test_content_with_real_param_name_literal", "fixture.py", QS_REAL_NAME),
+        )
+        for c in qshared(
+            f"{i}_{kind}",
+            qs_write(path, content, "" if i.endswith("literal") else "\n"),
+            [("write_file", {"path": path, "content": content.rstrip("\n")})],
+            content="" if i.endswith("literal") else "\n",
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+]
+
 CASES = (
-    HERMES_CASES
+    QSHARED_LITERAL_CASES
+    + KIMI_MORE_CASES
+    + GLM4_MORE_CASES
+    + GLM47_CASES
+    + ERNIE45_CASES
+    + GRANITE4_FILE_CASES
+    + GRANITE_CASES
+    + MINIMAX_M2_CASES
+    + FUNCTIONGEMMA_CASES
+    + HUNYUAN_CASES
+    + DEEPSEEK_V32_CASES
+    + QSHARED_CASES
+    + QWEN3CODER_CASES
+    + GEMMA4_CASES
+    + PYTHONIC_CASES
+    + LLAMA4_PYTHONIC_CASES
+    + XLAM_CASES
+    + SEED_OSS_CASES
+    + HERMES_CASES
     + GRANITE4_CASES
     + OPENAI_CASES
     + LLAMA3_CASES
@@ -1073,11 +3573,6 @@ KIMI_BAD_ID = (
     + K_SECTION[1]
 )
 
-GLM_TWO = (
-    glm_call("get_current_weather", ("city", "Dallas"), ("state", "TX"), ("unit", "fahrenheit"))
-    + "\n    "
-    + glm_call("get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit"))
-)
 GLM_INCOMPLETE = (
     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
     "<arg_key>date</arg_key>\n<arg_value>2025-08-01</arg_value>"
@@ -1090,14 +3585,168 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 KNOWN_DIFFERENCES = [
     known(
-        glm(
-            "multiple_tool_calls",
-            GLM_TWO,
-            [weather("Dallas", "TX", "fahrenheit"), weather("Orlando", "FL", "fahrenheit")],
+        granite(
+            "test_malformed_input[0]",
+            '<|tool_call|> [{"name": "func", "arguments": {',
+            content='<|tool_call|> [{"name": "func", "arguments": {',
         ),
-        {"content": "\n    "},
-        "vLLM's glm45 keeps only the text before the first call as content; here text between "
-        "calls stays content too (the model wrote it; every format here does the same)",
+        {"withdrawn": True},
+        "same result as vLLM's non-streaming path (vLLM asserts only that it does not "
+        "raise), but the stream announced func before the cut-off list proved malformed; "
+        "LocalAI's proto cannot withdraw a streamed call",
+    ),
+    *[
+        known(
+            c,
+            {
+                "calls": [("write_file", {"path": "fixture.py", "content": "hello"})],
+                "content": '\n"""\n</parameter>\n</function>\n',
+                "withdrawn": True,
+            },
+            "a block ends at the first `</tool_call>` the model writes, also one inside a "
+            "value (a file holding a tool call): the router finds blocks by their markers, "
+            "before any parse; vLLM's qwen3 parsers disambiguate by the schema",
+        )
+        for kind in ("nonstreaming", "streaming")
+        for c in qshared(
+            f"test_content_with_full_nested_tool_call_{kind}",
+            qs_write("fixture.py", QS_NESTED, ""),
+            [("write_file", {"path": "fixture.py", "content": QS_NESTED.rstrip("\n")})],
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+    *[
+        known(
+            c,
+            {
+                "calls": [
+                    ("foo", {"bar": "baz"}),
+                    (
+                        "write_file",
+                        {
+                            "path": "fixture.py",
+                            "content": 'template = """\n<tool_call>\n<function=foo>\n'
+                            "<parameter=bar>baz",
+                        },
+                    ),
+                ],
+                "content": '\n\n\n"""\n</parameter>\n</function>\n',
+            },
+            "as test_content_with_full_nested_tool_call: the `</tool_call>` inside the "
+            "second call's value ends its block",
+        )
+        for kind in ("nonstreaming", "streaming")
+        for c in qshared(
+            f"test_two_tools_second_with_out_of_schema_nested_literal_{kind}",
+            QS_OOS_OUTPUT,
+            [
+                ("foo", {"bar": "baz"}),
+                ("write_file", {"path": "fixture.py", "content": QS_OUT_OF_SCHEMA.rstrip("\n")}),
+            ],
+            content="\n\n",
+            tools=QS_WRITE_TOOLS,
+        )
+    ],
+    known(
+        seed(
+            "test_extract_tool_calls[tool_call_unlimited_thinking_budget] (reasoning shortened)",
+            SEED_THINK_UNLIMITED + SEED_CALL_UNIT,
+            [BARCELONA_C],
+            content=SEED_THINK_UNLIMITED,
+        ),
+        {
+            "calls": [BARCELONA_C, BARCELONA_C],
+            "content": "<seed:think>\nGot it, let's see. The format is . Let me go with that."
+            "</seed:think>",
+        },
+        "with tool_parser seed_oss and no reasoning_parser, a call the model writes inside "
+        "its <seed:think> block is read as a call; vLLM's seed_oss reads calls after the "
+        "think block only (with reasoning_parser seed_oss the block is reasoning)",
+    ),
+    known(
+        kimi_t(
+            "test_bare_counter_single_tool_invalid_json_still_extracted",
+            "Let me check. ",
+            [kimi_tool("0", '{"city": "Tokyo"')],
+            [("get_weather", '{"city": "Tokyo"')],
+            tools=(KIMI_WEATHER,),
+        ),
+        {
+            "calls": [],
+            "content": "Let me check. "
+            + K_SECTION[0]
+            + kimi_tool("0", '{"city": "Tokyo"')
+            + K_SECTION[1],
+        },
+        "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
+        "object's text, and a section whose only call is malformed comes back as content",
+    ),
+    known(
+        Case(
+            "TestStreamingEdgeCases.test_truncated_tool_call_no_end_marker",
+            KIMI,
+            "kimi_k2",
+            "",
+            "I'll check. " + K_SECTION[0] + "<|tool_call_begin|>functions.get_weather:0 "
+            '<|tool_call_argument_begin|>{"city": "Bei',
+            (("get_weather", '{"city": "Bei'),),
+            "I'll check. ",
+        ),
+        {
+            "calls": [],
+            "content": "I'll check. " + K_SECTION[0] + "<|tool_call_begin|>functions.get_weather:0 "
+            '<|tool_call_argument_begin|>{"city": "Bei',
+            "withdrawn": True,
+        },
+        "vLLM's stream ends with the cut-off arguments as they are; here a call whose "
+        "arguments are no JSON object is no call: the cut-off section comes back as content "
+        "(the stream had announced the call: LocalAI's proto cannot withdraw it)",
+    ),
+    known(
+        kimi(
+            "TestStreamingEdgeCases.test_empty_tool_section",
+            "Reasoning. ",
+            [""],
+            content="Reasoning. ",
+        ),
+        {"content": "Reasoning. " + K_SECTION[0] + K_SECTION[1]},
+        "a tool-call section that holds no call comes back as content as the model wrote "
+        "it, markers included, for every format here (vLLM asserts only that no call is made)",
+    ),
+    known(
+        kimi(
+            "TestStreamingEdgeCases.test_content_after_tool_section",
+            "Before. ",
+            [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+            [("get_weather", {"city": "Tokyo"})],
+        ).__class__(
+            **{
+                **kimi(
+                    "TestStreamingEdgeCases.test_content_after_tool_section",
+                    "Before. ",
+                    [kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')],
+                    [("get_weather", {"city": "Tokyo"})],
+                ).__dict__,
+                "output": "Before. "
+                + K_SECTION[0]
+                + kimi_tool("functions.get_weather:0", '{"city": "Tokyo"} ')
+                + K_SECTION[1]
+                + " After tools.",
+            }
+        ),
+        {"content": "Before.  After tools."},
+        "vLLM's kimi_k2 drops the text after the tool-call section; here it stays content "
+        "(the model wrote it; every format here keeps text outside its blocks)",
+    ),
+    known(
+        hunyuan(
+            "test_hunyuan_a13b_tool_parser_extract[content_after]",
+            hy_block(("get_weather", {"city": "Seattle"})) + "\nThank you!",
+            [("get_weather", {"city": "Seattle"})],
+        ),
+        {"content": "\nThank you!"},
+        "vLLM's hunyuan_a13b drops the text after the tool-call block; here it stays content "
+        "(the model wrote it; every format here keeps text outside its blocks)",
     ),
     known(
         glm(
@@ -1116,7 +3765,9 @@ KNOWN_DIFFERENCES = [
             "content": "I will help you get the weather info.\n\n\n\nmeaningwhile, I will "
             "also check the weather in Shanghai.\n\n"
         },
-        "as glm45 multiple_tool_calls: the text between calls stays content",
+        "vLLM's glm45 keeps only the text before the first call as content; here text "
+        "between calls stays content too (the model wrote it; vLLM's own streaming path "
+        "keeps it too: test_stream_interval_content_between_tool_calls)",
     ),
     known(
         glm(
@@ -1143,20 +3794,6 @@ KNOWN_DIFFERENCES = [
         "vLLM passes the malformed arguments on as they are; here arguments are a JSON "
         "object's text, and a block with a malformed call comes back whole as content; the "
         "stream had announced the first call (LocalAI's proto cannot withdraw it)",
-    ),
-    known(
-        kimi(
-            "invalid_funcall_id_skipped",
-            "Help. ",
-            [
-                kimi_tool("functions.invalid.0", '{"city": "Beijing"}'),
-                kimi_tool("functions.valid:1", '{"city": "Shanghai"}'),
-            ],
-            [("valid", {"city": "Shanghai"})],
-        ),
-        {"calls": [], "content": KIMI_BAD_ID},
-        "mlx-lm's kimi_k2 parser rejects the block with a malformed call id, which then "
-        "comes back whole as content; vLLM skips that call and keeps the others",
     ),
     known(
         qwen3xml(

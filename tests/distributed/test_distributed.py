@@ -200,7 +200,7 @@ def _assert_exits_to_be_restarted(group: Cluster) -> None:
     """Rank 0 ends itself with status 1 (a broken group cannot serve again): LocalAI's
     loader recreates a backend whose Health fails once its process is gone
     (pkg/model/loader.go), so nobody has to restart it by hand."""
-    assert wait_until(lambda: group.procs[0].poll() is not None, 30), group.logs()
+    wait_until(lambda: group.procs[0].poll() is not None, 30, explain=group.logs)
     assert group.procs[0].returncode == 1, group.logs()
     assert "exiting with status 1" in group.logs()
 

@@ -167,7 +167,7 @@ def test_a_worker_killed_during_a_large_prefill_ends_the_stream_within_seconds(t
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
         assert "lost the distributed group" in info.value.details()
         assert seconds < 15, (seconds, info.value.details())
-        assert wait_until(lambda: rank0.proc.poll() is not None, 30), rank0.logs()
+        wait_until(lambda: rank0.proc.poll() is not None, 30, explain=rank0.logs)
         assert rank0.proc.returncode == 1
     finally:
         rank0.stop()
@@ -294,7 +294,7 @@ def test_a_worker_killed_mid_stream_fails_the_stream_unavailable(group, models):
     assert time.monotonic() - killed < 15, "ended by the 60 s step watchdog, not at once"
     # LocalAI recreates a backend whose Health fails once its process is gone: rank 0
     # exits non-zero by itself (pkg/model/loader.go checks the process before recreating).
-    assert wait_until(lambda: group.rank0.proc.poll() is not None, 30), group.logs()
+    wait_until(lambda: group.rank0.proc.poll() is not None, 30, explain=group.logs)
     assert group.rank0.proc.returncode == 1
     assert "exiting with status 1" in group.logs()
     # The other worker leaves too (its ring neighbour is gone, or rank 0 stopped it).

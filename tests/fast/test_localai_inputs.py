@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlx_lm.tool_parsers import gemma4, glm47, json_tools, kimi_k2, minimax_m2, qwen3_coder
+from mlx_lm.tool_parsers import json_tools, minimax_m2
 
 import backend_pb2 as pb
 import params
@@ -236,17 +236,17 @@ def test_negative_top_k_is_off() -> None:
 # LocalAI's core/config/parser_defaults.json (mudler/LocalAI 82c191a): every name it emits.
 LOCALAI_TOOL_PARSERS = {
     "hermes": json_tools.parse_tool_call,
-    "qwen3_xml": qwen3_coder.parse_tool_call,
-    "llama4_pythonic": None,  # ours (the Llama JSON reader)
+    "qwen3_xml": None,  # ours (decoding/tool_formats/qwen3_xml.py, vLLM's typing)
+    "llama4_pythonic": None,  # ours (pythonic lists, and the Llama JSON reader)
     "llama3_json": None,
     "mistral": None,  # ours: mlx-lm's mistral parser first, then the forms vLLM also reads
     "deepseek_v3": None,
-    "glm47": glm47.parse_tool_call,
-    "glm45": glm47.parse_tool_call,
-    "gemma4": gemma4.parse_tool_call,
+    "glm47": None,  # ours (decoding/tool_formats/glm.py)
+    "glm45": None,
+    "gemma4": None,  # ours (decoding/tool_formats/gemma4.py)
     "granite4": json_tools.parse_tool_call,
     "minimax_m2": minimax_m2.parse_tool_call,
-    "kimi_k2": kimi_k2.parse_tool_call,
+    "kimi_k2": None,  # ours (decoding/tool_formats/kimi_k2.py)
     "olmo3": None,
     "ernie45": json_tools.parse_tool_call,
     "phi4_mini_json": None,
@@ -295,7 +295,7 @@ def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> 
     ("tool", "reasoning", "why"),
     [
         ("no_such_parser", "", "unknown tool_parser 'no_such_parser'"),
-        ("xlam", "", "tool_parser 'xlam' (a vLLM name) has no MLX equivalent"),
+        ("step3", "", "tool_parser 'step3' (a vLLM name) has no MLX equivalent"),
         ("", "no_such_parser", "unknown reasoning_parser 'no_such_parser'"),
         ("", "step3p5", "reasoning_parser 'step3p5' (a vLLM name) has no MLX equivalent"),
     ],

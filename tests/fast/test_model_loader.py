@@ -49,6 +49,8 @@ def test_embedded_model_is_found() -> None:
     path = model_loader.embedded_model_path()
     assert path.is_file() and path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert resolve_model(str(path)) == ResolvedModel("gguf", path, path.name)
+    # By name, as LoadModel(Model="embedded") and --model embedded give it.
+    assert resolve_model("embedded") == ResolvedModel("gguf", path, path.name)
 
 
 def test_missing_embedded_model_names_the_install_command(

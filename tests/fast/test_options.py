@@ -43,7 +43,7 @@ def test_readme_table_is_regenerated_between_the_markers():
     stale = f"intro\n{opts.README_BEGIN}| `old_key` | x | y | z |\n{opts.README_END}after\n"
     fresh = opts.readme_with_table(stale)
     assert "old_key" not in fresh and fresh.startswith("intro\n") and fresh.endswith("after\n")
-    assert "| `max_batch_size` | integer ≥ 1 | 8 | sequences decoded together |" in fresh
+    assert "| `max_batch_size` | integer ≥ 1 | 256 | most sequences decoded together (" in fresh
     with pytest.raises(ValueError, match="markers"):
         opts.readme_with_table("no markers here")
 

@@ -313,7 +313,7 @@ def test_load_defaults() -> None:
     assert (lp.model, lp.model_file, lp.model_path) == ("org/model", "/f", "/p")
     assert lp.context_size == 0
     assert lp.trust_remote_code is False
-    assert lp.max_cache_entries == 10
+    assert lp.max_cache_entries is None  # caches.prompt_tiers.entry_bound decides
     assert lp.max_cache_bytes is None
     assert lp.max_kv_size is None
     assert lp.tokenizer_config == {}

@@ -106,7 +106,7 @@ template:
 # ours, section_start, section_end, reasoning_start, reasoning_end).
 MARKERS = {
     "llama": (None, '{"name"', "", "", ""),
-    "qwen3_5": ("qwen3_coder", "<tool_call>", "</tool_call>", "<think>", "</think>"),
+    "qwen3_5": ("qwen3_xml", "<tool_call>", "</tool_call>", "<think>", "</think>"),
     "gpt_oss": (None, " to=functions.", "", "<|channel|>analysis<|message|>", "<|end|>"),
 }
 

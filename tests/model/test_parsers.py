@@ -51,7 +51,9 @@ def test_unknown_name_changes_only_its_part(smollm):
 def test_overrides_set_the_wrappers_attributes(smollm):
     assert not smollm.has_tool_calling and not smollm.has_thinking  # SmolLM2: nothing inferred
     tok = apply_parser_overrides(smollm, "qwen3_coder", "qwen3")
-    assert tok.has_tool_calling and tok.tool_parser is qwen3_coder.parse_tool_call
+    # decoding/tool_formats/qwen3_xml.py: mlx-lm's qwen3_coder markup, vLLM's typing
+    call = "<function=f>\n<parameter=a>\nx\n</parameter>\n</function>"
+    assert tok.has_tool_calling and tok.tool_parser(call) == qwen3_coder.parse_tool_call(call)
     assert (tok.tool_call_start, tok.tool_call_end) == ("<tool_call>", "</tool_call>")
     assert tok.decode(list(tok.tool_call_start_tokens)) == "<tool_call>"
     assert tok.has_thinking and (tok.think_start, tok.think_end) == ("<think>", "</think>")

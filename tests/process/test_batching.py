@@ -65,8 +65,10 @@ def test_cancelling_twenty_streams_leaves_server_clean(stub):
     before = stub.Status(backend_pb2.HealthMessage()).memory.breakdown
     calls = [stub.PredictStream(greedy(f"Story number {i}: the", tokens=400)) for i in range(20)]
     next(calls[0])  # generation is under way; the other streams may still be arriving
-    assert wait_until(lambda: counts(stub) == (BUSY, 8, 12), timeout=60), (
-        f"expected 8 running and 12 waiting, got {counts(stub)}"
+    wait_until(
+        lambda: counts(stub) == (BUSY, 8, 12),
+        timeout=60,
+        explain=lambda: f"expected 8 running and 12 waiting, got {counts(stub)}",
     )
     for call in calls:
         call.cancel()

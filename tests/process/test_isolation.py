@@ -342,8 +342,12 @@ def test_client_that_stops_reading_is_ended():
         assert first.message
         with Innocents(stub, refs):
             ended = re.compile(r"request idle-reader: .* generated=(\d+) .*=RESOURCE_EXHAUSTED")
-            m = wait_until(lambda: ended.search(srv.logs()), 120, interval=0.2)
-            assert m, f"idle reader never ended: {status(stub, HEALTH_BOUND)}"
+            m = wait_until(
+                lambda: ended.search(srv.logs()),
+                120,
+                interval=0.2,
+                explain=lambda: f"idle reader never ended: {status(stub, HEALTH_BOUND)}",
+            )
         # Its KV is released although the client has still not read its replies.
         wait_idle(stub, call_timeout=HEALTH_BOUND)
         generated = int(m.group(1))

@@ -149,12 +149,11 @@ def _wait_for_address(proc: subprocess.Popen, log: Path, timeout: float = 120.0)
     found = wait_until(
         lambda: SERVING.search(log.read_text(errors="replace")) or proc.poll() is not None,
         timeout,
+        explain=lambda: f"backend did not start:\n{log.read_text()}",
     )
     if isinstance(found, re.Match):
         return found.group(1)
-    if found:
-        raise RuntimeError(f"backend exited {proc.returncode}:\n{log.read_text()}")
-    raise TimeoutError(f"backend did not start:\n{log.read_text()}")
+    raise RuntimeError(f"backend exited {proc.returncode}:\n{log.read_text()}")
 
 
 def test_run_sh_serves_through_libbackend_on_the_fast_blas(tree, tmp_path):

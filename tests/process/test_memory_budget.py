@@ -146,12 +146,18 @@ def test_what_can_never_fit_is_refused_at_once_while_others_stream(srv, smol) ->
     assert "memory_budget is" in err.value.details() and "MiB" in err.value.details()
 
 
-def test_a_budget_below_the_weights_fails_the_load(srv, smol) -> None:
+def test_a_budget_below_the_weights_fails_the_load_and_the_model_serves_on(srv, smol) -> None:
+    """Refused before anything is unloaded, as every other bad option: the model loaded
+    before keeps serving (Status READY, the same output)."""
+    smol.load(64 * 1024**3)
     res = srv.stub.LoadModel(
         backend_pb2.ModelOptions(Model=smol.model, Options=["memory_budget:200MiB", *OPTIONS])
     )
     assert not res.success
     assert "smaller than the weights" in res.message and "memory_budget" in res.message
+    assert status(srv.stub)["state"] == backend_pb2.StatusResponse.READY
+    prompt = _prompts(1)[0]
+    assert srv.stub.Predict(greedy(prompt, NEW_TOKENS)).message == smol.solo[0]
 
 
 def test_a_recurrent_state_model_is_bounded_too(srv, tmp_path) -> None:

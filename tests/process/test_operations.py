@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from helpers import AUTH_TOKEN, REFERENCE, ROOT, code_of, wait_until
+from helpers import AUTH_TOKEN, REFERENCE, ROOT, code_of, never, wait_until
 
 import backend_pb2
 from clients.server_process import ServerProcess
@@ -421,12 +421,12 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
     )
     try:
         for log in (watched_log, unwatched_log):
-            assert wait_until(lambda log=log: "serving on" in log.read_text(), 60), log.read_text()
+            wait_until(lambda log=log: "serving on" in log.read_text(), 60, explain=log.read_text)
         for parent in (watched_parent, unwatched_parent):
             parent.kill()
             parent.wait()
         t0 = time.monotonic()
-        assert wait_until(lambda: process_gone(watched), 10), watched_log.read_text()
+        wait_until(lambda: process_gone(watched), 10, explain=watched_log.read_text)
         exited_after = time.monotonic() - t0
         logs = watched_log.read_text()  # stderr only: stdout went to /dev/null
         assert re.search(r"WARNING localai\.mlx\.edge\.lifecycle: parent process \d+ is gone", logs)
@@ -436,7 +436,7 @@ def test_backend_exits_when_its_parent_dies(tmp_path):
         assert "DEBUG localai.mlx.edge.lifecycle: parent watch: pid" in logs
         assert exited_after < 5
         # Watch off: still alive many intervals later (1 s, five intervals), still serving.
-        assert not wait_until(lambda: process_gone(unwatched), 1.0)
+        assert never(lambda: process_gone(unwatched), 1.0)
         os.kill(unwatched, signal.SIGINT)  # SIGINT takes the graceful path too
         assert wait_until(lambda: process_gone(unwatched), 15)
         logs = unwatched_log.read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import wait_until
+from helpers import never, wait_until
 
 import backend_pb2
 from clients.server_process import ServerProcess
@@ -57,7 +57,7 @@ def entries(directory: Path) -> list[Path]:
 
 
 def wait_for_files(directory: Path, n: int, timeout: float = 30.0) -> list[Path]:
-    """The entries of ``directory`` once there are ``n`` (or after ``timeout`` seconds)."""
+    """The entries of ``directory`` once there are ``n`` (TimeoutError after ``timeout`` s)."""
     wait_until(lambda: len(entries(directory)) >= n, timeout)
     return entries(directory)
 
@@ -106,7 +106,7 @@ def test_restarts_sigterm_sigkill_corruption_read_only(tmp_path):
         assert again == cold_q and processed > 1  # the read-only request stored nothing
         assert len(wait_for_files(cache, 3)) == 3
         # No fourth file within 0.3 s: a write the read-only request queued would land.
-        assert not wait_until(lambda: len(entries(cache)) > 3, 0.3)
+        assert never(lambda: len(entries(cache)) > 3, 0.3)
         files = entries(cache)
         assert len(files) == 3  # p's, the follow-up's and the second q's; none from RO
         (q_file,) = [f for f in files if f not in before]

@@ -311,5 +311,5 @@ def test_metrics_report_engine_and_fast_blas(stub):
     # Started through run.sh: MKL preloaded, so the quantized GGUF is served dense on CPU.
     assert info["cpu_mode"] == "dense"
     assert info["blas"]["fast"] and "mkl" in info["blas"]["library"]
-    assert info["max_batch_size"] == 8
+    assert info["max_batch_size"] == 256  # parsing.options.DEFAULT_MAX_BATCH_SIZE
     assert info["prompt_cache"]["hits"] >= 1
