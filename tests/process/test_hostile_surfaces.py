@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 import backend_pb2
 from clients.server_process import ServerProcess
+from engine.memory import budget_for
 
 CONTEXT = 512  # tokens: every window and text bound below scales with it
 CALL_TIMEOUT = 60.0
@@ -314,8 +315,8 @@ def test_requests_to_the_full_context_under_a_tight_budget_are_preempted_exactly
         step = s["memory_fixed_per_sequence"] + s["memory_kv_per_token"] * KV_STEP
         prefill = 16 * s["memory_prefill_per_token"]
         prefill += 16 * (KV_STEP + 16) * s["memory_prefill_per_pair"]
-        load(server, tiny, f"memory_budget:{s['weights'] + prefill + int(6.5 * step)}",
-             *PREEMPT_OPTIONS)  # fmt: skip
+        budget = budget_for(s["weights"] + prefill + int(6.5 * step))  # cache share on top
+        load(server, tiny, f"memory_budget:{budget}", *PREEMPT_OPTIONS)
         got: list[bytes | str] = [b""] * len(hostile)
 
         def send(i: int) -> None:
