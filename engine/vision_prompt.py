@@ -40,8 +40,9 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import numpy as np
@@ -52,6 +53,8 @@ from params import PromptSpec
 from parsing import images as images_mod
 from prompting import fit
 from prompting import render as prompt_mod
+
+T = TypeVar("T")
 
 VIRTUAL_BASE = 1 << 100  # key ids of image tokens are above every vocabulary id
 TAG_BASE = 1 << 99  # first key id of a prompt whose positions shift (mRoPE delta)
@@ -141,16 +144,7 @@ def prepare(
         check_text(text)
     pictures = [images_mod.decode(image, limit, target) for image in spec.images]
     try:
-        data = parts.process(text, pictures)
-    except ValueError as exc:
-        raise ValueError(
-            f"PredictOptions.Images: the model's processor refused them: {exc}"
-        ) from None
-    except Exception as exc:  # processors raise TypeError, IndexError... on odd input
-        raise ValueError(
-            f"PredictOptions.Images: the model's processor failed on them: "
-            f"{type(exc).__name__}: {str(exc)[:300]}"
-        ) from None
+        data = _process("PredictOptions.Images", partial(parts.process, text, pictures))
     finally:  # the processor's arrays are what the request keeps: free the pictures now
         for picture in pictures:
             picture.close()
@@ -220,16 +214,7 @@ def prepare_videos(
         budget -= int(clip.shape[0]) * int(clip.shape[1]) * int(clip.shape[2])
         frames.append(clip)
     try:
-        data = parts.process(text, [], frames)
-    except ValueError as exc:
-        raise ValueError(
-            f"PredictOptions.Videos: the model's processor refused them: {exc}"
-        ) from None
-    except Exception as exc:  # processors raise TypeError, IndexError... on odd input
-        raise ValueError(
-            f"PredictOptions.Videos: the model's processor failed on them: "
-            f"{type(exc).__name__}: {str(exc)[:300]}"
-        ) from None
+        data = _process("PredictOptions.Videos", partial(parts.process, text, [], frames))
     finally:
         del frames
     vision = build(parts, spec.videos, data, parts.video_token_id, "PredictOptions.Videos")
@@ -518,3 +503,16 @@ def build(
         rope_delta=delta,
         cacheable=cacheable,
     )
+
+
+def _process(name: str, call: Callable[[], T]) -> T:
+    """Run the model's processor on a request's media; its failures become ValueErrors
+    naming the field ``name`` (processors raise TypeError, IndexError... on odd input)."""
+    try:
+        return call()
+    except ValueError as exc:
+        raise ValueError(f"{name}: the model's processor refused them: {exc}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"{name}: the model's processor failed on them: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
