@@ -48,7 +48,6 @@ ahead of both peers.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import random
 import re
@@ -183,55 +182,6 @@ class Sample:
     computed: int | None  # prompt tokens the server prefilled, where it reports them
 
 
-def _http_completion(
-    port: int, prompt: str, max_tokens: int, model: str
-) -> tuple[float, str, dict]:
-    """One streamed /v1/completions: (seconds to the first text chunk, text, usage)."""
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "logit_bias": {str(k): v for k, v in bl.EOS_BIAS.items()},
-        }
-    )
-    start = time.perf_counter()
-    for attempt in range(20):
-        conn = http.client.HTTPConnection(bl.HOST, port, timeout=900)
-        try:
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            break
-        except ConnectionError:  # mlx_lm.server's accept queue is 5: retry a burst's resets
-            conn.close()
-            if attempt == 19:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-    first, parts, usage = 0.0, [], {}
-    try:
-        if resp.status != 200:
-            raise RuntimeError(f"server answered {resp.status}: {resp.read()[:500]!r}")
-        for raw in resp:
-            line = raw.decode("utf-8", errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            msg = json.loads(data)
-            usage = msg.get("usage") or usage
-            text = "".join(c.get("text", "") for c in msg.get("choices") or [])
-            if text:
-                parts.append(text)
-                first = first or time.perf_counter() - start
-    finally:
-        conn.close()
-    return first, "".join(parts), usage
-
-
 def _computed(usage: dict) -> int | None:
     details = usage.get("prompt_tokens_details") or {}
     if "prompt_tokens" not in usage or "cached_tokens" not in details:
@@ -269,7 +219,7 @@ class VllmMlxServer(bl._Proc):
         while True:
             self.check_alive()
             try:
-                _http_completion(self.port, "warm up", 2, str(model_dir))
+                bl.http_stream(self.port, "warm up", 2, model=str(model_dir))
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -375,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 def send(req: Request, port=server.port, label=label) -> Sample:
                     start = time.perf_counter()
-                    first, text, usage = _http_completion(port, req.prompt, args.new_tokens, label)
+                    res = bl.http_stream(port, req.prompt, args.new_tokens, model=label)
                     end = time.perf_counter()
-                    ttft = first or end - start
-                    return Sample(req.rid, start, ttft, end - start, text, _computed(usage))
+                    ttft = (res.t_first or end) - start
+                    usage = res.extra.get("usage", {})
+                    return Sample(req.rid, start, ttft, end - start, res.text, _computed(usage))
 
             try:
                 samples, makespan = replay(sessions, level, send)

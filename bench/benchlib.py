@@ -528,6 +528,8 @@ def http_stream(
             msg = json.loads(data)
             now = time.perf_counter()
             usage = msg.get("usage")
+            if usage:
+                res.extra["usage"] = usage  # prompt_tokens_details.cached_tokens, where given
             if usage and not msg.get("choices"):
                 res.tokens = usage.get("completion_tokens", chunks)
                 continue
