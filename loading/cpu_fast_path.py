@@ -337,11 +337,11 @@ def float32_size(model: Any) -> int:
     Packed quantized weights count as ``size * 32 / bits`` float32 values; their scales
     and biases disappear; every other parameter counts 4 bytes per element.
     """
-    from mlx.utils import tree_flatten
+    from seam.arrays import flat_arrays
 
     quantized = _quantized_modules(model)
     total = 0
-    for key, array in tree_flatten(model.parameters()):
+    for key, array in flat_arrays(model.parameters()):
         owner, _, leaf = key.rpartition(".")
         module = quantized.get(owner)
         if module is None:

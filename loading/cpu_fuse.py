@@ -24,7 +24,11 @@ CPU); ``transform`` applies both and is what ``loaded_model.load`` calls.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 logger = logging.getLogger("localai.mlx.cpu_fuse")
 
@@ -43,10 +47,12 @@ class _Shared:
     __slots__ = ("consumers", "linear", "x", "y")
 
     def __init__(self, linear: Any, consumers: int):
-        self.linear, self.x, self.y, self.consumers = linear, None, None, consumers
+        self.linear, self.consumers = linear, consumers
+        self.x: Any = None
+        self.y: Any = None
 
 
-def _slice_module_class():
+def _slice_module_class() -> type:
     import mlx.nn as nn
 
     class FusedSlice(nn.Module):
@@ -64,7 +70,7 @@ def _slice_module_class():
             self._shared, self._start, self._stop = shared, start, stop
             self._last = stop == shared.linear.weight.shape[0]
 
-        def __call__(self, x):
+        def __call__(self, x: Any) -> Any:
             s = self._shared
             if s.x is not x:
                 s.x, s.y = x, s.linear(x)
@@ -76,7 +82,7 @@ def _slice_module_class():
     return FusedSlice
 
 
-_FusedSlice = None
+_FusedSlice: type | None = None
 
 
 def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
@@ -85,8 +91,9 @@ def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
     import mlx.core as mx
     import mlx.nn as nn
 
-    layers = [getattr(parent, n, None) for n in names]
-    if any(type(lin) is not nn.Linear for lin in layers):
+    found = [getattr(parent, n, None) for n in names]
+    layers = [lin for lin in found if type(lin) is nn.Linear]
+    if len(layers) != len(found):
         return False
     widths = {lin.weight.shape[1] for lin in layers}
     dtypes = {lin.weight.dtype for lin in layers}
@@ -157,26 +164,30 @@ def applies(cpu_mode: str, enabled: bool) -> bool:
 # Shapes are fixed per batch size while decoding, so nothing recompiles step to step
 # (offsets go in as arrays, not Python numbers, for the same reason).
 
-_compiled: dict[tuple, Any] = {}
+_compiled: dict[tuple, Callable[..., mx.array]] = {}
 
 
-def _rms_fn(eps: float):
+def _rms_fn(eps: float) -> Callable[..., mx.array]:
     import mlx.core as mx
 
     key = ("rms", eps)
     if key not in _compiled:
-        _compiled[key] = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, eps))
+
+        def rms(x: mx.array, w: mx.array) -> mx.array:
+            return mx.fast.rms_norm(x, w, eps)
+
+        _compiled[key] = mx.compile(rms)
     return _compiled[key]
 
 
-def _rope_fn(traditional: bool, scale: float):
+def _rope_fn(traditional: bool, scale: float) -> Callable[..., mx.array]:
     import mlx.core as mx
 
     key = ("rope", traditional, scale)
     if key in _compiled:
         return _compiled[key]
 
-    def rope(x, offset, inv_freqs):
+    def rope(x: mx.array, offset: mx.array, inv_freqs: mx.array) -> mx.array:
         # x: (B, N, T, D) with D == 2 * inv_freqs.size; offset: () or (B,) int32.
         b, n, t, d = x.shape
         if offset.ndim == 1:
@@ -195,7 +206,7 @@ def _rope_fn(traditional: bool, scale: float):
     return _compiled[key]
 
 
-def _compiled_classes():
+def _compiled_classes() -> tuple[type, type]:
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -210,7 +221,7 @@ def _compiled_classes():
             self.eps = norm.eps
             self._fn = _rms_fn(norm.eps)
 
-        def __call__(self, x):
+        def __call__(self, x: mx.array) -> mx.array:
             return self._fn(x, self.weight)
 
     class CompiledRoPE(nn.Module):
@@ -230,7 +241,7 @@ def _compiled_classes():
             mx.eval(self._inv)
             self._fn = _rope_fn(rope.traditional, float(rope.scale))
 
-        def __call__(self, x, offset=0):
+        def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
             if x.ndim != 4 or x.shape[-1] != self.dims:
                 return mx.fast.rope(
                     x,
@@ -261,7 +272,11 @@ def compile_elementwise(model: Any) -> int:
         return 0
     norm_cls, rope_cls = _compiled_classes()
     replaced = []
-    for name, mod in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+    # Leaves are modules here (is_leaf); mlx types them as Any.
+    leaves = cast(
+        list[tuple[str, Any]], tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
+    )
+    for name, mod in leaves:
         if type(mod) is nn.RMSNorm:
             replaced.append((name, norm_cls(mod)))
         elif type(mod) is nn.RoPE and mod.dims % 2 == 0:

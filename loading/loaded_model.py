@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from decoding import grammar, parsers
 from errors import ModelLoadError
 from loading import cpu_fast_path, cpu_fuse, model_loader, vision
 from params import LoadParams
+from seam.arrays import flat_arrays
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -99,7 +99,7 @@ class LoadedModel:
             params=params,
             draft=draft,
             context_len=params.context_size or model_context(model),
-            weights_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+            weights_bytes=sum(v.nbytes for _, v in flat_arrays(model.parameters())),
             max_token_chars=max_token_chars(tokenizer),
             cpu_mode=cpu_mode,
             blas=blas,

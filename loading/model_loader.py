@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from errors import ModelLoadError
 from loading import gguf_convert, hub, vision
@@ -305,8 +305,8 @@ def load_model(
     tok_config["trust_remote_code"] = trust_remote_code
     is_vision = vision_options is not None and vision.vision_config(directory) is not None
     check_config_against_weights(directory)
-    if is_vision and not vision_off:
-        loaded_model, tokenizer = vision.load(
+    if is_vision and not vision_off and vision_options is not None:
+        view, tokenizer = vision.load(
             directory,
             tokenizer_config=tok_config,
             trust_remote_code=trust_remote_code,
@@ -319,17 +319,21 @@ def load_model(
             directory,
             time.perf_counter() - converted,
         )
-        return loaded_model, tokenizer
+        return view, tokenizer
     if is_vision:
         logger.warning("%s: vision part off (%s); serving it text-only", resolved.name, vision_off)
     try:
         tokenizer = _take_tokenizer(directory, tok_config)
         if tokenizer is None:
-            loaded_model, tokenizer = load(
-                str(directory),
-                tokenizer_config=tok_config,
-                trust_remote_code=trust_remote_code,
-                lazy=lazy,
+            # Without return_config mlx-lm returns (model, tokenizer); it types both shapes.
+            loaded_model, tokenizer = cast(
+                tuple[Any, Any],
+                load(
+                    str(directory),
+                    tokenizer_config=tok_config,
+                    trust_remote_code=trust_remote_code,
+                    lazy=lazy,
+                ),
             )
         else:  # mlx_lm.utils.load without its tokenizer part, read by prefetch_tokenizer
             from mlx_lm.utils import load_model as lm_load_model
