@@ -159,6 +159,8 @@ def load(
         release_cache()
     weights = loaded.weights_bytes if loaded is not None else 0
     results = net.agree(error, weights)  # on failure every rank drops its part
+    # agree raised unless every rank loaded its part (an empty error is a loaded model).
+    assert loaded is not None
     return loaded, [w for _, w in results]
 
 
@@ -297,7 +299,7 @@ def shard_vocab(model: Any, group: Any) -> bool:
     """
     body = getattr(model, "model", None)
     embed = getattr(body, "embed_tokens", None)
-    if _architecture(model) not in VOCAB_SPLIT_ARCHITECTURES or embed is None:
+    if _architecture(model) not in VOCAB_SPLIT_ARCHITECTURES or body is None or embed is None:
         return False
     vocab = int(embed.weight.shape[0])
     body.embed_tokens = VocabParallelEmbedding(_rows(embed, vocab, group), vocab, group)
@@ -341,6 +343,7 @@ def _dequantize_sharded(model: Any) -> int:
         ).astype(mx.float32)
         out_dims, in_dims = weight.shape  # this rank's shard
         n = m.group.size()
+        layer: dist_layers.AllToShardedLinear | dist_layers.ShardedToAllLinear
         if isinstance(m, dist_layers.QuantizedAllToShardedLinear):  # outputs are split
             layer = dist_layers.AllToShardedLinear(in_dims, out_dims * n, "bias" in m, m.group)
         else:  # inputs are split
