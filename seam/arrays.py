@@ -25,6 +25,11 @@ def scalar(a: mx.array) -> int:
     return int(cast(int, a.item()))
 
 
+def real(a: mx.array) -> float:
+    """A one-element floating array's value."""
+    return float(cast(float, a.item()))
+
+
 def flat_arrays(tree: Any) -> list[tuple[str, mx.array]]:
     """``mlx.utils.tree_flatten`` of a tree whose leaves are arrays (a model's parameters,
     gradients, an optimizer's state): mlx types the leaves as Any and the result as a list

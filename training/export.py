@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from seam.arrays import flat_arrays
 from training import checkpoints
 from training.finetune import Emit, load_base, resolve
 from training.spec import ExportSpec
@@ -32,7 +33,7 @@ def _adapter(spec: ExportSpec, out: Path) -> None:
     (out / checkpoints.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
 
 
-def _fused(spec: ExportSpec, dequantize: bool):
+def _fused(spec: ExportSpec, dequantize: bool) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, config): the base with the adapter fused in."""
     import mlx.core as mx
     from mlx.utils import tree_unflatten
@@ -86,7 +87,6 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         out.mkdir(parents=True, exist_ok=True)
         save(out, resolve(spec.model), model, tokenizer, config, donate_model=False)
     else:
-        from mlx.utils import tree_flatten
         from mlx_lm.gguf import convert_to_gguf
 
         model, tokenizer, config = _fused(spec, dequantize=True)
@@ -102,7 +102,7 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         staging = out / "_merged"
         staging.mkdir(parents=True, exist_ok=True)
         save(staging, resolve(spec.model), model, tokenizer, config, donate_model=False)
-        weights = dict(tree_flatten(model.parameters()))
+        weights = dict(flat_arrays(model.parameters()))
         target = out / f"{out.name}-f16.gguf"
         convert_to_gguf(staging, weights, config, str(target))
         shutil.rmtree(staging)
