@@ -75,7 +75,7 @@ class ShardStep:
         self.release = release
         self.stage = 0  # collectives passed: 1 the split is agreed on, 2 CPU mode shared
 
-    def __call__(self, model: Any) -> str:
+    def __call__(self, model: nn.Module) -> str:
         c = self.net
         error = ""
         try:
@@ -164,7 +164,7 @@ def load(
     return loaded, [w for _, w in results]
 
 
-def _prepare(model: Any, dequantize: bool | str | None, budget: int | None) -> str:
+def _prepare(model: nn.Module, dequantize: bool | str | None, budget: int | None) -> str:
     """Prepare a split model for the CPU as a single process does; evaluate it.
 
     Returns the CPU weight mode ("dense" or "quantized"; see cpu_fast_path).
@@ -184,7 +184,7 @@ def describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------- model splitting
-def split(model: Any, mode: str, group: Any, vocab: bool = True) -> None:
+def split(model: nn.Module, mode: str, group: Any, vocab: bool = True) -> None:
     """Keep this rank's part of ``model`` in place: ``mode`` "tensor" (the model's
     ``shard()``, and with ``vocab`` the vocabulary rows where supported) or "pipeline"."""
     if mode == "tensor":
@@ -195,7 +195,7 @@ def split(model: Any, mode: str, group: Any, vocab: bool = True) -> None:
         model.model.pipeline(group)
 
 
-def check_split(model: Any, mode: str, size: int) -> None:
+def check_split(model: nn.Module, mode: str, size: int) -> None:
     """Raise ValueError naming the reason when ``model`` cannot be split over ``size``
     ranks in ``mode`` ("tensor": the model's ``shard()`` with head counts divisible by
     ``size``; "pipeline": ``model.model.pipeline()`` with at least ``size`` layers)."""
@@ -229,16 +229,16 @@ def check_split(model: Any, mode: str, size: int) -> None:
         raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-def _architecture(model: Any) -> str:
+def _architecture(model: nn.Module) -> str:
     args = getattr(model, "args", None)
     return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
 
 
-def _can_pipeline(model: Any) -> bool:
+def _can_pipeline(model: nn.Module) -> bool:
     return hasattr(getattr(model, "model", None), "pipeline")
 
 
-def _head_counts(model: Any) -> list[tuple[str, int]]:
+def _head_counts(model: nn.Module) -> list[tuple[str, int]]:
     """(name, count) of the attention and KV head counts in the model's config."""
     args = getattr(model, "args", None)
     names = {
@@ -289,7 +289,7 @@ class VocabParallelEmbedding(nn.Module):
         return mx.moveaxis(full, 0, -1)[..., : self.vocab]
 
 
-def shard_vocab(model: Any, group: Any) -> bool:
+def shard_vocab(model: nn.Module, group: Any) -> bool:
     """Split the token embedding (and an untied output head) of ``model`` by vocabulary
     rows over ``group``, in place; returns False (and leaves the model alone) for
     architectures not in ``VOCAB_SPLIT_ARCHITECTURES`` or of another shape.
@@ -330,7 +330,7 @@ def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
     return module
 
 
-def _dequantize_sharded(model: Any) -> int:
+def _dequantize_sharded(model: nn.Module) -> int:
     """Replace sharded quantized linears by dense float32 ones; returns how many."""
     replaced = []
     for name, m in model.named_modules():

@@ -36,9 +36,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsing.options import AUTO_WORDS, OFF_WORDS, on_off
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx.cpu_fast_path")
 
@@ -323,15 +326,15 @@ def default_memory_budget() -> int:
     return int(total * MEMORY_BUDGET_FRACTION)
 
 
-def _is_quantized(module: Any) -> bool:
+def _is_quantized(module: nn.Module) -> bool:
     return hasattr(module, "bits") and hasattr(module, "group_size") and "scales" in module
 
 
-def _quantized_modules(model: Any) -> dict[str, Any]:
+def _quantized_modules(model: nn.Module) -> dict[str, Any]:
     return {name: m for name, m in model.named_modules() if _is_quantized(m)}
 
 
-def float32_size(model: Any) -> int:
+def float32_size(model: nn.Module) -> int:
     """Bytes the model's parameters would take dequantized to float32.
 
     Packed quantized weights count as ``size * 32 / bits`` float32 values; their scales
@@ -353,7 +356,7 @@ def float32_size(model: Any) -> int:
     return total
 
 
-def dequantize_to_float32(model: Any) -> None:
+def dequantize_to_float32(model: nn.Module) -> None:
     """Replace the model's quantized layers by float32 ones, in place.
 
     Floating parameters (scales, biases, norms) are cast to float32 first: dequantizing
@@ -368,7 +371,7 @@ def dequantize_to_float32(model: Any) -> None:
 
 
 def prepare_for_cpu(
-    model: Any,
+    model: nn.Module,
     option: str | bool | None,
     budget_bytes: int | None = None,
     device: Any = None,

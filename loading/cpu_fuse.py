@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import mlx.core as mx
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx.cpu_fuse")
 
@@ -85,7 +86,7 @@ def _slice_module_class() -> type:
 _FusedSlice: type | None = None
 
 
-def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
+def _fuse_group(parent: nn.Module, names: tuple[str, ...]) -> bool:
     """Replace ``parent.<names>`` by slices of one fused Linear; False when not fusable."""
     global _FusedSlice
     import mlx.core as mx
@@ -116,7 +117,7 @@ def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
     return True
 
 
-def fuse_projections(model: Any, mlp: bool = False) -> int:
+def fuse_projections(model: nn.Module, mlp: bool = False) -> int:
     """Fuse the Q/K/V (and with ``mlp``, the gate/up) projections of every decoder layer.
 
     In place. ``mlp`` is off by default: on MKL a fused 2*intermediate x hidden gate/up
@@ -258,7 +259,7 @@ def _compiled_classes() -> tuple[type, type]:
     return CompiledRMSNorm, CompiledRoPE
 
 
-def compile_elementwise(model: Any) -> int:
+def compile_elementwise(model: nn.Module) -> int:
     """Replace ``model``'s nn.RMSNorm and full-width base nn.RoPE modules by compiled ones.
 
     Same parameters (a norm keeps its ``weight``), same math; for families in
@@ -286,13 +287,13 @@ def compile_elementwise(model: Any) -> int:
     return len(replaced)
 
 
-def _model_type(model: Any) -> Any:
+def _model_type(model: nn.Module) -> Any:
     return getattr(model, "model_type", None) or getattr(
         getattr(model, "args", None), "model_type", None
     )
 
 
-def transform(model: Any) -> dict[str, int]:
+def transform(model: nn.Module) -> dict[str, int]:
     """The dense-CPU transformation: ``fuse_projections`` (Q/K/V) then ``compile_elementwise``.
 
     Returns {"projections": groups fused, "compiled": modules replaced}."""

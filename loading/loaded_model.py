@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
@@ -25,6 +25,9 @@ from errors import ModelLoadError
 from loading import cpu_fast_path, cpu_fuse, model_loader, vision
 from params import LoadParams
 from seam.arrays import flat_arrays
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -43,7 +46,7 @@ class LoadedModel:
     on the next; ``cache_key``: the prompt cache's model key.
     """
 
-    model: Any
+    model: nn.Module
     tokenizer: Any
     params: LoadParams
     draft: Any
@@ -76,7 +79,7 @@ class LoadedModel:
     @classmethod
     def build(
         cls,
-        model: Any,
+        model: nn.Module,
         tokenizer: Any,
         params: LoadParams,
         *,
@@ -190,7 +193,7 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
     return loaded
 
 
-def _check_kv_quantization(params: LoadParams, model: Any) -> None:
+def _check_kv_quantization(params: LoadParams, model: nn.Module) -> None:
     """ModelLoadError when ``kv_bits`` asks to quantize a rotating KV cache (``max_kv_size``,
     or a model's sliding-window layers): mlx-lm has no quantized rotating cache, and each
     request would fail at its first step instead."""
@@ -234,7 +237,7 @@ def _warm_grammar(tokenizer: Any) -> None:
         logger.warning("constrained decoding unavailable for this tokenizer: %s", exc)
 
 
-def model_context(model: Any) -> int | None:
+def model_context(model: nn.Module) -> int | None:
     """The context length the model's config declares, in tokens (None when it has none)."""
     args = getattr(model, "args", None)
     for name in ("max_position_embeddings", "context_length", "max_seq_len"):

@@ -39,10 +39,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from errors import ModelLoadError
 from loading import gguf_convert, hub, vision
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx.model_loader")
 
@@ -570,7 +573,7 @@ def _read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _adapter_layers(model: Any) -> list[tuple[str, Any]]:
+def _adapter_layers(model: nn.Module) -> list[tuple[str, Any]]:
     """mlx-lm's LoRA / DoRA layers in ``model``: (name, module) pairs."""
     return [
         (name, module)
@@ -583,11 +586,11 @@ def _base_layer(adapter_layer: Any) -> Any:
     return adapter_layer.linear if "linear" in adapter_layer else adapter_layer.embedding
 
 
-def _is_quantized(module: Any) -> bool:
+def _is_quantized(module: nn.Module) -> bool:
     return "scales" in module
 
 
-def fuse_adapters(model: Any) -> int:
+def fuse_adapters(model: nn.Module) -> int:
     """Fuse LoRA / DoRA layers whose base layer is dense into that base, in place.
 
     Layers over quantized weights are left as they are: fusing would re-quantize the
@@ -608,7 +611,7 @@ def fuse_adapters(model: Any) -> int:
     return len(fused)
 
 
-def apply_adapter(model: Any, adapter_dir: Path, scale: float = 0.0) -> None:
+def apply_adapter(model: nn.Module, adapter_dir: Path, scale: float = 0.0) -> None:
     """Apply the mlx-lm adapter in ``adapter_dir`` to ``model`` in place.
 
     mlx-lm's ``load_adapters`` wraps the configured layers (``num_layers``,

@@ -224,7 +224,9 @@ class VisionParts:
     the size the processor resizes to (`decode_target`), what images are decoded at.
     """
 
-    def __init__(self, model: Any, processor: Any, directory: Path, options: VisionOptions) -> None:
+    def __init__(
+        self, model: nn.Module, processor: Any, directory: Path, options: VisionOptions
+    ) -> None:
         import mlx_vlm
 
         self.model = model

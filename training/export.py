@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seam.arrays import flat_arrays
 from training import checkpoints
 from training.finetune import Emit, load_base, resolve
 from training.spec import ExportSpec
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 GGUF_TYPES = ("llama", "mistral", "mixtral")  # what mlx_lm/fuse.py lets convert_to_gguf write
 
@@ -58,7 +61,7 @@ def _fused(spec: ExportSpec, dequantize: bool) -> tuple[Any, Any, dict[str, Any]
     return model, tokenizer, config
 
 
-def _to_16bit(model: Any) -> None:
+def _to_16bit(model: nn.Module) -> None:
     import mlx.core as mx
     from mlx.utils import tree_map
 
