@@ -50,7 +50,7 @@ class GroupLost(Unavailable):
 class Collectives:
     """One rank's collectives over the MLX ``group`` (rank 0 is the ``leader``)."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: mx.distributed.Group) -> None:
         self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.leader = self.rank == 0

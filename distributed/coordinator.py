@@ -42,6 +42,8 @@ from params import GenerationParams, LoadParams
 from prompt_cache import PromptCache
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from engine.model_host import ModelHost
 
 logger = logging.getLogger("localai.mlx.distributed")
@@ -80,7 +82,7 @@ class Coordinator(GroupHooks):
 
     def __init__(
         self,
-        group: Any,
+        group: mx.distributed.Group,
         mode: str = "tensor",
         timeout: float = DEFAULT_TIMEOUT,
         heartbeat: float = HEARTBEAT,

@@ -23,7 +23,7 @@ import gc
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -184,7 +184,7 @@ def describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------- model splitting
-def split(model: nn.Module, mode: str, group: Any, vocab: bool = True) -> None:
+def split(model: nn.Module, mode: str, group: mx.distributed.Group, vocab: bool = True) -> None:
     """Keep this rank's part of ``model`` in place: ``mode`` "tensor" (the model's
     ``shard()``, and with ``vocab`` the vocabulary rows where supported) or "pipeline"."""
     if mode == "tensor":
@@ -264,7 +264,9 @@ class VocabParallelEmbedding(nn.Module):
     a head) scores this rank's slice of the vocabulary and gathers the slices.
     """
 
-    def __init__(self, inner: nn.Module, vocab: int, group: Any, head: bool = False) -> None:
+    def __init__(
+        self, inner: nn.Module, vocab: int, group: mx.distributed.Group, head: bool = False
+    ) -> None:
         super().__init__()
         self.inner = inner  # an Embedding/QuantizedEmbedding or Linear/QuantizedLinear
         self.vocab = vocab
@@ -289,7 +291,7 @@ class VocabParallelEmbedding(nn.Module):
         return mx.moveaxis(full, 0, -1)[..., : self.vocab]
 
 
-def shard_vocab(model: nn.Module, group: Any) -> bool:
+def shard_vocab(model: nn.Module, group: mx.distributed.Group) -> bool:
     """Split the token embedding (and an untied output head) of ``model`` by vocabulary
     rows over ``group``, in place; returns False (and leaves the model alone) for
     architectures not in ``VOCAB_SPLIT_ARCHITECTURES`` or of another shape.
@@ -309,7 +311,7 @@ def shard_vocab(model: nn.Module, group: Any) -> bool:
     return True
 
 
-def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
+def _rows(module: nn.Module, vocab: int, group: mx.distributed.Group) -> nn.Module:
     """``module`` (embedding or linear, maybe quantized) keeping this rank's vocab rows."""
     rows = -(-vocab // group.size())
     start = group.rank() * rows
