@@ -28,6 +28,7 @@ from seam.arrays import flat_arrays
 
 if TYPE_CHECKING:
     import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -47,9 +48,9 @@ class LoadedModel:
     """
 
     model: nn.Module
-    tokenizer: Any
+    tokenizer: TokenizerWrapper
     params: LoadParams
-    draft: Any
+    draft: nn.Module | None
     context_len: int | None
     weights_bytes: int
     max_token_chars: int
@@ -80,10 +81,10 @@ class LoadedModel:
     def build(
         cls,
         model: nn.Module,
-        tokenizer: Any,
+        tokenizer: TokenizerWrapper,
         params: LoadParams,
         *,
-        draft: Any = None,
+        draft: nn.Module | None = None,
         cpu_mode: str = "",
     ) -> LoadedModel:
         """Derive the record's facts from a prepared model (weights, context, BLAS); apply
@@ -212,7 +213,7 @@ def _check_kv_quantization(params: LoadParams, model: nn.Module) -> None:
         )
 
 
-def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
+def _load_draft(params: LoadParams, tokenizer: TokenizerWrapper) -> nn.Module | None:
     """The speculative-decoding draft model; its vocabulary must be the main model's."""
     draft, draft_tok = model_loader.load_model(
         params.draft_model,
@@ -230,7 +231,7 @@ def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
     return draft
 
 
-def _warm_grammar(tokenizer: Any) -> None:
+def _warm_grammar(tokenizer: TokenizerWrapper) -> None:
     try:
         grammar.warm_up(tokenizer)
     except ValueError as exc:  # a slow tokenizer: constrained requests will say so
@@ -247,7 +248,7 @@ def model_context(model: nn.Module) -> int | None:
     return None
 
 
-def max_token_chars(tokenizer: Any) -> int:
+def max_token_chars(tokenizer: TokenizerWrapper) -> int:
     """Characters of the longest vocabulary entry (an upper bound on the text one token
     decodes to, for byte-level BPE and SentencePiece vocabularies); 0 when unknown."""
     try:

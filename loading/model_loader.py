@@ -46,6 +46,7 @@ from loading import gguf_convert, hub, vision
 
 if TYPE_CHECKING:
     import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 logger = logging.getLogger("localai.mlx.model_loader")
 
@@ -265,7 +266,7 @@ def load_model(
     lazy: bool = False,
     vision_options: vision.VisionOptions | None = None,
     vision_off: str = "",
-) -> tuple[Any, Any]:
+) -> tuple[nn.Module, TokenizerWrapper]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
 
     ``vision_options``: the vision load options, when a vision-language model may load with its
