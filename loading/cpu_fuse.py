@@ -47,10 +47,10 @@ class _Shared:
 
     __slots__ = ("consumers", "linear", "x", "y")
 
-    def __init__(self, linear: Any, consumers: int):
+    def __init__(self, linear: nn.Linear, consumers: int) -> None:
         self.linear, self.consumers = linear, consumers
-        self.x: Any = None
-        self.y: Any = None
+        self.x: mx.array | None = None  # the last input
+        self.y: mx.array | None = None  # its fused output
 
 
 def _slice_module_class() -> type:
@@ -71,11 +71,13 @@ def _slice_module_class() -> type:
             self._shared, self._start, self._stop = shared, start, stop
             self._last = stop == shared.linear.weight.shape[0]
 
-        def __call__(self, x: Any) -> Any:
+        def __call__(self, x: mx.array) -> mx.array:
             s = self._shared
-            if s.x is not x:
-                s.x, s.y = x, s.linear(x)
-            y = s.y[..., self._start : self._stop]
+            fused = s.y
+            if s.x is not x or fused is None:
+                fused = s.linear(x)
+                s.x, s.y = x, fused
+            y = fused[..., self._start : self._stop]
             if self._last:  # the group's last projection: drop the references
                 s.x = s.y = None
             return y
@@ -216,7 +218,7 @@ def _compiled_classes() -> tuple[type, type]:
 
         ``x``: (..., dims) -> same shape and dtype."""
 
-        def __init__(self, norm: Any):
+        def __init__(self, norm: nn.RMSNorm) -> None:
             super().__init__()
             self.weight = norm.weight
             self.eps = norm.eps
@@ -231,7 +233,7 @@ def _compiled_classes() -> tuple[type, type]:
         ``x``: (B, N, T, D) or (B, T, D); ``offset``: int or an int array of shape (B,)
         (BatchKVCache). Falls back to ``mx.fast.rope`` for other ranks."""
 
-        def __init__(self, rope: Any):
+        def __init__(self, rope: nn.RoPE) -> None:
             super().__init__()
             self.dims, self.traditional = rope.dims, rope.traditional
             self.base, self.scale = rope.base, rope.scale
