@@ -12,7 +12,8 @@ type where Lark can say it. `decoding.tool_grammar` puts a call between free tex
 - qwen3_coder, qwen3_xml: `<tool_call>\\n<function=N>\\n<parameter=P>\\nV\\n</parameter>\\n`
   `</function>\\n</tool_call>`
 - glm45, glm47: `<tool_call>N<arg_key>P</arg_key><arg_value>V</arg_value></tool_call>`
-  (`\\n` allowed between the parts, as GLM-4.5 writes them)
+  (`\\n` allowed between the parts, as GLM-4.5 writes them, never inside a string value:
+  vLLM's glm4_moe_tool_parser.py keeps a string value as written, `c\\n` is not `c`)
 - minimax_m2: `<minimax:tool_call>\\n<invoke name="N">\\n<parameter name="P">V</parameter>`
   `\\n</invoke>\\n</minimax:tool_call>` (several invokes in one block)
 - pythonic, llama4_pythonic: `[f(a=1, b='x'), g()]`, between the tokenizer's markers when it
@@ -43,10 +44,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["GRAMMARS", "CallFormat", "Marker", "json_value", "lark_literal"]
+__all__ = [
+    "GRAMMARS",
+    "HERMES",
+    "LLAMA_JSON",
+    "CallFormat",
+    "JsonCall",
+    "Marker",
+    "json_value",
+    "lark_literal",
+]
 
 Marker = Callable[[str], str]  # marker text -> a Lark literal, or `<[id]>` of its special token
 Tools = Mapping[str, Mapping[str, Any]]  # {name: parameters JSON schema}
@@ -88,6 +98,8 @@ class CallFormat:
     also writes, e.g. `[`), so a lazy grammar masks from the first token instead of
     waiting for a trigger.
     `lead(marker)`: Lark text a required call may be preceded by (Harmony's header).
+    `last`: the calls end the output (nothing after them: the parser reads the output
+    from the marker to its end, as vLLM's pythonic parser reads a bare list).
     `name`: the format's name in logs."""
 
     name: str
@@ -96,6 +108,54 @@ class CallFormat:
     repeat: bool = True
     leading: bool = False
     lead: Callable[[Marker], str] | None = field(default=None)
+    last: bool = False
+
+
+@dataclass(frozen=True)
+class JsonCall:
+    """A JSON call format. `start`: the marker that opens it (the lazy trigger); `head`:
+    the text between the marker and the name's value (`\\n`? allowed before it when
+    `newline`); `args_key`: the key holding the arguments; `end`: the closing marker
+    ("" = none). `name`: the format's name in logs and docs."""
+
+    name: str
+    start: str
+    head: str
+    args_key: str
+    end: str = ""
+    newline: bool = False
+
+    def call_format(self) -> CallFormat:
+        """This JSON format as a `CallFormat` (what `tool_grammar.build_grammar` takes)."""
+        newline = ' "\\n"?' if self.newline else ""
+
+        def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
+            close = f"{newline} {marker(self.end)}" if self.end else ""
+            names = " | ".join(f"fn_{i}" for i in range(len(tools)))
+            lines = [f"body:{newline} {lark_literal(self.head)} ({names}){close}"]
+            for i, (name, schema) in enumerate(tools.items()):
+                head = json.dumps(name, ensure_ascii=False) + ", " + json.dumps(self.args_key)
+                lines.append(f'fn_{i}: {lark_literal(head + ": ")} {json_value(schema)} "}}"')
+            return lines
+
+        return CallFormat(self.name, self.start, rules)
+
+
+HERMES = JsonCall("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
+# llama3_json / llama4_json: `{"name"` is the marker (decoding/tool_formats/llama_json.py's
+# LLAMA_JSON_START), no closing marker.
+LLAMA_JSON = JsonCall("llama_json", '{"name"', ": ", "parameters")
+
+
+def json_tools(start: str, end: str) -> JsonCall:
+    """hermes / granite4 / ernie45: `<tool_call>{"name": N, "arguments": {...}}</tool_call>`
+    with the tokenizer's markers (mlx-lm's json_tools)."""
+    return replace(HERMES, start=start or HERMES.start, end=end or HERMES.end)
+
+
+def llama_json(start: str, end: str) -> JsonCall:
+    """llama3_json / llama4_json: `{"name": N, "parameters": {...}}`."""
+    return LLAMA_JSON
 
 
 # --- parameters, in declared order ------------------------------------------------------
@@ -170,18 +230,22 @@ def _json_type(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def _xml_value(schema: Any, defs: dict, close: str, text_close: str) -> str:
+def _xml_value(schema: Any, defs: dict, close: str, text_close: str, raw: bool) -> str:
     """Lark of one XML parameter's value followed by its closing tag. `close`: the tag as
-    Lark (a literal or special token); `text_close`: the tag's text (for a lazy rule).
+    Lark (a literal or special token); `text_close`: the tag's text (for a lazy rule);
+    `raw`: the parser keeps a string value's text as it is (GLM: vLLM's glm4_moe parser
+    strips only non-string values), so no newline may pad a string value there.
 
     Raw text for string-typed or untyped values (ends at the first closing tag: a lazy
     lexeme, or text then the special token); JSON under the schema otherwise."""
     types = _types(schema)
     enum = schema.get("enum") if isinstance(schema, dict) else None
+    pad = "" if raw else ' "\\n"?'
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        return "(" + " | ".join(lark_literal(v) for v in enum) + f') "\\n"? {close}'
+        return "(" + " | ".join(lark_literal(v) for v in enum) + f"){pad} {close}"
     if not types or "string" in types:
-        return _raw_rule(close, text_close, _max_length(schema) if types == {"string"} else None)
+        bound = _max_length(schema) if types == {"string"} else None
+        return _raw_rule(close, text_close, bound)
     return f'{json_value(schema, defs)} "\\n"? {close}'
 
 
@@ -198,18 +262,19 @@ MAX_RAW_BOUND = 4096  # maxLength above this: unbounded raw text (a regex that s
 
 def _raw_rule(close: str, text_close: str, bound: int | None) -> str:
     """The name of the raw-text value rule for one closing tag (and `maxLength` bound, as
-    text of at most that many characters, a newline on either side aside, as the parsers
-    strip them); `_raw_rules` defines it."""
+    text of at most that many characters, a newline on either side aside where the parser
+    strips them); `_raw_rules` defines it."""
     name = "raw_" + "".join(c if c.isalnum() else "_" for c in text_close).strip("_").lower()
     return name if bound is None else f"{name}_{bound}"
 
 
-def _raw_rules(close: str, text_close: str, bounds: set[int]) -> list[str]:
+def _raw_rules(close: str, text_close: str, bounds: set[int], raw: bool = False) -> list[str]:
     """The raw-text value rules `_raw_rule` names: text up to the first closing tag (a lazy
     lexeme), or text and then the closing tag's special token (never inside text)."""
     out = []
+    pad = "" if raw else "\\n?"
     for bound in [None, *sorted(bounds)]:
-        text = TEXT_UNTIL if bound is None else f"/\\n?(.|\\n){{0,{bound}}}\\n?/"
+        text = TEXT_UNTIL if bound is None else f"/{pad}(.|\\n){{0,{bound}}}{pad}/"
         rule = _raw_rule(close, text_close, bound)
         if close.startswith("<["):
             out += [f"{rule.upper()}: {text}", f"{rule}: {rule.upper()} {close}"]
@@ -227,10 +292,11 @@ def _xml_format(
     value_close: str,
     sep: str,
     repeat_in_block: bool = False,
+    raw: bool = False,
 ) -> CallFormat:
     """An XML-parameter format. call(i, name_lark, args_rule) -> the Lark of one call;
     param(key, value) -> the Lark of one parameter; value_close: the tag that ends a value;
-    sep: Lark between parameters."""
+    sep: Lark between parameters; raw: string values are read as written (`_xml_value`)."""
 
     def rules(tools: Tools, marker: Marker, single: bool) -> list[str]:
         close = marker(value_close)
@@ -241,7 +307,7 @@ def _xml_format(
             items, required, defs = _properties(schema)
             params = []
             for key, prop in items:
-                value = _xml_value(prop, defs, close, value_close)
+                value = _xml_value(prop, defs, close, value_close, raw)
                 if value.startswith("raw_") and value[-1].isdigit():
                     bounds.add(int(value.rsplit("_", 1)[1]))
                 params.append((param(lark_literal(key)[1:-1], value), key in required))
@@ -251,7 +317,7 @@ def _xml_format(
         calls = " | ".join(fns)
         more = "+" if repeat_in_block and not single else ""
         out.insert(0, f"body: ({calls}){more} {marker(end)}" if end else f"body: ({calls}){more}")
-        return out + _raw_rules(close, value_close, bounds)
+        return out + _raw_rules(close, value_close, bounds, raw)
 
     return CallFormat(name, start, rules)
 
@@ -284,6 +350,7 @@ def _glm(start: str, end: str) -> CallFormat:
             ),
             value_close="</arg_value>",
             sep="",
+            raw=True,
         )
         return fmt.rules(tools, marker, single)
 
@@ -383,7 +450,9 @@ def _pythonic(start: str, end: str) -> CallFormat:
         more = "" if single else ' (", " pycall)*'
         return [f'body: pycall{more} "]"', *_py_calls(tools)]
 
-    return CallFormat("pythonic", "[", bare, repeat=False, leading=True)
+    # vLLM's pythonic_tool_parser.py reads the output as a list only when all of it
+    # parses as one (text after the `]` makes it content): the list ends the output.
+    return CallFormat("pythonic", "[", bare, repeat=False, leading=True, last=True)
 
 
 def _olmo3(start: str, end: str) -> CallFormat:
@@ -434,9 +503,14 @@ HARMONY_TOKENS = ("<|constrain|>", "<|channel|>", "<|message|>", "<|end|>", "<|s
 
 
 # vLLM tool-parser name -> the builder of its format, given the tokenizer's call markers
-# (tool_call_start, tool_call_end; "" = the format's own). The JSON formats (hermes, llama)
-# are `decoding.tool_grammar.ToolFormat`s, registered there.
-GRAMMARS: dict[str, Callable[[str, str], CallFormat]] = {
+# (tool_call_start, tool_call_end; "" = the format's own). Each is also its format's
+# `ToolFormat.grammar` (decoding/tool_formats/), which is how `tool_grammar` finds it.
+GRAMMARS: dict[str, Callable[[str, str], CallFormat | JsonCall]] = {
+    "hermes": json_tools,
+    "granite4": json_tools,
+    "ernie45": json_tools,
+    "llama3_json": llama_json,
+    "llama4_json": llama_json,
     "qwen3_coder": _qwen3_coder,
     "qwen3_xml": _qwen3_coder,
     "glm45": _glm,

@@ -52,7 +52,7 @@ import mlx.core as mx
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask_par
 
-from decoding import arrays
+from decoding import arrays, reasoning_formats
 from decoding.finish import FinishReason
 from decoding.grammar_gate import ChainGate, Gate, ReasoningGate, TriggerGate
 from errors import BackendError, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -642,6 +642,18 @@ def failure_of(processors: list) -> str | None:
 AFTER_REASONING, ALL = GRAMMAR_SCOPES
 
 
+def reasoning_end_markers(tokenizer: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(markers that end a think block, markers that end it and stay in the text after)
+    as the output pipeline reads them: the reasoning format's `end` and `other_ends`, and
+    its `ends_reasoning` (decoding/reasoning_formats.py), else the tokenizer's think_end."""
+    fmt = reasoning_formats.format_of(tokenizer)
+    think_end = getattr(tokenizer, "think_end", "") or ""
+    if fmt is None or not fmt.routes:
+        return (think_end,) if think_end else (), ()
+    ends = tuple(dict.fromkeys(m for m in (fmt.end, *fmt.other_ends, think_end) if m))
+    return ends, tuple(m for m in fmt.ends_reasoning if m)
+
+
 def make_gate(
     tokenizer: Any,
     compiled: _Compiled,
@@ -660,16 +672,19 @@ def make_gate(
     end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
     if scope == AFTER_REASONING and getattr(tokenizer, "has_thinking", False) and end:
         start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
-        # The end marker's text too: the output pipeline ends the reasoning on text, so
-        # the grammar must engage however the model spelled the marker in tokens.
+        # The end markers' text too: the output pipeline ends the reasoning on text, at
+        # every end marker the reasoning format knows, so the grammar must engage there
+        # however the model spelled the marker in tokens.
+        ends, kept = reasoning_end_markers(tokenizer)
         gates.append(
             ReasoningGate(
                 start,
                 end,
                 initial_state == "reasoning",
-                end_text=getattr(tokenizer, "think_end", "") or "",
+                end_text=ends,
                 decode=llg.decode_bytes,
                 encode=llg.tokenize_bytes,
+                kept_text=kept,
             )
         )
     words = tuple(w for w in triggers if w)

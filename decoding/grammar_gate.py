@@ -60,25 +60,36 @@ class MarkerText:
     The output pipeline routes reasoning by text (`decoding.output`), so the gates must
     too: a model may end its think block with ` </think>` (a space token, then the marker
     in other tokens than the template's) and the text still says the block ended.
-    `push(token)` decodes one token and returns None while `marker` has not appeared, else
-    the bytes after its end (the rest of the token that completed it).
+    `push(token)` decodes one token and returns None while no marker has appeared, else
+    the bytes after the first one's end (the rest of the token that completed it); for a
+    marker in `kept` (one that ends reasoning and stays in the text that follows, as a
+    reasoning format's `ends_reasoning`: Qwen3's `<tool_call>`), the marker's bytes too.
     """
 
-    def __init__(self, marker: str, decode: Callable[[list[int]], bytes]) -> None:
-        self._marker = marker.encode("utf-8")
-        if not self._marker:
+    def __init__(
+        self,
+        marker: str | Sequence[str],
+        decode: Callable[[list[int]], bytes],
+        kept: Sequence[str] = (),
+    ) -> None:
+        names = [marker] if isinstance(marker, str) else list(marker)
+        self._markers = [(m.encode("utf-8"), False) for m in names if m]
+        self._markers += [(m.encode("utf-8"), True) for m in kept if m]
+        if not self._markers or len(self._markers) != len(names) + len(tuple(kept)):
             raise ValueError("a marker needs at least one character")
+        self._longest = max(len(m) for m, _ in self._markers)
         self._decode = decode
         self._text = b""
 
     def push(self, token: int) -> bytes | None:
         self._text += self._decode([int(token)])
-        at = self._text.find(self._marker)
-        if at >= 0:
-            tail = self._text[at + len(self._marker) :]
+        found = [(at, m, keep) for m, keep in self._markers if (at := self._text.find(m)) >= 0]
+        if found:
+            at, marker, keep = min(found, key=lambda f: (f[0], -len(f[1])))
+            tail = self._text[at if keep else at + len(marker) :]
             self._text = b""
             return tail
-        self._text = self._text[-(len(self._marker) - 1) :] if len(self._marker) > 1 else b""
+        self._text = self._text[-(self._longest - 1) :] if self._longest > 1 else b""
         return None
 
 
@@ -94,6 +105,9 @@ class ReasoningGate:
     `TriggerGate` takes them) the end marker is found in the decoded text (`MarkerText`),
     as the output pipeline finds it, not only as the token sequence `end`; text after the
     marker in the token that completed it is handed on re-tokenized by `encode`.
+    `end_text` may name several spellings (the reasoning format's `end` and `other_ends`);
+    `kept_text`: markers that end the block and belong to what follows (its
+    `ends_reasoning`), handed on with the text after them.
     Raises ValueError for an empty `end`.
     """
 
@@ -103,9 +117,10 @@ class ReasoningGate:
         end: Sequence[int],
         inside: bool,
         *,
-        end_text: str = "",
+        end_text: str | Sequence[str] = "",
         decode: Callable[[list[int]], bytes] | None = None,
         encode: Callable[[bytes], list[int]] | None = None,
+        kept_text: Sequence[str] = (),
     ) -> None:
         if not end:
             raise ValueError("the end-of-thinking marker must have at least one token")
@@ -113,7 +128,10 @@ class ReasoningGate:
         self._end = tuple(int(t) for t in end)
         self._recent: list[int] = []
         self._decode = decode
-        self._end_text = end_text if decode is not None and encode is not None else ""
+        texts = [end_text] if isinstance(end_text, str) else list(end_text)
+        usable = decode is not None and encode is not None
+        self._end_text = tuple(t for t in texts if t) if usable else ()
+        self._kept_text = tuple(t for t in kept_text if t) if usable else ()
         self._encode = encode
         self._text: MarkerText | None = None
         self._state = _MAYBE if len(self._start) == 1 else _OPEN
@@ -160,8 +178,8 @@ class ReasoningGate:
     def _enter(self) -> None:
         self._state = _INSIDE
         self._recent = []
-        if self._end_text and self._decode is not None:
-            self._text = MarkerText(self._end_text, self._decode)
+        if (self._end_text or self._kept_text) and self._decode is not None:
+            self._text = MarkerText(self._end_text, self._decode, self._kept_text)
 
 
 class TriggerGate:

@@ -36,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 from tokenizers import decoders as hf_decoders
 
-from decoding import arrays, reasoning_formats, tool_formats
+from decoding import arrays, reasoning_formats, tool_formats, tool_schema
 from decoding.finish import FinishReason, settled
 from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
 from decoding.text_router import Segment, TextRouter
@@ -154,7 +154,11 @@ class OutputPipeline:
     Top-k/top-p/min-p truncation is not reflected. initial_state: "normal", or "reasoning"
     when the prompt already opened a think block (see `initial_state_for`). parse_tool_calls:
     False streams tool-call markup as content. tools: the request's tool definitions, handed
-    to the tool parser (some parsers type arguments from them).
+    to the tool parser (some parsers type arguments from them). schema_field: the field of
+    the tool-call grammar applied to the request (None without one): a final call whose
+    arguments its declared schema rejects is then the constraint failing, `failure` (the
+    request ends with that error); without a grammar calls are reported as the parser reads
+    them, as vLLM's parsers do (a call turned into text is worse for an agent, issue 37).
 
     Not thread-safe: call it from one thread (the engine's).
     """
@@ -169,6 +173,7 @@ class OutputPipeline:
         initial_state: str = NORMAL,
         parse_tool_calls: bool = True,
         tools: Sequence[dict] | None = None,
+        schema_field: str | None = None,
     ) -> None:
         if top_logprobs is not None and top_logprobs < 0:
             raise ValueError(f"top_logprobs must be None or >= 0, got {top_logprobs}")
@@ -184,6 +189,8 @@ class OutputPipeline:
             and tokenizer.tool_parser
         )
         self._tools = tools
+        self._schema_field = schema_field
+        self.failure: str | None = None  # a call the applied tool-call grammar let break
         fmt = reasoning_formats.format_of(tokenizer)
         self._text = ReasoningStream(fmt or ReasoningFormat(""))
         stops = [stop] if isinstance(stop, str) else stop
@@ -367,6 +374,19 @@ class OutputPipeline:
             logger.warning(
                 "malformed tool call returned as content (%s): %r", streamer.error, raw[:200]
             )
+        if ok and self._schema_field is not None and self.failure is None:
+            try:
+                tool_schema.check_calls(calls, self._tools)
+            except ValueError as exc:
+                # llguidance is lenient about schema keywords it does not implement
+                # (uniqueItems, not, ...): the grammar held the call's shape, not its schema.
+                self.failure = (
+                    f"{self._schema_field}: the tool-call grammar could not hold the call to "
+                    f"its declared schema (a keyword it does not enforce): {exc}; no reply is "
+                    "given: simplify the schema, or send Metadata tool_grammar:off to take "
+                    "calls unconstrained"
+                )
+                logger.warning("%s", self.failure)
         self.tool_calls.extend(calls)
         return pieces, "" if ok else raw
 

@@ -83,6 +83,7 @@ class ReasoningBudgetProcessor:
         *,
         markers: tuple[str, str] = ("", ""),
         decode: Callable[[list[int]], bytes] | None = None,
+        other_ends: Sequence[str] = (),
     ) -> None:
         if budget < 0:
             raise ValueError(f"reasoning budget must be >= 0 tokens, got {budget}")
@@ -93,9 +94,13 @@ class ReasoningBudgetProcessor:
         self._end = tuple(int(t) for t in end)
         # The markers' text, matched in the decoded output too (as the output pipeline
         # routes reasoning), however the model split them into tokens: ` </think>`.
+        # other_ends: the reasoning format's other ways to end a block (its `other_ends`
+        # and `ends_reasoning`, decoding/reasoning_formats.py), where the output pipeline
+        # ends it too.
         self._decode = decode
-        self._marks = tuple(m.encode("utf-8") for m in markers) if decode else (b"", b"")
-        self._keep = max(len(m) for m in self._marks) - 1 if any(self._marks) else 0
+        texts = ((markers[0],), (markers[1], *other_ends)) if decode else ((), ())
+        self._marks = tuple(tuple(m.encode("utf-8") for m in ms if m) for ms in texts)
+        self._keep = max((len(m) for ms in self._marks for m in ms), default=1) - 1
         self._origin: int | None = None  # context length at the first call
         self._tokens: list[int] = []  # generated tokens seen so far
         self._length = 0  # context length at the last call
@@ -182,13 +187,13 @@ class ReasoningBudgetProcessor:
             return _State(True, count, 0 if count >= self.budget else None, False)
         return _State(inside, count, force, done, text)
 
-    def _text_marker(self, text: bytes, marker: bytes) -> tuple[bytes, int]:
-        """(the kept text after `self._tokens[-1]`, the number of tokens that spell
-        `marker` when the text now holds it, else 0)."""
-        if not marker or self._decode is None:
+    def _text_marker(self, text: bytes, markers: tuple[bytes, ...]) -> tuple[bytes, int]:
+        """(the kept text after `self._tokens[-1]`, the number of tokens that spell one of
+        `markers` when the text now holds it, else 0)."""
+        if not markers or self._decode is None:
             return b"", 0
         text += self._decode([self._tokens[-1]])
-        at = text.find(marker)
+        at = min((i for m in markers if (i := text.find(m)) >= 0), default=-1)
         if at < 0:
             return text[-self._keep :] if self._keep else b"", 0
         need, spans = len(text) - at, 0
@@ -224,8 +229,17 @@ def make_budget_processor(
         getattr(tokenizer, "think_start", "") or "",
         getattr(tokenizer, "think_end", "") or "",
     )
+    from decoding import grammar  # the grammar module imports MLX-free parts only
+
+    ends, kept = grammar.reasoning_end_markers(tokenizer)
     return ReasoningBudgetProcessor(
-        budget, start, end, initial_state == REASONING, markers=markers, decode=_decoder(tokenizer)
+        budget,
+        start,
+        end,
+        initial_state == REASONING,
+        markers=markers,
+        decode=_decoder(tokenizer),
+        other_ends=(*ends, *kept),
     )
 
 

@@ -52,8 +52,6 @@ from typing import Any
 
 import regex  # mlx-lm's dependency; its partial matching tells "not yet" from "never"
 
-from decoding import tool_schema
-
 ToolParser = Callable[[str, Any], Any]
 logger = logging.getLogger(__name__)
 
@@ -376,7 +374,6 @@ class BlockStreamer:
         if complete:
             try:
                 parsed = parse_tool_block(self._parser, self._buf, self._tools, 0)
-                tool_schema.check_calls(parsed, self._tools)  # complete, schema-valid calls only
             except ValueError as exc:
                 self.error = str(exc)
                 ok = False

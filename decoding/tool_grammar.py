@@ -22,7 +22,7 @@ llguidance Lark grammar, which then runs as any request constraint (compiled and
 Formats: `GRAMMARS`, one builder per vLLM tool-parser name, given the tokenizer's markers
 (a marker that is one added token of the vocabulary, special to llguidance whether or not
 the tokenizer marks it special, e.g. Qwen's `<tool_call>`, is matched as that token,
-`<[id]>`, or as its text). The JSON ones are here (`ToolFormat`):
+`<[id]>`, or as its text). The JSON ones (`call_formats.JsonCall`, `ToolFormat` here):
 
 | tool parser in effect            | call                                                     |
 |----------------------------------|----------------------------------------------------------|
@@ -33,8 +33,10 @@ the tokenizer marks it special, e.g. Qwen's `<tool_call>`, is matched as that to
 |                                  | marker; no closing marker; `; ` between calls is text)   |
 
 the XML-parameter (qwen3_coder, glm47, minimax_m2), pythonic (pythonic, llama4_pythonic,
-olmo3) and Harmony (openai) ones in `decoding.call_formats`. The tokenizer's parser is
-matched to its name by identity (`format_name`). A format without a grammar (jamba,
+olmo3) and Harmony (openai) ones in `decoding.call_formats`. Each is its format's
+`ToolFormat.grammar` (decoding/tool_formats/), found through the format the tokenizer
+carries (`format_name`), or for a parser mlx-lm inferred from the chat template, by its
+module (json_tools, pythonic). A format without a grammar (jamba,
 granite, phi4_mini_json, mistral, ...) with a grammar asked for is FAILED_PRECONDITION
 naming the field that asked; LocalAI's own function grammar (`Grammar`) covers them.
 
@@ -56,13 +58,12 @@ is not; a named function that Tools does not declare is an error.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from decoding import call_formats, grammar, parsers, tool_schema
+from decoding import call_formats, grammar, tool_formats, tool_schema
 from decoding.call_formats import CallFormat
 from errors import FailedPrecondition
 from params import GenerationRequest
@@ -87,78 +88,47 @@ TOOLS_FIELD = constraint_mod.TOOLS_FIELD
 LEAD_WHITESPACE = r"/[ \t\r\n]{0,4}/"  # before a required first call
 
 
-@dataclass(frozen=True)
-class ToolFormat:
-    """How one call is written. `start`: the marker that opens it (the lazy trigger);
-    `head`: the text between the marker and the name's value (`\\n`? allowed before it
-    when `newline`); `args_key`: the key holding the arguments; `end`: the closing marker
-    ("" = none). `name`: the format's name in logs and docs."""
-
-    name: str
-    start: str
-    head: str
-    args_key: str
-    end: str = ""
-    newline: bool = False
-
-    def call_format(self) -> CallFormat:
-        """This JSON format as a `call_formats.CallFormat` (what `build_grammar` takes)."""
-        newline = ' "\\n"?' if self.newline else ""
-
-        def rules(
-            tools: call_formats.Tools, marker: call_formats.Marker, single: bool
-        ) -> list[str]:
-            close = f"{newline} {marker(self.end)}" if self.end else ""
-            names = " | ".join(f"fn_{i}" for i in range(len(tools)))
-            lines = [f"body:{newline} {_literal(self.head)} ({names}){close}"]
-            for i, (name, schema) in enumerate(tools.items()):
-                head = json.dumps(name, ensure_ascii=False) + ", " + json.dumps(self.args_key)
-                lines.append(
-                    f'fn_{i}: {_literal(head + ": ")} {call_formats.json_value(schema)} "}}"'
-                )
-            return lines
-
-        return CallFormat(self.name, self.start, rules)
+# The JSON call formats (hermes and llama JSON), `decoding.call_formats.JsonCall`.
+ToolFormat = call_formats.JsonCall
+HERMES = call_formats.HERMES
+LLAMA_JSON = call_formats.LLAMA_JSON
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", '{"name": ', "arguments", "</tool_call>", True)
-LLAMA_JSON = ToolFormat("llama_json", parsers.LLAMA_JSON_START, ": ", "parameters")
+def grammars() -> dict[str, Callable[[str, str], ToolFormat | CallFormat]]:
+    """vLLM tool-parser name -> the builder of its call grammar from the tokenizer's markers
+    (tool_call_start, tool_call_end): each registered format's `ToolFormat.grammar`
+    (decoding/tool_formats/), for the formats that have one."""
+    out = {}
+    for name in tool_formats.names():
+        fmt = tool_formats.get(name)
+        if fmt is not None and fmt.grammar is not None:
+            out[name] = fmt.grammar
+    return out
 
 
-def _json_tools(start: str, end: str) -> ToolFormat:
-    return replace(HERMES, start=start or HERMES.start, end=end or HERMES.end)
+GRAMMARS = grammars()
 
-
-# vLLM tool-parser name -> the builder of its call grammar from the tokenizer's markers
-# (tool_call_start, tool_call_end): the JSON formats here, the others `call_formats.GRAMMARS`.
-GRAMMARS: dict[str, Callable[[str, str], ToolFormat | CallFormat]] = {
-    "hermes": _json_tools,
-    "granite4": _json_tools,
-    "ernie45": _json_tools,
-    "llama3_json": lambda start, end: LLAMA_JSON,
-    "llama4_json": lambda start, end: LLAMA_JSON,
-    **call_formats.GRAMMARS,
+# mlx-lm's own parser modules (a parser mlx-lm inferred from the chat template, no
+# `tool_parser` hint, so no registered format on the tokenizer) -> the format they read.
+_MLX_MODULES = {
+    "mlx_lm.tool_parsers.json_tools": "hermes",
+    # LFM2's `<|tool_call_start|>[...]<|tool_call_end|>`: the pythonic builder given those
+    # markers writes that block.
+    "mlx_lm.tool_parsers.pythonic": "pythonic",
 }
 
 
 def format_name(tokenizer: Any) -> str | None:
-    """The vLLM name of the tool parser in effect (`tokenizer.tool_parser`, as
-    `parsers.resolve_tool_parser` gives it for that name) that has a call grammar, or None.
-    The tokenizer's parser is matched by identity, so a parser mlx-lm inferred from the
-    chat template is found as well as one a `tool_parser` option installed."""
+    """The vLLM name of the tool format in effect that has a call grammar, or None: the
+    format a `tool_parser` hint installed (`tool_formats.of`, its `grammar`), else the
+    format of the mlx-lm parser module inferred from the chat template."""
+    fmt = tool_formats.of(tokenizer)
+    if fmt is not None:
+        return fmt.name if fmt.grammar is not None else None
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None:
         return None
-    if getattr(parser, "__module__", "") == "mlx_lm.tool_parsers.json_tools":
-        return "hermes"
-    for name in GRAMMARS:
-        try:
-            entry = parsers.resolve_tool_parser(name)
-        except ImportError:  # an mlx-lm without that parser module
-            continue
-        if entry is not None and entry[0] is parser:
-            return name
-    return None
+    return _MLX_MODULES.get(getattr(parser, "__module__", ""))
 
 
 def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
@@ -169,7 +139,9 @@ def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
         return None
     start = getattr(tokenizer, "tool_call_start", "") or ""
     end = getattr(tokenizer, "tool_call_end", "") or ""
-    return GRAMMARS[name](start, end)
+    fmt = tool_formats.of(tokenizer)
+    build = fmt.grammar if fmt is not None and fmt.grammar is not None else GRAMMARS[name]
+    return build(start, end)
 
 
 def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
@@ -231,7 +203,7 @@ def build_grammar(
     more = "call* " if call.repeat and not single else ""
     lines = ["%llguidance {}"]
     if call.leading:  # no trigger: a call only at the start, else free text
-        opened = f"{LEAD_WHITESPACE} {first} body {more}TEXT"
+        opened = f"{LEAD_WHITESPACE} {first} body" + ("" if call.last else f" {more}TEXT")
         if opening == "required":
             lines.append(f"start: {opened}")
         else:

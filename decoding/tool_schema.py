@@ -1,12 +1,14 @@
-"""A tool call is reported only when its arguments are complete JSON its tool's schema accepts.
+"""Checks of tool calls and tool schemas against the declared `parameters` JSON schemas.
 
-`check_calls` runs where a block's final calls are assembled (`tool_calls.BlockStreamer.close`):
-a call of a declared tool whose arguments break that tool's `parameters` JSON schema makes the
-block malformed (its streamed calls are dropped, its text comes back as content), as a block
-that does not parse does. A tool-call grammar (`decoding.tool_grammar`) holds the calls to
-the schemas while they are generated; this check also covers what it cannot: llguidance
-ignores schema keywords it does not implement (`lenient`), and calls made without a grammar
-(`tool_grammar` off, ToolChoice auto).
+`check_calls` runs where a request's final calls are assembled (`decoding.output`,
+`OutputPipeline._tool_call`) only when a tool-call grammar (`decoding.tool_grammar`) was
+applied: the grammar holds the calls to the schemas while they are generated, but llguidance
+ignores schema keywords it does not implement (`lenient`: `uniqueItems`, `not`, ...), so a
+final call the schema rejects means the constraint failed and the request ends with an error
+naming the field (issue 41 item 2). Without a grammar, calls are reported as vLLM's parsers
+report them (complete JSON objects, no schema filter; tests/tool_parsers/
+test_deepseekv32_tool_parser.py keeps `bad_int: "abc"` as a call): a call turned into text
+is the worst outcome for an agent (issue 37).
 
 `check_schemas` refuses a declared schema that is no JSON schema when a grammar is built from
 it (INVALID_ARGUMENT naming the tool). Validation is the `jsonschema` library's (Draft 2020-12

@@ -273,6 +273,7 @@ class Scheduler:
             temperature=params.temperature,
             initial_state=job.initial_state,
             tools=job.request.prompt.tools,
+            schema_field=tool_grammar_field(params),
         )
         # Distributed: every rank samples this sequence, so its seed is picked once, here.
         job.admitted(now, pipeline, self.group.pin_seed(job.params))
@@ -418,7 +419,9 @@ class Scheduler:
         if pipeline is None:  # set at admission: a job without one was never admitted here
             raise BackendError(f"request {job.uid} decoded before it was admitted")
         delta = pipeline.feed(t.token, t.logprobs if job.params.logprobs else None)
-        if t.finish is not None:
+        if pipeline.failure is not None:  # a call its tool-call grammar let break its schema
+            self.retire(job, InvalidArgument(pipeline.failure))
+        elif t.finish is not None:
             unmet = grammar.unmet_of(job.processors, t.finish, t.token, job.tokens)
             self.retire(job, unmet or t.finish, delta, t.kv)
         elif pipeline.stopped:
@@ -460,6 +463,9 @@ class Scheduler:
             return
         reason = ending
         final = job.pipeline.finish(reason) if job.pipeline is not None else Delta()
+        if job.pipeline is not None and job.pipeline.failure is not None:
+            self.end(job, error=InvalidArgument(job.pipeline.failure))
+            return
         if delta:
             job.emit(delta)
         # Flushing held text can complete a stop sequence: the pipeline has the last word.
@@ -504,3 +510,10 @@ class Scheduler:
     def jobs(self) -> list[Sequence]:
         """Every active and waiting job (a copy)."""
         return [*self._admitted(), *self.waiting]
+
+
+def tool_grammar_field(params: GenerationParams) -> str | None:
+    """The field of the tool-call grammar applied to a request (None without one): a final
+    call its schema rejects then fails the request (`OutputPipeline.failure`, issue 41)."""
+    field = params.constraint.field if params.constraint is not None else None
+    return field if field == grammar.TOOLS_FIELD else None

@@ -5,7 +5,8 @@ tool calls: the markers that open and close a block (`start` / `end`, plus `also
 markers that open one anywhere and `content_start` markers that open one only where the
 content starts, as vLLM's pythonic parsers look at the output's start), the whole-block
 parser (`parse(text, tools)` -> a call dict or a list of them, raising on malformed text)
-and the slot for its tool-call grammar builder (`grammar`, from decoding/tool_grammar.py).
+and its tool-call grammar builder (`grammar`, from decoding/call_formats.py; what
+decoding/tool_grammar.py builds the request's grammar with).
 
 Adding a format is one module here that calls `register(ToolFormat(...))`, plus its vLLM
 cases in tests/vllm_parser_cases.py. `decoding.parsers` resolves LocalAI's `tool_parser`
@@ -54,7 +55,8 @@ class ToolFormat:
     that is only whitespace is left out where calls follow (vLLM's None); strip: markers left out
     of the content where they stray (a `</tool_call>` after a call without its opening
     marker); grammar: the tool-call
-    grammar builder (decoding/tool_grammar.py), None where the format has none yet."""
+    grammar builder (`call_formats.GRAMMARS`: tokenizer markers (start, end) -> the call
+    format `tool_grammar.build_grammar` takes), None where the format has none yet."""
 
     name: str
     parse: ToolParser

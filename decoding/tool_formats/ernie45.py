@@ -7,10 +7,16 @@ from __future__ import annotations
 
 from mlx_lm.tool_parsers import json_tools
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 ERNIE45 = register(
     ToolFormat(
-        "ernie45", json_tools.parse_tool_call, "<tool_call>", "</tool_call>", trim_content=True
+        "ernie45",
+        json_tools.parse_tool_call,
+        "<tool_call>",
+        "</tool_call>",
+        trim_content=True,
+        grammar=call_formats.json_tools,
     )
 )

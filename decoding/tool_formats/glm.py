@@ -20,6 +20,7 @@ from typing import Any
 import regex
 from mlx_lm.tool_parsers import glm47
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 from decoding.tool_formats.qwen3_xml import _properties, _type_of
 
@@ -60,5 +61,7 @@ def parse(text: str, tools: Any = None) -> dict[str, Any]:
 
 parse.tool_stream_format = "glm"  # type: ignore[attr-defined]
 
-GLM45 = register(ToolFormat("glm45", parse, "<tool_call>", "</tool_call>", blank_content=True))
-GLM47 = register(ToolFormat("glm47", parse, "<tool_call>", "</tool_call>", blank_content=True))
+_MARKERS = ("<tool_call>", "</tool_call>")
+_GRAMMAR = call_formats.GRAMMARS["glm47"]
+GLM45 = register(ToolFormat("glm45", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR))
+GLM47 = register(ToolFormat("glm47", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR))

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlx_lm.tool_parsers import json_tools as _mlx_json_tools
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 
@@ -29,10 +30,22 @@ _json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
 
 
 HERMES = register(
-    ToolFormat("hermes", _mlx_json_tools.parse_tool_call, "<tool_call>", "</tool_call>")
+    ToolFormat(
+        "hermes",
+        _mlx_json_tools.parse_tool_call,
+        "<tool_call>",
+        "</tool_call>",
+        grammar=call_formats.json_tools,
+    )
 )
 GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
-    ToolFormat("granite4", _mlx_json_tools.parse_tool_call, "<tool_call>", "</tool_call>")
+    ToolFormat(
+        "granite4",
+        _mlx_json_tools.parse_tool_call,
+        "<tool_call>",
+        "</tool_call>",
+        grammar=call_formats.json_tools,
+    )
 )
 INTERNLM = register(
     ToolFormat("internlm", _json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>")

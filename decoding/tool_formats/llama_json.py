@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 _DECODER = json.JSONDecoder()
@@ -56,5 +57,10 @@ def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
         pos = len(body) - len(rest)
 
 
-LLAMA3_JSON = register(ToolFormat("llama3_json", _llama_json_parser, LLAMA_JSON_START))
-LLAMA4_JSON = register(ToolFormat("llama4_json", _llama_json_parser, LLAMA_JSON_START))
+_GRAMMAR = call_formats.llama_json
+LLAMA3_JSON = register(
+    ToolFormat("llama3_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR)
+)
+LLAMA4_JSON = register(
+    ToolFormat("llama4_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR)
+)

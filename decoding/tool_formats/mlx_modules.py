@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlx_lm.tool_parsers import longcat as _longcat
 from mlx_lm.tool_parsers import minimax_m2 as _minimax_m2
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 MINIMAX_M2 = register(
@@ -13,6 +14,7 @@ MINIMAX_M2 = register(
         _minimax_m2.parse_tool_call,
         _minimax_m2.tool_call_start,
         _minimax_m2.tool_call_end,
+        grammar=call_formats.GRAMMARS["minimax_m2"],
     )
 )
 LONGCAT = register(

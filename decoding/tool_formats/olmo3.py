@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 
@@ -41,4 +42,12 @@ def _olmo3_parser(text: str, tools: Any = None) -> Any:
     return calls[0] if len(calls) == 1 else calls
 
 
-OLMO3 = register(ToolFormat("olmo3", _olmo3_parser, "<function_calls>", "</function_calls>"))
+OLMO3 = register(
+    ToolFormat(
+        "olmo3",
+        _olmo3_parser,
+        "<function_calls>",
+        "</function_calls>",
+        grammar=call_formats.GRAMMARS["olmo3"],
+    )
+)

@@ -10,6 +10,7 @@ from typing import Any
 
 import regex
 
+from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 _HARMONY_NAME = regex.compile(r"\s*(?P<name>[^\s<]+)")
@@ -29,4 +30,8 @@ def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
 
 
 HARMONY_TOOL_START = " to=functions."
-OPENAI = register(ToolFormat("openai", _harmony_parser, HARMONY_TOOL_START))
+OPENAI = register(
+    ToolFormat(
+        "openai", _harmony_parser, HARMONY_TOOL_START, grammar=call_formats.GRAMMARS["openai"]
+    )
+)

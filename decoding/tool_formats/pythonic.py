@@ -18,6 +18,7 @@ import ast
 import json
 from typing import Any
 
+from decoding import call_formats
 from decoding.tool_formats import Block, ToolFormat, register
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
@@ -126,7 +127,10 @@ def parse_llama4(text: str, tools: Any = None) -> Any:
     return parse(text, tools)
 
 
-PYTHONIC = register(ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True))
+_GRAMMAR = call_formats.GRAMMARS["pythonic"]
+PYTHONIC = register(
+    ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True, grammar=_GRAMMAR)
+)
 LLAMA4_PYTHONIC = register(
     ToolFormat(
         "llama4_pythonic",
@@ -137,5 +141,6 @@ LLAMA4_PYTHONIC = register(
             Block("[", "<|python_end|>", at_content_start=True, keep=True),
             Block('{"name"', keep=True),
         ),
+        grammar=_GRAMMAR,
     )
 )

@@ -31,6 +31,7 @@ from typing import Any
 
 import regex
 
+from decoding import call_formats
 from decoding.tool_formats import Block, ToolFormat, register
 
 _FUNCTION = regex.compile(
@@ -185,13 +186,11 @@ def parse(text: str, tools: Any = None) -> Any:
 parse.tool_stream_format = "qwen3_coder"  # type: ignore[attr-defined]
 
 _BLOCKS = (Block("<function=", "</function>", keep=True),)
+_MARKERS = ("<tool_call>", "</tool_call>")
+_GRAMMAR = call_formats.GRAMMARS["qwen3_coder"]
 QWEN3_XML = register(
-    ToolFormat(
-        "qwen3_xml", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",)
-    )
+    ToolFormat("qwen3_xml", parse, *_MARKERS, more=_BLOCKS, strip=_MARKERS[1:], grammar=_GRAMMAR)
 )
 QWEN3_CODER = register(
-    ToolFormat(
-        "qwen3_coder", parse, "<tool_call>", "</tool_call>", more=_BLOCKS, strip=("</tool_call>",)
-    )
+    ToolFormat("qwen3_coder", parse, *_MARKERS, more=_BLOCKS, strip=_MARKERS[1:], grammar=_GRAMMAR)
 )

@@ -101,7 +101,8 @@ PY_BAD = {
     "required": "get_weather(§unit=",
     "enum": "get_weather(city='X', unit=§'k'",
 }
-PYTHONIC = f"<|tool_call_start|>[{PY_CALLS}]<|tool_call_end|>"
+PYTHONIC = f"[{PY_CALLS}]"  # vLLM's pythonic: a bare list where the output starts
+MLX_PYTHONIC = f"<|tool_call_start|>[{PY_CALLS}]<|tool_call_end|>"  # mlx-lm's (LFM2)
 OLMO = (
     "<function_calls>\nget_weather(city='Paris', unit=\"c\")\n"
     'set_alarm(hour=7, loud=true, days=["mon", "tue"])\n</function_calls>'
@@ -124,7 +125,7 @@ FORMATS = {
     "glm47": (GLM, GLM_BAD),
     "glm45": (GLM, GLM_BAD),
     "minimax_m2": (MINIMAX, MINIMAX_BAD),
-    "pythonic": (PYTHONIC, {k: "<|tool_call_start|>[" + v for k, v in PY_BAD.items()}),
+    "pythonic": (PYTHONIC, {k: "[" + v for k, v in PY_BAD.items()}),
     "olmo3": (OLMO, {k: "<function_calls>\n" + v for k, v in PY_BAD.items()}),
     "openai": (HARMONY, HARMONY_BAD),
 }
@@ -149,7 +150,10 @@ def accepts(tok, source: str, text: str, *, ends: bool = True) -> bool:
 
 
 def blocks(text: str, start: str, end: str) -> list[str]:
-    """The text between each pair of markers (what the output pipeline hands the parser)."""
+    """The text between each pair of markers (what the output pipeline hands the parser);
+    a list at the content's start (pythonic's `[`, part of the calls' text) is one block."""
+    if start == "[":
+        return [text]
     out = []
     for part in text.split(start)[1:]:
         out.append(part.split(end)[0] if end else part)
@@ -163,7 +167,8 @@ def test_the_formats_own_text_passes_and_parses_to_the_calls(tok, name):
     source = tool_grammar.build_grammar(
         tool_grammar.declared_tools(TOOLS), fmt, special=tool_grammar._special_finder(tok)
     )
-    assert accepts(tok, source, f"Let me check.\n{text}")
+    lead = "" if fmt.leading else "Let me check.\n"  # a bare list counts only at the start
+    assert accepts(tok, source, f"{lead}{text}")
     parser = parsers.resolve_tool_parser(name)[0]
     calls = [c for b in blocks(text, start, end) for c in parse_tool_block(parser, b, TOOLS)]
     want = EXPECTED[:1] if name == "openai" else EXPECTED
@@ -195,13 +200,67 @@ def test_bare_pythonic_list_counts_only_at_the_start():
     tok = toy_tokenizer()
     lazy = tool_grammar.build_grammar(declared, fmt, opening="lazy")
     assert accepts(tok, lazy, f"[{PY_CALLS}]")
-    assert accepts(tok, lazy, f" [{PY_CALLS}] and some text after")
+    # The list is the whole output (vLLM reads text after it as no call): nothing follows.
+    assert not accepts(tok, lazy, f" [{PY_CALLS}] and some text after", ends=False)
+    assert not accepts(tok, lazy, f"[{PY_CALLS}]\n", ends=False)
+    parser = parsers.resolve_tool_parser("pythonic")[0]
+    with pytest.raises(ValueError):
+        parse_tool_block(parser, f"[{PY_CALLS}] and some text after", TOOLS)
     assert accepts(tok, lazy, "Just talking, see [1] and [rm_rf()].")  # not at the start
     assert accepts(tok, lazy, "")
     assert not accepts(tok, lazy, "[rm_rf(", ends=False)
     required = tool_grammar.build_grammar(declared, fmt, opening="required")
     assert not accepts(tok, required, "Just talking", ends=False)
     assert accepts(tok, required, "[get_time()]")
+
+
+def test_mlx_lm_pythonic_block_is_constrained_as_its_parser_reads_it(tok):
+    # No tool_parser hint: mlx-lm infers its own pythonic parser (mlx_lm/tool_parsers/
+    # pythonic.py) and LFM2's markers from the chat template; the grammar is that block's.
+    from mlx_lm.tool_parsers import pythonic as mlx_pythonic
+
+    wrapper = type("Tok", (), {})()
+    wrapper.tool_parser = mlx_pythonic.parse_tool_call
+    wrapper.tool_call_start, wrapper.tool_call_end = "<|tool_call_start|>", "<|tool_call_end|>"
+    assert tool_grammar.format_name(wrapper) == "pythonic"
+    fmt = tool_grammar.tool_format(wrapper)
+    assert fmt is not None and not fmt.leading and fmt.start == "<|tool_call_start|>"
+    source = tool_grammar.build_grammar(tool_grammar.declared_tools(TOOLS), fmt)
+    assert accepts(tok, source, f"Let me check.\n{MLX_PYTHONIC}")
+    assert not accepts(tok, source, "Let me check.\n<|tool_call_start|>[rm_rf(", ends=False)
+    (block,) = blocks(MLX_PYTHONIC, fmt.start, "<|tool_call_end|>")
+    calls = parse_tool_block(wrapper.tool_parser, block, TOOLS)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == EXPECTED
+
+
+def test_glm_string_values_are_read_as_written(tok):
+    # vLLM's glm4_moe_tool_parser.py keeps a string value as written (`c\n` is not `c`),
+    # so the grammar allows no newline around one; JSON values may have one.
+    fmt, _, _ = fmt_of("glm47")
+    finder = tool_grammar._special_finder(tok)
+    source = tool_grammar.build_grammar(tool_grammar.declared_tools(TOOLS), fmt, special=finder)
+    head = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+    assert accepts(tok, source, head + "<arg_key>unit</arg_key><arg_value>c", ends=False)
+    assert not accepts(tok, source, head + "<arg_key>unit</arg_key><arg_value>c\n", ends=False)
+    alarm = "<tool_call>set_alarm<arg_key>hour</arg_key><arg_value>7\n</arg_value></tool_call>"
+    assert accepts(tok, source, alarm)
+    parser = parsers.resolve_tool_parser("glm47")[0]
+    text = "get_weather<arg_key>city</arg_key><arg_value> Paris\n</arg_value>"
+    (call,) = parse_tool_block(parser, text, TOOLS)
+    assert json.loads(call.arguments) == {"city": " Paris\n"}
+
+
+def test_grammars_are_the_registered_formats_own(tok):
+    # Each format module holds its grammar builder (ToolFormat.grammar); tool_grammar
+    # finds it through the format the tokenizer carries, not by the parser's identity.
+    from decoding import tool_formats
+
+    assert set(tool_grammar.GRAMMARS) >= set(FORMATS) | {"hermes", "llama3_json"}
+    for name, build in tool_grammar.GRAMMARS.items():
+        assert tool_formats.get(name).grammar is build
+    assert tool_grammar.format_name(parsers.apply_parser_overrides(tok, "glm45")) == "glm45"
+    jamba = parsers.apply_parser_overrides(tok, "jamba")  # a format with no grammar yet
+    assert tool_formats.of(jamba).name == "jamba" and tool_grammar.format_name(jamba) is None
 
 
 def test_each_format_is_found_from_the_tokenizers_parser(tok):
@@ -227,7 +286,7 @@ PICK_TOOLS = json.dumps([{"type": "function", "function": {"name": "pick", "para
 GRPC_FORMATS = {
     "qwen3_coder": ["<tool_call>", "b:\n<function=kill>\n</function>\n", "</tool_call>"],
     "glm47": ["<tool_call>", "b:kill", "</tool_call>"],
-    "pythonic": ["b:<|tool_call_start|>[kill(unit='c')]<|tool_call_end|>"],
+    "pythonic": ["b:[kill(unit='c')]"],
 }
 
 

@@ -328,6 +328,34 @@ def test_reasoning_gate_finds_the_end_marker_in_text_split_otherwise(tok):
     assert by_token.feed([think[1], 7]) == [7] and by_token.open
 
 
+def test_reasoning_gate_ends_where_the_reasoning_format_ends_the_block(tok):
+    # Qwen3's format (decoding/reasoning_formats.py) ends reasoning at `<tool_call>` too,
+    # the marker staying in what follows (vLLM's qwen3 reasoning parser); the output
+    # pipeline routes the call there, so the gate must open there and hand the marker on
+    # (a tool-call grammar's trigger). granite's "Here's my response:" is an end spelling.
+    from decoding import parsers
+
+    qwen3 = parsers.apply_parser_overrides(tok, reasoning_parser="qwen3")
+    assert grammar.reasoning_end_markers(qwen3) == (("</think>",), ("<tool_call>",))
+    granite = parsers.apply_parser_overrides(tok, reasoning_parser="granite")
+    assert "Here's my response:" in grammar.reasoning_end_markers(granite)[0]
+    llg = grammar.llg_tokenizer(tok)
+    think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    gate = ReasoningGate(
+        [think[0]], [think[1]], inside=True, end_text=("</think>", "Here's my response:"),
+        decode=llg.decode_bytes, encode=llg.tokenize_bytes, kept_text=("<tool_call>",),
+    )  # fmt: skip
+    assert gate.feed(llg.tokenize_bytes(b"plan it ")) == [] and gate.in_reasoning
+    out = gate.feed(llg.tokenize_bytes(b'<tool_call>{"a"'))
+    assert gate.open and llg.decode_bytes(out) == b'<tool_call>{"a"'
+    other = ReasoningGate(
+        [think[0]], [think[1]], inside=True, end_text=("</think>", "Here's my response:"),
+        decode=llg.decode_bytes, encode=llg.tokenize_bytes,
+    )  # fmt: skip
+    out = other.feed(llg.tokenize_bytes(b"plan. Here's my response: Hi"))
+    assert other.open and llg.decode_bytes(out) == b" Hi"
+
+
 def test_think_end_spelled_in_other_tokens_still_engages_the_grammar(served, tok):
     # The model closes its think block with " </think>" written byte by byte (issue 41:
     # the grammar stayed dormant and "Hello world" came back as an OK answer).
@@ -353,9 +381,7 @@ def grpc_error(server, tok, req, *parts: str):
     return errors[0]
 
 
-def test_output_ending_inside_the_reasoning_is_an_error_not_an_ok_without_the_grammar(
-    served, tok
-):
+def test_output_ending_inside_the_reasoning_is_an_error_not_an_ok_without_the_grammar(served, tok):
     import grpc
 
     req = chat_request("Hi", Tokens=12, Grammar=ANSWER_GBNF)

@@ -120,6 +120,22 @@ def test_end_marker_spelled_in_other_tokens_ends_the_block_too(tok):
     assert proc.reasoning_tokens == 2 and not proc.done  # "Let" and the space before it
 
 
+def test_reasoning_formats_other_ends_end_the_block_too(tok):
+    # Qwen3's format ends reasoning at `<tool_call>` (decoding/reasoning_formats.py, as
+    # vLLM's qwen3 reasoning parser): the block is over there, so a spent budget must not
+    # force `</think>` into the call.
+    from decoding import parsers
+
+    qwen3 = parsers.apply_parser_overrides(tok, reasoning_parser="qwen3")
+    script = ids(tok, "Let", "<tool_call>", "b:{", "b:}", "</tool_call>", "Sure", "!", "!")
+    proc = make_budget_processor(qwen3, 3, "reasoning")
+    assert drive(proc, qwen3, ids(tok, "<think>"), script) == script
+    assert proc.reasoning_tokens == 1 and not proc.done
+    # The tokenizer's think_end alone would have counted on and forced the marker.
+    plain = make_budget_processor(tok, 3, "reasoning")
+    assert drive(plain, tok, ids(tok, "<think>"), script) != script
+
+
 def test_block_opened_by_the_model_counts_from_its_start_marker(tok):
     script = ids(tok, "Sure", "<think>", "Let", " me", " think", "Answer")
     proc = make_budget_processor(tok, 2, "normal")

@@ -430,25 +430,54 @@ def test_call_cut_by_the_token_limit_is_an_error_not_a_fragment(scripted, tok):
     assert arguments["children"] == [{"name": "x"}]
 
 
-def test_call_breaking_its_schema_is_not_reported(scripted, tok):
-    # No grammar (tool_grammar off): the parser reads a well-formed call whose arguments
-    # break the declared schema; Predict gives it back as content, never as a call. (A
-    # stream has sent its fragments by then; the proto cannot withdraw them: a grammar,
-    # tool_grammar on/required, is what keeps a streamed call valid.)
+def test_without_a_grammar_calls_are_reported_as_the_parser_reads_them(scripted, tok):
+    # No grammar (tool_grammar off): vLLM's parsers report a well-formed call whatever its
+    # schema says (tests/tool_parsers/test_deepseekv32_tool_parser.py, conversion
+    # fallbacks: `bad_int: "abc"` stays a call); a call turned into text stops an agent.
     req = chat_request("Hi", Tokens=80, Tools=BOUNDED_TOOLS, Metadata={"tool_grammar": "off"})
     req.Metadata["enable_thinking"] = "false"
-    srv, model = scripted["hermes"]
     bad = 'b:{"name": "get_weather", "arguments": {"city": 3, "unit": "k"}}'
-    prompt = len(prompt_mod.prepare_prompt(params.prompt_spec(req), tok).token_ids)
-    model.set_script(prompt, ids(tok, "<tool_call>", bad, "</tool_call>"))
-    (whole,) = srv.stub.Predict(req).chat_deltas
-    assert not whole.tool_calls
-    assert '"city": 3' in whole.content
-    good = 'b:{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}'
+    whole = run_script(scripted["hermes"], tok, req, "<tool_call>", bad, "</tool_call>")
+    assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [
+        ("get_weather", {"city": 3, "unit": "k"})
+    ]
+    assert whole.content == ""
+
+
+# uniqueItems: a keyword llguidance does not enforce (lenient), so the grammar lets
+# ["mon", "mon"] through and the final check is what catches it.
+UNIQUE = {
+    "type": "object",
+    "properties": {"days": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    "required": ["days"],
+}
+UNIQUE_TOOLS = json.dumps(
+    [{"type": "function", "function": {"name": "plan", "parameters": UNIQUE}}]
+)
+
+
+def test_call_its_grammar_let_break_its_schema_is_an_error(scripted, tok):
+    import grpc
+
+    # Issue 41 item 2: a tool-call grammar was applied; a final call its schema rejects
+    # is the constraint failing: INVALID_ARGUMENT naming the field, never an OK reply.
+    req = chat_request("Hi", Tokens=80, Tools=UNIQUE_TOOLS, Metadata={"tool_grammar": "on"})
+    req.Metadata["enable_thinking"] = "false"
+    bad = 'b:{"name": "plan", "arguments": {"days": ["mon", "mon"]}}'
+    for code, details in rpc_errors(scripted["hermes"], tok, req, "<tool_call>", bad,
+                                    "</tool_call>"):  # fmt: skip
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert details.startswith("PredictOptions.Tools: the tool-call grammar could not hold")
+        assert "non-unique" in details
+    good = 'b:{"name": "plan", "arguments": {"days": ["mon", "tue"]}}'
     whole = run_script(scripted["hermes"], tok, req, "<tool_call>", good, "</tool_call>")
     assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [
-        ("get_weather", {"city": "Rome", "unit": "c"})
+        ("plan", {"days": ["mon", "tue"]})
     ]
+    # The same call without the grammar is reported as read (no schema filter).
+    req.Metadata["tool_grammar"] = "off"
+    whole = run_script(scripted["hermes"], tok, req, "<tool_call>", bad, "</tool_call>")
+    assert [json.loads(c.arguments) for c in whole.tool_calls] == [{"days": ["mon", "mon"]}]
 
 
 def test_tool_schema_that_is_no_schema_is_refused_when_a_grammar_is_built(tok):
