@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from engine import delivery, model_calls, model_host, prepare
+from engine import delivery, memory, model_calls, model_host, prepare
 from engine import status as status_mod
 from engine.jobs import DEFAULT_MAX_PENDING_EVENTS, Job
 from engine.mailbox import STOP, WAKE, Call, Item, Mailbox, Stop, Submit, Wake
@@ -86,6 +86,7 @@ class Engine:
         self.last_metrics = RequestMetrics()
         self._call_stop: threading.Event | None = None  # the running call's cancel flag
         self._interleave = _Interleave(self)
+        self._idle = memory.IdleRelease(self._snapshot_memory)  # MLX's cache back when idle
 
     # ------------------------------------------------------------------ event-loop API
     def start(self) -> None:
@@ -318,9 +319,9 @@ class Engine:
     def _serve_forever(self) -> None:
         while True:
             # Distributed: even an idle rank 0 syncs every heartbeat, so a lost rank shows.
-            idle_wait = self.group.heartbeat  # read each time: attach_group may change it
             sched = self.scheduler
             busy = (sched is not None and sched.busy) or self._inbox.has_deferred
+            idle_wait = self._idle.wait(busy, self.group.heartbeat)  # read each time
             try:
                 item = self._inbox.next(block=not busy, timeout=idle_wait)
             except queue.Empty:
@@ -337,6 +338,7 @@ class Engine:
                     item = None
             if not self._step():
                 return
+            self._idle.tick(busy or (self.scheduler is not None and self.scheduler.busy))
 
     @delivery.in_steps  # one hand-off of its events to each event loop
     def _step(self) -> bool:

@@ -24,27 +24,39 @@ sequences, the prompt cache's memory tier and the prefill working set.
   alone, is refused with the numbers. While the budget is tight the prefill chunk
   shrinks to what fits.
 
+- MLX's buffer cache (freed buffers MLX keeps for reuse) is part of the budget: limited
+  to `cache_limit` (``mx.set_cache_limit``), which admission leaves room for, and given
+  back by `IdleRelease` once the engine has been idle for IDLE_RELEASE_S; on Linux
+  (glibc) the C heap is trimmed then too (`trim_heap`).
+
 Defaults (`default_budget`): Metal, the device's recommended working set minus 10%; CPU
-and CUDA, 75% of the physical memory (the cgroup limit when lower). ``0`` turns it off.
+and CUDA, 75% of the physical memory (the cgroup limit when lower: `loading.host_memory`,
+which ``cpu_dequantize_budget`` reads too). ``0`` turns it off.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
-import os
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from batch.release import release_cache
 from errors import ModelLoadError
+from loading import host_memory
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
 MIB = 1024 * 1024
-RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of physical memory
+RAM_SHARE = 0.75  # default budget on CPU and CUDA: this share of `host_memory.usable_memory`
 METAL_MARGIN = 0.10  # default budget on Metal: the recommended working set minus this share
 PROBE_TOKENS = 64  # prompt tokens of each probe chunk that measures the prefill working set
 PROBE_CONTEXT = 1024  # context (tokens already held) of the second probe
@@ -58,6 +70,13 @@ MIN_CHUNK = 16  # the smallest prefill chunk the budget may shrink to
 # 951 MiB against an 835 MiB budget, about one copy of the 4 rows' KV above the model.
 KV_COPIES = 1.0
 KV_STEP = 256  # mlx-lm's KVCache.step: KV buffers grow by this many tokens
+# MLX's buffer cache: this share of the budget, at most CACHE_MAX. MLX's CPU allocator
+# keeps at most 32 MiB by default (mlx/backend/no_gpu/allocator.cpp), its Metal allocator
+# up to its memory limit; mlx-lm sets no limit and clears the cache after each prefill
+# chunk and every 256 tokens (mlx_lm/generate.py), as `batch.decode` does.
+CACHE_SHARE = 32  # the limit is budget // CACHE_SHARE
+CACHE_MAX = 1024 * MIB
+IDLE_RELEASE_S = 0.5  # idle this long, the engine gives MLX's buffer cache back
 
 
 @dataclass(frozen=True)
@@ -206,30 +225,20 @@ def default_budget() -> int:
         recommended = int(info.get("max_recommended_working_set_size", 0))
         if recommended:
             return int(recommended * (1 - METAL_MARGIN))
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = _cgroup_limit()
-    if limit is not None:
-        total = min(total, limit)
-    return int(total * RAM_SHARE)
+    return int(host_memory.usable_memory() * RAM_SHARE)
 
 
-def _cgroup_limit() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = open(path).read().strip()  # noqa: SIM115 (tiny file, read once)
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:
-            return int(text)
-    return None
+def cache_limit(budget: int) -> int:
+    """Bytes MLX's buffer cache may keep under ``budget`` (module constants CACHE_*)."""
+    return min(budget // CACHE_SHARE, CACHE_MAX)
 
 
 def apply_limits(budget: int) -> None:
-    """Set MLX's own limits from the budget (as `mlx_lm.server` does at start): the memory
-    limit, the buffer cache (what MLX keeps of freed buffers) and, on Metal, the wired
-    limit."""
+    """Set MLX's own limits from the budget: the memory limit, the buffer cache (what MLX
+    keeps of freed buffers: `cache_limit`) and, on Metal, the wired limit (as
+    `mlx_lm.server` does at start)."""
     mx.set_memory_limit(budget)
-    mx.set_cache_limit(max(budget // 8, 64 * MIB))
+    mx.set_cache_limit(cache_limit(budget))
     if mx.metal.is_available():
         mx.set_wired_limit(
             min(budget, int(mx.device_info().get("max_recommended_working_set_size", budget)))
@@ -244,21 +253,27 @@ class MemoryBudget:
     """Admission by memory for one loaded model (engine thread only).
 
     ``budget``: bytes (0: off, everything fits); ``weights``: the model's weight bytes;
-    ``chunk``: the full prefill chunk (``prefill_step_size``). Raises ModelLoadError at
-    construction when the budget cannot hold the weights and one prefill chunk.
+    ``chunk``: the full prefill chunk (``prefill_step_size``); ``cache``: the bytes MLX's
+    buffer cache may keep (`cache_limit`), which the budget holds beside everything else.
+    Raises ModelLoadError at construction when the budget cannot hold the weights, the
+    buffer cache and one prefill chunk.
     """
 
-    def __init__(self, budget: int, weights: int, prof: MemoryProfile, chunk: int) -> None:
+    def __init__(
+        self, budget: int, weights: int, prof: MemoryProfile, chunk: int, cache: int = 0
+    ) -> None:
         self.budget = budget
         self.weights = weights
         self.profile = prof
         self.chunk = chunk
+        self.cache_limit = cache if budget else 0
         self.reserved = 0  # KV bytes reserved by the running sequences
-        if budget and budget < weights + prof.prefill(MIN_CHUNK) + prof.sequence(1):
+        fixed = weights + self.cache_limit
+        if budget and budget < fixed + prof.prefill(MIN_CHUNK) + prof.sequence(1):
             raise ModelLoadError(
                 f"memory_budget {_mib(budget)} is smaller than the weights ({_mib(weights)}) "
-                f"plus one prefill chunk ({_mib(prof.prefill(MIN_CHUNK))}): raise "
-                "memory_budget (or 0 to turn it off)"
+                f"and MLX's buffer cache ({_mib(self.cache_limit)}) plus one prefill chunk "
+                f"({_mib(prof.prefill(MIN_CHUNK))}): raise memory_budget (or 0 to turn it off)"
             )
 
     @classmethod
@@ -280,20 +295,21 @@ class MemoryBudget:
         if not self.enabled:
             return None
         need = self.profile.sequence(tokens)
-        floor = self.weights + self.profile.prefill(MIN_CHUNK)
+        floor = self.weights + self.cache_limit + self.profile.prefill(MIN_CHUNK)
         if floor + need <= self.budget:
             return None
         return (
             f"the request needs {_mib(need)} of KV cache ({tokens} tokens with the "
-            f"generation budget) beside {_mib(floor)} of weights and prefill, but "
+            f"generation budget) beside {_mib(floor)} of weights, buffer cache and prefill, but "
             f"memory_budget is {_mib(self.budget)}: lower Tokens (max_tokens), shorten the "
             "prompt, or raise memory_budget"
         )
 
     def room(self, kv_after: int, cache_bytes: int) -> int:
         """Bytes left for the prefill working set if the running KV became ``kv_after``
-        with ``cache_bytes`` in the prompt cache (negative: does not fit)."""
-        return self.budget - self.weights - kv_after - cache_bytes
+        with ``cache_bytes`` in the prompt cache (negative: does not fit); MLX's buffer
+        cache is held at its limit."""
+        return self.budget - self.weights - self.cache_limit - kv_after - cache_bytes
 
     def status(self) -> dict[str, int]:
         """Status entries: the budget, what the running sequences reserve, and what is
@@ -303,9 +319,73 @@ class MemoryBudget:
         return {
             "memory_budget": self.budget,
             "memory_reserved": self.reserved,
-            "memory_free": max(self.budget - self.weights - self.reserved, 0),
+            "memory_free": max(self.budget - self.weights - self.cache_limit - self.reserved, 0),
+            "memory_cache_limit": self.cache_limit,
             "memory_kv_per_token": self.profile.kv_per_token,
             "memory_fixed_per_sequence": self.profile.fixed,
             "memory_prefill_per_token": self.profile.prefill_per_token,
             "memory_prefill_per_pair": math.ceil(self.profile.prefill_per_pair),
         }
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library on Linux when it is glibc (``malloc_trim``), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def trim_heap() -> None:
+    """Linux (glibc): give the C heap's free pages back to the system (``malloc_trim``).
+
+    MLX's CPU allocator returns buffers with ``std::free`` (mlx/backend/no_gpu/allocator.cpp)
+    and glibc keeps freed buffers below its mmap threshold (which rises to 32 MiB as large
+    buffers come and go) in its heap: measured on the embedded model after mixed requests,
+    the RSS stayed at 1,262 MiB once MLX's cache was emptied, and fell to 791 MiB with
+    this call. Neither MLX nor Python offers it, hence ctypes; a no-op elsewhere (macOS's
+    allocator returns pages by itself)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class IdleRelease:
+    """Gives MLX's buffer cache back when the engine goes idle (engine thread only).
+
+    While requests run, MLX keeps freed buffers (up to `cache_limit`) to reuse them the
+    next step; once nothing has run for IDLE_RELEASE_S they go back to the system
+    (`batch.release.release_cache`: after the work in flight, never in the step in which the
+    last sequence ended), then ``released`` is called (the engine reads MLX's memory again).
+    The engine loop asks `wait` how long it may block for its next item and calls `tick`
+    after each step.
+    """
+
+    def __init__(self, released: Callable[[], None] = lambda: None) -> None:
+        self._released = released
+        self._idle_since: float | None = None  # when the engine was last seen busy
+
+    def wait(self, busy: bool, timeout: float | None) -> float | None:
+        """How long an idle engine may block (``timeout``: its own limit, e.g. a distributed
+        heartbeat; None: none) so that the release comes on time."""
+        if busy or self._idle_since is None:
+            return timeout
+        left = max(self._idle_since + IDLE_RELEASE_S - time.monotonic(), 0.0)
+        return left if timeout is None else min(timeout, left)
+
+    def tick(self, busy: bool) -> bool:
+        """After a step: ``busy`` (requests ran or wait) starts the idle clock again; idle
+        long enough, the cache is released once (True then)."""
+        now = time.monotonic()
+        if busy or (self._idle_since is None and mx.get_cache_memory() > 0):
+            self._idle_since = now
+        elif self._idle_since is not None and now - self._idle_since >= IDLE_RELEASE_S:
+            self._idle_since = None
+            release_cache()
+            trim_heap()
+            self._released()
+            return True
+        return False

@@ -159,12 +159,15 @@ class ModelHost:
             except Exception as exc:  # a model whose cache cannot be measured: no budget
                 logger.warning("memory budget off: cannot measure the model's KV (%r)", exc)
                 return memory.MemoryBudget.off(loaded)
-        mem = memory.MemoryBudget(budget, loaded.weights_bytes, prof, p.prefill_step_size)
+        mem = memory.MemoryBudget(
+            budget, loaded.weights_bytes, prof, p.prefill_step_size, memory.cache_limit(budget)
+        )
         logger.info(
-            "memory budget %.0f MiB: weights %.0f MiB, KV %.1f KiB/token (+%.1f KiB fixed), "
-            "prefill %.1f KiB/token",
+            "memory budget %.0f MiB: weights %.0f MiB, MLX buffer cache up to %.0f MiB, "
+            "KV %.1f KiB/token (+%.1f KiB fixed), prefill %.1f KiB/token",
             budget / memory.MIB,
             loaded.weights_bytes / memory.MIB,
+            mem.cache_limit / memory.MIB,
             prof.kv_per_token / 1024,
             prof.fixed / 1024,
             prof.prefill_per_token / 1024,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loading import host_memory
 from parsing.options import AUTO_WORDS, OFF_WORDS, on_off
 
 if TYPE_CHECKING:
@@ -50,9 +51,10 @@ logger = logging.getLogger("localai.mlx.cpu_fast_path")
 #: anything else = path of a shared library exporting the standard ``cblas_*`` names.
 BLAS_ENV = "LOCALAI_MLX_BLAS"
 
-#: Fraction of physical (or cgroup-limited) RAM the float32 copy of a model may take
-#: before "auto" keeps it quantized.
-MEMORY_BUDGET_FRACTION = 0.5
+#: ``cpu_dequantize_budget``'s default: this share of physical (or cgroup-limited) RAM,
+#: what the float32 copy of a model may take before "auto" keeps it quantized.
+DEQUANTIZE_SHARE = 0.5
+MIB = 1024 * 1024
 
 #: A float32 matmul at or above this rate (GFLOP/s) counts as a fast BLAS. The bundled
 #: reference BLAS reaches ~4 GFLOP/s; MKL or OpenBLAS reach 100-240 on 2 cores here.
@@ -303,27 +305,10 @@ def choose_cpu_mode(
     return "dense" if wanted else "quantized"
 
 
-def _cgroup_memory_limit() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            return int(text)
-    return None
-
-
-def default_memory_budget() -> int:
-    """Bytes the float32 copy of a model may take: ``MEMORY_BUDGET_FRACTION`` (50%) of RAM.
-
-    RAM is physical memory (``os.sysconf``), or the cgroup limit when that is lower.
-    """
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = _cgroup_memory_limit()
-    if limit is not None:
-        total = min(total, limit)
-    return int(total * MEMORY_BUDGET_FRACTION)
+def default_dequantize_budget() -> int:
+    """``cpu_dequantize_budget``'s default: ``DEQUANTIZE_SHARE`` (50%) of the memory this
+    process may use (`loading.host_memory.usable_memory`: RAM, or the cgroup limit)."""
+    return int(host_memory.usable_memory() * DEQUANTIZE_SHARE)
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -380,7 +365,8 @@ def prepare_for_cpu(
 
     The one call the engine makes after loading, on the MLX thread. ``option``: the
     ``cpu_dequantize`` value (see ``choose_cpu_mode``; invalid raises ``ValueError``).
-    ``budget_bytes`` defaults to ``default_memory_budget()``; ``device`` to MLX's default
+    ``budget_bytes`` (``cpu_dequantize_budget``) defaults to ``default_dequantize_budget()``;
+    ``device`` to MLX's default
     device. On the CPU every floating parameter becomes float32 in both modes (float32
     scales decode faster than float16 there); "dense" also dequantizes. A model that is
     not quantized is cast to float32 only when that fits the budget (or ``option`` is
@@ -393,7 +379,7 @@ def prepare_for_cpu(
     if device_type != "cpu":
         _parse_option(option)
         return "quantized"
-    budget = default_memory_budget() if budget_bytes is None else budget_bytes
+    budget = default_dequantize_budget() if budget_bytes is None else budget_bytes
     quantized = bool(_quantized_modules(model))
     needed = float32_size(model)
     wants = _parse_option(option)
@@ -408,10 +394,10 @@ def prepare_for_cpu(
     )
     if mode == "dense" and quantized and needed > budget:
         logger.warning(
-            "cpu_dequantize=%s: float32 weights take %.2f GB, over the %.2f GB budget",
+            "cpu_dequantize=%s: float32 weights take %.0f MiB, over cpu_dequantize_budget %.0f MiB",
             option,
-            needed / 1e9,
-            budget / 1e9,
+            needed / MIB,
+            budget / MIB,
         )
     if mode == "dense" and quantized:
         dequantize_to_float32(model)
@@ -421,12 +407,13 @@ def prepare_for_cpu(
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())
     logger.info(
-        "CPU weight mode %s (cpu_dequantize=%s, quantized=%s, float32 %.2f GB, budget %.2f GB%s)",
+        "CPU weight mode %s (cpu_dequantize=%s, quantized=%s, float32 %.0f MiB, "
+        "cpu_dequantize_budget %.0f MiB%s)",
         mode,
         option,
         quantized,
-        needed / 1e9,
-        budget / 1e9,
+        needed / MIB,
+        budget / MIB,
         f", BLAS {report.library} {report.gflops:.0f} GFLOP/s" if report else "",
     )
     return mode

@@ -145,10 +145,12 @@ def fits_beside(current: LoadedModel, file_bytes: int) -> bool:
     """Whether a model of ``file_bytes`` on disk can load while ``current`` stays in memory.
 
     Worst case on the CPU: quantized 4-bit files become float32 weights (8x) there.
-    The memory budget is `cpu_fast_path.default_memory_budget` (half the RAM).
+    Both within ``cpu_dequantize_budget``'s default (`cpu_fast_path.default_dequantize_budget`:
+    half the RAM, or of the cgroup limit).
     """
     factor = 8 if mx.default_device().type == mx.DeviceType.cpu else 1
-    return current.weights_bytes + file_bytes * factor <= cpu_fast_path.default_memory_budget()
+    budget = cpu_fast_path.default_dequantize_budget()
+    return current.weights_bytes + file_bytes * factor <= budget
 
 
 def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> LoadedModel:

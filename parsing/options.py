@@ -269,7 +269,8 @@ OPTIONS: tuple[Option, ...] = (
     # CPU weights
     Option("cpu_dequantize", "auto_switch", "on the CPU: float32 weights on the fast BLAS "
            "(`true`/`dense`), kept quantized (`false`/`quantized`), or `auto` when they "
-           "fit the budget", synonyms=("dense", "quantized"), shown="auto", group=_CPU),
+           "fit `cpu_dequantize_budget`", synonyms=("dense", "quantized"), shown="auto",
+           group=_CPU),
     Option("cpu_dequantize_budget", "size", "bytes the float32 weights may take under "
            "`auto`", shown="half the RAM", group=_CPU),
     Option("cpu_fuse", "switch", "on the dense CPU path, fuse Q/K/V and compile "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from seam.arrays import flat_arrays
 from training import checkpoints
@@ -73,6 +73,84 @@ def _to_16bit(model: nn.Module) -> None:
     )
 
 
+# Text whose encoding tells the pre-tokenizers apart (digits, contractions, spaces,
+# newlines, punctuation, non-Latin letters), as llama.cpp's convert_hf_to_gguf.py
+# identifies ``tokenizer.ggml.pre`` by how the tokenizer encodes a probe text.
+_PRE_PROBE = (
+    "Hello World! It's 2024, we'll see 1234567 items...\n\n  \tindented\r\n"
+    "don't STOP ÄÖÜ straße 你好世界 🚀 x=y+3*(4-5) <tag> a  b   c\n"
+)
+
+
+def write_gguf(
+    model_dir: Path, weights: dict[str, Any], config: dict[str, Any], target: Path
+) -> None:
+    """mlx_lm.gguf.convert_to_gguf, then its tokenizer metadata corrected.
+
+    mlx_lm/gguf.py (``prepare_metadata``) always writes ``tokenizer.ggml.model`` "llama"
+    (a SentencePiece vocabulary) with every score -1000 and no merges, no
+    ``tokenizer.ggml.pre``, no ``add_bos_token``, no chat template. For a byte-level BPE
+    tokenizer (SmolLM2, Llama 3, Qwen: tokens like "Ġthe") that file is wrong for any
+    reader: llama.cpp's SPM path (src/llama-vocab.cpp) only turns "▁" into a space, so
+    "Ġ"/"Ċ" come back literally, and prompts tokenize into the wrong ids. Such a
+    vocabulary is rewritten as llama.cpp's convert_hf_to_gguf.py writes it: model
+    "gpt2", the merges, the pre-tokenizer that encodes like the model's own tokenizer
+    (identified on a probe text), add_bos_token and the chat template.
+    """
+    import mlx.core as mx
+    from mlx_lm.gguf import convert_to_gguf
+
+    convert_to_gguf(model_dir, weights, config, str(target))
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    model, decoder = tok.get("model") or {}, tok.get("decoder") or {}
+    if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel":
+        return  # SentencePiece vocabularies are what mlx-lm's writer is made for
+    # With return_metadata a GGUF file reads as (name -> array, key -> value); mlx types
+    # the result as any of its load shapes.
+    tensors, metadata = cast(
+        tuple[dict[str, mx.array], dict[str, Any]], mx.load(str(target), return_metadata=True)
+    )
+    meta = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.scores"}
+    meta["tokenizer.ggml.model"] = "gpt2"
+    meta["tokenizer.ggml.merges"] = [
+        m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])
+    ]
+    meta.update(_tokenizer_extras(model_dir, meta))
+    mx.save_gguf(str(target), tensors, meta)
+
+
+def _tokenizer_extras(model_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``tokenizer.ggml.pre`` / ``add_bos_token`` / ``chat_template`` for ``meta``: the
+    pre-tokenizer (of those this backend's GGUF reader knows, loading/gguf_convert.py's
+    table of llama.cpp's) whose encoding of the probe equals the model's tokenizer's."""
+    import mlx.core as mx
+    from transformers import AutoTokenizer
+
+    from loading import gguf_convert
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    want = hf.encode(_PRE_PROBE, add_special_tokens=False)
+    plain = {k: gguf_convert._plain(v) for k, v in meta.items() if k.startswith("tokenizer.")}
+    for name in gguf_convert._PRE_TOKENIZERS:
+        built, _ = gguf_convert.build_tokenizer({**plain, "tokenizer.ggml.pre": name})
+        if built.encode(_PRE_PROBE, add_special_tokens=False).ids == want:
+            break
+    else:
+        raise ValueError(
+            "GGUF export: this model's byte-level tokenizer splits text unlike every "
+            "pre-tokenizer llama.cpp names that this backend knows, so its GGUF would "
+            "tokenize prompts wrongly: export merged_16bit and convert it with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
+    extras: dict[str, Any] = {"tokenizer.ggml.pre": name}
+    ids = hf.encode("a")
+    add_bos = hf.bos_token_id is not None and bool(ids) and ids[0] == hf.bos_token_id
+    extras["tokenizer.ggml.add_bos_token"] = mx.array(add_bos, dtype=mx.bool_)
+    if isinstance(hf.chat_template, str):
+        extras["tokenizer.chat_template"] = hf.chat_template
+    return extras
+
+
 def run(spec: ExportSpec, emit: Emit) -> None:
     from mlx_lm.utils import quantize_model, save
 
@@ -90,8 +168,6 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         out.mkdir(parents=True, exist_ok=True)
         save(out, resolve(spec.model), model, tokenizer, config, donate_model=False)
     else:
-        from mlx_lm.gguf import convert_to_gguf
-
         model, tokenizer, config = _fused(spec, dequantize=True)
         model_type = config.get("model_type", "")
         if model_type not in GGUF_TYPES:
@@ -107,6 +183,6 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         save(staging, resolve(spec.model), model, tokenizer, config, donate_model=False)
         weights = dict(flat_arrays(model.parameters()))
         target = out / f"{out.name}-f16.gguf"
-        convert_to_gguf(staging, weights, config, str(target))
+        write_gguf(staging, weights, config, target)
         shutil.rmtree(staging)
     emit(status="completed", message=f"Model exported to {out}", progress_percent=100.0)

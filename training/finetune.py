@@ -32,6 +32,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map, tree_unflatten
 
+from loading import host_memory
 from seam.arrays import flat_arrays, real, scalar
 from training import checkpoints, datasets
 from training.spec import FineTuneSpec
@@ -199,7 +200,7 @@ def available_memory() -> int:
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host_memory.usable_memory()
 
 
 def check_memory(need: dict[str, int], spec: FineTuneSpec, tokens: int) -> None:

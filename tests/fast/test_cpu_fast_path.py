@@ -59,9 +59,9 @@ def test_bad_option_names_cpu_dequantize(bad):
             )
 
 
-def test_default_memory_budget_is_half_of_ram():
+def test_default_dequantize_budget_is_half_of_ram():
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert 0 < cfp.default_memory_budget() <= ram // 2 + 1
+    assert 0 < cfp.default_dequantize_budget() <= ram // 2 + 1
 
 
 def _tiny_quantized(dtype=mx.float16):

@@ -116,6 +116,7 @@ def test_a_budget_below_weights_and_one_chunk_fails_the_load() -> None:
         "memory_budget": 600 * MIB,
         "memory_reserved": 0,
         "memory_free": 100 * MIB,
+        "memory_cache_limit": 0,
         "memory_kv_per_token": 46 * 1024,
         "memory_fixed_per_sequence": 0,
         "memory_prefill_per_token": 900 * 1024,

@@ -22,6 +22,7 @@ import tiny_models
 from helpers import greedy, status, wait_until
 
 import backend_pb2
+from engine.memory import CACHE_SHARE
 from loading import model_loader
 
 PROMPT_WORDS = 60  # ~130-token prompts
@@ -74,10 +75,12 @@ class Measured:
         self.solo = [stub.Predict(greedy(p, NEW_TOKENS)).message for p in prompts]
 
     def budget(self, rows: float) -> int:
-        """The weights, the prefill of one prompt and ``rows`` sequences, at their longest."""
+        """The weights, the prefill of one prompt and ``rows`` sequences, at their longest,
+        beside MLX's buffer cache at its limit (a share of the budget)."""
         longest = max(self.ids) + NEW_TOKENS
         seq = self.fixed + self.per_token * -(-longest // 256) * 256  # allocated per 256
-        return self.weights + self.prefill * max(self.ids) + int(rows * seq)
+        need = self.weights + self.prefill * max(self.ids) + int(rows * seq)
+        return -(-need * CACHE_SHARE // (CACHE_SHARE - 1))
 
     def load(self, budget: int) -> None:
         self.srv.load(self.model, [f"memory_budget:{budget}", *OPTIONS])

@@ -166,10 +166,14 @@ def test_finetune_export_load_predict(job_server, work):
         assert _ask(stub, row["prompt"]).startswith(row["completion"])
     merged = json.loads((exports["merged_16bit"] / "config.json").read_text())
     assert merged["model_type"] == "llama" and "quantization" not in merged
-    # The GGUF is mlx-lm's writer's (mlx_lm/gguf.py), for llama.cpp: one file, f16.
+    # The GGUF: mlx-lm's writer (mlx_lm/gguf.py), tokenizer metadata as llama.cpp writes it.
     (gguf,) = exports["gguf"].glob("*.gguf")
     assert list(exports["gguf"].iterdir()) == [gguf]  # one file: LocalAI's importer finds it
     assert gguf.read_bytes()[:4] == b"GGUF" and gguf.name == "gguf-f16.gguf"
+    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(gguf)))
+    assert loaded.success, loaded.message
+    for row in ROWS:
+        assert _ask(stub, row["prompt"]).startswith(row["completion"])
     quant = json.loads((exports["merged_4bit"] / "config.json").read_text())
     assert quant["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
     loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(exports["merged_4bit"])))
