@@ -20,6 +20,11 @@ def nested(a: mx.array) -> list[Any]:
     return cast(list[Any], a.tolist())
 
 
+def floats(a: mx.array) -> list[float]:
+    """A 1-d floating array's values."""
+    return cast(list[float], a.tolist())
+
+
 def scalar(a: mx.array) -> int:
     """A one-element integer array's value."""
     return int(cast(int, a.item()))
