@@ -19,22 +19,24 @@ TopP (32)             | option top_p                    | 1.0 (off)         | [0
 TopK (5)              | option top_k                    | 0 (off)           | any; < 0 = off
 MinP (53)             | option min_p                    | 0.0 (off)         | [0, 1]
 Penalty (10)          | option repetition_penalty       | 0.0 (off)         | >= 0; 1.0 = off
-Repeat (6)            | option repetition_context_size  | 20 tokens         | >= 0
+Repeat (6)            | option repetition_context_size  | 20 tokens         | [0, context]
 PresencePenalty (18)  | option presence_penalty         | 0.0 (off)         | finite
 FrequencyPenalty (17) | option frequency_penalty        | 0.0 (off)         | finite
 Seed (2)              | option seed when > 0            | None = random     | < 0 = random
-StopPrompts (13)      | no stop strings                 | ()                | "" dropped
+StopPrompts (13)      | no stop strings                 | ()                | "" dropped; <= 64 of
+                      |                                 |                   | <= 1024 characters
 Logprobs (50)         | no logprobs                     | False             | >= 0; a 0/1 flag
 TopLogprobs (51)      | no alternatives                 | 0                 | [0, 20]; > 0 sets it
 IgnoreEOS (14)        | stop at EOS                     | False             |
 LogitBias (23)        | no bias                         | None              | {"id": [-100, 100]}
-Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null"
+Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null";
+                      |                                 |                   | <= 128 tools
 ToolChoice (49)       | "auto"                          | "auto"            | never an error
                       |                                 |                   | (parsing/tool_choice)
 CorrelationId (47)    | none                            | ""                |
 ModelIdentity (54)    | no identity check               | ""                |
 NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
-NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | >= 0
+NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | [0, context]
 PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
 PromptCachePath (33)  | no disk tier (memory only)      | ""                | inside ModelPath
 Images (42)           | no images (parsing/images.py)   | ()                | base64 PNG/JPEG/WebP;
@@ -49,6 +51,11 @@ Videos (45)           | no videos (parsing/videos.py)   | ()                | ba
 Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
 reasoning_budget, else -1 = unlimited) caps the reasoning tokens; 0 also sets the chat
 template's enable_thinking false unless the request sets enable_thinking itself.
+
+Texts are measured before they are tokenized or rendered (`parsing/bounds.py`): a Prompt,
+or the Messages' content together, longer than context x the longest token's characters
+is refused; "context" is the loaded model's (ContextSize, else its own; 131072 tokens
+where it states none or the KV cache rotates).
 
 The same window (Repeat) bounds the repetition, presence and frequency penalties, as
 llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
@@ -100,9 +107,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from parsing import bounds as bounds_mod
 from parsing import images as images_mod
 from parsing import jsonfield
 from parsing import videos as videos_mod
+from parsing.bounds import Bounds
 from parsing.constraint import Constraint, read_constraint
 from parsing.options import (
     DEFAULT_MAX_BATCH_SIZE as DEFAULT_MAX_BATCH_SIZE,  # re-exported: engine/status.py
@@ -386,7 +395,7 @@ def load_params(req: Any) -> LoadParams:
         lora_adapter=lora_adapter,
         lora_scale=lora_scale,
         kv_bits=_kv_bits(req, value["kv_bits"]),
-        grammar_triggers=tuple(t.word for t in req.GrammarTriggers if t.word),
+        grammar_triggers=bounds_mod.check_triggers(t.word for t in req.GrammarTriggers),
         draft_model=req.DraftModel,
         num_draft_tokens=value["num_draft_tokens"]
         or (DEFAULT_NGRAM_DRAFT_TOKENS if speculative == "ngram" else DEFAULT_NUM_DRAFT_TOKENS),
@@ -517,6 +526,7 @@ def parse_tools(raw: str) -> tuple[dict[str, Any], ...] | None:
         return None
     if not all(isinstance(t, dict) for t in tools):
         raise ValueError("PredictOptions.Tools must be a JSON array of objects")
+    bounds_mod.check_tools(tools)
     return tuple(tools) or None
 
 
@@ -587,7 +597,18 @@ def _stop_strings(stops: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in stops if s))
 
 
-def generation_params(req: Any, load: LoadParams | None = None) -> GenerationParams:
+def _window(req: Any, name: str, option: str, builtin: int, defaults: dict, bounds: Bounds) -> int:
+    """A token window field (Repeat, NKeep): in [0, context] (`parsing.bounds`); zero takes
+    the load option ``option`` (bounded the same way, named as the option), else ``builtin``."""
+    value = bounds_mod.check_window(f"PredictOptions.{name}", getattr(req, name), bounds)
+    if value or not option or option not in defaults:
+        return value or builtin
+    return bounds_mod.check_window(f"option {option}", int(defaults[option]), bounds)
+
+
+def generation_params(
+    req: Any, load: LoadParams | None = None, bounds: Bounds | None = None
+) -> GenerationParams:
     """Resolve a `backend_pb2.PredictOptions` into `GenerationParams`.
 
     `load` supplies the option defaults (LoadParams.defaults); without it only built-in
@@ -595,10 +616,13 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     range for: Tokens < 0, Temperature < 0 or not finite, TopP / MinP outside [0, 1],
     Penalty < 0, Repeat < 0, Logprobs < 0, TopLogprobs outside [0, 20], any
     non-finite float, non-JSON LogitBias, a bad Grammar / Metadata constraint, or
-    Metadata.reasoning_budget not an integer >= -1.
+    Metadata.reasoning_budget not an integer >= -1; Repeat or NKeep (or option
+    repetition_context_size) longer than ``bounds``' context (`parsing.bounds`; without
+    ``bounds``: `parsing.bounds.FALLBACK_CONTEXT`).
     The prompt fields (Prompt, Messages, Tools, ...) are read by `parse_request`.
     """
     defaults = load.defaults if load is not None else {}
+    bounds = bounds if bounds is not None else Bounds(None)
     _refuse(req, _REFUSED_PREDICT, "PredictOptions")
 
     def pick(value: float, key: str, builtin: float) -> float:
@@ -613,7 +637,10 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
     top_p = _check_float("PredictOptions.TopP", _f32(req.TopP), 0.0, 1.0)
     min_p = _check_float("PredictOptions.MinP", _f32(req.MinP), 0.0, 1.0)
     penalty = _check_float("PredictOptions.Penalty", _f32(req.Penalty), 0.0)
-    repeat = _check_int("PredictOptions.Repeat", req.Repeat, 0)
+    # Bounded by the context: the batch keeps a (rows, window) array of token ids.
+    repeat = _window(
+        req, "Repeat", "repetition_context_size", DEFAULT_REPETITION_CONTEXT_SIZE, defaults, bounds
+    )
     presence = _check_float("PredictOptions.PresencePenalty", _f32(req.PresencePenalty))
     frequency = _check_float("PredictOptions.FrequencyPenalty", _f32(req.FrequencyPenalty))
     logprobs = _check_int("PredictOptions.Logprobs", req.Logprobs, 0)
@@ -633,9 +660,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         top_k=_top_k(req.TopK, defaults),
         min_p=float(pick(min_p, "min_p", 0.0)),
         repetition_penalty=float(pick(penalty, "repetition_penalty", 0.0)),
-        repetition_context_size=int(
-            pick(repeat, "repetition_context_size", DEFAULT_REPETITION_CONTEXT_SIZE)
-        ),
+        repetition_context_size=repeat,
         presence_penalty=float(pick(presence, "presence_penalty", 0.0)),
         frequency_penalty=float(pick(frequency, "frequency_penalty", 0.0)),
         xtc_threshold=float(defaults.get("xtc_threshold", DEFAULT_XTC_THRESHOLD)),
@@ -649,7 +674,7 @@ def generation_params(req: Any, load: LoadParams | None = None) -> GenerationPar
         correlation_id=req.CorrelationId,
         model_identity=req.ModelIdentity,
         num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
-        keep=_check_int("PredictOptions.NKeep", req.NKeep, 0),
+        keep=_window(req, "NKeep", "", 0, defaults, bounds),
         cache_write=not req.PromptCacheRO,
         prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),
         # Bounds and JSON only here; compiling is `grammar.compile_constraint` (engine.prepare).
@@ -831,15 +856,21 @@ def prompt_spec(req: Any, load: LoadParams | None = None) -> PromptSpec:
     )
 
 
-def parse_request(req: Any, load: LoadParams | None = None) -> GenerationRequest:
+def parse_request(
+    req: Any, load: LoadParams | None = None, bounds: Bounds | None = None
+) -> GenerationRequest:
     """Parse a whole `backend_pb2.PredictOptions`: generation parameters and prompt.
 
-    A reasoning budget of 0 turns thinking off in the template (`enable_thinking` false)
-    unless the request set `enable_thinking` itself (Metadata or chat_template_kwargs);
-    else a `reasoning_effort` sets it (`_implied_thinking`).
+    ``bounds`` (the loaded model's context and longest token) are checked first, on
+    lengths and counts (`parsing.bounds.check_predict`), before any JSON is decoded or
+    any template rendered. A reasoning budget of 0 turns thinking off in the template
+    (`enable_thinking` false) unless the request set `enable_thinking` itself (Metadata
+    or chat_template_kwargs); else a `reasoning_effort` sets it (`_implied_thinking`).
     Raises ValueError naming the first bad field (see `generation_params`, `prompt_spec`).
     """
-    gen, spec = generation_params(req, load), prompt_spec(req, load)
+    if bounds is not None:
+        bounds_mod.check_predict(req, bounds)
+    gen, spec = generation_params(req, load, bounds), prompt_spec(req, load)
     thinking_set = "enable_thinking" in spec.template_kwargs
     if spec.messages is not None and not thinking_set:
         effort = req.Metadata.get("reasoning_effort", "").strip().lower()  # checked above

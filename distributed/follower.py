@@ -82,6 +82,7 @@ class _NullPipeline:
     """A follower's stand-in for the output pipeline: rank 0 alone decides stops."""
 
     finish_reason: FinishReason | None = None
+    failure: str | None = None  # a broken tool-call schema is rank 0's to report
     stopped = False
 
     def finish(self, reason: FinishReason) -> Delta:

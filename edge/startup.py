@@ -27,6 +27,7 @@ import backend_pb2_grpc
 from edge import interceptors, lifecycle
 from edge.servicer import BackendServicer, HostedEngine
 from engine import metrics as metrics_mod
+from engine import request_log
 from engine.core import Engine
 from errors import Unavailable
 from loading import model_loader
@@ -240,8 +241,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.log_level:
             parser.error(str(exc))
         level, bad_env_level = logging.INFO, str(exc)  # an inherited typo must not stop us
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.addFilter(request_log.RepeatFilter())  # a warning per request: bounded
     logging.basicConfig(
-        stream=sys.stderr,
+        handlers=[stderr],
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )

@@ -183,29 +183,28 @@ class Engine:
         Raises InvalidArgument for too many or empty candidates before anything runs;
         a caller that leaves stops the scoring between candidates.
         """
-        self.check_identity(identity)
-        scoring.check_candidates(candidates)
-        args = (prompt, candidates, include_token_logprobs, max(0, stable_prefix_len))
-        return cast("list[scoring.CandidateResult]", await self.call(SCORE, *args))
+        args = (self.serving(identity), prompt, candidates, include_token_logprobs)
+        prepared = await prepare.off_engine(model_calls.prepare_score, *args, stable_prefix_len)
+        return cast("list[scoring.CandidateResult]", await self.call(SCORE, prepared))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
-        """`tasks.rerank.rerank` on the loaded model; InvalidArgument for bad input first."""
-        self.check_identity(identity)
-        rerank.check_request(query, documents, top_n)
-        return cast("rerank.RerankOutput", await self.call(RERANK, query, documents, top_n))
+        """`tasks.rerank.rerank` on the loaded model: checked and tokenized off the engine."""
+        args = (self.serving(identity), query, documents, top_n)
+        prepared = await prepare.off_engine(model_calls.prepare_rerank, *args)
+        return cast("rerank.RerankOutput", await self.call(RERANK, prepared))
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
         """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
-        self.check_identity(identity)
-        return cast("embedding.EmbeddingOutput", await self.call(EMBED, text, token_ids))
+        loaded = self.serving(identity)
+        ids = token_ids or await prepare.off_engine(model_calls.embedding_ids, loaded, text)
+        return cast("embedding.EmbeddingOutput", await self.call(EMBED, "", ids))
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
-        self.check_identity(identity)
-        return cast("list[int]", await self.call(TOKENIZE, text))
+        return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
 
     async def detokenize(self, ids: list[int]) -> str:
         return cast("str", await self.call(DETOKENIZE, ids))

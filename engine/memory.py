@@ -233,6 +233,14 @@ def cache_limit(budget: int) -> int:
     return min(budget // CACHE_SHARE, CACHE_MAX)
 
 
+def budget_for(need: int) -> int:
+    """The smallest ``memory_budget`` (bytes) that leaves ``need`` bytes beside the buffer
+    cache's share of it (`cache_limit`): what to ask for to hold ``need`` of weights, KV
+    and prefill."""
+    small = -(-need * CACHE_SHARE // (CACHE_SHARE - 1))
+    return small if small // CACHE_SHARE <= CACHE_MAX else need + CACHE_MAX
+
+
 def apply_limits(budget: int) -> None:
     """Set MLX's own limits from the budget: the memory limit, the buffer cache (what MLX
     keeps of freed buffers: `cache_limit`) and, on Metal, the wired limit (as

@@ -28,8 +28,8 @@ from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
 from tasks.embedding import EmbeddingOutput
-from tasks.rerank import RerankOutput
-from tasks.scoring import CandidateResult
+from tasks.rerank import RerankInput, RerankOutput
+from tasks.scoring import CandidateResult, ScoreInput
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -207,28 +207,16 @@ class ModelHost:
         return model_calls.metadata(self.require())
 
     def score(
-        self,
-        prompt: str,
-        candidates: list[str],
-        include: bool,
-        stable_prefix_len: int = 0,
-        should_stop: Callable[[], bool] | None = None,
+        self, prepared: ScoreInput, should_stop: Callable[[], bool] | None = None
     ) -> list[CandidateResult]:
-        loaded = self.require()
         cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.score(
-            loaded, cache, prompt, candidates, include, should_stop, stable_prefix_len
-        )
+        return model_calls.score(self.require(), cache, prepared, should_stop)
 
     def rerank(
-        self,
-        query: str,
-        documents: list[str],
-        top_n: int,
-        should_stop: Callable[[], bool] | None = None,
+        self, prepared: RerankInput, should_stop: Callable[[], bool] | None = None
     ) -> RerankOutput:
         cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.rerank(self.require(), cache, query, documents, top_n, should_stop)
+        return model_calls.rerank(self.require(), cache, prepared, should_stop)
 
     def embed(
         self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None

@@ -2,6 +2,8 @@
 
 Between the event loop and the engine thread a request takes a single trip to one worker
 pool, where it is
+- measured (`parsing.bounds`: texts by their length, windows and lists by the context
+  and documented counts, before anything is decoded or rendered),
 - parsed (`params.parse_request`: every field read and bounded), its tool-call grammar
   built when one applies (`tool_grammar.with_tool_grammar`: needs the model's tool parser),
 - its constraint compiled for the model's tokenizer (`grammar.compile_constraint`; the
@@ -27,8 +29,9 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import params as params_mod
 from decoding import grammar, sampling, tool_grammar
@@ -36,9 +39,12 @@ from engine import vision_prompt
 from errors import invalid_argument
 from loading.loaded_model import LoadedModel
 from params import GenerationRequest, LoadParams
+from parsing.bounds import Bounds
 from parsing.constraint import Constraint
 from prompting import fit
 from prompting.render import PreparedPrompt, without_volatile
+
+T = TypeVar("T")
 
 PREPARE_THREADS = 2  # requests prepared at once; more wait their turn
 POLL_S = 0.05  # how often `run` looks whether a compile has started, seconds
@@ -56,6 +62,13 @@ def workers() -> concurrent.futures.ThreadPoolExecutor:
                 PREPARE_THREADS, thread_name_prefix="prepare"
             )
         return _pool
+
+
+async def off_engine(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the prepare pool, awaited from the event loop: work that needs the
+    tokenizer but no MLX (tokenizing Rerank documents, Embedding and TokenizeString texts)
+    leaves the engine thread free to step the batch meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(workers(), fn, *args)
 
 
 @dataclass(frozen=True)
@@ -98,11 +111,11 @@ class Progress:
         self.compiling: tuple[Constraint, float] | None = None
 
 
-def parse(message: Any, load: LoadParams | None) -> GenerationRequest:
+def parse(message: Any, load: LoadParams | None, bounds: Bounds | None = None) -> GenerationRequest:
     """The parsed request of a ``backend_pb2.PredictOptions``; InvalidArgument naming the
-    first bad field."""
+    first bad field. ``bounds``: the model's (`fit.bounds`), checked on lengths first."""
     try:
-        return params_mod.parse_request(message, load)
+        return params_mod.parse_request(message, load, bounds)
     except ValueError as exc:
         raise invalid_argument(exc) from None
 
@@ -113,7 +126,7 @@ def prepare(message: Any, intake: Intake, progress: Progress | None = None) -> P
     Raises InvalidArgument for anything the request must change, ResourceExhausted when
     the memory budget can never hold it."""
     loaded = intake.loaded
-    request = parse(message, loaded.params)
+    request = parse(message, loaded.params, fit.bounds(loaded))
     try:
         request = tool_grammar.with_tool_grammar(request, loaded.tokenizer)
         constraint = request.params.constraint

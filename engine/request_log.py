@@ -1,4 +1,5 @@
-"""The end of a request, told: its log line, its Prometheus series and GetMetrics' figures.
+"""The end of a request, told: its log line, its Prometheus series and GetMetrics' figures;
+and the bound on what requests make the log say (`RepeatFilter`).
 
 `finished` runs once per request, when the scheduler ends it (engine thread).
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,3 +77,43 @@ def finished(
         f" drafted={job.drafted}" if drafting else "",
         " disk_hit=1" if job.disk_hit else "",
     )
+
+
+REPEAT_WINDOW_S = 60.0  # a warning repeated within this many seconds is counted, not logged
+
+
+class RepeatFilter(logging.Filter):
+    """A handler filter that bounds the warnings requests cause: the first record of each
+    warning (the same logger and message template) in a `REPEAT_WINDOW_S` window is
+    logged, the repeats are counted, and the first one after the window is logged with
+    their count ("... [1,234 more like this in the last 60 s]"). So 20,000 requests that
+    each hit the same warning (a volatile-span pattern timing out, a prompt without a chat
+    template) write a line a minute, not 20,000. INFO and below (the per-request line)
+    pass. Thread-safe: records come from the engine, prepare and event-loop threads."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], list[float]] = {}  # key -> [since, count]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.window_s:
+                seen[1] += 1
+                return False
+            self._seen[key] = [now, 0]
+            if len(self._seen) > 4096:  # templates, not values: a few dozen in practice
+                self._seen = {key: self._seen[key]}
+        if seen is not None and seen[1]:
+            record.msg = (
+                f"{record.getMessage()} [{int(seen[1]):,} more like this in the last "
+                f"{now - seen[0]:.0f} s]"
+            )
+            record.args = None
+        return True

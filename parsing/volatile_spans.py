@@ -1,4 +1,4 @@
-"""Volatile spans: text a client puts in every prompt that changes from one request to the
+r"""Volatile spans: text a client puts in every prompt that changes from one request to the
 next while telling the model nothing (a nonce, a request hash), removed before the prompt
 is tokenized so that the prompt cache can reuse the prefix after it.
 
@@ -17,10 +17,15 @@ straight into "You are Claude Code, ...": the default pattern removes the header
 ``key=value;`` fields only, never the text after them, and the line break after it when
 the header stands on a line of its own.
 
+How the option value is read (one rule, `_words`): none/off/false/empty or ``[]`` remove
+nothing; a value that parses as a JSON array is a list of patterns and `NAMED` names;
+anything else is one pattern (``[\s\S]+`` too, although it starts with ``[``).
+
 Matching uses the `regex` module (mlx-lm's dependency, through transformers) for its
 ``timeout``: an operator's pattern that backtracks catastrophically on some client text
 costs at most `TIMEOUT_S` per request and then leaves the prompt as it was (a warning,
-never a failed request). Patterns are compiled with MULTILINE (``^``/``$`` at line ends).
+never a failed request; repeats of it are counted, not logged, by the process's
+`engine.request_log.RepeatFilter`). Patterns are compiled with MULTILINE (``^``/``$`` at line ends).
 Nothing here imports MLX.
 """
 
@@ -96,21 +101,23 @@ class VolatileSpans:
 
 
 def _words(value: str) -> list[str]:
-    """The patterns written in an option value: a JSON array of strings, or one pattern."""
+    """The patterns written in an option value, by one rule: a value that parses as a JSON
+    array is a list of patterns (each a non-empty string); any other value is one pattern
+    (so ``[\\s\\S]+``, which starts with ``[`` but is no JSON, is a pattern)."""
     text = value.strip()
     if text.lower() in OFF_WORDS:
         return []
-    if not text.startswith("["):
-        return [text]
     try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"option {OPTION} starts with [ but is not a JSON array of strings ({exc.msg}); "
-            f'write e.g. {OPTION}:["claude_code", "^Today\'s date is .*\\\\n"]'
-        ) from None
+        items = json.loads(text) if text.startswith("[") else None
+    except json.JSONDecodeError:
+        items = None
+    if items is None:
+        return [text]
     if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
-        raise ValueError(f"option {OPTION} must be a JSON array of non-empty strings")
+        raise ValueError(
+            f"option {OPTION} is a JSON array, so it must hold non-empty strings (patterns "
+            f'or names), e.g. {OPTION}:["claude_code", "^Today\'s date is .*\\\\n"]'
+        )
     return items
 
 
@@ -126,7 +133,8 @@ def read(value: str | None) -> VolatileSpans:
             compiled.append(regex.compile(source, regex.MULTILINE))
         except (regex.error, ValueError, OverflowError) as exc:
             raise ValueError(
-                f"option {OPTION}: {source!r} is not a valid regular expression ({exc}); "
-                "write a Python regular expression, a JSON array of them, or none"
+                f"option {OPTION}: {source!r} is not a valid regular expression ({exc}) nor a "
+                "JSON array of them; write one Python regular expression, a JSON array of "
+                "them, or none"
             ) from None
     return VolatileSpans(sources, tuple(compiled))

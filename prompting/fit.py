@@ -18,12 +18,25 @@ from typing import Protocol
 from errors import InvalidArgument, NotFound, ResourceExhausted
 from loading.loaded_model import LoadedModel
 from params import MAX_TOKENS_CAP
+from parsing.bounds import Bounds
 
 
 def context_bound(loaded: LoadedModel) -> int | None:
     """The context, in tokens, that bounds a prompt and its generation: None when unknown,
     or with a rotating cache (``max_kv_size``), which never fills."""
     return None if loaded.params.max_kv_size is not None else loaded.context_len
+
+
+def bounds(loaded: LoadedModel) -> Bounds:
+    """What ``loaded`` lets a request hold (`parsing.bounds`): its context (`context_bound`)
+    in tokens of at most ``max_token_chars`` characters."""
+    return Bounds(context_bound(loaded), loaded.max_token_chars)
+
+
+def task_bounds(loaded: LoadedModel) -> Bounds:
+    """The bounds of Score, Rerank, Embedding and TokenizeString: the model's own context
+    (they run whole sequences through the model, a rotating cache or not)."""
+    return Bounds(loaded.context_len, loaded.max_token_chars)
 
 
 def check_text(text: str, loaded: LoadedModel) -> None:

@@ -29,7 +29,9 @@ shares (the judge prompt, instruction and query in ``yes_no``) are prefilled onc
 prompt cache, and forked per document; the forks run several to a forward call
 (`scoring.batched_logprobs`). Bounded and cancellable like Score: at most
 ``MAX_RERANK_DOCUMENTS`` documents and ``MAX_RERANK_TOKENS`` tokens beyond the shared
-prefix; ``should_stop`` is checked before every forward call.
+prefix; ``should_stop`` is checked before every forward call. The texts are measured in
+characters before they are tokenized (`parsing.bounds`), and the engine tokenizes them
+off its thread (`prepare`), running only the forward calls there (`run`).
 
 Never imports grpc; bad input raises ``InvalidArgument`` naming the field.
 """
@@ -45,6 +47,8 @@ import jinja2
 
 from caches.prompt_tiers import PromptTiers
 from errors import InvalidArgument
+from parsing import bounds as bounds_mod
+from parsing.bounds import Bounds
 from parsing.options import DEFAULT_RERANK_INSTRUCTION
 from prompt_cache import common_prefix
 from prompting import render as prompt_mod
@@ -54,10 +58,13 @@ __all__ = [
     "MAX_RERANK_DOCUMENTS",
     "MAX_RERANK_TOKENS",
     "Ranked",
+    "RerankInput",
     "RerankOutput",
     "check_request",
     "choose_mode",
+    "prepare",
     "rerank",
+    "run",
 ]
 
 YES_NO, LIKELIHOOD, AUTO = "yes_no", "likelihood", "auto"
@@ -94,9 +101,18 @@ class RerankOutput:
     mode: str
 
 
-def check_request(query: str, documents: Sequence[str], top_n: int) -> None:
+def check_request(
+    query: str,
+    documents: Sequence[str],
+    top_n: int,
+    bounds: Bounds | None = None,
+    max_tokens: int = MAX_RERANK_TOKENS,
+) -> None:
     """Cheap checks, safe on the event loop: a query, 1..MAX_RERANK_DOCUMENTS documents,
-    top_n >= 0 (0 = all). Raises InvalidArgument naming the field."""
+    top_n >= 0 (0 = all); with ``bounds`` (the model's context and longest token), the
+    query and each document no longer than the context can hold and the documents together
+    no longer than ``max_tokens`` tokens can hold, measured in characters before anything
+    is tokenized (`parsing.bounds`). Raises InvalidArgument naming the field."""
     if not query.strip():
         raise InvalidArgument("query is empty: give the text to rank the documents against")
     if not documents:
@@ -110,6 +126,12 @@ def check_request(query: str, documents: Sequence[str], top_n: int) -> None:
         raise InvalidArgument(
             f"top_n is {top_n}: give 0 (every document) or how many of the best to return"
         )
+    if bounds is not None:
+        try:
+            bounds_mod.check_text("query", query, bounds)
+            bounds_mod.check_texts("documents", documents, bounds, max_tokens)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
 
 def yes_no_ids(tokenizer: Any) -> tuple[int, int] | None:
@@ -173,6 +195,106 @@ def yes_no_prompt(tokenizer: Any, instruction: str, query: str, doc: str) -> str
         ) from None
 
 
+@dataclass(frozen=True)
+class RerankInput:
+    """A Rerank request tokenized and checked (`prepare`, off the engine thread): what the
+    engine thread then runs (`run`). ``seqs``: each document's token sequence, ``ctx``:
+    where its scored tokens start; ``model_key``: the model the ids are for."""
+
+    documents: tuple[str, ...]
+    top_n: int
+    mode: str
+    seqs: tuple[tuple[int, ...], ...]
+    ctx: tuple[int, ...]
+    yes_no: tuple[int, int] | None
+    model_key: str = ""
+
+
+def prepare(
+    tokenizer: Any,
+    query: str,
+    documents: Sequence[str],
+    top_n: int = 0,
+    *,
+    mode: str = LIKELIHOOD,
+    instruction: str = DEFAULT_RERANK_INSTRUCTION,
+    context_len: int | None = None,
+    max_tokens: int = MAX_RERANK_TOKENS,
+    per_token: int = 0,
+    model_key: str = "",
+    should_stop: Callable[[], bool] | None = None,
+) -> RerankInput:
+    """Tokenize and check a Rerank request; no MLX, so any thread (the engine calls it on
+    the prepare pool: tokenizing long documents must not hold the engine thread).
+
+    The texts are measured first (``per_token``: characters of the longest vocabulary
+    entry; `parsing.bounds`), so a document that cannot fit ``context_len`` is refused
+    before it is tokenized. Raises InvalidArgument naming ``query`` or ``documents[i]``.
+    """
+    check_request(query, documents, top_n, Bounds(context_len, per_token), max_tokens)
+    check = scoring.stopper(should_stop, "Rerank")
+    yes_no = yes_no_ids(tokenizer) if mode == YES_NO else None
+    if mode == YES_NO and yes_no is None:
+        raise InvalidArgument('rerank:yes_no needs one-token "yes" and "no"')
+    seqs, ctx = _sequences(tokenizer, query, documents, yes_no, instruction, check)
+    shared = min(common_prefix(seqs[0], s) for s in seqs)
+    fed = 0
+    for i, seq in enumerate(seqs):
+        if context_len is not None and len(seq) > context_len:
+            raise InvalidArgument(
+                f"documents[{i}] makes a sequence of {len(seq)} tokens but the context holds "
+                f"{context_len}: shorten the document or the query"
+            )
+        fed += len(seq) - shared
+        if fed > max_tokens:
+            raise InvalidArgument(
+                f"documents add {fed} tokens to the shared prompt by documents[{i}]; the "
+                f"limit is {max_tokens} (MAX_RERANK_TOKENS): send fewer or shorter documents"
+            )
+    return RerankInput(
+        tuple(documents),
+        top_n,
+        mode,
+        tuple(tuple(s) for s in seqs),
+        tuple(ctx),
+        yes_no,
+        model_key,
+    )
+
+
+def run(
+    model: Any,
+    prepared: RerankInput,
+    *,
+    cache: PromptTiers | None = None,
+    prefill_step: int = scoring.DEFAULT_STEP,
+    max_kv_size: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> RerankOutput:
+    """Score a `prepare`d request on the engine thread (``cache``: the prompt cache, under
+    ``prepared.model_key``; the others as `scoring.score`)."""
+    check = scoring.stopper(should_stop, "Rerank")
+    step = scoring.check_step(prefill_step)
+    seqs = [list(s) for s in prepared.seqs]
+    ctx = list(prepared.ctx)
+    kv, base_len, new_kv = scoring.shared_base(
+        model, seqs, ctx, cache, prepared.model_key, step, check, max_kv_size
+    )
+    scored = scoring.batched_logprobs(
+        model, kv, base_len, new_kv, seqs, ctx, step, check, prepared.yes_no or ()
+    )
+    mode = prepared.mode
+    scores = [_relevance(mode, lps, alt) for lps, alt in scored]
+    documents = prepared.documents
+    order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
+    if prepared.top_n > 0:
+        order = order[: prepared.top_n]
+    results = tuple(Ranked(i, documents[i], scores[i]) for i in order)
+    # The sequences minus the appended "yes" of yes_no: what the model read.
+    read = sum(len(s) - (1 if mode == YES_NO else 0) for s in seqs)
+    return RerankOutput(results, read, mode)
+
+
 def rerank(
     model: Any,
     tokenizer: Any,
@@ -190,7 +312,8 @@ def rerank(
     should_stop: Callable[[], bool] | None = None,
     max_tokens: int = MAX_RERANK_TOKENS,
 ) -> RerankOutput:
-    """Rank ``documents`` by relevance to ``query``; runs on the caller's (engine) thread.
+    """Rank ``documents`` by relevance to ``query`` in one call: `prepare` then `run` on
+    the caller's thread (the engine splits them: `engine.model_calls`).
 
     Args:
         model, tokenizer: the loaded mlx-lm model and ``TokenizerWrapper``.
@@ -212,41 +335,26 @@ def rerank(
             ``yes_no`` on a model without what it needs.
         errors.Cancelled: ``should_stop()`` returned True.
     """
-    check_request(query, documents, top_n)
-    check = scoring.stopper(should_stop, "Rerank")
-    step = scoring.check_step(prefill_step)
-    yes_no = yes_no_ids(tokenizer) if mode == YES_NO else None
-    if mode == YES_NO and yes_no is None:
-        raise InvalidArgument('rerank:yes_no needs one-token "yes" and "no"')
-    seqs, ctx = _sequences(tokenizer, query, documents, yes_no, instruction, check)
-    shared = min(common_prefix(seqs[0], s) for s in seqs)
-    fed = 0
-    for i, seq in enumerate(seqs):
-        if context_len is not None and len(seq) > context_len:
-            raise InvalidArgument(
-                f"documents[{i}] makes a sequence of {len(seq)} tokens but the context holds "
-                f"{context_len}: shorten the document or the query"
-            )
-        fed += len(seq) - shared
-        if fed > max_tokens:
-            raise InvalidArgument(
-                f"documents add {fed} tokens to the shared prompt by documents[{i}]; the "
-                f"limit is {max_tokens} (MAX_RERANK_TOKENS): send fewer or shorter documents"
-            )
-    kv, base_len, new_kv = scoring.shared_base(
-        model, seqs, ctx, cache, model_key, step, check, max_kv_size
+    prepared = prepare(
+        tokenizer,
+        query,
+        documents,
+        top_n,
+        mode=mode,
+        instruction=instruction,
+        context_len=context_len,
+        max_tokens=max_tokens,
+        model_key=model_key,
+        should_stop=should_stop,
     )
-    scored = scoring.batched_logprobs(
-        model, kv, base_len, new_kv, seqs, ctx, step, check, yes_no or ()
+    return run(
+        model,
+        prepared,
+        cache=cache,
+        prefill_step=prefill_step,
+        max_kv_size=max_kv_size,
+        should_stop=should_stop,
     )
-    scores = [_relevance(mode, lps, alt) for lps, alt in scored]
-    order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
-    if top_n > 0:
-        order = order[:top_n]
-    results = tuple(Ranked(i, documents[i], scores[i]) for i in order)
-    # The sequences minus the appended "yes" of yes_no: what the model read.
-    read = sum(len(s) - (1 if mode == YES_NO else 0) for s in seqs)
-    return RerankOutput(results, read, mode)
 
 
 def _sequences(

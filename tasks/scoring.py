@@ -41,6 +41,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from caches.prompt_tiers import PromptTiers
 from decoding.output import OutputPipeline
 from errors import Cancelled, InvalidArgument
+from parsing import bounds as bounds_mod
+from parsing.bounds import Bounds
 from prompt_cache import common_prefix, needs_checkpoints
 from prompting import render as prompt_mod
 from seam.arrays import floats
@@ -77,13 +79,26 @@ def stopper(should_stop: ShouldStop | None, what: str) -> Callable[[], None]:
 
 
 def check_candidates(
-    candidates: Sequence[str], *, max_candidates: int = MAX_SCORE_CANDIDATES
+    candidates: Sequence[str],
+    *,
+    max_candidates: int = MAX_SCORE_CANDIDATES,
+    prompt: str = "",
+    bounds: Bounds | None = None,
 ) -> None:
     """Cheap checks of a Score request's candidates, safe on the event loop.
 
-    No tokenizing: at least one candidate, at most ``max_candidates``, none empty. Raises
-    ValueError naming ``candidates`` (or ``candidates[i]``) and the limit.
+    No tokenizing: at least one candidate, at most ``max_candidates``, none empty; with
+    ``bounds`` (the model's context and longest token, `parsing.bounds`) the prompt and
+    each candidate no longer than the context can hold and the candidates together no
+    longer than MAX_SCORE_TOKENS tokens can, in characters. Raises InvalidArgument
+    naming ``prompt``, ``candidates`` (or ``candidates[i]``) and the limit.
     """
+    if bounds is not None:
+        try:
+            bounds_mod.check_text("prompt", prompt, bounds)
+            bounds_mod.check_texts("candidates", candidates, bounds, MAX_SCORE_TOKENS)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
     if not candidates:
         raise InvalidArgument("candidates is empty: give at least one continuation to score")
     if len(candidates) > max_candidates:
@@ -173,13 +188,67 @@ def score(
         errors.Cancelled: ``should_stop()`` returned True; nothing is returned (a prompt
             prefix already computed may stay in ``cache``).
     """
-    check_candidates(candidates, max_candidates=max_candidates)
+    prepared = prepare(
+        tokenizer,
+        prompt,
+        candidates,
+        include_token_logprobs=include_token_logprobs,
+        context_len=context_len,
+        max_candidates=max_candidates,
+        max_candidate_tokens=max_candidate_tokens,
+        stable_prefix_len=stable_prefix_len,
+        model_key=model_key,
+        should_stop=should_stop,
+    )
+    return run(
+        model,
+        tokenizer,
+        prepared,
+        cache=cache,
+        prefill_step=prefill_step,
+        max_kv_size=max_kv_size,
+        should_stop=should_stop,
+    )
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """A Score request tokenized and checked (`prepare`, off the engine thread): each
+    candidate's whole sequence (``seqs``) and where its scored tokens start (``ctx``);
+    ``stable``: the tokens of the prompt's stable prefix (0: no hint); ``model_key``: the
+    model the ids are for."""
+
+    seqs: tuple[tuple[int, ...], ...]
+    ctx: tuple[int, ...]
+    include_token_logprobs: bool = False
+    stable: int = 0
+    model_key: str = ""
+
+
+def prepare(
+    tokenizer: Any,
+    prompt: str,
+    candidates: Sequence[str],
+    *,
+    include_token_logprobs: bool = False,
+    context_len: int | None = None,
+    per_token: int = 0,
+    max_candidates: int = MAX_SCORE_CANDIDATES,
+    max_candidate_tokens: int = MAX_SCORE_TOKENS,
+    stable_prefix_len: int = 0,
+    model_key: str = "",
+    should_stop: ShouldStop | None = None,
+) -> ScoreInput:
+    """Tokenize and check a Score request (`score`'s arguments; ``per_token``: characters
+    of the longest vocabulary entry, for `check_candidates`' bounds); no MLX, so any
+    thread: the engine runs it on the prepare pool. Raises InvalidArgument as `score`."""
+    bounds = Bounds(context_len, per_token) if per_token > 0 else None
+    check_candidates(candidates, max_candidates=max_candidates, prompt=prompt, bounds=bounds)
     check = stopper(should_stop, "Score")
-    step = check_step(prefill_step)
     check()
     prompt_ids = prompt_mod.encode(tokenizer, prompt)
     # Per candidate: its whole sequence and how many leading tokens are context.
-    seqs: list[list[int]] = []
+    seqs: list[tuple[int, ...]] = []
     ctx: list[int] = []
     total_tokens = 0
     for i, cand in enumerate(candidates):
@@ -204,17 +273,36 @@ def score(
                 "(MAX_SCORE_TOKENS): "
                 "send fewer or shorter candidates"
             )
-        seqs.append(full)
+        seqs.append(tuple(full))
         ctx.append(k)
-
     stable = 0
-    if cache is not None and 0 < stable_prefix_len < len(prompt):
+    if 0 < stable_prefix_len < len(prompt):
         stable = common_prefix(prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids)
+    return ScoreInput(tuple(seqs), tuple(ctx), include_token_logprobs, stable, model_key)
+
+
+def run(
+    model: Any,
+    tokenizer: Any,
+    prepared: ScoreInput,
+    *,
+    cache: PromptTiers | None = None,
+    prefill_step: int = DEFAULT_STEP,
+    max_kv_size: int | None = None,
+    should_stop: ShouldStop | None = None,
+) -> list[CandidateResult]:
+    """The forward calls of a `prepare`d Score request: engine thread (``cache`` under
+    ``prepared.model_key``; the others as `score`)."""
+    check = stopper(should_stop, "Score")
+    step = check_step(prefill_step)
+    seqs = [list(s) for s in prepared.seqs]
+    ctx = list(prepared.ctx)
+    stable = prepared.stable if cache is not None else 0
     base_kv, base_len, new_kv = shared_base(
-        model, seqs, ctx, cache, model_key, step, check, max_kv_size, stable
+        model, seqs, ctx, cache, prepared.model_key, step, check, max_kv_size, stable
     )
 
-    token_texts = _TokenTexts(tokenizer) if include_token_logprobs else None
+    token_texts = _TokenTexts(tokenizer) if prepared.include_token_logprobs else None
     results = []
     for seq, k in zip(seqs, ctx, strict=True):
         kv = copy.deepcopy(base_kv) if base_kv is not None else new_kv()

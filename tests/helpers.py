@@ -25,13 +25,15 @@ import json
 import random
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 import grpc
 import mlx.core as mx
+import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
@@ -371,3 +373,103 @@ def served(tok, context: int | None = 64, options: tuple[str, ...] = (), **model
 def ids(tok, text: str) -> tuple[int, ...]:
     """``text``'s token ids (the tokenizer's own encode)."""
     return tuple(tok.encode(text))
+
+
+# --------------------------------------------------------------------------- innocents
+# Requests that run beside a hostile one and must keep their solo text (issues 12, 41):
+# tests/process/test_isolation.py, tests/process/test_hostile_surfaces.py.
+PROMPTS = ("The capital of France is", "Once upon a time, in a small village,", "def add(a, b):")
+INNOCENT_TOKENS = 20
+INNOCENT_TIMEOUT = 60.0  # seconds; a hang fails the test with DEADLINE_EXCEEDED
+
+
+def references(stub, prompts: Iterable[str] = PROMPTS) -> dict[str, str]:
+    """What each innocent request gives alone, one at a time."""
+    refs = {
+        p: stream_text(stub, greedy(p, INNOCENT_TOKENS, IgnoreEOS=True), INNOCENT_TIMEOUT)[0]
+        for p in prompts
+    }
+    assert all(refs.values()), refs
+    return refs
+
+
+class Innocents:
+    """Greedy streams in threads, each repeated until the block ends; all must match `refs`.
+
+    Entering waits until every stream has produced its first reply, so the hostile
+    request really overlaps with running generations.
+    """
+
+    def __init__(self, stub, refs: dict[str, str]) -> None:
+        self.stub = stub
+        self.refs = refs
+        self.stop = threading.Event()
+        self.started = [threading.Event() for _ in refs]
+        self.outputs: dict[str, list[str]] = {p: [] for p in refs}
+        self.errors: list[str] = []
+        # Longest wait for the next reply of any stream, in seconds (first replies
+        # included: a request queued behind a frozen engine waits there too).
+        self.longest_gap = 0.0
+        self.threads = [
+            threading.Thread(target=self._run, args=(p, ev), daemon=True)
+            for p, ev in zip(refs, self.started, strict=True)
+        ]
+
+    def _run(self, prompt: str, started: threading.Event) -> None:
+        try:
+            while True:
+                text = ""
+                last = time.monotonic()
+                for reply in self.stub.PredictStream(
+                    greedy(prompt, INNOCENT_TOKENS, IgnoreEOS=True), timeout=INNOCENT_TIMEOUT
+                ):
+                    now = time.monotonic()
+                    if started.is_set():
+                        self.longest_gap = max(self.longest_gap, now - last)
+                    last = now
+                    started.set()
+                    text += reply.message.decode("utf-8")
+                self.outputs[prompt].append(text)
+                if self.stop.is_set():
+                    return
+        except grpc.RpcError as err:
+            self.errors.append(f"{prompt!r}: {err.code().name} {err.details()}")
+        finally:
+            started.set()
+
+    def __enter__(self) -> Innocents:
+        for t in self.threads:
+            t.start()
+        for ev in self.started:
+            assert ev.wait(INNOCENT_TIMEOUT), "an innocent stream never started"
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(INNOCENT_TIMEOUT * 2)
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        assert not self.errors, self.errors
+        for prompt, outs in self.outputs.items():
+            assert outs, f"innocent {prompt!r} never finished"
+            for out in outs:
+                assert out == self.refs[prompt], (prompt, out, self.refs[prompt])
+
+
+def assert_refused(call, code, *needles: str, case: str = "") -> str:
+    """Run `call()`, expect an RpcError with `code` whose details are one line, carry no
+    traceback or panic text and contain each of `needles`; return the details."""
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    err = info.value
+    details = err.details() or ""
+    assert err.code() == code, (case, err.code(), details[:500])
+    assert details and "\n" not in details.strip(), (case, details[:500])
+    for bad in ("Traceback", "panicked", "backtrace", "RecursionError"):
+        assert bad not in details, (case, details[:500])
+    for needle in needles:
+        assert needle.lower() in details.lower(), (case, details[:500])
+    return details

@@ -17,6 +17,7 @@ from params import (
     load_params,
     parse_options,
 )
+from parsing import bounds
 
 
 def gen(load: params.LoadParams | None = None, **fields) -> params.GenerationParams:
@@ -500,3 +501,68 @@ def test_embedding_settings_from_load_options():
 def test_tokens_minus_one_means_until_eos_or_a_full_context():
     assert gen(Tokens=-1).max_tokens == params.UNTIL_CONTEXT_FULL  # capped by prompting.fit
     assert gen(Tokens=10**6).max_tokens == 10**6
+
+
+# --- bounds before work (parsing/bounds.py, issue 41 item 1) -------------------------
+CTX = bounds.Bounds(512, 81)  # the tiny llama's: 512 tokens of at most 81 characters
+
+
+def bounded(**fields) -> params.GenerationRequest:
+    return params.parse_request(pb.PredictOptions(**fields), None, CTX)
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        # RepeatLastN 2^31-1 with a penalty froze the engine building a (rows, window) array.
+        ({"Repeat": 2**31 - 1, "Penalty": 1.1}, r"PredictOptions\.Repeat .*\[0, 512\]"),
+        ({"Repeat": 513}, r"PredictOptions\.Repeat .*512-token context"),
+        ({"NKeep": 2**31 - 1}, r"PredictOptions\.NKeep .*\[0, 512\]"),
+        ({"Prompt": "x" * (512 * 81 + 1)}, r"PredictOptions\.Prompt .* 41473 characters"),
+        ({"StopPrompts": ["a"] * 65}, r"PredictOptions\.StopPrompts has 65 entries; .* 64"),
+        ({"StopPrompts": ["a" * 1025]}, r"PredictOptions\.StopPrompts\[0\] .* 1024"),
+        (
+            {"Tools": "[" + ",".join(['{"type": "function"}'] * 129) + "]"},
+            r"PredictOptions\.Tools has 129 entries; the limit is 128",
+        ),
+    ],
+)
+def test_bounds_refuse_before_parsing_naming_the_field_and_limit(fields, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        bounded(**fields)
+
+
+def test_messages_are_measured_before_rendering() -> None:
+    long = pb.PredictOptions(UseTokenizerTemplate=True)
+    for _ in range(3):
+        long.Messages.add(role="user", content="y" * 14_000)  # 42,000 > 41,472 together
+    with pytest.raises(ValueError, match=r"PredictOptions\.Messages hold 42000 characters"):
+        params.parse_request(long, None, CTX)
+    many = pb.PredictOptions(UseTokenizerTemplate=True)
+    for _ in range(513):
+        many.Messages.add(role="user", content="")
+    with pytest.raises(ValueError, match=r"PredictOptions\.Messages has 513 entries"):
+        params.parse_request(many, None, CTX)
+
+
+def test_windows_up_to_the_context_and_option_windows_are_bounded_too() -> None:
+    got = bounded(Repeat=512, Penalty=1.1, NKeep=512).params
+    assert (got.repetition_context_size, got.keep) == (512, 512)
+    assert bounded().params.repetition_context_size == 20
+    wide = load("repetition_context_size:100000")
+    assert gen(wide).repetition_context_size == 100000  # no model: the fallback context
+    with pytest.raises(ValueError, match=r"option repetition_context_size .*\[0, 512\]"):
+        params.parse_request(pb.PredictOptions(), wide, CTX)
+    # Without a context the window is still bounded (parsing.bounds.FALLBACK_CONTEXT).
+    with pytest.raises(ValueError, match=r"PredictOptions\.Repeat .*\[0, 131072\]"):
+        gen(Repeat=2**31 - 1)
+
+
+def test_grammar_triggers_are_counted_at_load() -> None:
+    many = [pb.GrammarTrigger(word=f"w{i}") for i in range(257)]
+    with pytest.raises(ValueError, match=r"ModelOptions\.GrammarTriggers has 257 entries"):
+        load(GrammarTriggers=many)
+    with pytest.raises(ValueError, match=r"ModelOptions\.GrammarTriggers\[1\] is 1025"):
+        load(GrammarTriggers=[pb.GrammarTrigger(word="a"), pb.GrammarTrigger(word="b" * 1025)])
+    ok = load(GrammarTriggers=[pb.GrammarTrigger(word="<tool_call>"), pb.GrammarTrigger()])
+    assert ok.grammar_triggers == ("<tool_call>",)

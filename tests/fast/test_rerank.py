@@ -14,6 +14,7 @@ from scripted import ScriptedModel
 import backend_pb2
 from errors import InvalidArgument
 from params import load_params
+from parsing.bounds import Bounds
 from parsing.options import DEFAULT_RERANK_INSTRUCTION
 from seam.tokenizer import vocab_size
 from tasks import rerank
@@ -55,6 +56,20 @@ def test_check_request_accepts_top_n_zero_and_above_the_count():
     rerank.check_request("q", ["a"], 5)
     with pytest.raises(InvalidArgument, match="top_n"):
         rerank.check_request("q", ["a"], -3)
+
+
+def test_check_request_measures_texts_before_tokenizing():
+    """A 40 MB document was tokenized for 67 s before it was refused (issue 41): the
+    characters are counted first, against context x the longest token's characters, and
+    the documents together against MAX_RERANK_TOKENS' worth."""
+    b = Bounds(512, 81)  # 41,472 characters per text
+    rerank.check_request("q" * 41_472, ["d" * 41_472], 0, b)
+    with pytest.raises(InvalidArgument, match=r"documents\[1\] is 41473 characters"):
+        rerank.check_request("q", ["d", "d" * 41_473], 0, b)
+    with pytest.raises(InvalidArgument, match=r"query is 41473 characters"):
+        rerank.check_request("q" * 41_473, ["d"], 0, b)
+    with pytest.raises(InvalidArgument, match=r"documents add up to more than 810 characters"):
+        rerank.check_request("q", ["d" * 500, "d" * 500], 0, b, max_tokens=10)
 
 
 def test_identity_mismatch_is_not_found(served):

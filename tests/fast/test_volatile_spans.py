@@ -16,7 +16,7 @@ from mlx_lm.models.cache import RotatingKVCache
 
 import backend_pb2 as pb
 import params
-from engine import divergence, prepare
+from engine import divergence, prepare, request_log
 from engine.metrics import Metrics
 from parsing import volatile_spans as vs
 from prompt_cache import CacheLookup, Nearest, PromptCache
@@ -66,13 +66,63 @@ def test_the_option_reads_none_a_pattern_or_a_json_array_and_names_itself_when_b
     assert both.sources == (vs.CLAUDE_CODE_BILLING_HEADER, "^Today's date is .*\\n")
     text = HEADER.format("abcde") + "Hi\nToday's date is 2026-12-02.\nBye"
     assert both.remove(text) == "Hi\nBye"
+    # One rule: a JSON array is a list; anything else is one pattern, "[" first or not
+    # (issue 41: [\s\S]+ was read as JSON and refused with a JSON error).
+    for pattern, text, left in [
+        (r"[\s\S]+X", "abc\nX!", "!"),
+        (r"[0-9]+ tokens", "used 12 tokens", "used "),
+        ("[a]", "banana", "bnn"),  # no JSON array of strings: a character class
+    ]:
+        load = params.load_params(pb.ModelOptions(Model="m", Options=[f"volatile_spans:{pattern}"]))
+        assert load.volatile_spans.sources == (pattern,)
+        assert load.volatile_spans.remove(text) == left
     for bad, needle in [
         ("(unclosed", r"option volatile_spans: '\(unclosed' is not a valid regular expression"),
-        ('["a", 3]', "option volatile_spans must be a JSON array of non-empty strings"),
-        ('["a",', "option volatile_spans starts with \\[ but is not a JSON array"),
+        ('["a", 3]', "option volatile_spans is a JSON array, so it must hold non-empty strings"),
+        ('["a",', r"'\[\"a\",' is not a valid regular expression \(.*\) nor a JSON array"),
     ]:
         with pytest.raises(ValueError, match=needle):
             params.load_params(pb.ModelOptions(Model="m", Options=[f"volatile_spans:{bad}"]))
+
+
+def test_repeated_warnings_are_counted_and_summarized_once_per_window():
+    """20,000 requests hitting one warning wrote 19,662 lines (issue 41): the process's
+    handlers log the first, count the repeats and log them with the next one after the
+    window."""
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Keep()
+    repeat = request_log.RepeatFilter()
+    handler.addFilter(repeat)
+    logger = logging.getLogger("localai.mlx.test_repeats")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        slow = vs.read("(a|a)+b")
+        slow_log = logging.getLogger(vs.log.name)
+        slow_log.addHandler(handler)
+        for i in range(200):
+            logger.warning("option %s: %r took too long on prompt %d", "x", "p", i)
+            logger.info("request %d: done", i)  # INFO passes: the per-request line
+        assert slow.remove("a" * 30, deadline=time.monotonic()) == "a" * 30
+        assert slow.remove("a" * 30, deadline=time.monotonic()) == "a" * 30
+        slow_log.removeHandler(handler)
+        warned = [r for r in records if "took too long" in r]
+        assert warned == ["option x: 'p' took too long on prompt 0"]
+        assert len([r for r in records if r.startswith("request")]) == 200
+        assert len([r for r in records if "no time left" in r]) == 1
+        repeat.window_s = 0.0  # the window is over: the next one carries the count
+        logger.warning("option %s: %r took too long on prompt %d", "x", "p", 200)
+        assert records[-1] == (
+            "option x: 'p' took too long on prompt 200 [199 more like this in the last 0 s]"
+        )
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_a_pattern_that_backtracks_badly_is_cut_off_and_leaves_the_text(caplog):

@@ -18,6 +18,7 @@ from helpers import greedy, status, wait_idle
 from inprocess import InProcessServer
 
 import backend_pb2
+from engine.memory import budget_for
 
 CHUNK = 16  # prefill_step_size: admission and the step check leave the same working set
 NEW = 24  # tokens each request generates (IgnoreEOS): the rows cross 256 tokens
@@ -88,7 +89,8 @@ def test_preempted_requests_resume_with_their_solo_output(served, model_root, fa
     # and resume as the first ends. The prefill floor: a chunk beside a full KV step.
     prefill = CHUNK * s["memory_prefill_per_token"]
     prefill += CHUNK * (KV_STEP + CHUNK) * s["memory_prefill_per_pair"]
-    budget = s["weights"] + prefill + int(6.5 * step)
+    # The buffer cache's share of the budget comes on top (engine.memory.budget_for).
+    budget = budget_for(s["weights"] + prefill + int(6.5 * step))
     _load(served, path, budget)
     together = _in_order(served, reqs)
     after = wait_idle(served.stub)

@@ -20,11 +20,22 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterable
 
 import grpc
 import pytest
-from helpers import chat_request, greedy, status, stream_text, wait_idle, wait_until
+from helpers import (
+    INNOCENT_TOKENS,
+    PROMPTS,
+    Innocents,
+    assert_refused,
+    chat_request,
+    greedy,
+    references,
+    status,
+    stream_text,
+    wait_idle,
+    wait_until,
+)
 
 import backend_pb2
 import backend_pb2_grpc
@@ -32,21 +43,9 @@ from clients.server_process import ServerProcess
 from loading import model_loader
 from tasks import scoring
 
-PROMPTS = ("The capital of France is", "Once upon a time, in a small village,", "def add(a, b):")
-INNOCENT_TOKENS = 20
 CALL_TIMEOUT = 60.0  # seconds; a hang fails the test with DEADLINE_EXCEEDED
 HEALTH_BOUND = 5.0  # seconds: a sanity bound only (the README promises milliseconds)
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def references(stub, prompts: Iterable[str] = PROMPTS) -> dict[str, str]:
-    """What each innocent request gives alone, one at a time."""
-    refs = {
-        p: stream_text(stub, greedy(p, INNOCENT_TOKENS, IgnoreEOS=True), CALL_TIMEOUT)[0]
-        for p in prompts
-    }
-    assert all(refs.values()), refs
-    return refs
 
 
 def timed_health(stub) -> float:
@@ -54,80 +53,6 @@ def timed_health(stub) -> float:
     reply = stub.Health(backend_pb2.HealthMessage(), timeout=HEALTH_BOUND)
     assert reply.message == b"OK"
     return time.monotonic() - t0
-
-
-class Innocents:
-    """Greedy streams in threads, each repeated until the block ends; all must match `refs`.
-
-    Entering waits until every stream has produced its first reply, so the hostile
-    request really overlaps with running generations.
-    """
-
-    def __init__(self, stub, refs: dict[str, str]) -> None:
-        self.stub = stub
-        self.refs = refs
-        self.stop = threading.Event()
-        self.started = [threading.Event() for _ in refs]
-        self.outputs: dict[str, list[str]] = {p: [] for p in refs}
-        self.errors: list[str] = []
-        self.threads = [
-            threading.Thread(target=self._run, args=(p, ev), daemon=True)
-            for p, ev in zip(refs, self.started, strict=True)
-        ]
-
-    def _run(self, prompt: str, started: threading.Event) -> None:
-        try:
-            while True:
-                text = ""
-                for reply in self.stub.PredictStream(
-                    greedy(prompt, INNOCENT_TOKENS, IgnoreEOS=True), timeout=CALL_TIMEOUT
-                ):
-                    started.set()
-                    text += reply.message.decode("utf-8")
-                self.outputs[prompt].append(text)
-                if self.stop.is_set():
-                    return
-        except grpc.RpcError as err:
-            self.errors.append(f"{prompt!r}: {err.code().name} {err.details()}")
-        finally:
-            started.set()
-
-    def __enter__(self) -> Innocents:
-        for t in self.threads:
-            t.start()
-        for ev in self.started:
-            assert ev.wait(CALL_TIMEOUT), "an innocent stream never started"
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(CALL_TIMEOUT * 2)
-        if exc_type is None:
-            self.check()
-
-    def check(self) -> None:
-        assert not self.errors, self.errors
-        for prompt, outs in self.outputs.items():
-            assert outs, f"innocent {prompt!r} never finished"
-            for out in outs:
-                assert out == self.refs[prompt], (prompt, out, self.refs[prompt])
-
-
-def assert_refused(call, code, *needles: str, case: str = "") -> str:
-    """Run `call()`, expect an RpcError with `code` whose details are one line, carry no
-    traceback or panic text and contain each of `needles`; return the details."""
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    err = info.value
-    details = err.details() or ""
-    assert err.code() == code, (case, err.code(), details[:500])
-    assert details and "\n" not in details.strip(), (case, details[:500])
-    for bad in ("Traceback", "panicked", "backtrace", "RecursionError"):
-        assert bad not in details, (case, details[:500])
-    for needle in needles:
-        assert needle.lower() in details.lower(), (case, details[:500])
-    return details
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import tiny_models
 from helpers import greedy, status, wait_until
 
 import backend_pb2
-from engine.memory import CACHE_SHARE
+from engine.memory import budget_for
 from loading import model_loader
 
 PROMPT_WORDS = 60  # ~130-token prompts
@@ -80,7 +80,7 @@ class Measured:
         longest = max(self.ids) + NEW_TOKENS
         seq = self.fixed + self.per_token * -(-longest // 256) * 256  # allocated per 256
         need = self.weights + self.prefill * max(self.ids) + int(rows * seq)
-        return -(-need * CACHE_SHARE // (CACHE_SHARE - 1))
+        return budget_for(need)
 
     def load(self, budget: int) -> None:
         self.srv.load(self.model, [f"memory_budget:{budget}", *OPTIONS])
