@@ -566,9 +566,9 @@ def _metadata_choice(
 ) -> str:
     """Metadata ``name`` (one of ``choices``: grammar_scope, tool_grammar), else the load
     option of that name (``choices[0]`` without a load)."""
-    raw = metadata.get(name, "").strip().lower()
+    raw: str = metadata.get(name, "").strip().lower()
     if not raw:
-        return getattr(load, name) if load is not None else choices[0]
+        return str(getattr(load, name)) if load is not None else choices[0]
     if raw not in choices:
         raise ValueError(
             f"PredictOptions.Metadata.{name} must be one of {', '.join(choices)}, got {raw[:40]!r}"
@@ -726,7 +726,9 @@ class PromptSpec:
     @property
     def continue_final(self) -> bool:
         """A trailing assistant message is continued, not answered (prefilled output)."""
-        return bool(self.messages) and self.messages[-1]["role"] == "assistant"
+        if not self.messages:
+            return False
+        return bool(self.messages[-1]["role"] == "assistant")
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:

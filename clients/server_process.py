@@ -16,7 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -80,7 +82,9 @@ class ServerProcess:
             time.sleep(0.1)
         raise TimeoutError(f"backend never reached state {state}:\n{self.logs()}")
 
-    def load(self, model: str, options=(), timeout: float = 600.0, **fields) -> float:
+    def load(
+        self, model: str, options: Iterable[str] = (), timeout: float = 600.0, **fields: Any
+    ) -> float:
         """LoadModel ``model`` with ``options``; the seconds it took. RuntimeError on failure."""
         start = time.perf_counter()
         res = self.stub.LoadModel(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -29,8 +29,10 @@ from mlx_lm.generate import generation_stream
 from distributed import plan as wire
 from distributed.plan import Plan
 from errors import ModelLoadError, Unavailable
+from seam.arrays import ints, scalar
 
 logger = logging.getLogger("localai.mlx.distributed")
+_T = TypeVar("_T")
 
 # What to do once a rank is lost (ends every message that says so).
 RESTART = (
@@ -48,7 +50,7 @@ class GroupLost(Unavailable):
 class Collectives:
     """One rank's collectives over the MLX ``group`` (rank 0 is the ``leader``)."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: mx.distributed.Group) -> None:
         self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.leader = self.rank == 0
@@ -77,7 +79,7 @@ class Collectives:
             summed = mx.distributed.all_sum(
                 mx.array([mine], dtype=mx.int32), group=self.group, stream=generation_stream
             )
-            return int(summed.item())
+            return scalar(summed)
 
         return self._run(share)
 
@@ -122,7 +124,7 @@ class Collectives:
         summed = mx.distributed.all_sum(
             mx.array(header, dtype=mx.int32), group=self.group, stream=generation_stream
         )
-        size, flags = summed.tolist()
+        size, flags = ints(summed)
         if size:
             data = (
                 mx.array(np.frombuffer(payload, dtype=np.uint8))
@@ -138,7 +140,7 @@ class Collectives:
             return plan
         return wire.decode(payload, flags)
 
-    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a collective; a failure (a lost peer) marks the group failed."""
         try:
             return fn(*args)

@@ -42,6 +42,8 @@ from params import GenerationParams, LoadParams
 from prompt_cache import PromptCache
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from engine.model_host import ModelHost
 
 logger = logging.getLogger("localai.mlx.distributed")
@@ -80,7 +82,7 @@ class Coordinator(GroupHooks):
 
     def __init__(
         self,
-        group: Any,
+        group: mx.distributed.Group,
         mode: str = "tensor",
         timeout: float = DEFAULT_TIMEOUT,
         heartbeat: float = HEARTBEAT,
@@ -94,7 +96,7 @@ class Coordinator(GroupHooks):
         self.leader = self.net.leader
         self.mode = mode
         self.timeout = timeout
-        self.heartbeat = min(heartbeat, timeout / 2)
+        self.heartbeat: float = min(heartbeat, timeout / 2)
         self.weights: list[int] = [0] * self.size  # bytes of weights per rank (last load)
         self.model_mode = ""  # how the loaded model is split: "tensor" or "pipeline"
         self._journal: list[Op] = []
@@ -107,7 +109,9 @@ class Coordinator(GroupHooks):
         """Serve ``engine`` (built with this coordinator) as rank 0; start the watchdog
         and open the lifelines (a collective: the other ranks call ``open_lifelines``)."""
         self._engine = engine
-        threading.Thread(target=self._watch, name="mlx-dist-watchdog", daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(engine,), name="mlx-dist-watchdog", daemon=True
+        ).start()
         self._arm(self.timeout)
         try:
             self.open_lifelines()
@@ -154,6 +158,7 @@ class Coordinator(GroupHooks):
     def joined(self, job: Sequence, ids: list[int]) -> None:
         """Rank 0 started ``job``: the followers start it at the next sync."""
         if self.leader:
+            assert job.uid is not None  # Sequence.running set it before the scheduler calls this
             self._journal.append(
                 Join(
                     uid=job.uid,
@@ -173,6 +178,7 @@ class Coordinator(GroupHooks):
     def left(self, job: Sequence) -> None:
         """Rank 0 retired ``job`` (any reason): the followers retire it at the next sync."""
         if self.leader:
+            assert job.uid is not None  # only a job that ran (has a row) is retired
             self._journal.append(Leave(job.uid))
 
     def sync(self, step: bool, idle: bool) -> None:
@@ -203,7 +209,9 @@ class Coordinator(GroupHooks):
         try:
             self.net.broadcast_plan(Plan(ops, False, Call(op, tuple(args))))
             if op == LOAD:
-                return self.load(self._engine.host, args[0])
+                engine = self._engine
+                assert engine is not None  # rank 0 replicates only once attached
+                return self.load(engine.host, args[0])
             result = local(*args)
             if op == "free":
                 self.weights = [0] * self.size
@@ -307,13 +315,13 @@ class Coordinator(GroupHooks):
     def _mark_failed(self, reason: str) -> None:
         self.net.mark_failed(reason)
 
-    def _watch(self) -> None:
+    def _watch(self, engine: Engine) -> None:
         """Rank 0's watchdog: a step or collective past its deadline fails the group."""
         period = max(0.05, min(1.0, self.timeout / 4))
         while True:
             time.sleep(period)
             try:
-                self._check_deadline(self._engine)
+                self._check_deadline(engine)
             except Exception:  # the watchdog must outlive anything it meets
                 logger.exception("distributed watchdog")
 

@@ -43,7 +43,7 @@ class FollowerPromptCache(PromptCache):
     ``Desync`` (the follower exits, and rank 0 reports the lost rank).
     """
 
-    def __init__(self, max_entries: int, max_bytes: int | None) -> None:
+    def __init__(self, max_entries: int | None, max_bytes: int | None) -> None:
         super().__init__(max_entries, max_bytes)
         self.expect: int | None = None
 
@@ -55,10 +55,10 @@ class FollowerPromptCache(PromptCache):
         toks = [int(t) for t in tokens]
         if want == 0:
             return CacheLookup(kv=None, cached_tokens=0, rest=toks)
-        extra = lookup.cached_tokens - want
-        trimmable = extra > 0 and all(layer.is_trimmable() for layer in lookup.kv)
-        if trimmable and all(layer.trim(extra) == extra for layer in lookup.kv):
-            return CacheLookup(kv=lookup.kv, cached_tokens=want, rest=toks[want:])
+        extra, kv = lookup.cached_tokens - want, lookup.kv
+        trimmable = extra > 0 and kv is not None and all(layer.is_trimmable() for layer in kv)
+        if trimmable and kv is not None and all(layer.trim(extra) == extra for layer in kv):
+            return CacheLookup(kv=kv, cached_tokens=want, rest=toks[want:])
         raise Desync(
             f"rank 0 reused {want} cached prompt tokens but this rank has {lookup.cached_tokens}"
         )
@@ -139,6 +139,8 @@ def follow(coordinator: Coordinator, engine: Engine | None = None) -> int:
                 except Exception as exc:  # rank 0 meets the same error and reports it
                     logger.info("%s failed on rank %d too: %s", name, coordinator.rank, exc)
             if plan.step:
+                if engine.scheduler is None:
+                    raise Desync("rank 0 sent a step but this rank has no model loaded")
                 finished.update(engine.scheduler.mirror_step())
             elif plan.idle:
                 time.sleep(coordinator.heartbeat * NAP)
@@ -163,16 +165,16 @@ def _apply(engine: Engine, op: Op, finished: dict[int, tuple]) -> None:
         if job.uid != op.uid:
             raise Desync(f"rank 0 started sequence {op.uid}, this rank {job.uid}")
     elif isinstance(op, Leave):
-        job = sched.active.get(op.uid)
-        if job is None:
+        leaving = sched.active.get(op.uid)
+        if leaving is None:
             raise Desync(f"rank 0 retired sequence {op.uid}, which this rank does not run")
-        sched.retire(job, FinishReason.STOP, kv=finished.pop(op.uid, None))
+        sched.retire(leaving, FinishReason.STOP, kv=finished.pop(op.uid, None))
     elif isinstance(op, Share):
-        job = sched.active.get(op.uid)
-        if job is None:
+        sharing = sched.active.get(op.uid)
+        if sharing is None:
             raise Desync(
                 f"rank 0 shared a prefix of sequence {op.uid}, which this rank does not run"
             )
-        sched.share(job, op.position)
+        sched.share(sharing, op.position)
     else:
         raise Desync(f"unknown plan op {op!r}")

@@ -21,9 +21,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parsing.durations import parse_duration
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 logger = logging.getLogger("localai.mlx.distributed")
 
@@ -41,7 +44,7 @@ class JoinTimeout(TimeoutError):
     """The other ranks of the hostfile did not connect in time."""
 
 
-def init_group(backend: str = "any") -> Any:
+def init_group(backend: str = "any") -> mx.distributed.Group:
     """Join the group MLX's launcher set up (``MLX_RANK``/``MLX_HOSTFILE`` for ring).
 
     Raises RuntimeError naming ``mlx.launch`` when this process was not launched as
@@ -165,7 +168,7 @@ def join_timeout_default() -> float:
         raise ValueError(f"{JOIN_TIMEOUT_ENV}: {exc}") from None
 
 
-def _init_spec(spec: GroupSpec, deadline: float) -> Any:
+def _init_spec(spec: GroupSpec, deadline: float) -> mx.distributed.Group:
     """Set the environment MLX's backend reads and join; retry while peers refuse
     connections, until ``deadline`` (monotonic). Raises RuntimeError from MLX."""
     import mlx.core as mx
@@ -275,10 +278,10 @@ class Joiner:
 
     def __init__(self) -> None:
         self.spec: GroupSpec | None = None
-        self._future: concurrent.futures.Future | None = None
+        self._future: concurrent.futures.Future[mx.distributed.Group] | None = None
         self._lock = threading.Lock()
 
-    def join(self, spec: GroupSpec, timeout: float) -> Any:
+    def join(self, spec: GroupSpec, timeout: float) -> mx.distributed.Group:
         """The group of ``spec`` (waiting up to ``timeout`` seconds).
 
         Raises JoinTimeout when the other ranks did not all connect in time, ValueError

@@ -23,7 +23,7 @@ import gc
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -75,7 +75,7 @@ class ShardStep:
         self.release = release
         self.stage = 0  # collectives passed: 1 the split is agreed on, 2 CPU mode shared
 
-    def __call__(self, model: Any) -> str:
+    def __call__(self, model: nn.Module) -> str:
         c = self.net
         error = ""
         try:
@@ -159,10 +159,12 @@ def load(
         release_cache()
     weights = loaded.weights_bytes if loaded is not None else 0
     results = net.agree(error, weights)  # on failure every rank drops its part
+    # agree raised unless every rank loaded its part (an empty error is a loaded model).
+    assert loaded is not None
     return loaded, [w for _, w in results]
 
 
-def _prepare(model: Any, dequantize: bool | str | None, budget: int | None) -> str:
+def _prepare(model: nn.Module, dequantize: bool | str | None, budget: int | None) -> str:
     """Prepare a split model for the CPU as a single process does; evaluate it.
 
     Returns the CPU weight mode ("dense" or "quantized"; see cpu_fast_path).
@@ -182,7 +184,7 @@ def describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------- model splitting
-def split(model: Any, mode: str, group: Any, vocab: bool = True) -> None:
+def split(model: nn.Module, mode: str, group: mx.distributed.Group, vocab: bool = True) -> None:
     """Keep this rank's part of ``model`` in place: ``mode`` "tensor" (the model's
     ``shard()``, and with ``vocab`` the vocabulary rows where supported) or "pipeline"."""
     if mode == "tensor":
@@ -193,7 +195,7 @@ def split(model: Any, mode: str, group: Any, vocab: bool = True) -> None:
         model.model.pipeline(group)
 
 
-def check_split(model: Any, mode: str, size: int) -> None:
+def check_split(model: nn.Module, mode: str, size: int) -> None:
     """Raise ValueError naming the reason when ``model`` cannot be split over ``size``
     ranks in ``mode`` ("tensor": the model's ``shard()`` with head counts divisible by
     ``size``; "pipeline": ``model.model.pipeline()`` with at least ``size`` layers)."""
@@ -227,16 +229,16 @@ def check_split(model: Any, mode: str, size: int) -> None:
         raise ValueError(f"distributed mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-def _architecture(model: Any) -> str:
+def _architecture(model: nn.Module) -> str:
     args = getattr(model, "args", None)
     return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
 
 
-def _can_pipeline(model: Any) -> bool:
+def _can_pipeline(model: nn.Module) -> bool:
     return hasattr(getattr(model, "model", None), "pipeline")
 
 
-def _head_counts(model: Any) -> list[tuple[str, int]]:
+def _head_counts(model: nn.Module) -> list[tuple[str, int]]:
     """(name, count) of the attention and KV head counts in the model's config."""
     args = getattr(model, "args", None)
     names = {
@@ -262,7 +264,9 @@ class VocabParallelEmbedding(nn.Module):
     a head) scores this rank's slice of the vocabulary and gathers the slices.
     """
 
-    def __init__(self, inner: nn.Module, vocab: int, group: Any, head: bool = False) -> None:
+    def __init__(
+        self, inner: nn.Module, vocab: int, group: mx.distributed.Group, head: bool = False
+    ) -> None:
         super().__init__()
         self.inner = inner  # an Embedding/QuantizedEmbedding or Linear/QuantizedLinear
         self.vocab = vocab
@@ -287,7 +291,7 @@ class VocabParallelEmbedding(nn.Module):
         return mx.moveaxis(full, 0, -1)[..., : self.vocab]
 
 
-def shard_vocab(model: Any, group: Any) -> bool:
+def shard_vocab(model: nn.Module, group: mx.distributed.Group) -> bool:
     """Split the token embedding (and an untied output head) of ``model`` by vocabulary
     rows over ``group``, in place; returns False (and leaves the model alone) for
     architectures not in ``VOCAB_SPLIT_ARCHITECTURES`` or of another shape.
@@ -297,7 +301,7 @@ def shard_vocab(model: Any, group: Any) -> bool:
     """
     body = getattr(model, "model", None)
     embed = getattr(body, "embed_tokens", None)
-    if _architecture(model) not in VOCAB_SPLIT_ARCHITECTURES or embed is None:
+    if _architecture(model) not in VOCAB_SPLIT_ARCHITECTURES or body is None or embed is None:
         return False
     vocab = int(embed.weight.shape[0])
     body.embed_tokens = VocabParallelEmbedding(_rows(embed, vocab, group), vocab, group)
@@ -307,7 +311,7 @@ def shard_vocab(model: Any, group: Any) -> bool:
     return True
 
 
-def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
+def _rows(module: nn.Module, vocab: int, group: mx.distributed.Group) -> nn.Module:
     """``module`` (embedding or linear, maybe quantized) keeping this rank's vocab rows."""
     rows = -(-vocab // group.size())
     start = group.rank() * rows
@@ -328,7 +332,7 @@ def _rows(module: nn.Module, vocab: int, group: Any) -> nn.Module:
     return module
 
 
-def _dequantize_sharded(model: Any) -> int:
+def _dequantize_sharded(model: nn.Module) -> int:
     """Replace sharded quantized linears by dense float32 ones; returns how many."""
     replaced = []
     for name, m in model.named_modules():
@@ -341,6 +345,7 @@ def _dequantize_sharded(model: Any) -> int:
         ).astype(mx.float32)
         out_dims, in_dims = weight.shape  # this rank's shard
         n = m.group.size()
+        layer: dist_layers.AllToShardedLinear | dist_layers.ShardedToAllLinear
         if isinstance(m, dist_layers.QuantizedAllToShardedLinear):  # outputs are split
             layer = dist_layers.AllToShardedLinear(in_dims, out_dims * n, "bias" in m, m.group)
         else:  # inputs are split

@@ -19,7 +19,8 @@ import hmac
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -62,7 +63,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         ok_token = hmac.compare_digest(_digest(supplied.encode("utf-8")), self._expected)
         return ok_scheme and ok_token
 
-    async def intercept_service(self, continuation, details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
         if details.method in self._exempt or self.authorized(details.invocation_metadata):
             return await continuation(details)
         logger.debug("denied %s: missing or wrong bearer token", details.method)
@@ -74,7 +79,9 @@ def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
 
-async def _deny(request_iterator, context):
+async def _deny(
+    request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+) -> AsyncIterator[bytes]:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
     yield b""  # pragma: no cover  (unreachable; makes this an async generator)
 
@@ -88,36 +95,45 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
     request message: they receive raw bytes, parse them here, then run as before.
     """
 
-    async def intercept_service(self, continuation, details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
         parse = handler.request_deserializer
         if handler.response_streaming:
             inner = handler.unary_stream
+            behavior: Callable[[bytes, grpc.aio.ServicerContext], Any]
             if inspect.isasyncgenfunction(inner):
 
-                async def stream_gen(raw: bytes, context):
+                async def stream_gen(
+                    raw: bytes, context: grpc.aio.ServicerContext
+                ) -> AsyncIterator[Any]:
                     async for reply in inner(await _parse(parse, raw, context), context):
                         yield reply
 
                 behavior = stream_gen
             else:  # a coroutine that writes with context.write (health Watch)
 
-                async def stream_coro(raw: bytes, context):
+                async def stream_coro(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
                     return await inner(await _parse(parse, raw, context), context)
 
                 behavior = stream_coro
             return grpc.unary_stream_rpc_method_handler(behavior, None, handler.response_serializer)
         inner_unary = handler.unary_unary
 
-        async def unary(raw: bytes, context):
+        async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             return await inner_unary(await _parse(parse, raw, context), context)
 
         return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
 
 
-async def _parse(parse: Callable[[bytes], object], raw: bytes, context) -> object:
+async def _parse(
+    parse: Callable[[bytes], object], raw: bytes, context: grpc.aio.ServicerContext
+) -> object:
     try:
         return parse(raw)
     except DecodeError as exc:  # its message names the type and the fault

@@ -7,9 +7,10 @@ reply are built from the same events, so the joined stream equals Predict's repl
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import backend_pb2
-from decoding.tool_calls import merge_tool_call_deltas
+from decoding.tool_calls import ToolCall, ToolCallDelta, merge_tool_call_deltas
 from engine.jobs import Event
 
 
@@ -63,7 +64,9 @@ class Accumulator:
         )
 
 
-def _chat_delta(content: str, reasoning: str, tool_calls) -> backend_pb2.ChatDelta:
+def _chat_delta(
+    content: str, reasoning: str, tool_calls: Iterable[ToolCall | ToolCallDelta]
+) -> backend_pb2.ChatDelta:
     return backend_pb2.ChatDelta(
         content=content,
         reasoning_content=reasoning,

@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -40,6 +40,7 @@ from training import spec as training_spec
 from training.jobs import JobManager, parse
 
 logger = logging.getLogger("localai.mlx." + __name__)
+_T = TypeVar("_T")
 
 HEALTH_SERVICE = "backend.Backend"
 LOAD_SUCCESS_MESSAGE = "MLX model loaded successfully"  # LocalAI's own test compares it
@@ -125,13 +126,14 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         self.health = health_servicer
         self.jobs = jobs or JobManager()  # fine-tune/export/quantize children (training/)
 
-    async def _abort(self, context, exc: Exception) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
         """End the call with the gRPC status of ``exc``: the one mapping of domain errors to
         gRPC codes (``errors.as_backend_error`` names the domain error); counted by code."""
         error = as_backend_error(exc)
         code = getattr(grpc.StatusCode, error.status, grpc.StatusCode.INTERNAL)
         self.engine.metrics.request_failed(code.name)
         await context.abort(code, str(error))
+        raise AssertionError("grpc's context.abort raises")  # not reached
 
     async def refresh_health(self) -> None:
         """Set grpc.health.v1's status: SERVING while a model is loaded and the engine lives."""
@@ -144,10 +146,14 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self.health.set(HEALTH_SERVICE, status)
             await self.health.set("", status)
 
-    async def Health(self, request, context):
+    async def Health(
+        self, request: backend_pb2.HealthMessage, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Reply:
         return backend_pb2.Reply(message=b"OK")
 
-    async def LoadModel(self, request, context):
+    async def LoadModel(
+        self, request: backend_pb2.ModelOptions, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Result:
         if training_spec.names_this_backend(request.Model, request.ModelFile):
             # LocalAI starts a job's process with the backend's name as the model
             # (core/services/finetune/service.go): nothing to load, jobs bring their own.
@@ -167,12 +173,16 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             return backend_pb2.Result(success=False, message=message)
         return backend_pb2.Result(success=True, message=LOAD_SUCCESS_MESSAGE)
 
-    async def Free(self, request, context):
+    async def Free(
+        self, request: backend_pb2.HealthMessage, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Result:
         await self.engine.free()
         await self.refresh_health()
         return backend_pb2.Result(success=True, message="Model freed")
 
-    async def Predict(self, request, context):
+    async def Predict(
+        self, request: backend_pb2.PredictOptions, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Reply:
         acc = Accumulator()
         # aclosing: a caller that leaves cancels the job now, not when the GC runs.
         async with contextlib.aclosing(self._generate(request, context)) as events:
@@ -180,7 +190,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 acc.add(event)
         return acc.final_reply()
 
-    async def PredictStream(self, request, context):
+    async def PredictStream(
+        self, request: backend_pb2.PredictOptions, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[backend_pb2.Reply]:
         acc = Accumulator()
         async with contextlib.aclosing(self._generate(request, context)) as events:
             async for event in events:
@@ -188,7 +200,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 if event.delta or event.final:
                     yield acc.stream_reply(event)
 
-    async def _generate(self, request, context) -> AsyncGenerator[Event, None]:
+    async def _generate(
+        self, request: backend_pb2.PredictOptions, context: grpc.aio.ServicerContext
+    ) -> AsyncGenerator[Event, None]:
         """Submit and yield one request's events; cancels the job if the caller leaves."""
         try:
             # Which model serves this request, read once; its identity is checked first,
@@ -207,7 +221,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         finally:
             job.cancel()  # no-op when finished; frees the batch slot when the client is gone
 
-    async def Embedding(self, request, context):
+    async def Embedding(
+        self, request: backend_pb2.PredictOptions, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.EmbeddingResult:
         # LocalAI sends the text in Embeddings (Prompt as a fallback), or token ids.
         e = await self._call(
             context,
@@ -229,7 +245,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             layout=layout,
         )
 
-    async def Score(self, request, context):
+    async def Score(
+        self, request: backend_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.ScoreResponse:
         results = await self._call(
             context,
             self.engine.score,
@@ -251,7 +269,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             ]
         )
 
-    async def Rerank(self, request, context):
+    async def Rerank(
+        self, request: backend_pb2.RerankRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.RerankResult:
         out = await self._call(
             context,
             self.engine.rerank,
@@ -272,17 +292,23 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             ],
         )
 
-    async def TokenizeString(self, request, context):
+    async def TokenizeString(
+        self, request: backend_pb2.PredictOptions, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.TokenizationResponse:
         tokens = await self._call(
             context, self.engine.tokenize, request.Prompt, request.ModelIdentity
         )
         return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
 
-    async def Detokenize(self, request, context):
+    async def Detokenize(
+        self, request: backend_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.DetokenizeResponse:
         text = await self._call(context, self.engine.detokenize, list(request.tokens))
         return backend_pb2.DetokenizeResponse(content=text)
 
-    async def Status(self, request, context):
+    async def Status(
+        self, request: backend_pb2.HealthMessage, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.StatusResponse:
         snap = self.engine.status()
         state = getattr(backend_pb2.StatusResponse, snap.state)
         # Request counts ride in the breakdown map (the proto has no other place for them).
@@ -296,7 +322,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         )
         return backend_pb2.StatusResponse(state=state, memory=memory)
 
-    async def ModelMetadata(self, request, context):
+    async def ModelMetadata(
+        self, request: backend_pb2.ModelOptions, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.ModelMetadataResponse:
         m = await self._call(context, self.engine.metadata)
         return backend_pb2.ModelMetadataResponse(
             supports_thinking=m.supports_thinking,
@@ -311,7 +339,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             media_marker=m.media_marker,
         )
 
-    async def GetMetrics(self, request, context):
+    async def GetMetrics(
+        self, request: backend_pb2.MetricsRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.MetricsResponse:
         m = self.engine.last_metrics
         info = self.engine.info()
         counters = self.engine.metrics.snapshot()  # {} when metrics are off
@@ -326,14 +356,21 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             prompt_tokens_processed=m.prompt_tokens_processed,
         )
 
-    async def _call(self, context, fn, *args):
+    async def _call(
+        self,
+        context: grpc.aio.ServicerContext,
+        fn: Callable[..., Awaitable[_T]],
+        *args: Any,
+    ) -> _T:
         try:
             return await fn(*args)
         except Exception as exc:
             await self._abort(context, exc)
 
     # ------------------------------------------------------------------ training jobs
-    async def StartFineTune(self, request, context):
+    async def StartFineTune(
+        self, request: backend_pb2.FineTuneRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.FineTuneJobResult:
         try:
             spec = parse(training_spec.finetune_spec, request)
             job = await self.jobs.start("finetune", spec.job_id, spec.to_json())
@@ -343,14 +380,18 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             job_id=job.id, success=True, message="Fine-tuning job started"
         )
 
-    async def FineTuneProgress(self, request, context):
+    async def FineTuneProgress(
+        self, request: backend_pb2.FineTuneProgressRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[backend_pb2.FineTuneProgressUpdate]:
         try:
             async for update in self.jobs.follow(request.job_id, "finetune"):
                 yield _update(backend_pb2.FineTuneProgressUpdate, request.job_id, update)
         except Exception as exc:
             await self._abort(context, exc)
 
-    async def StopFineTune(self, request, context):
+    async def StopFineTune(
+        self, request: backend_pb2.FineTuneStopRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Result:
         # LocalAI stops a job by stopping its process (the child saves on SIGTERM); a
         # client may call this instead: the job saves a checkpoint when asked and ends.
         final = await self._call(
@@ -358,13 +399,17 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         )
         return backend_pb2.Result(success=True, message=final.get("message", "stopped"))
 
-    async def ListCheckpoints(self, request, context):
+    async def ListCheckpoints(
+        self, request: backend_pb2.ListCheckpointsRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.ListCheckpointsResponse:
         found = await asyncio.to_thread(training_checkpoints.list_checkpoints, request.output_dir)
         return backend_pb2.ListCheckpointsResponse(
             checkpoints=[backend_pb2.CheckpointInfo(**c) for c in found]
         )
 
-    async def ExportModel(self, request, context):
+    async def ExportModel(
+        self, request: backend_pb2.ExportModelRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Result:
         try:
             spec = parse(training_spec.export_spec, request)
             final = await self.jobs.run("export", f"export-{id(request)}", spec.to_json())
@@ -372,7 +417,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._abort(context, exc)
         return backend_pb2.Result(success=True, message=final.get("message", ""))
 
-    async def StartQuantization(self, request, context):
+    async def StartQuantization(
+        self, request: backend_pb2.QuantizationRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.QuantizationJobResult:
         try:
             spec = parse(training_spec.quantize_spec, request)
             job = await self.jobs.start("quantize", spec.job_id, spec.to_json())
@@ -384,13 +431,17 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             message=f"Quantization job started: {spec.recipe.describe()}",
         )
 
-    async def QuantizationProgress(self, request, context):
+    async def QuantizationProgress(
+        self, request: backend_pb2.QuantizationProgressRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[backend_pb2.QuantizationProgressUpdate]:
         try:
             async for update in self.jobs.follow(request.job_id, "quantize"):
                 yield _update(backend_pb2.QuantizationProgressUpdate, request.job_id, update)
         except Exception as exc:
             await self._abort(context, exc)
 
-    async def StopQuantization(self, request, context):
+    async def StopQuantization(
+        self, request: backend_pb2.QuantizationStopRequest, context: grpc.aio.ServicerContext
+    ) -> backend_pb2.Result:
         final = await self._call(context, self.jobs.stop, request.job_id, "quantize", False)
         return backend_pb2.Result(success=True, message=final.get("message", "stopped"))

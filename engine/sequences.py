@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
@@ -164,7 +165,7 @@ class BatchRunner:
 
     def _new_batch(self) -> DecodeBatch:
         p = self.loaded.params
-        model = self.loaded.model
+        model: nn.Module | DraftedModel = self.loaded.model
         if self.loaded.draft is not None:
             model = DraftedModel(model, self.loaded.draft, p.max_kv_size)
         common: dict[str, Any] = dict(

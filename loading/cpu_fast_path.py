@@ -36,10 +36,13 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loading import host_memory
 from parsing.options import AUTO_WORDS, OFF_WORDS, on_off
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx.cpu_fast_path")
 
@@ -308,25 +311,25 @@ def default_dequantize_budget() -> int:
     return int(host_memory.usable_memory() * DEQUANTIZE_SHARE)
 
 
-def _is_quantized(module: Any) -> bool:
+def _is_quantized(module: nn.Module) -> bool:
     return hasattr(module, "bits") and hasattr(module, "group_size") and "scales" in module
 
 
-def _quantized_modules(model: Any) -> dict[str, Any]:
+def _quantized_modules(model: nn.Module) -> dict[str, Any]:
     return {name: m for name, m in model.named_modules() if _is_quantized(m)}
 
 
-def float32_size(model: Any) -> int:
+def float32_size(model: nn.Module) -> int:
     """Bytes the model's parameters would take dequantized to float32.
 
     Packed quantized weights count as ``size * 32 / bits`` float32 values; their scales
     and biases disappear; every other parameter counts 4 bytes per element.
     """
-    from mlx.utils import tree_flatten
+    from seam.arrays import flat_arrays
 
     quantized = _quantized_modules(model)
     total = 0
-    for key, array in tree_flatten(model.parameters()):
+    for key, array in flat_arrays(model.parameters()):
         owner, _, leaf = key.rpartition(".")
         module = quantized.get(owner)
         if module is None:
@@ -338,7 +341,7 @@ def float32_size(model: Any) -> int:
     return total
 
 
-def dequantize_to_float32(model: Any) -> None:
+def dequantize_to_float32(model: nn.Module) -> None:
     """Replace the model's quantized layers by float32 ones, in place.
 
     Floating parameters (scales, biases, norms) are cast to float32 first: dequantizing
@@ -353,7 +356,7 @@ def dequantize_to_float32(model: Any) -> None:
 
 
 def prepare_for_cpu(
-    model: Any,
+    model: nn.Module,
     option: str | bool | None,
     budget_bytes: int | None = None,
     device: Any = None,

@@ -24,7 +24,12 @@ CPU); ``transform`` applies both and is what ``loaded_model.load`` calls.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import mlx.nn as nn
 
 logger = logging.getLogger("localai.mlx.cpu_fuse")
 
@@ -42,11 +47,13 @@ class _Shared:
 
     __slots__ = ("consumers", "linear", "x", "y")
 
-    def __init__(self, linear: Any, consumers: int):
-        self.linear, self.x, self.y, self.consumers = linear, None, None, consumers
+    def __init__(self, linear: nn.Linear, consumers: int) -> None:
+        self.linear, self.consumers = linear, consumers
+        self.x: mx.array | None = None  # the last input
+        self.y: mx.array | None = None  # its fused output
 
 
-def _slice_module_class():
+def _slice_module_class() -> type:
     import mlx.nn as nn
 
     class FusedSlice(nn.Module):
@@ -64,11 +71,13 @@ def _slice_module_class():
             self._shared, self._start, self._stop = shared, start, stop
             self._last = stop == shared.linear.weight.shape[0]
 
-        def __call__(self, x):
+        def __call__(self, x: mx.array) -> mx.array:
             s = self._shared
-            if s.x is not x:
-                s.x, s.y = x, s.linear(x)
-            y = s.y[..., self._start : self._stop]
+            fused = s.y
+            if s.x is not x or fused is None:
+                fused = s.linear(x)
+                s.x, s.y = x, fused
+            y = fused[..., self._start : self._stop]
             if self._last:  # the group's last projection: drop the references
                 s.x = s.y = None
             return y
@@ -76,17 +85,18 @@ def _slice_module_class():
     return FusedSlice
 
 
-_FusedSlice = None
+_FusedSlice: type | None = None
 
 
-def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
+def _fuse_group(parent: nn.Module, names: tuple[str, ...]) -> bool:
     """Replace ``parent.<names>`` by slices of one fused Linear; False when not fusable."""
     global _FusedSlice
     import mlx.core as mx
     import mlx.nn as nn
 
-    layers = [getattr(parent, n, None) for n in names]
-    if any(type(lin) is not nn.Linear for lin in layers):
+    found = [getattr(parent, n, None) for n in names]
+    layers = [lin for lin in found if type(lin) is nn.Linear]
+    if len(layers) != len(found):
         return False
     widths = {lin.weight.shape[1] for lin in layers}
     dtypes = {lin.weight.dtype for lin in layers}
@@ -109,7 +119,7 @@ def _fuse_group(parent: Any, names: tuple[str, ...]) -> bool:
     return True
 
 
-def fuse_projections(model: Any, mlp: bool = False) -> int:
+def fuse_projections(model: nn.Module, mlp: bool = False) -> int:
     """Fuse the Q/K/V (and with ``mlp``, the gate/up) projections of every decoder layer.
 
     In place. ``mlp`` is off by default: on MKL a fused 2*intermediate x hidden gate/up
@@ -157,26 +167,30 @@ def applies(cpu_mode: str, enabled: bool) -> bool:
 # Shapes are fixed per batch size while decoding, so nothing recompiles step to step
 # (offsets go in as arrays, not Python numbers, for the same reason).
 
-_compiled: dict[tuple, Any] = {}
+_compiled: dict[tuple, Callable[..., mx.array]] = {}
 
 
-def _rms_fn(eps: float):
+def _rms_fn(eps: float) -> Callable[..., mx.array]:
     import mlx.core as mx
 
     key = ("rms", eps)
     if key not in _compiled:
-        _compiled[key] = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, eps))
+
+        def rms(x: mx.array, w: mx.array) -> mx.array:
+            return mx.fast.rms_norm(x, w, eps)
+
+        _compiled[key] = mx.compile(rms)
     return _compiled[key]
 
 
-def _rope_fn(traditional: bool, scale: float):
+def _rope_fn(traditional: bool, scale: float) -> Callable[..., mx.array]:
     import mlx.core as mx
 
     key = ("rope", traditional, scale)
     if key in _compiled:
         return _compiled[key]
 
-    def rope(x, offset, inv_freqs):
+    def rope(x: mx.array, offset: mx.array, inv_freqs: mx.array) -> mx.array:
         # x: (B, N, T, D) with D == 2 * inv_freqs.size; offset: () or (B,) int32.
         b, n, t, d = x.shape
         if offset.ndim == 1:
@@ -195,7 +209,7 @@ def _rope_fn(traditional: bool, scale: float):
     return _compiled[key]
 
 
-def _compiled_classes():
+def _compiled_classes() -> tuple[type, type]:
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -204,13 +218,13 @@ def _compiled_classes():
 
         ``x``: (..., dims) -> same shape and dtype."""
 
-        def __init__(self, norm: Any):
+        def __init__(self, norm: nn.RMSNorm) -> None:
             super().__init__()
             self.weight = norm.weight
             self.eps = norm.eps
             self._fn = _rms_fn(norm.eps)
 
-        def __call__(self, x):
+        def __call__(self, x: mx.array) -> mx.array:
             return self._fn(x, self.weight)
 
     class CompiledRoPE(nn.Module):
@@ -219,7 +233,7 @@ def _compiled_classes():
         ``x``: (B, N, T, D) or (B, T, D); ``offset``: int or an int array of shape (B,)
         (BatchKVCache). Falls back to ``mx.fast.rope`` for other ranks."""
 
-        def __init__(self, rope: Any):
+        def __init__(self, rope: nn.RoPE) -> None:
             super().__init__()
             self.dims, self.traditional = rope.dims, rope.traditional
             self.base, self.scale = rope.base, rope.scale
@@ -230,7 +244,7 @@ def _compiled_classes():
             mx.eval(self._inv)
             self._fn = _rope_fn(rope.traditional, float(rope.scale))
 
-        def __call__(self, x, offset=0):
+        def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
             if x.ndim != 4 or x.shape[-1] != self.dims:
                 return mx.fast.rope(
                     x,
@@ -247,7 +261,7 @@ def _compiled_classes():
     return CompiledRMSNorm, CompiledRoPE
 
 
-def compile_elementwise(model: Any) -> int:
+def compile_elementwise(model: nn.Module) -> int:
     """Replace ``model``'s nn.RMSNorm and full-width base nn.RoPE modules by compiled ones.
 
     Same parameters (a norm keeps its ``weight``), same math; for families in
@@ -261,7 +275,11 @@ def compile_elementwise(model: Any) -> int:
         return 0
     norm_cls, rope_cls = _compiled_classes()
     replaced = []
-    for name, mod in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+    # Leaves are modules here (is_leaf); mlx types them as Any.
+    leaves = cast(
+        list[tuple[str, Any]], tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)
+    )
+    for name, mod in leaves:
         if type(mod) is nn.RMSNorm:
             replaced.append((name, norm_cls(mod)))
         elif type(mod) is nn.RoPE and mod.dims % 2 == 0:
@@ -271,13 +289,13 @@ def compile_elementwise(model: Any) -> int:
     return len(replaced)
 
 
-def _model_type(model: Any) -> Any:
+def _model_type(model: nn.Module) -> Any:
     return getattr(model, "model_type", None) or getattr(
         getattr(model, "args", None), "model_type", None
     )
 
 
-def transform(model: Any) -> dict[str, int]:
+def transform(model: nn.Module) -> dict[str, int]:
     """The dense-CPU transformation: ``fuse_projections`` (Q/K/V) then ``compile_elementwise``.
 
     Returns {"projections": groups fused, "compiled": modules replaced}."""

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -172,14 +172,17 @@ def read_gguf(gguf_path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
             f"cannot read GGUF file {gguf_path}: {exc}. Check that it is a complete, "
             "valid .gguf file (re-download it if it is truncated)."
         ) from exc
-    return tensors, {k: _plain(v) for k, v in raw.items()}
+    # With return_metadata a GGUF file reads as (name -> array, key -> value); mlx types
+    # the result as any of its load shapes.
+    tensors_by_name = cast(dict[str, mx.array], tensors)
+    return tensors_by_name, {k: _plain(v) for k, v in cast(dict[str, Any], raw).items()}
 
 
 def _plain(value: Any) -> Any:
     """An mx.array metadata value as int/float/bool/list; float32 rounded to its repr."""
     if isinstance(value, mx.array):
         if value.ndim == 0:
-            item = value.item()
+            item = cast(float, value.item())
             if value.dtype == mx.float32:
                 # float(np.float32) prints 1e-05 as 9.99999974e-06; keep the short form.
                 return float(str(np.float32(item)))
@@ -287,10 +290,10 @@ def _rope_scaling(
     if kind == "linear" and factor:
         return {"rope_type": "linear", "factor": float(factor)}
     if kind == "yarn" and factor:
-        orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
+        yarn_orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
         out: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
-        if orig:
-            out["original_max_position_embeddings"] = int(orig)
+        if yarn_orig:
+            out["original_max_position_embeddings"] = int(yarn_orig)
         return out
     raise ModelLoadError(
         f"GGUF rope scaling '{kind}' (factor {factor}) is not supported; supported: "
@@ -332,7 +335,7 @@ def check_architecture(metadata: dict[str, Any]) -> str:
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}). Convert the original "
             "Hugging Face model with `mlx_lm.convert` and load that directory instead."
         )
-    return arch
+    return str(arch)
 
 
 def build_config(
@@ -585,7 +588,7 @@ def _sentencepiece_bpe(
     # llama.cpp adds the "▁" prefix to every text fragment that follows a special token
     # (or starts the text): that is exactly the per-segment normalizer behaviour.
     add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
-    norm = [normalizers.Replace(" ", "\u2581")]
+    norm: list[normalizers.Normalizer] = [normalizers.Replace(" ", "\u2581")]
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
         norm.insert(0, normalizers.Prepend("\u2581"))

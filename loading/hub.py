@@ -299,9 +299,10 @@ def _first_line(exc: BaseException) -> str:
 
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and link not in seen:
+        seen.append(link)
+        link = link.__cause__ or link.__context__
     return seen
 
 
@@ -310,7 +311,7 @@ def _explain(exc: Exception, hub_id: HubId, cfg: HubSettings) -> ModelLoadError:
     try:  # the HTTP client huggingface_hub uses: httpx2 (2.x) or httpx (1.x)
         import httpx2
     except ImportError:
-        import httpx as httpx2
+        import httpx as httpx2  # type: ignore[no-redef]
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,

@@ -15,16 +15,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from decoding import grammar, parsers
 from errors import ModelLoadError
 from loading import cpu_fast_path, cpu_fuse, model_loader, vision
 from params import LoadParams
+from seam.arrays import flat_arrays
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -43,10 +47,10 @@ class LoadedModel:
     on the next; ``cache_key``: the prompt cache's model key.
     """
 
-    model: Any
-    tokenizer: Any
+    model: nn.Module
+    tokenizer: TokenizerWrapper
     params: LoadParams
-    draft: Any
+    draft: nn.Module | None
     context_len: int | None
     weights_bytes: int
     max_token_chars: int
@@ -76,11 +80,11 @@ class LoadedModel:
     @classmethod
     def build(
         cls,
-        model: Any,
-        tokenizer: Any,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
         params: LoadParams,
         *,
-        draft: Any = None,
+        draft: nn.Module | None = None,
         cpu_mode: str = "",
     ) -> LoadedModel:
         """Derive the record's facts from a prepared model (weights, context, BLAS); apply
@@ -99,7 +103,7 @@ class LoadedModel:
             params=params,
             draft=draft,
             context_len=params.context_size or model_context(model),
-            weights_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+            weights_bytes=sum(v.nbytes for _, v in flat_arrays(model.parameters())),
             max_token_chars=max_token_chars(tokenizer),
             cpu_mode=cpu_mode,
             blas=blas,
@@ -192,7 +196,7 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
     return loaded
 
 
-def _check_kv_quantization(params: LoadParams, model: Any) -> None:
+def _check_kv_quantization(params: LoadParams, model: nn.Module) -> None:
     """ModelLoadError when ``kv_bits`` asks to quantize a rotating KV cache (``max_kv_size``,
     or a model's sliding-window layers): mlx-lm has no quantized rotating cache, and each
     request would fail at its first step instead."""
@@ -211,7 +215,7 @@ def _check_kv_quantization(params: LoadParams, model: Any) -> None:
         )
 
 
-def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
+def _load_draft(params: LoadParams, tokenizer: TokenizerWrapper) -> nn.Module | None:
     """The speculative-decoding draft model; its vocabulary must be the main model's."""
     draft, draft_tok = model_loader.load_model(
         params.draft_model,
@@ -229,14 +233,14 @@ def _load_draft(params: LoadParams, tokenizer: Any) -> Any:
     return draft
 
 
-def _warm_grammar(tokenizer: Any) -> None:
+def _warm_grammar(tokenizer: TokenizerWrapper) -> None:
     try:
         grammar.warm_up(tokenizer)
     except ValueError as exc:  # a slow tokenizer: constrained requests will say so
         logger.warning("constrained decoding unavailable for this tokenizer: %s", exc)
 
 
-def model_context(model: Any) -> int | None:
+def model_context(model: nn.Module) -> int | None:
     """The context length the model's config declares, in tokens (None when it has none)."""
     args = getattr(model, "args", None)
     for name in ("max_position_embeddings", "context_length", "max_seq_len"):
@@ -246,7 +250,7 @@ def model_context(model: Any) -> int | None:
     return None
 
 
-def max_token_chars(tokenizer: Any) -> int:
+def max_token_chars(tokenizer: TokenizerWrapper) -> int:
     """Characters of the longest vocabulary entry (an upper bound on the text one token
     decodes to, for byte-level BPE and SentencePiece vocabularies); 0 when unknown."""
     try:

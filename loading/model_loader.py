@@ -39,10 +39,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from errors import ModelLoadError
 from loading import gguf_convert, hub, vision
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 logger = logging.getLogger("localai.mlx.model_loader")
 
@@ -262,7 +266,7 @@ def load_model(
     lazy: bool = False,
     vision_options: vision.VisionOptions | None = None,
     vision_off: str = "",
-) -> tuple[Any, Any]:
+) -> tuple[nn.Module, TokenizerWrapper]:
     """Load ``(mlx.nn.Module, mlx_lm.tokenizer_utils.TokenizerWrapper)``.
 
     ``vision_options``: the vision load options, when a vision-language model may load with its
@@ -305,8 +309,8 @@ def load_model(
     tok_config["trust_remote_code"] = trust_remote_code
     is_vision = vision_options is not None and vision.vision_config(directory) is not None
     check_config_against_weights(directory)
-    if is_vision and not vision_off:
-        loaded_model, tokenizer = vision.load(
+    if is_vision and not vision_off and vision_options is not None:
+        view, tokenizer = vision.load(
             directory,
             tokenizer_config=tok_config,
             trust_remote_code=trust_remote_code,
@@ -319,17 +323,21 @@ def load_model(
             directory,
             time.perf_counter() - converted,
         )
-        return loaded_model, tokenizer
+        return view, tokenizer
     if is_vision:
         logger.warning("%s: vision part off (%s); serving it text-only", resolved.name, vision_off)
     try:
         tokenizer = _take_tokenizer(directory, tok_config)
         if tokenizer is None:
-            loaded_model, tokenizer = load(
-                str(directory),
-                tokenizer_config=tok_config,
-                trust_remote_code=trust_remote_code,
-                lazy=lazy,
+            # Without return_config mlx-lm returns (model, tokenizer); it types both shapes.
+            loaded_model, tokenizer = cast(
+                tuple[Any, Any],
+                load(
+                    str(directory),
+                    tokenizer_config=tok_config,
+                    trust_remote_code=trust_remote_code,
+                    lazy=lazy,
+                ),
             )
         else:  # mlx_lm.utils.load without its tokenizer part, read by prefetch_tokenizer
             from mlx_lm.utils import load_model as lm_load_model
@@ -566,7 +574,7 @@ def _read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _adapter_layers(model: Any) -> list[tuple[str, Any]]:
+def _adapter_layers(model: nn.Module) -> list[tuple[str, Any]]:
     """mlx-lm's LoRA / DoRA layers in ``model``: (name, module) pairs."""
     return [
         (name, module)
@@ -579,11 +587,11 @@ def _base_layer(adapter_layer: Any) -> Any:
     return adapter_layer.linear if "linear" in adapter_layer else adapter_layer.embedding
 
 
-def _is_quantized(module: Any) -> bool:
+def _is_quantized(module: nn.Module) -> bool:
     return "scales" in module
 
 
-def fuse_adapters(model: Any) -> int:
+def fuse_adapters(model: nn.Module) -> int:
     """Fuse LoRA / DoRA layers whose base layer is dense into that base, in place.
 
     Layers over quantized weights are left as they are: fusing would re-quantize the
@@ -604,7 +612,7 @@ def fuse_adapters(model: Any) -> int:
     return len(fused)
 
 
-def apply_adapter(model: Any, adapter_dir: Path, scale: float = 0.0) -> None:
+def apply_adapter(model: nn.Module, adapter_dir: Path, scale: float = 0.0) -> None:
     """Apply the mlx-lm adapter in ``adapter_dir`` to ``model`` in place.
 
     mlx-lm's ``load_adapters`` wraps the configured layers (``num_layers``,

@@ -39,7 +39,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -224,7 +224,9 @@ class VisionParts:
     the size the processor resizes to (`decode_target`), what images are decoded at.
     """
 
-    def __init__(self, model: Any, processor: Any, directory: Path, options: VisionOptions) -> None:
+    def __init__(
+        self, model: nn.Module, processor: Any, directory: Path, options: VisionOptions
+    ) -> None:
         import mlx_vlm
 
         self.model = model
@@ -343,7 +345,8 @@ class VisionParts:
         from mlx_vlm.prompt_utils import get_chat_template
 
         add = kwargs.pop("add_generation_prompt", True)
-        return get_chat_template(self.processor, messages, add, **kwargs)
+        # A string here (tokenize is not asked for); mlx-vlm does not type its result.
+        return cast(str, get_chat_template(self.processor, messages, add, **kwargs))
 
     def render(self, prompt: Any, num_images: int, **kwargs: Any) -> str:
         """mlx-vlm's ``apply_chat_template`` (a string or messages), placing ``num_images``
@@ -351,8 +354,12 @@ class VisionParts:
         the last user message."""
         from mlx_vlm.prompt_utils import apply_chat_template
 
-        return apply_chat_template(
-            self.processor, self.model.config, prompt, num_images=num_images, **kwargs
+        # A string (mlx-vlm types its result as messages, a string or Any).
+        return cast(
+            str,
+            apply_chat_template(
+                self.processor, self.model.config, prompt, num_images=num_images, **kwargs
+            ),
         )
 
     def process(self, text: str, images: list, videos: list | None = None) -> dict:
@@ -513,7 +520,8 @@ class LMView(nn.Module):
                 position_ids = self.positions(cache, *inputs.shape[:2])
             kwargs["position_ids"] = position_ids
         out = self.vlm.language_model(inputs, inputs_embeds=input_embeddings, cache=cache, **kwargs)
-        return getattr(out, "logits", out)
+        # mlx-vlm's language models return an output object with .logits, or the array.
+        return cast(mx.array, getattr(out, "logits", out))
 
 
 class LMViewOwnCache(LMView):

@@ -16,7 +16,7 @@ from typing import Any
 MAX_JSON_BYTES = 8 * 1024 * 1024  # one field; the gRPC message itself is capped at 50 MB
 MAX_JSON_DEPTH = 64  # nesting of arrays/objects; real tool schemas stay under ~20
 
-_KINDS = {list: "array", dict: "object", str: "string"}
+_KINDS: dict[type, str] = {list: "array", dict: "object", str: "string"}
 
 
 # Characters that matter for JSON nesting: brackets, and quotes/backslashes for strings.

@@ -545,10 +545,11 @@ def read_options(
     for key, text in (fallbacks or {}).items():
         raw.setdefault(key, text)
     labels: dict[str, str] = {}
-    for key, text in (engine_args or {}).items():
+    engine = engine_args or {}
+    for key, text in engine.items():
         o = SPELLINGS[key]
         for spelling in (o.key, *o.aliases):  # the Options' spellings of it lose
-            if spelling not in engine_args:
+            if spelling not in engine:
                 raw.pop(spelling, None)
         raw[key] = text
         labels[key] = f"{key} (in {ENGINE_ARGS_FIELD})"

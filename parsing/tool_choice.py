@@ -40,8 +40,9 @@ class ToolChoice:
 
 def _function_name(value: dict[str, Any]) -> str:
     function = value.get("function")
-    if isinstance(function, dict) and isinstance(function.get("name"), str):
-        return function["name"]
+    named = function.get("name") if isinstance(function, dict) else None
+    if isinstance(named, str):
+        return named
     name = value.get("name")  # the legacy / Anthropic-compatible flat shape
     return name if isinstance(name, str) else ""
 

@@ -19,6 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from errors import InvalidArgument
 from params import embd_normalize_code
 from prompting import render as prompt_mod
+from seam.arrays import floats
 from tasks.scoring import DEFAULT_STEP, ShouldStop, check_step, stopper
 
 POOLINGS = ("mean", "last", "none")
@@ -159,13 +160,15 @@ def embed_tokens(
             rows.append(h)
         last = h[-1]
         mx.eval(total, rows, last, [c.state for c in kv] if kv is not None else [])
+    assert last is not None  # ids is not empty: the loop ran
     dim = int(last.shape[-1])
     if pooling == "none":
         flat = mx.concatenate(rows).reshape(-1)
-        return EmbeddingOutput(tuple(flat.tolist()), dim, len(ids), rows=len(ids), per_token=True)
-    vec = total / len(ids) if pooling == "mean" else last
+        return EmbeddingOutput(tuple(floats(flat)), dim, len(ids), rows=len(ids), per_token=True)
+    # total: set by the loop under "mean".
+    vec = total / len(ids) if pooling == "mean" and total is not None else last
     vec = _normalized(vec, norm)
-    return EmbeddingOutput(tuple(vec.tolist()), dim, len(ids))
+    return EmbeddingOutput(tuple(floats(vec)), dim, len(ids))
 
 
 def _normalized(vec: mx.array, norm: int) -> mx.array:

@@ -184,9 +184,10 @@ def yes_no_prompt(tokenizer: Any, instruction: str, query: str, doc: str) -> str
         },
     ]
     try:
-        return tokenizer.apply_chat_template(
+        rendered: str = tokenizer.apply_chat_template(  # a string: tokenize=False
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
+        return rendered
     except jinja2.TemplateError as err:
         raise InvalidArgument(
             f"the chat template refused the rerank judge prompt ({err}): load the model "

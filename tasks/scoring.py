@@ -45,6 +45,7 @@ from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 from prompt_cache import common_prefix, needs_checkpoints
 from prompting import render as prompt_mod
+from seam.arrays import floats
 
 __all__ = [
     "MAX_SCORE_CANDIDATES",
@@ -309,7 +310,7 @@ def run(
         lps = _target_logprobs(model, kv, seq, base_len, k, step, check)
         total = math.fsum(lps)
         targets = seq[k:]
-        tokens = ()
+        tokens: tuple[tuple[str, float], ...] = ()
         if token_texts is not None:
             tokens = tuple(zip(token_texts(targets), lps, strict=True))
         results.append(CandidateResult(total, total / len(targets), len(targets), tokens))
@@ -420,7 +421,7 @@ def _run_batch(
                 extras[r] = part[0, extra] - norm[0]
         mx.eval(picked, [e for e in extras if e is not None], [c.state for c in kv])
     return [
-        (mx.concatenate(p).tolist(), e.tolist() if e is not None else [])
+        (floats(mx.concatenate(p)), floats(e) if e is not None else [])
         for p, e in zip(picked, extras, strict=True)
     ]
 
@@ -526,7 +527,7 @@ def _target_logprobs(
         lp = picked - mx.logsumexp(rows, axis=-1)
         mx.eval(lp, [c.state for c in kv])
         out.append(lp)
-    return mx.concatenate(out).tolist()
+    return floats(mx.concatenate(out))
 
 
 class _TokenTexts:

@@ -19,7 +19,10 @@ import json
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 MAX_ERRORS = 10  # bad lines named in one message
 
@@ -114,7 +117,7 @@ def read(path: Path) -> tuple[str, list[tuple[int, dict[str, Any]]]]:
     return fmt, rows
 
 
-def tokenize(path: Path, tokenizer: Any, mask_prompt: bool | None) -> Rows:
+def tokenize(path: Path, tokenizer: TokenizerWrapper, mask_prompt: bool | None) -> Rows:
     """Read and tokenize ``path`` with mlx-lm's dataset classes. ``mask_prompt`` None:
     masked for prompt/completion rows, not for chat and text rows (trl's SFT defaults)."""
     from mlx_lm.tuner.datasets import create_dataset

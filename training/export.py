@@ -14,11 +14,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from seam.arrays import flat_arrays
 from training import checkpoints
 from training.finetune import Emit, load_base, resolve
 from training.spec import ExportSpec
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 GGUF_TYPES = ("llama", "mistral", "mixtral")  # what mlx_lm/fuse.py lets convert_to_gguf write
 
@@ -32,7 +36,7 @@ def _adapter(spec: ExportSpec, out: Path) -> None:
     (out / checkpoints.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
 
 
-def _fused(spec: ExportSpec, dequantize: bool):
+def _fused(spec: ExportSpec, dequantize: bool) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, config): the base with the adapter fused in."""
     import mlx.core as mx
     from mlx.utils import tree_unflatten
@@ -57,7 +61,7 @@ def _fused(spec: ExportSpec, dequantize: bool):
     return model, tokenizer, config
 
 
-def _to_16bit(model: Any) -> None:
+def _to_16bit(model: nn.Module) -> None:
     import mlx.core as mx
     from mlx.utils import tree_map
 
@@ -101,7 +105,11 @@ def write_gguf(
     model, decoder = tok.get("model") or {}, tok.get("decoder") or {}
     if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel":
         return  # SentencePiece vocabularies are what mlx-lm's writer is made for
-    tensors, metadata = mx.load(str(target), return_metadata=True)
+    # With return_metadata a GGUF file reads as (name -> array, key -> value); mlx types
+    # the result as any of its load shapes.
+    tensors, metadata = cast(
+        tuple[dict[str, mx.array], dict[str, Any]], mx.load(str(target), return_metadata=True)
+    )
     meta = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.scores"}
     meta["tokenizer.ggml.model"] = "gpt2"
     meta["tokenizer.ggml.merges"] = [
@@ -160,8 +168,6 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         out.mkdir(parents=True, exist_ok=True)
         save(out, resolve(spec.model), model, tokenizer, config, donate_model=False)
     else:
-        from mlx.utils import tree_flatten
-
         model, tokenizer, config = _fused(spec, dequantize=True)
         model_type = config.get("model_type", "")
         if model_type not in GGUF_TYPES:
@@ -175,7 +181,7 @@ def run(spec: ExportSpec, emit: Emit) -> None:
         staging = out / "_merged"
         staging.mkdir(parents=True, exist_ok=True)
         save(staging, resolve(spec.model), model, tokenizer, config, donate_model=False)
-        weights = dict(tree_flatten(model.parameters()))
+        weights = dict(flat_arrays(model.parameters()))
         target = out / f"{out.name}-f16.gguf"
         write_gguf(staging, weights, config, target)
         shutil.rmtree(staging)

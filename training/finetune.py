@@ -24,15 +24,16 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_map, tree_unflatten
 
 from loading import host_memory
+from seam.arrays import flat_arrays, real, scalar
 from training import checkpoints, datasets
 from training.spec import FineTuneSpec
 
@@ -58,16 +59,20 @@ def resolve(model: str) -> str:
 
 def load_base(
     model: str, trust_remote_code: bool = False, lazy: bool = False, adapter_path: str = ""
-):
+) -> tuple[nn.Module, Any, dict[str, Any]]:
     """(model, tokenizer, config) of a model directory, Hugging Face id or GGUF file."""
     from mlx_lm.utils import load
 
-    return load(
-        resolve(model),
-        adapter_path=adapter_path or None,
-        tokenizer_config={"trust_remote_code": trust_remote_code},
-        return_config=True,
-        lazy=lazy,
+    # With return_config mlx-lm returns (model, tokenizer, config); it types both shapes.
+    return cast(
+        tuple[nn.Module, Any, dict[str, Any]],
+        load(
+            resolve(model),
+            adapter_path=adapter_path or None,
+            tokenizer_config={"trust_remote_code": trust_remote_code},
+            return_config=True,
+            lazy=lazy,
+        ),
     )
 
 
@@ -159,9 +164,9 @@ def estimate(
     follow Korthikanti et al. 2022 ("Reducing Activation Recomputation"): 34·s·b·h + 5·a·s²·b
     bytes at 16 bits, scaled to the weights' width; with gradient checkpointing only each
     layer's input is kept, plus one layer's full set. Logits: 3 float32 copies."""
-    params = tree_flatten(model.parameters())
+    params = flat_arrays(model.parameters())
     weights = sum(p.nbytes for _, p in params)
-    trainable = sum(p.nbytes for _, p in tree_flatten(model.trainable_parameters()))
+    trainable = sum(p.nbytes for _, p in flat_arrays(model.trainable_parameters()))
     width = max((p.dtype.size for _, p in params if mx.issubdtype(p.dtype, mx.floating)), default=4)
     text = config.get("text_config", config)
     hidden = int(text.get("hidden_size", 0) or 0)
@@ -226,9 +231,9 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     mx.save_safetensors(
-        str(tmp / checkpoints.ADAPTERS), dict(tree_flatten(model.trainable_parameters()))
+        str(tmp / checkpoints.ADAPTERS), dict(flat_arrays(model.trainable_parameters()))
     )
-    mx.save_safetensors(str(tmp / checkpoints.OPTIMIZER), dict(tree_flatten(opt.state)))
+    mx.save_safetensors(str(tmp / checkpoints.OPTIMIZER), dict(flat_arrays(opt.state)))
     (tmp / checkpoints.ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2))
     (tmp / checkpoints.STATE).write_text(json.dumps(state, indent=2))
     if path.exists():
@@ -246,7 +251,9 @@ def restore(path: Path, model: nn.Module, opt: optim.Optimizer) -> dict[str, Any
         raise ValueError(f"resume_from_checkpoint {path}: not a checkpoint of this backend")
     model.load_weights(str(path / checkpoints.ADAPTERS), strict=False)
     if (path / checkpoints.OPTIMIZER).is_file():
-        opt.state = tree_unflatten(list(mx.load(str(path / checkpoints.OPTIMIZER)).items()))
+        # A safetensors file loads as name -> array (mlx types every load shape).
+        saved = cast(dict[str, mx.array], mx.load(str(path / checkpoints.OPTIMIZER)))
+        opt.state = tree_unflatten(list(saved.items()))
         opt.init(model.trainable_parameters())
     return state
 
@@ -323,7 +330,9 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
     state = [model.state, opt.state, mx.random.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
-    def step(batch, lengths, prev_grad, do_update):
+    def step(
+        batch: mx.array, lengths: mx.array, prev_grad: Any, do_update: bool
+    ) -> tuple[mx.array, mx.array, Any, mx.array | None]:
         # mlx_lm.tuner.trainer.train's step, plus the global gradient norm.
         (lvalue, toks), grad = loss_value_and_grad(model, batch, lengths)
         if prev_grad is not None:
@@ -332,7 +341,8 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
         if do_update:
             if accum > 1:
                 grad = tree_map(lambda x: x / accum, grad)
-            norm = mx.sqrt(sum(mx.sum(g.astype(mx.float32) ** 2) for _, g in tree_flatten(grad)))
+            squares = sum(mx.sum(g.astype(mx.float32) ** 2) for _, g in flat_arrays(grad))
+            norm = mx.sqrt(cast(mx.array, squares))  # a sum of arrays (grad is never empty)
             opt.update(model, grad)
             grad = None
         return lvalue, toks, grad, norm
@@ -383,7 +393,7 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
     while done < total_steps:
         losses, ntoks = [], 0
         norm = None
-        lr_used = float(schedule(mx.array(done)).item())  # the rate this step's update uses
+        lr_used = real(schedule(mx.array(done)))  # the rate this step's update uses
         for micro in range(1, accum + 1):
             if stop.is_set():
                 break
@@ -391,7 +401,7 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
             lvalue, toks, grad, norm = step(batch, lengths, grad, micro == accum)
             mx.eval(state, lvalue, toks, grad, norm)
             losses.append(lvalue.item())
-            ntoks += int(toks.item())
+            ntoks += scalar(toks)
         if stop.is_set():
             state_now = trainer_state(done, last_loss)
             _stop(output, model, opt, adapter_config, state_now, emit, done, stop.save)
@@ -409,7 +419,7 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
             total_epochs=total_epochs,
             loss=last_loss,
             learning_rate=lr_used,
-            grad_norm=float(norm.item()) if norm is not None else 0.0,
+            grad_norm=real(norm) if norm is not None else 0.0,
             eval_loss=ev,
             eta_seconds=per_step * (total_steps - done),
             progress_percent=100.0 * done / total_steps,
@@ -446,7 +456,16 @@ def run(spec: FineTuneSpec, emit: Emit, stop: StopFlag) -> None:
     )
 
 
-def _stop(output, model, opt, adapter_config, state, emit: Emit, done: int, keep: bool) -> None:
+def _stop(
+    output: Path,
+    model: nn.Module,
+    opt: optim.Optimizer,
+    adapter_config: dict[str, Any],
+    state: dict[str, Any],
+    emit: Emit,
+    done: int,
+    keep: bool,
+) -> None:
     """Save the last completed step as a checkpoint (the weights only change at an
     update, so a half-accumulated step is dropped) and end the run."""
     if not keep:

@@ -15,9 +15,12 @@ import re
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training import quant_types
+
+if TYPE_CHECKING:
+    import backend_pb2
 
 TRAINING_TYPES = ("lora", "dora", "full")  # mlx-lm's fine_tune_type values (mlx_lm/lora.py)
 TRAINING_METHODS = ("sft",)
@@ -148,7 +151,7 @@ class FineTuneSpec:
         return cls(**{**data, "target_modules": tuple(data.get("target_modules", ()))})
 
 
-def finetune_spec(req: Any) -> FineTuneSpec:
+def finetune_spec(req: backend_pb2.FineTuneRequest) -> FineTuneSpec:
     """A ``FineTuneRequest`` read and checked; ValueError names the field to change."""
     if not req.model:
         raise ValueError("model is required: an MLX model directory or a Hugging Face repo id")
@@ -256,7 +259,7 @@ class ExportSpec:
         return asdict(self)
 
 
-def export_spec(req: Any) -> ExportSpec:
+def export_spec(req: backend_pb2.ExportModelRequest) -> ExportSpec:
     """An ``ExportModelRequest`` read and checked."""
     fmt = (req.export_format or "lora").lower()
     if fmt not in EXPORT_FORMATS:
@@ -326,7 +329,7 @@ class QuantizeSpec:
 QUANT_EXTRA = ("group_size", "bits", "hf_token", "trust_remote_code")
 
 
-def quantize_spec(req: Any) -> QuantizeSpec:
+def quantize_spec(req: backend_pb2.QuantizationRequest) -> QuantizeSpec:
     """A ``QuantizationRequest`` read and checked."""
     if not req.model:
         raise ValueError("model is required: an MLX/Hugging Face model directory or repo id")

@@ -1,6 +1,6 @@
 """The type checker: mypy, with the project's configuration (pyproject.toml's [tool.mypy]:
-the folders it lists, every function typed and no Any returned in engine/, batch/, seam/,
-caches/, decoding/, prompting/), must find nothing. Fails with mypy's own report."""
+every product module, every function typed, no Any returned as a typed value), must find
+nothing. Fails with mypy's own report."""
 
 from __future__ import annotations
 
