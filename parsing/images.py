@@ -62,17 +62,23 @@ _BASE64 = re.compile(rb"^[A-Za-z0-9+/_-]*={0,2}$")
 
 
 @dataclass(frozen=True)
-class ImageData:
-    """One image of a request: ``index`` in ``PredictOptions.Images``, the file's ``data``,
-    its ``format`` (one of ``FORMATS``) and ``digest`` (SHA-256 hex of ``data``)."""
+class MediaFile:
+    """One media file of a request: ``index`` in its field, the file's ``data``, its
+    ``format`` and ``digest`` (SHA-256 hex of ``data``)."""
 
     index: int
     data: bytes
     format: str
     digest: str
 
-    def __repr__(self) -> str:  # never log image bytes
-        return f"ImageData({self.index}, {self.format}, {len(self.data)} bytes, {self.digest[:12]})"
+    def __repr__(self) -> str:  # never log media bytes
+        name = type(self).__name__
+        return f"{name}({self.index}, {self.format}, {len(self.data)} bytes, {self.digest[:12]})"
+
+
+@dataclass(frozen=True, repr=False)
+class ImageData(MediaFile):
+    """One image of ``PredictOptions.Images``; ``format`` is one of ``FORMATS``."""
 
 
 def _field(index: int) -> str:

@@ -59,18 +59,10 @@ CONTAINERS = ("MP4", "MATROSKA", "AVI")
 _CONTAINERS = "MP4, QuickTime, WebM, Matroska or AVI"
 
 
-@dataclass(frozen=True)
-class VideoData:
-    """One video of a request: ``index`` in ``PredictOptions.Videos``, the file's ``data``,
-    its ``format`` (one of ``FORMATS``) and ``digest`` (SHA-256 hex of ``data``)."""
-
-    index: int
-    data: bytes
-    format: str
-    digest: str
-
-    def __repr__(self) -> str:  # never log video bytes
-        return f"VideoData({self.index}, {self.format}, {len(self.data)} bytes, {self.digest[:12]})"
+@dataclass(frozen=True, repr=False)
+class VideoData(images_mod.MediaFile):
+    """One video of ``PredictOptions.Videos``; ``format`` is one of ``FORMATS`` or
+    ``CONTAINERS``."""
 
 
 @dataclass(frozen=True)
