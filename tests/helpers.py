@@ -473,3 +473,25 @@ def assert_refused(call, code, *needles: str, case: str = "") -> str:
     for needle in needles:
         assert needle.lower() in details.lower(), (case, details[:500])
     return details
+
+
+def feed_output(hf, pipe, output: str, whole: bool) -> list:
+    """Feed a model's ``output`` to the output pipeline ``pipe`` over the toy byte-level
+    tokenizer ``hf`` (toy_tokenizer.build_hf): as one token (the whole text, a vocabulary
+    entry) or byte by byte; finish it with "stop" and check that the streamed deltas add up
+    to the pipeline's totals. Returns the streamed tool-call pieces."""
+    from toy_tokenizer import byte_level
+
+    from decoding.tool_calls import merge_tool_call_deltas
+
+    if whole and output:
+        tokens = [hf.get_vocab()[byte_level(output)]]
+    else:
+        tokens = list(output.encode("utf-8"))
+    deltas = [pipe.feed(t) for t in tokens]
+    deltas.append(pipe.finish("stop"))
+    pieces = [p for d in deltas for p in d.tool_calls]
+    assert merge_tool_call_deltas(pieces) == pipe.tool_calls
+    assert "".join(d.content for d in deltas) == pipe.content
+    assert "".join(d.reasoning for d in deltas) == pipe.reasoning
+    return pieces

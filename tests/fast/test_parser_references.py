@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import feed_output
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-from toy_tokenizer import build_hf, byte_level
+from toy_tokenizer import build_hf
 from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
 
 from decoding.output import OutputPipeline
 from decoding.parsers import apply_parser_overrides
-from decoding.tool_calls import merge_tool_call_deltas
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +41,7 @@ def extract(hf, case: Case, whole: bool) -> tuple[dict, bool]:
         TokenizerWrapper(hf, BPEStreamingDetokenizer), case.tool, case.reasoning_parser
     )
     pipe = OutputPipeline(tok, initial_state=case.initial, tools=list(case.tools) or None)
-    if whole and case.output:
-        tokens = [hf.get_vocab()[byte_level(case.output)]]
-    else:
-        tokens = list(case.output.encode("utf-8"))
-    deltas = [pipe.feed(t) for t in tokens]
-    deltas.append(pipe.finish("stop"))
-    pieces = [p for d in deltas for p in d.tool_calls]
-    assert merge_tool_call_deltas(pieces) == pipe.tool_calls
-    assert "".join(d.content for d in deltas) == pipe.content
+    pieces = feed_output(hf, pipe, case.output, whole)
     calls = [(c.name, json.loads(c.arguments)) for c in pipe.tool_calls]
     withdrawn = any(p.dropped for p in pieces)
     indices = [c.index for c in pipe.tool_calls]

@@ -15,6 +15,7 @@ import json
 
 import pytest
 import vllm_parser_cases
+from helpers import feed_output
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from toy_tokenizer import build_hf, byte_level
 from vllm_reasoning_cases import (
@@ -33,7 +34,6 @@ from vllm_reasoning_cases import (
 from decoding import reasoning_formats
 from decoding.output import OutputPipeline, initial_state_for
 from decoding.parsers import apply_parser_overrides
-from decoding.tool_calls import merge_tool_call_deltas
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +59,7 @@ def extract(hf, case: Case, whole: bool) -> tuple[dict, bool]:
     tok = named(hf, case.parser, case.tool)
     initial = initial_state_for(tok, tok.encode(prompt_text(case), add_special_tokens=False))
     pipe = OutputPipeline(tok, initial_state=initial)
-    if whole and case.output:
-        tokens = [hf.get_vocab()[byte_level(case.output)]]
-    else:
-        tokens = list(case.output.encode("utf-8"))
-    deltas = [pipe.feed(t) for t in tokens]
-    deltas.append(pipe.finish("stop"))
-    pieces = [p for d in deltas for p in d.tool_calls]
-    assert merge_tool_call_deltas(pieces) == pipe.tool_calls
-    assert "".join(d.content for d in deltas) == pipe.content
-    assert "".join(d.reasoning for d in deltas) == pipe.reasoning
+    pieces = feed_output(hf, pipe, case.output, whole)
     calls = [(c.name, json.loads(c.arguments)) for c in pipe.tool_calls]
     got = {"calls": calls, "content": pipe.content, "reasoning": pipe.reasoning}
     return got, any(p.dropped for p in pieces)
