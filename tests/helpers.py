@@ -495,3 +495,26 @@ def feed_output(hf, pipe, output: str, whole: bool) -> list:
     assert "".join(d.content for d in deltas) == pipe.content
     assert "".join(d.reasoning for d in deltas) == pipe.reasoning
     return pieces
+
+
+def joined_stream(replies) -> dict:
+    """A PredictStream's chat deltas joined as LocalAI joins them (calls by index):
+    {"calls": [(name, arguments decoded where they are JSON, else the text)], "content",
+    "reasoning"}."""
+    content, reasoning, args, names = "", "", {}, {}
+    for r in replies:
+        for d in r.chat_deltas:
+            content += d.content
+            reasoning += d.reasoning_content
+            for c in d.tool_calls:
+                names.setdefault(c.index, c.name)
+                args[c.index] = args.get(c.index, "") + c.arguments
+    calls = [(names[i], _json_or_text(args[i])) for i in sorted(names)]
+    return {"calls": calls, "content": content, "reasoning": reasoning}
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

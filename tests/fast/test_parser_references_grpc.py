@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import regex
-from helpers import chat_request
+from helpers import chat_request, joined_stream
 from inprocess import InProcessServer
 from mlx_lm import tokenizer_utils
 from scripted import ScriptedModel
@@ -127,27 +127,6 @@ def request(case: Case, named) -> backend_pb2.PredictOptions:
     return req
 
 
-def joined(replies) -> dict:
-    """The stream joined as LocalAI joins it; arguments decoded where they are JSON."""
-    content, reasoning, args, names = "", "", {}, {}
-    for r in replies:
-        for d in r.chat_deltas:
-            content += d.content
-            reasoning += d.reasoning_content
-            for c in d.tool_calls:
-                names.setdefault(c.index, c.name)
-                args[c.index] = args.get(c.index, "") + c.arguments
-    calls = [(names[i], _decoded(args[i])) for i in sorted(names)]
-    return {"calls": calls, "content": content, "reasoning": reasoning}
-
-
-def _decoded(arguments: str):
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
-
-
 def predict_and_stream(servers, case: Case, by_byte: bool = False) -> tuple[dict, dict]:
     """(Predict's result, PredictStream's joined) for the case's output, streamed CHUNK
     characters a token (by_byte: a byte a token)."""
@@ -166,7 +145,7 @@ def predict_and_stream(servers, case: Case, by_byte: bool = False) -> tuple[dict
         "content": d.content,
         "reasoning": d.reasoning_content,
     }
-    return whole, joined(srv.stub.PredictStream(req))
+    return whole, joined_stream(srv.stub.PredictStream(req))
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import asyncio
 import json
 
 import pytest
+from helpers import joined_stream
 from inprocess import InProcessServer
 from scripted import ScriptedModel
 from vllm_reasoning_cases import CASES, KNOWN, Case, expected, prompt_tail
@@ -66,20 +67,6 @@ def request(case: Case) -> backend_pb2.PredictOptions:
     return backend_pb2.PredictOptions(Prompt="Hi" + tail, Tokens=4000, Temperature=0.0)
 
 
-def joined(replies) -> dict:
-    """The stream joined as LocalAI joins it (calls joined by index)."""
-    content, reasoning, args, names = "", "", {}, {}
-    for r in replies:
-        for d in r.chat_deltas:
-            content += d.content
-            reasoning += d.reasoning_content
-            for c in d.tool_calls:
-                names.setdefault(c.index, c.name)
-                args[c.index] = args.get(c.index, "") + c.arguments
-    calls = [(names[i], json.loads(args[i])) for i in sorted(names)]
-    return {"calls": calls, "content": content, "reasoning": reasoning}
-
-
 def predict_and_stream(served: Served, case: Case) -> tuple[dict, dict]:
     stub, model, named = served.use(case.tool, case.parser)
     req = request(case)
@@ -91,7 +78,7 @@ def predict_and_stream(served: Served, case: Case) -> tuple[dict, dict]:
         "content": d.content,
         "reasoning": d.reasoning_content,
     }
-    return whole, joined(stub.PredictStream(req))
+    return whole, joined_stream(stub.PredictStream(req))
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.id)
