@@ -280,15 +280,7 @@ def render_videos(spec: PromptSpec, parts: Any, n: int) -> str:
     if spec.template_tools:
         kwargs["tools"] = spec.template_tools
     text = _render_parts(parts, messages, add_generation_prompt=not spec.continue_final, **kwargs)
-    if spec.continue_final:
-        cut = text.rfind(prompt_mod._CONTINUE_MARK)
-        if cut < 0:
-            raise ValueError(
-                "PredictOptions.Messages: the chat template does not render the final "
-                "assistant message's content, so it cannot be continued; end with a user turn"
-            )
-        text = text[:cut]
-    return text
+    return prompt_mod.cut_continued(text, spec.continue_final)
 
 
 def _render_parts(parts: Any, messages: list, **kwargs: Any) -> str:
@@ -378,15 +370,7 @@ def render(spec: PromptSpec, parts: Any, n: int) -> str:
     if spec.template_tools:
         kwargs["tools"] = spec.template_tools
     text = _template(parts, messages, n, add_generation_prompt=not spec.continue_final, **kwargs)
-    if spec.continue_final:
-        cut = text.rfind(prompt_mod._CONTINUE_MARK)
-        if cut < 0:
-            raise ValueError(
-                "PredictOptions.Messages: the chat template does not render the final "
-                "assistant message's content, so it cannot be continued; end with a user turn"
-            )
-        text = text[:cut]
-    return text
+    return prompt_mod.cut_continued(text, spec.continue_final)
 
 
 # --------------------------------------------------------------------------- tokens

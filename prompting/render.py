@@ -127,15 +127,22 @@ def render(spec: PromptSpec, tokenizer: Any) -> str:
     except jinja2.TemplateError as err:
         # Templates reject bad conversations (e.g. roles not alternating) this way.
         raise ValueError(f"PredictOptions.Messages rejected by the chat template: {err}") from None
-    if spec.continue_final:
-        cut = text.rfind(_CONTINUE_MARK)
-        if cut < 0:
-            raise ValueError(
-                "PredictOptions.Messages: the chat template does not render the final "
-                "assistant message's content, so it cannot be continued; end with a user turn"
-            )
-        text = text[:cut]
-    return text
+    return cut_continued(text, spec.continue_final)
+
+
+def cut_continued(text: str, continue_final: bool) -> str:
+    """``text`` rendered with the final assistant message marked (`_CONTINUE_MARK`), cut
+    where that message's content ends, so the model continues it; unchanged when
+    ``continue_final`` is False. ValueError when the template dropped the content."""
+    if not continue_final:
+        return text
+    cut = text.rfind(_CONTINUE_MARK)
+    if cut < 0:
+        raise ValueError(
+            "PredictOptions.Messages: the chat template does not render the final "
+            "assistant message's content, so it cannot be continued; end with a user turn"
+        )
+    return text[:cut]
 
 
 def chat_boundary(spec: PromptSpec, tokenizer: Any, token_ids: tuple[int, ...]) -> int:
