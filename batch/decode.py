@@ -98,6 +98,7 @@ class Row:
     context: Any = None  # TokenBuffer of its history, for its per-row logits processors
     held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
+    skipped: int = 0  # later rows that joined the prefill group before it (`_pick`)
 
     def history(self, new: mx.array, fresh: bool = True) -> mx.array:
         """Its token context for a per-row logits processor: the tokens its KV holds,
@@ -155,8 +156,65 @@ def _joining(n: int, limit: int | None, prefilling: list[Row]) -> int:
     others wait, in order. Rows down to their last token leave it in this step."""
     if limit is None:
         return n
-    leaving = sum(1 for r in prefilling if len(r.segments) == 1 == len(r.segments[0]))
-    return min(n, limit - len(prefilling) + leaving)
+    return min(n, limit - len(prefilling) + sum(1 for r in prefilling if _leaving(r)))
+
+
+def _leaving(row: Row) -> bool:
+    """Whether ``row``'s prompt is down to its last token (it leaves the prefill group)."""
+    return len(row.segments) == 1 == len(row.segments[0])
+
+
+def _left(row: Row) -> int:
+    """Prompt tokens ``row`` has left to prefill in chunks (its last one is the first
+    decode step's)."""
+    return sum(len(s) for s in row.segments) - 1
+
+
+#: A waiting row that this many later rows went ahead of (shorter prompts left) joins the
+#: prefill group before any other: the shortest-first order never starves a long prompt.
+MAX_SKIPS = 8
+
+
+def _pick(waiting: deque[Row], n: int, budget: int, chunk: int, group: list[Row]) -> list[Row]:
+    """Take from ``waiting`` the rows that join the prefill group this step (at most
+    ``n``), within the step's ``budget`` of prompt tokens over all its rows (vLLM's
+    ``max_num_batched_tokens``), each row counting the chunk it takes this step (at most
+    ``chunk`` tokens). The rows with the fewest tokens left join first (a new turn of a
+    running session does not wait behind a long prompt), but a row that `MAX_SKIPS` later
+    rows went ahead of joins first; rows down to their last token always join (one decode
+    token each). The first row joins whatever its chunk when the group is empty.
+
+    Own code: mlx-lm's `BatchGenerator` takes waiting prompts in arrival order, each with a
+    full chunk; vLLM's scheduler (vllm/v1/core/sched/scheduler.py, ``schedule``) shares a
+    token budget per step, in arrival order."""
+    staying = [r for r in group if not _leaving(r)]
+    left = budget - sum(min(chunk, len(r.segments[0])) for r in staying)
+    starved = [r for r in waiting if r.skipped >= MAX_SKIPS]
+    order = starved + sorted((r for r in waiting if r.skipped < MAX_SKIPS), key=_left)
+    taken: list[Row] = []
+    for r in order:
+        if len(taken) >= n:
+            break
+        cost = 0 if _leaving(r) else min(chunk, len(r.segments[0]))
+        if cost > left and (taken or staying):
+            if r.skipped >= MAX_SKIPS:
+                break  # a starved row: nobody goes ahead of it
+            continue
+        taken.append(r)
+        left -= cost
+    if taken:
+        chosen = {id(r) for r in taken}
+        kept: list[Row] = []
+        later = 0  # chosen rows behind the one looked at
+        for r in reversed(waiting):
+            if id(r) in chosen:
+                later += 1
+            else:
+                r.skipped += later  # the later rows that went ahead of it
+                kept.append(r)
+        waiting.clear()
+        waiting.extend(reversed(kept))
+    return taken
 
 
 class DecodeBatch:
@@ -167,7 +225,9 @@ class DecodeBatch:
         eos: token ids that end a row that stops at EOS.
         max_rows: most rows decoding, and most prefilling, at once.
         prefill_step_size: most prompt tokens per row per step (may change between steps),
-            ``prefill_rows`` the most rows prefilling together (`_joining`; None: any).
+            ``prefill_rows`` the most rows prefilling together (`_joining`; None: any),
+            ``prefill_tokens`` the most prompt tokens a step feeds over all rows (`_pick`,
+            shortest first; None: no bound, rows join in arrival order).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
@@ -194,6 +254,7 @@ class DecodeBatch:
         self.max_rows = max_rows
         self.prefill_step_size = prefill_step_size
         self.prefill_rows: int | None = None
+        self.prefill_tokens: int | None = None
         self.max_kv_size = max_kv_size
         self.own_layers = own_layers
         self._uid = 0
@@ -383,18 +444,20 @@ class DecodeBatch:
             len(self._waiting),
         )
         n = _joining(n, self.prefill_rows, self._prefilling)
-        if n > 0:
+        if n <= 0:
+            rows = []
+        elif self.prefill_tokens is None:
             rows = [self._waiting.popleft() for _ in range(n)]
+        else:
+            budget, chunk = self.prefill_tokens, self.prefill_step_size
+            rows = _pick(self._waiting, n, budget, chunk, self._prefilling)
+        if rows:
             cache = merge_rows([r.cache for r in rows], self.own_layers)
             for r in rows:
                 r.cache = []
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
-        ready = [
-            i
-            for i, r in enumerate(self._prefilling)
-            if len(r.segments) == 1 and len(r.segments[0]) == 1
-        ]
+        ready = [i for i, r in enumerate(self._prefilling) if _leaving(r)]
         if ready:
             keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
             rows = [self._prefilling[i] for i in ready]

@@ -347,13 +347,13 @@ class BatchRunner:
         return out
 
     def _plan_chunk(self, decoding: bool) -> None:
-        """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
-        A distributed follower plans the same (its budget has no time part there)."""
-        rows = [self._batch.held(u) or (0, 0) for u, s in self._rows.items() if not s.decoding]
-        grouped = sum(1 for _, stage in rows if stage == 1)
-        context = max((n for n, _ in rows), default=0)
-        chunk, most = self.budget.plan(len(rows) - grouped, grouped, decoding, context, self.nbytes)
-        self._batch.prefill_step_size, self._batch.prefill_rows = chunk, most
+        """The step's prompt tokens (`PrefillBudget.plan`): each row's chunk and the
+        step's budget over its rows; the batch reads them every step. A distributed
+        follower plans the same (its budget has no time part there)."""
+        held = [self._batch.held(u) for u, s in self._rows.items() if not s.decoding]
+        context = max((h[0] for h in held if h is not None), default=0)
+        tokens = self.budget.plan(decoding, context, self.nbytes)
+        self._batch.prefill_step_size = self._batch.prefill_tokens = tokens
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints

@@ -16,9 +16,9 @@ from mlx_lm.models.cache import KVCache
 from scripted import ScriptedModel
 
 import backend_pb2
-from batch.decode import DecodeBatch
+from batch.decode import MAX_SKIPS, DecodeBatch
 from caches.prompt_tiers import entry_bound
-from engine.step_budget import PrefillBudget
+from engine.step_budget import FIRST_CHUNK, PrefillBudget
 from parsing.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CACHE_ENTRIES
 from prompt_cache import PromptCache, _Entry, _ids, _Prefixes, common_prefix
 from seam.tokenizer import vocab_size
@@ -120,19 +120,49 @@ def _measured(decode_s: float, rate: float) -> PrefillBudget:
     return budget
 
 
-def test_the_step_prefill_goes_to_the_oldest_rows_in_full_chunks() -> None:
-    # (0.75 s - 0.05 s) * 4,000 tok/s = 2,800 tokens a step: five full 512-token chunks.
-    budget = _measured(0.05, 4000)
-    assert budget.plan(waiting=16, grouped=0, decoding=True) == (512, 5)
-    # Equal slices (before) would have given every one of 16 rows 2,800 / 16 -> 160 tokens.
-    assert budget.chunk(16, decoding=True) == 160
-    # Rows already prefilling stay; none joins until some leave.
-    assert budget.plan(waiting=4, grouped=7, decoding=True) == (budget.chunk(7, True), 7)
-    # What fits joins at once; nobody decoding, or nothing measured: every row, full chunks.
-    assert budget.plan(waiting=3, grouped=1, decoding=True) == (512, None)
-    assert budget.plan(waiting=16, grouped=0, decoding=False) == (512, None)
-    assert PrefillBudget(750, 512).plan(16, 0, decoding=True)[1] is None
-    assert PrefillBudget(0, 512).plan(16, 0, decoding=True) == (512, None)  # budget off
+def test_the_step_prefill_is_one_budget_for_all_its_rows() -> None:
+    # (0.75 s - 0.05 s) * 400 tok/s = 280 tokens beside the decode: 272 in quanta of 16.
+    assert _measured(0.05, 400).plan(decoding=True) == 272
+    assert _measured(0.05, 4000).plan(decoding=True) == 512  # at most the full chunk
+    assert _measured(0.05, 400).plan(decoding=False) == 512  # nobody decodes: full
+    assert PrefillBudget(0, 512).plan(decoding=True) == 512  # time budget off
+    assert PrefillBudget(750, 512).plan(decoding=True) == FIRST_CHUNK  # nothing measured
+
+
+def _joined_order(tok, prompts: list[int], budget: int, steps: int = 60) -> list[list[int]]:
+    """Per step, the uids whose first token came (prompts of these lengths, inserted
+    together, ``budget`` prompt tokens a step)."""
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=64, prefill_step_size=budget)
+    batch.prefill_tokens = budget
+    for n in prompts:
+        batch.insert([list(range(1, n + 1))], max_tokens=2, stops=False)
+    out: list[list[int]] = []
+    seen: set[int] = set()
+    for _ in range(steps):
+        _, generated = batch.next()
+        out.append(sorted(g.uid for g in generated if g.uid not in seen))
+        seen |= {g.uid for g in generated}
+    return [x for x in out if x]
+
+
+def test_the_turns_with_the_fewest_tokens_left_prefill_first_within_the_budget(tok) -> None:
+    # A long prompt first, then three short turns: the short ones (9+9 fit in 20 tokens,
+    # one step; 17 the next) decode before the long one, which prefills 20 a step after.
+    order = _joined_order(tok, [100, 10, 18, 10], budget=20)
+    assert order[0] == [1, 3]
+    assert order[1] == [2]
+    assert order[2] == [0]
+    assert _joined_order(tok, [10, 10, 10], budget=512) == [[0, 1, 2]]  # all fit: together
+
+
+def test_a_long_prompt_is_not_starved_by_shorter_ones(tok) -> None:
+    # A 60-token prompt behind a stream of short ones: after MAX_SKIPS shorter rows went
+    # ahead of it, it joins before the rest.
+    order = _joined_order(tok, [60] + [5] * 20, budget=8)
+    flat = [u for step in order for u in step]
+    assert flat.index(0) == MAX_SKIPS
+    assert sorted(flat) == list(range(21))
 
 
 def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:
