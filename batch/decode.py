@@ -99,6 +99,9 @@ class Row:
     held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
     skipped: int = 0  # later rows that joined the prefill group before it (`_pick`)
+    # The caller wants its KV where only the last prompt token is left (a segment of its
+    # own: a checkpoint or `cut` there): it then decodes from the next step, not this one.
+    boundary: bool = False
 
     def history(self, new: mx.array, fresh: bool = True) -> mx.array:
         """Its token context for a per-row logits processor: the tokens its KV holds,
@@ -309,6 +312,7 @@ class DecodeBatch:
             raise ValueError(f"Sequence {uid} has an empty prompt.")
         if max_tokens <= 0:
             raise ValueError(f"Sequence {uid}'s max_tokens must be > 0.")
+        boundary = len(segs) > 1 and len(segs[-1]) == 1
         if len(segs[-1]) != 1:  # the last token is fed by the first decode step
             segs.append(segs[-1][-1:])
             segs[-2] = segs[-2][:-1]
@@ -326,6 +330,7 @@ class DecodeBatch:
             logprobs,
             sum(len(s) for s in segs),
             draft,
+            boundary=boundary,
         )
         self._uid += 1
         self._waiting.append(row)
@@ -339,7 +344,11 @@ class DecodeBatch:
         for rows in (self._waiting, self._prefilling):
             for r in rows:
                 if r.uid == uid:
-                    return _cut(r.segments, position - len(r.tokens))
+                    offset = position - len(r.tokens)
+                    if not _cut(r.segments, offset):
+                        return False
+                    r.boundary |= offset == _left(r)
+                    return True
         return False
 
     def held(self, uid: int) -> tuple[int, int] | None:
@@ -406,6 +415,11 @@ class DecodeBatch:
     def rows(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self._rows)
 
+    @property
+    def prefills(self) -> bool:
+        """Whether a row waits to prefill or is prefilling."""
+        return bool(self._waiting or self._prefilling)
+
     def __len__(self) -> int:
         return self.rows
 
@@ -416,18 +430,21 @@ class DecodeBatch:
         return total + sum(_nbytes(c) for c in (*self._pcache, *self._cache))
 
     # -- stepping ----------------------------------------------------------------------
-    def next(self) -> tuple[list[Prefilled], list[Generated]]:
+    def next(
+        self, decode: bool = True, prefill: bool = True
+    ) -> tuple[list[Prefilled], list[Generated]]:
         """One step: a token for every decoding row, then a prefill chunk for each row
-        still prefilling (module doc)."""
+        still prefilling (module doc); ``decode`` / ``prefill`` False: without that part
+        (a caller that hands the tokens over before the prefill runs)."""
         with mx.stream(generation_stream):
-            out = self._next()
+            out = self._next(decode, prefill)
             if self.settle and self._next_tokens is not None:
                 mx.eval(self._next_tokens, [x for x in self._next_logprobs if x is not None])
             return out
 
-    def _next(self) -> tuple[list[Prefilled], list[Generated]]:
+    def _next(self, decode: bool, prefill: bool) -> tuple[list[Prefilled], list[Generated]]:
         generated: list[Generated] = []
-        if self._rows:
+        if self._rows and decode:
             generated = self._decode()
             self._steps += 1
             # Every 512 steps, at the first step after that in which no sequence finished.
@@ -436,7 +453,7 @@ class DecodeBatch:
                 release_cache(generation_stream)
                 self._release_due = False
         prefilled: list[Prefilled] = []
-        if len(self._rows) >= self.max_rows:
+        if len(self._rows) >= self.max_rows or not prefill:
             return prefilled, generated
         n = min(
             self.max_rows - len(self._prefilling),
@@ -457,19 +474,7 @@ class DecodeBatch:
                 r.cache = []
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
-        ready = [i for i, r in enumerate(self._prefilling) if _leaving(r)]
-        if ready:
-            keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
-            rows = [self._prefilling[i] for i in ready]
-            cache = copy.deepcopy(self._pcache) if keep else self._pcache
-            _filter_layers(cache, ready)
-            self._prefilling = [self._prefilling[i] for i in keep]
-            if keep:
-                _filter_layers(self._pcache, keep)
-            else:
-                self._pcache = []
-            prefilled += [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
-            self._start(rows, cache)
+        prefilled += self._start_ready(lambda r: True)
         chunks = []
         for r in self._prefilling:
             seg = r.segments[0]
@@ -481,7 +486,28 @@ class DecodeBatch:
             chunks.append(chunk)
             prefilled.append(Prefilled(r.uid, (r.done, r.total), end, False))
         self._prefill(chunks)
+        # Rows whose prompt this chunk ended decode from now: their first token is read
+        # in the next step, not the one after (unless the caller wants their KV first).
+        if len(self._rows) < self.max_rows:
+            prefilled += self._start_ready(lambda r: not r.boundary)
         return prefilled, generated
+
+    def _start_ready(self, may: Callable[[Row], bool]) -> list[Prefilled]:
+        """Start the prefilling rows down to their last token that ``may`` start (`_start`)."""
+        ready = [i for i, r in enumerate(self._prefilling) if _leaving(r) and may(r)]
+        if not ready:
+            return []
+        keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
+        rows = [self._prefilling[i] for i in ready]
+        cache = copy.deepcopy(self._pcache) if keep else self._pcache
+        _filter_layers(cache, ready)
+        self._prefilling = [self._prefilling[i] for i in keep]
+        if keep:
+            _filter_layers(self._pcache, keep)
+        else:
+            self._pcache = []
+        self._start(rows, cache)
+        return [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
 
     def _prefill(self, chunks: list[list[int]]) -> None:
         """Feed each prefilling row its chunk (right-padded when they differ in length)."""

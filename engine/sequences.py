@@ -155,6 +155,7 @@ class BatchRunner:
         # In-flight prefix sharing: the copies made since last asked (`take_shared`).
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
+        self._decode_next = True  # the part of a split step that comes next (`step`)
         self._batch = self._new_batch()
 
     def reset(self) -> None:
@@ -326,16 +327,27 @@ class BatchRunner:
         if not self._rows:
             return []
         decoding = any(s.decoding for s in self._rows.values())
+        # While rows decode and others prefill, a step is two: the decode, whose tokens
+        # the engine hands over (and whose new requests it admits) before the prefill
+        # chunk runs, then the chunk; alone, a step is both (`DecodeBatch.next`). A
+        # distributed group's ranks take whole steps.
+        decode = prefill = True
+        if decoding and self._batch.prefills and self.checkpoints.single_process:
+            decode = self._decode_next
+            prefill = not decode
+            self._decode_next = not decode
+        else:
+            self._decode_next = True  # a whole step: a split one starts with its decode
         # The budget's chunk for this step; the batch reads it on every step.
         self._plan_chunk(decoding)
         start = time.perf_counter()
-        prompt_responses, responses = self._batch.next()
+        prompt_responses, responses = self._batch.next(decode, prefill)
         prefilled = 0
         for r in prompt_responses:
             seq = self._rows.get(r.uid)
             if seq is not None:
                 prefilled += seq.prefill_progress(r.progress[0], r.end_of_prompt)
-        self.budget.observe(time.perf_counter() - start, prefilled, decoding)
+        self.budget.observe(time.perf_counter() - start, prefilled, decoding and decode)
         self._at_boundaries(prompt_responses, jobs)
         out = []
         for g in responses:
@@ -358,11 +370,13 @@ class BatchRunner:
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
         (``jobs``: by uid) or `share` positions."""
+        started = {r.uid for r in prompt_responses if r.end_of_prompt}
         boundaries = [
             r.uid
             for r in prompt_responses
             if r.end_of_segment
             and not r.end_of_prompt
+            and r.uid not in started  # it decodes now: no KV of its prompt alone wanted
             and r.uid in self._rows
             and (self._rows[r.uid].snapshots or self._rows[r.uid].shares)
         ]
