@@ -98,7 +98,7 @@ class Row:
     context: Any = None  # TokenBuffer of its history, for its per-row logits processors
     held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
-    skipped: int = 0  # later rows that joined the prefill group before it (`_pick`)
+    since: int = 0  # the batch's prompt tokens fed when it was inserted (`_pick`)
     # The caller wants its KV where only the last prompt token is left (a segment of its
     # own: a checkpoint or `cut` there): it then decodes from the next step, not this one.
     boundary: bool = False
@@ -173,50 +173,43 @@ def _left(row: Row) -> int:
     return sum(len(s) for s in row.segments) - 1
 
 
-#: A waiting row that this many later rows went ahead of (shorter prompts left) joins the
-#: prefill group before any other: the shortest-first order never starves a long prompt.
-MAX_SKIPS = 8
+#: How fast waiting raises a row's turn (`_pick`): its tokens left count less by this
+#: fraction of the prompt tokens the batch prefilled while it waited.
+AGING = 0.5
 
 
-def _pick(waiting: deque[Row], n: int, budget: int, chunk: int, group: list[Row]) -> list[Row]:
+def _pick(
+    waiting: deque[Row], n: int, budget: int, chunk: int, group: list[Row], fed: int
+) -> list[Row]:
     """Take from ``waiting`` the rows that join the prefill group this step (at most
     ``n``), within the step's ``budget`` of prompt tokens over all its rows (vLLM's
     ``max_num_batched_tokens``), each row counting the chunk it takes this step (at most
     ``chunk`` tokens). The rows with the fewest tokens left join first (a new turn of a
-    running session does not wait behind a long prompt), but a row that `MAX_SKIPS` later
-    rows went ahead of joins first; rows down to their last token always join (one decode
-    token each). The first row joins whatever its chunk when the group is empty.
+    running session does not wait behind a long prompt), less `AGING` times the tokens
+    prefilled while they waited (``fed``: the batch's count; a long prompt is never
+    starved); rows down to their last token always join (one decode token each). The
+    first row joins whatever its chunk when the group is empty.
 
     Own code: mlx-lm's `BatchGenerator` takes waiting prompts in arrival order, each with a
     full chunk; vLLM's scheduler (vllm/v1/core/sched/scheduler.py, ``schedule``) shares a
     token budget per step, in arrival order."""
     staying = [r for r in group if not _leaving(r)]
     left = budget - sum(min(chunk, len(r.segments[0])) for r in staying)
-    starved = [r for r in waiting if r.skipped >= MAX_SKIPS]
-    order = starved + sorted((r for r in waiting if r.skipped < MAX_SKIPS), key=_left)
+    order = sorted(waiting, key=lambda r: _left(r) - AGING * (fed - r.since))
     taken: list[Row] = []
     for r in order:
         if len(taken) >= n:
             break
         cost = 0 if _leaving(r) else min(chunk, len(r.segments[0]))
         if cost > left and (taken or staying):
-            if r.skipped >= MAX_SKIPS:
-                break  # a starved row: nobody goes ahead of it
             continue
         taken.append(r)
         left -= cost
     if taken:
         chosen = {id(r) for r in taken}
-        kept: list[Row] = []
-        later = 0  # chosen rows behind the one looked at
-        for r in reversed(waiting):
-            if id(r) in chosen:
-                later += 1
-            else:
-                r.skipped += later  # the later rows that went ahead of it
-                kept.append(r)
+        kept = [r for r in waiting if id(r) not in chosen]
         waiting.clear()
-        waiting.extend(reversed(kept))
+        waiting.extend(kept)
     return taken
 
 
@@ -258,6 +251,7 @@ class DecodeBatch:
         self.prefill_step_size = prefill_step_size
         self.prefill_rows: int | None = None
         self.prefill_tokens: int | None = None
+        self._fed = 0  # prompt tokens fed by prefill chunks so far
         self.max_kv_size = max_kv_size
         self.own_layers = own_layers
         self._uid = 0
@@ -331,6 +325,7 @@ class DecodeBatch:
             sum(len(s) for s in segs),
             draft,
             boundary=boundary,
+            since=self._fed,
         )
         self._uid += 1
         self._waiting.append(row)
@@ -467,7 +462,7 @@ class DecodeBatch:
             rows = [self._waiting.popleft() for _ in range(n)]
         else:
             budget, chunk = self.prefill_tokens, self.prefill_step_size
-            rows = _pick(self._waiting, n, budget, chunk, self._prefilling)
+            rows = _pick(self._waiting, n, budget, chunk, self._prefilling, self._fed)
         if rows:
             cache = merge_rows([r.cache for r in rows], self.own_layers)
             for r in rows:
@@ -515,6 +510,7 @@ class DecodeBatch:
             return
         for r, chunk in zip(self._prefilling, chunks, strict=True):
             r.tokens += chunk
+            self._fed += len(chunk)
         lengths = [len(c) for c in chunks]
         longest = max(lengths)
         padding = [longest - n for n in lengths]
