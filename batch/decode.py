@@ -143,6 +143,51 @@ def _filter_layers(cache: list, keep: list[int]) -> None:
             c.filter(keep)
 
 
+def _take_chunk(row: Row, size: int) -> tuple[list[int], bool]:
+    """The next prefill chunk of ``row`` (at most ``size`` tokens, never past the end of
+    its first segment), taken off its prompt; whether it ends that segment."""
+    seg = row.segments[0]
+    chunk, row.segments[0] = seg[:size], seg[size:]
+    end = not row.segments[0]
+    if end:
+        row.segments.pop(0)
+    row.done += len(chunk)
+    return chunk, end
+
+
+def _feed(model: Any, cache: list, chunks: list[list[int]], step: int) -> None:
+    """Run ``chunks`` (one per row of the batch ``cache``, right-padded when they differ
+    in length) through ``model``, at most ``step`` tokens a pass."""
+    lengths = [len(c) for c in chunks]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
+    ragged = max(padding) > 0
+    if ragged:
+        inputs = mx.array([c + [0] * (longest - len(c)) for c in chunks])
+        for c in cache:
+            c.prepare(lengths=lengths, right_padding=padding)
+    else:
+        inputs = mx.array(chunks)
+    while inputs.shape[1] > 0:
+        n = min(step, inputs.shape[1])
+        model(inputs[:, :n], cache=cache)
+        mx.eval([c.state for c in cache])
+        release_cache(generation_stream)
+        inputs = inputs[:, n:]
+    if ragged:
+        for c in cache:
+            c.finalize()
+        mx.eval([c.state for c in cache])
+        release_cache(generation_stream)
+
+
+def _lean(rows: Sequence[Row]) -> bool:
+    """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
+    without processors, its logprobs unread (then the token is the logits' argmax: the
+    log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
+    return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
+
+
 def _extend(a: list, b: list) -> list:
     if not a:
         return b
@@ -470,17 +515,12 @@ class DecodeBatch:
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
         prefilled += self._start_ready(lambda r: True)
-        chunks = []
-        for r in self._prefilling:
-            seg = r.segments[0]
-            chunk, r.segments[0] = seg[: self.prefill_step_size], seg[self.prefill_step_size :]
-            end = not r.segments[0]
-            if end:
-                r.segments.pop(0)
-            r.done += len(chunk)
-            chunks.append(chunk)
-            prefilled.append(Prefilled(r.uid, (r.done, r.total), end, False))
-        self._prefill(chunks)
+        chunks = [_take_chunk(r, self.prefill_step_size) for r in self._prefilling]
+        prefilled += [
+            Prefilled(r.uid, (r.done, r.total), e, False)
+            for r, (_, e) in zip(self._prefilling, chunks, strict=True)
+        ]
+        self._prefill([c for c, _ in chunks])
         # Rows whose prompt this chunk ended decode from now: their first token is read
         # in the next step, not the one after (unless the caller wants their KV first).
         if len(self._rows) < self.max_rows:
@@ -505,33 +545,12 @@ class DecodeBatch:
         return [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
 
     def _prefill(self, chunks: list[list[int]]) -> None:
-        """Feed each prefilling row its chunk (right-padded when they differ in length)."""
-        if not chunks:
-            return
-        for r, chunk in zip(self._prefilling, chunks, strict=True):
-            r.tokens += chunk
-            self._fed += len(chunk)
-        lengths = [len(c) for c in chunks]
-        longest = max(lengths)
-        padding = [longest - n for n in lengths]
-        ragged = max(padding) > 0
-        if ragged:
-            inputs = mx.array([c + [0] * (longest - len(c)) for c in chunks])
-            for c in self._pcache:
-                c.prepare(lengths=lengths, right_padding=padding)
-        else:
-            inputs = mx.array(chunks)
-        while inputs.shape[1] > 0:
-            n = min(self.prefill_step_size, inputs.shape[1])
-            self.model(inputs[:, :n], cache=self._pcache)
-            mx.eval([c.state for c in self._pcache])
-            release_cache(generation_stream)
-            inputs = inputs[:, n:]
-        if ragged:
-            for c in self._pcache:
-                c.finalize()
-            mx.eval([c.state for c in self._pcache])
-            release_cache(generation_stream)
+        """Feed each prefilling row its chunk (`_feed`)."""
+        if chunks:
+            for r, chunk in zip(self._prefilling, chunks, strict=True):
+                r.tokens += chunk
+                self._fed += len(chunk)
+            _feed(self.model, self._pcache, chunks, self.prefill_step_size)
 
     def _start(self, rows: list[Row], cache: list) -> None:
         """``rows`` (KV ``cache``) leave prefill: their last prompt token's forward pass is
@@ -553,13 +572,6 @@ class DecodeBatch:
             self._next_logprobs += logprobs
         self._joined(rows)
 
-    @staticmethod
-    def _lean(rows: Sequence[Row]) -> bool:
-        """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
-        without processors, its logprobs unread (then the token is the logits' argmax:
-        the log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
-        return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
-
     def _forward(self, rows: list[Row], cache: list, inputs: mx.array) -> tuple[mx.array, list]:
         """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs (V,) of each
         row that reads them, else None), evaluation started.
@@ -568,7 +580,7 @@ class DecodeBatch:
         one argmax; a seeded sampler draws from its own row (reproducible alone or in any
         batch)."""
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
-        if self._lean(rows):
+        if _lean(rows):
             sampled = mx.argmax(logits, axis=-1)
             mx.async_eval(sampled)
             return sampled, [None] * len(rows)
