@@ -181,11 +181,15 @@ def _feed(model: Any, cache: list, chunks: list[list[int]], step: int) -> None:
         release_cache(generation_stream)
 
 
-def _lean(rows: Sequence[Row]) -> bool:
-    """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
-    without processors, its logprobs unread (then the token is the logits' argmax: the
-    log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
-    return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
+def _split(cache: list, ready: list[int], keep: list[int]) -> tuple[list, list]:
+    """The batch ``cache``'s rows ``ready`` and rows ``keep`` (indices), each its own."""
+    if not keep:
+        _filter_layers(cache, ready)
+        return cache, []
+    out = copy.deepcopy(cache)
+    _filter_layers(out, ready)
+    _filter_layers(cache, keep)
+    return out, cache
 
 
 def _extend(a: list, b: list) -> list:
@@ -534,13 +538,8 @@ class DecodeBatch:
             return []
         keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
         rows = [self._prefilling[i] for i in ready]
-        cache = copy.deepcopy(self._pcache) if keep else self._pcache
-        _filter_layers(cache, ready)
         self._prefilling = [self._prefilling[i] for i in keep]
-        if keep:
-            _filter_layers(self._pcache, keep)
-        else:
-            self._pcache = []
+        cache, self._pcache = _split(self._pcache, ready, keep)
         self._start(rows, cache)
         return [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
 
@@ -572,6 +571,13 @@ class DecodeBatch:
             self._next_logprobs += logprobs
         self._joined(rows)
 
+    @staticmethod
+    def _lean(rows: Sequence[Row]) -> bool:
+        """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
+        without processors, its logprobs unread (then the token is the logits' argmax:
+        the log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
+        return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
+
     def _forward(self, rows: list[Row], cache: list, inputs: mx.array) -> tuple[mx.array, list]:
         """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs (V,) of each
         row that reads them, else None), evaluation started.
@@ -580,7 +586,7 @@ class DecodeBatch:
         one argmax; a seeded sampler draws from its own row (reproducible alone or in any
         batch)."""
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
-        if _lean(rows):
+        if self._lean(rows):
             sampled = mx.argmax(logits, axis=-1)
             mx.async_eval(sampled)
             return sampled, [None] * len(rows)
