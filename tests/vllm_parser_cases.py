@@ -37,34 +37,62 @@ class Case:
     initial: str = "normal"
     why: str = field(default="", compare=False)  # known differences: the reason
     tools: tuple = ()  # the request's tool definitions (OpenAI's shape), where vLLM's has some
+    # the vLLM test ids the case stands for (files in IDS): vLLM runs most outputs more than
+    # once (streaming and not, several stream intervals); one case here stands for each
+    ids: tuple = field(default=(), compare=False)
 
 
-def hermes(id, output, calls=(), content="", tool="hermes", **kw):
-    return Case(id, HERMES, tool, "", output, tuple(calls), content, **kw)
+def pid(value: str) -> str:
+    """A string parameter as pytest writes it in a test id (non-ASCII escaped)."""
+    return value.encode("unicode_escape").decode("ascii")
+
+
+def hermes(id, output, calls=(), content="", tool="hermes", ids=(), **kw):
+    return Case(id, HERMES, tool, "", output, tuple(calls), content, ids=tuple(ids), **kw)
+
+
+def every(test: str, *params) -> tuple[str, ...]:
+    """vLLM's ids of ``test`` run with each of ``params``."""
+    return tuple(f"{test}[{p}]" for p in params)
 
 
 TRIGGER = ("final_answer", {"trigger": True})
+SERIALIZED = '{"param": "max_connections"}'
+TRIGGER_TEXT = '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>'
+# test_hermes_parser_* run with each of CONFIGS' parsers: hermes ([llama]) and granite4
+# ([granite4], GRANITE4_CASES below); test_hermes_streaming_* with hermes only.
 HERMES_CASES = [
     hermes(
         "just_forward_text",
         "This is some prior text that has nothing to do with tool calling.",
         content="This is some prior text that has nothing to do with tool calling.",
+        ids=every("test_hermes_parser_streaming_just_forward_text", "llama"),
     ),
-    hermes("no_tool_call", "This is not a tool call.", content="This is not a tool call."),
+    hermes(
+        "just_forward_text_with_stream_interval",
+        "This is plain text with no tool calling involved.",
+        content="This is plain text with no tool calling involved.",
+        ids=every("test_hermes_streaming_just_forward_text_with_stream_interval", 2, 3, 5),
+    ),
+    hermes(
+        "no_tool_call",
+        "This is not a tool call.",
+        content="This is not a tool call.",
+        ids=every("test_hermes_parser_non_streaming_no_tool_call", "llama"),
+    ),
     hermes(
         "between_tags",
-        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        TRIGGER_TEXT,
         [TRIGGER],
-    ),
-    hermes(  # bug 19056
-        "streaming_failure_case_bug_19056",
-        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
-        [TRIGGER],
+        ids=every("test_hermes_parser_non_streaming_tool_call_between_tags", "llama")
+        + every("test_hermes_parser_streaming_failure_case_bug_19056", "llama")
+        + every("test_hermes_streaming_boolean_args_with_stream_interval", 2, 5),
     ),
     hermes(
         "until_eos",
         '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}',
         [TRIGGER],
+        ids=every("test_hermes_parser_non_streaming_tool_call_until_eos", "llama"),
     ),
     hermes(
         "streaming",
@@ -76,6 +104,14 @@ HERMES_CASES = [
                 {"location": "San Francisco, California, United States", "unit": "celsius"},
             )
         ],
+        ids=every("test_hermes_parser_streaming", "llama"),
+    ),
+    hermes(
+        "tool_call_with_stream_interval",
+        '<tool_call>{"name": "get_current_temperature", "arguments": {"location": '
+        '"San Francisco", "unit": "celsius"}}</tool_call>',
+        [("get_current_temperature", {"location": "San Francisco", "unit": "celsius"})],
+        ids=every("test_hermes_streaming_tool_call_with_stream_interval", 2, 3, 5, 8),
     ),
     hermes(
         "content_then_tool_call",
@@ -83,32 +119,59 @@ HERMES_CASES = [
         '"arguments": {"city": "NYC"}}</tool_call>',
         [("get_weather", {"city": "NYC"})],
         content="Sure, let me check the weather.",
+        ids=every("test_hermes_streaming_content_then_tool_call_with_stream_interval", 2, 3, 5, 8),
     ),
     hermes(
         "multiple_tool_calls",
         '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call>'
         '<tool_call>{"name": "search", "arguments": {"q": "dogs"}}</tool_call>',
         [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+        ids=every("test_hermes_streaming_multiple_tool_calls_with_stream_interval", 1, 2, 4),
     ),
     hermes(
         "serialized_arguments",
         '<tool_call>\n{"name": "get_db_config", '
         '"arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
         [("get_db_config", {"param": "max_connections"})],
+        ids=every("test_hermes_parser_non_streaming_serialized_arguments", "llama"),
     ),
     hermes(
         "streaming_serialized_arguments",
         '<tool_call>{"name": "get_db_config", '
         '"arguments": "{\\"param\\": \\"max_connections\\"}"}</tool_call>',
         [("get_db_config", {"param": "max_connections"})],
+        ids=every("test_hermes_streaming_serialized_arguments_with_stream_interval", 1, 2, 3, 5),
+    ),
+    hermes(
+        "string_arguments_match_non_streaming",
+        "<tool_call>" + json.dumps({"name": "f", "arguments": SERIALIZED}) + "</tool_call>",
+        [("f", {"param": "max_connections"})],
+        ids=every(
+            "test_hermes_streaming_string_arguments_match_non_streaming",
+            *[f"{i}-{pid(SERIALIZED)}" for i in (1, 3)],
+        ),
+    ),
+    hermes(
+        "content_and_tool_call_in_single_chunk",
+        'Hi!<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
+        [("f", {"x": 1})],
+        content="Hi!",
+        ids=("test_hermes_streaming_content_and_tool_call_in_single_chunk",),
     ),
 ]
-# vLLM runs the same file's cases through its granite4 parser (CONFIGS), except until_eos
-# ("The Granite4 tool parser enforces a complete response").
+# vLLM runs its test_hermes_parser_* tests through its granite4 parser too (CONFIGS), except
+# until_eos ("The Granite4 tool parser enforces a complete response").
 GRANITE4_CASES = [
-    Case(**{**c.__dict__, "id": "granite4_" + c.id, "tool": "granite4"})
+    Case(
+        **{
+            **c.__dict__,
+            "id": "granite4_" + c.id,
+            "tool": "granite4",
+            "ids": tuple(i.replace("[llama]", "[granite4]") for i in c.ids if "[llama]" in i),
+        }
+    )
     for c in HERMES_CASES
-    if c.id != "until_eos"
+    if any("[llama]" in i for i in c.ids) and c.id != "until_eos"
 ]
 
 
@@ -127,8 +190,11 @@ ANALYSIS_2 = (
 TOKYO = '{"location": "Tokyo"}'
 
 
-def openai(id, output, calls=(), content="", reasoning=""):
-    return Case(id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning)
+def openai(id, output, calls=(), content="", reasoning="", ids=None):
+    ids = (id,) if ids is None else ids
+    return Case(
+        id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning, ids=ids
+    )
 
 
 def analysis(text: str) -> str:  # the first message: the prompt ends in <|start|>assistant
@@ -137,13 +203,13 @@ def analysis(text: str) -> str:  # the first message: the prompt ends in <|start
 
 OPENAI_CASES = [
     openai(
-        "no_tools",
+        "test_extract_tool_calls_no_tools",
         "<|channel|>final<|message|>This is a test<|end|>",
         content="This is a test",
     ),
     *[
         openai(
-            f"single_tool_{i}",
+            f"test_extract_tool_calls_single_tool[{pid(args)}]",
             analysis(ANALYSIS) + harmony_call("get_current_weather", args),
             [("get_current_weather", {"location": "Tokyo"})],
             reasoning=ANALYSIS,
@@ -164,9 +230,10 @@ OPENAI_CASES = [
             ("empty_args", {}),
         ],
         reasoning=ANALYSIS_2,
+        ids=("test_extract_tool_calls_multiple_tools",),
     ),
     openai(
-        "with_content",
+        "test_extract_tool_calls_with_content",
         analysis(ANALYSIS_2)
         + harmony_call("get_current_weather", TOKYO)
         + "<|start|>assistant<|channel|>final<|message|>This tool call will get the weather."
@@ -178,8 +245,9 @@ OPENAI_CASES = [
 ]
 
 
-def llama(id, output, calls=(), content=""):
-    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content)
+def llama(id, output, calls=(), content="", ids=None):
+    ids = (f"test_extract_tool_calls_{id}",) if ids is None else ids
+    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content, ids=ids)
 
 
 S1 = '{"name": "searchTool", "parameters": {"query": "test1"}}'
@@ -229,7 +297,7 @@ LLAMA3_CASES = [
         ],
     ),
     llama(
-        "quotes_and_brackets_in_string",
+        "with_quotes_and_brackets_in_string",
         '{"name": "searchTool", "parameters": {"query": "test {value} [complex]",'
         '"nested": {"inner": "more {brackets}"}}}',
         [
@@ -240,7 +308,7 @@ LLAMA3_CASES = [
         ],
     ),
     llama(
-        "escaped_quotes_in_nested_json",
+        "with_escaped_quotes_in_nested_json",
         '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
         [("parserTool", {"text": 'He said "Hello {world}"'})],
     ),
@@ -262,9 +330,21 @@ LLAMA3_CASES = [
         [("searchTool", {"query": "test"})],
     ),
     *[
-        llama(f"streaming_parallel_separators_{i}", S1 + sep + INC, THREE[:2])
+        llama(
+            f"streaming_parallel_separators_{i}",
+            S1 + sep + INC,
+            THREE[:2],
+            ids=(f"test_extract_tool_calls_streaming_parallel_separators[{pid(sep)}]",),
+        )
         for i, sep in enumerate(["; ", ";", ";\n", "\n"])
     ],
+    # vLLM's mocks its regex to time out: the output comes back as content
+    llama(
+        "regex_timeout_handling",
+        "{hello world[A(A=" + "\t)A(A=,\t" * 2,
+        content="{hello world[A(A=" + "\t)A(A=,\t" * 2,
+        ids=("test_regex_timeout_handling",),
+    ),
 ]
 
 
@@ -443,12 +523,54 @@ def v3_call(name: str, args: str) -> str:
     return f"{CB}function{SEP}{name}\n```json\n{args}\n```{CE}"
 
 
-def dsv3(id, output, calls=(), content=""):
-    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content)
+def dsv3(id, output, calls=(), content="", ids=()):
+    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content, ids=tuple(ids))
 
 
-def dsv31(id, output, calls=(), content=""):
-    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content)
+def dsv31(id, output, calls=(), content="", ids=None):
+    ids = (f"test_extract_tool_calls_{id}",) if ids is None else ids
+    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content, ids=ids)
+
+
+def _both(test: str) -> tuple[str, str]:
+    return (f"{test}[True]", f"{test}[False]")  # its `streaming` fixture's two runs
+
+
+# tests/tool_parsers/common_tests.py's ToolParserTests, which a parser's test file runs with
+# its own outputs (its ToolParserTestConfig): the test ids each output stands for.
+COMMON_IDS = {
+    "no_tool_calls": _both("test_no_tool_calls"),
+    "single_tool_call": (
+        *_both("test_single_tool_call_simple_args"),
+        "test_streaming_reconstruction",
+        "test_streaming_split_invariance[single]",
+    ),
+    "parallel_tool_calls": (
+        *_both("test_parallel_tool_calls"),
+        "test_streaming_split_invariance[parallel]",
+    ),
+    "various_data_types": _both("test_various_data_types"),
+    "empty_arguments": _both("test_empty_arguments"),
+    "surrounding_text": _both("test_surrounding_text"),
+    "escaped_strings": _both("test_escaped_strings"),
+}
+
+
+def common(make, malformed=(), **tests) -> list[Case]:
+    """One case per output of a ToolParserTests config: tests maps COMMON_IDS' names to
+    (output, calls, content); malformed: test_malformed_input's outputs (vLLM asserts only
+    that they do not raise; here no call is made and each comes back as content). Outputs
+    that two tests share (InternLM2's parallel output is its single one) are one case."""
+    by_output: dict[str, list] = {}
+    for name, (output, calls, content) in tests.items():
+        entry = by_output.setdefault(output, [name, output, calls, content, ()])
+        entry[4] += COMMON_IDS[name]
+    cases = [make(n, o, c, t, ids=i) for n, o, c, t, i in by_output.values()]
+    for i, text in enumerate(malformed):
+        cases.append(
+            make(f"malformed_input_{i}", text, (), text, ids=_both("test_malformed_input"))
+        )
+    return cases
 
 
 VARIOUS = (
@@ -460,84 +582,81 @@ ESCAPED = (
     '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", "newline": "line1\\nline2"}'
 )
 DEEPSEEK_CASES = [
-    dsv3(
-        "no_tool_calls",
-        "How can I help you today? I can check weather for you.",
-        content="How can I help you today? I can check weather for you.",
-    ),
-    dsv3(
-        "single_tool_call",
-        B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
-        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
-    ),
-    dsv3(
-        "parallel_tool_calls",
-        B
-        + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
-        + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
-        + E,
-        [
-            ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
-            ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+    *common(
+        dsv3,
+        no_tool_calls=(
+            "How can I help you today? I can check weather for you.",
+            (),
+            "How can I help you today? I can check weather for you.",
+        ),
+        single_tool_call=(
+            B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
+            [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+            "",
+        ),
+        parallel_tool_calls=(
+            B
+            + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+            + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
+            + E,
+            [
+                ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
+                ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+            ],
+            "",
+        ),
+        various_data_types=(
+            B + v3_call("test_function", VARIOUS) + E,
+            [("test_function", json.loads(VARIOUS))],
+            "",
+        ),
+        empty_arguments=(B + v3_call("get_current_time", "{}") + E, [("get_current_time", {})], ""),
+        surrounding_text=(
+            "Let me check the weather for you."
+            + B
+            + v3_call("get_weather", '{"city": "Paris"}')
+            + E,
+            [("get_weather", {"city": "Paris"})],
+            "Let me check the weather for you.",
+        ),
+        escaped_strings=(
+            B + v3_call("send_message", ESCAPED) + E,
+            [("send_message", json.loads(ESCAPED))],
+            "",
+        ),
+        malformed=[
+            B + v3_call("get_weather", '{"city": "Tokyo"') + E,
+            f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
         ],
     ),
-    dsv3(
-        "various_data_types",
-        B + v3_call("test_function", VARIOUS) + E,
-        [("test_function", json.loads(VARIOUS))],
-    ),
-    dsv3(
-        "empty_arguments",
-        B + v3_call("get_current_time", "{}") + E,
-        [("get_current_time", {})],
-    ),
-    dsv3(
-        "surrounding_text",
-        "Let me check the weather for you." + B + v3_call("get_weather", '{"city": "Paris"}') + E,
-        [("get_weather", {"city": "Paris"})],
-        content="Let me check the weather for you.",
-    ),
-    dsv3(
-        "escaped_strings",
-        B + v3_call("send_message", ESCAPED) + E,
-        [("send_message", json.loads(ESCAPED))],
-    ),
-    # vLLM asserts only that these do not raise (common_tests.py: "exact behavior varies");
-    # here no call is made and the text comes back as content.
-    *[
-        dsv3(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(
-            [
-                B + v3_call("get_weather", '{"city": "Tokyo"') + E,
-                f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
-            ]
-        )
-    ],
     dsv31(
         "with_tool",
         f'normal text{B}{CB}foo{SEP}{{"x":1}}{CE}{E}',
         [("foo", {"x": 1})],
         content="normal text",
     ),
-    dsv31(
-        "unparsable_block_cut_off",
-        f"Let me look that up.{B}get_weather",
-        content=f"Let me look that up.{B}get_weather",
-    ),
-    dsv31(
-        "unparsable_block_no_call_markers",
-        f'{B}foo{SEP}{{"x":1}}{E}',
-        content=f'{B}foo{SEP}{{"x":1}}{E}',
-    ),
+    *[
+        dsv31(
+            f"unparsable_block_{i}",
+            text,
+            content=text,
+            ids=(f"test_extract_tool_calls_unparsable_block[{pid(text)}]",),
+        )
+        for i, text in enumerate(
+            [f"Let me look that up.{B}get_weather", f'{B}foo{SEP}{{"x":1}}{E}']
+        )
+    ],
 ]
 
 
 PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py"
 JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py"
+INTERNLM = "tests/tool_parsers/test_internlm2_tool_parser.py"
+LONGCAT = "tests/tool_parsers/test_longcat_tool_parser.py"
 
 
-def phi4(id, output, calls=(), content=""):
-    return Case(id, PHI4, "phi4_mini_json", "", output, tuple(calls), content)
+def phi4(id, output, calls=(), content="", ids=()):
+    return Case(id, PHI4, "phi4_mini_json", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 PHI4_VARIOUS = """functools[{
@@ -563,56 +682,163 @@ PHI4_ESCAPED = """functools[{
     "unicode": "emoji: 🎉"
   }
 }]"""
-PHI4_CASES = [
-    phi4(
-        "no_tool_calls",
-        "This is a regular response without any tool calls.",
-        content="This is a regular response without any tool calls.",
-    ),
-    phi4(
-        "single_tool_call",
+VARIOUS_ARGS = json.loads(PHI4_VARIOUS[len("functools") :])[0]["arguments"]
+ESCAPED_ARGS = json.loads(PHI4_ESCAPED[len("functools") :])[0]["arguments"]
+NO_CALLS = "This is a regular response without any tool calls."
+TOKYO_CALL = ("get_weather", {"city": "Tokyo"})
+TWO_CALLS = [TOKYO_CALL, ("get_time", {"timezone": "Asia/Tokyo"})]
+# phi4's surrounding_text output is a known difference (KNOWN_DIFFERENCES)
+PHI4_CASES = common(
+    phi4,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(
         'functools[{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
-        [("get_weather", {"city": "Tokyo"})],
+        [TOKYO_CALL],
+        "",
     ),
-    phi4(
-        "parallel_tool_calls",
+    parallel_tool_calls=(
         """functools[
   {"name": "get_weather", "arguments": {"city": "Tokyo"}},
   {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}
 ]""",
-        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        TWO_CALLS,
+        "",
     ),
-    phi4(
-        "various_data_types",
-        PHI4_VARIOUS,
-        [("test_function", json.loads(PHI4_VARIOUS[len("functools") :])[0]["arguments"])],
-    ),
-    phi4(
-        "empty_arguments",
-        'functools[{"name": "refresh", "arguments": {}}]',
-        [("refresh", {})],
-    ),
-    phi4(
-        "escaped_strings",
-        PHI4_ESCAPED,
-        [("test_function", json.loads(PHI4_ESCAPED[len("functools") :])[0]["arguments"])],
-    ),
-    # vLLM asserts only that these do not raise ("exact behavior varies"); here no call is
-    # made and the text comes back as content.
-    *[
-        phi4(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(
-            [
-                'functools[{"name": "func", "arguments": {',
-                'functools[{"name": "func", "arguments": "not a dict"}]',
-                'functools{"name": "func"}',
-                'functools[{"name": "func"}]',
-                "functools[] This is just text",
-                "functools[ This is just text ]",
-            ]
-        )
+    various_data_types=(PHI4_VARIOUS, [("test_function", VARIOUS_ARGS)], ""),
+    empty_arguments=('functools[{"name": "refresh", "arguments": {}}]', [("refresh", {})], ""),
+    escaped_strings=(PHI4_ESCAPED, [("test_function", ESCAPED_ARGS)], ""),
+    malformed=[
+        'functools[{"name": "func", "arguments": {',
+        'functools[{"name": "func", "arguments": "not a dict"}]',
+        'functools{"name": "func"}',
+        'functools[{"name": "func"}]',
+        "functools[] This is just text",
+        "functools[ This is just text ]",
     ],
+)
+
+
+def internlm(id, output, calls=(), content="", ids=(), tools=()):
+    return Case(
+        id, INTERNLM, "internlm", "", output, tuple(calls), content, tools=tools, ids=tuple(ids)
+    )
+
+
+def action(body: str) -> str:
+    return f"<|action_start|><|plugin|>{body}<|action_end|>"
+
+
+INTERNLM_WEATHER_TOOLS = (  # the file's _GET_WEATHER_TOOL
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+)
+INTERNLM_TOKYO = action('{"name": "get_weather", "parameters": {"city": "Tokyo"}}')
+INTERNLM_CASES = [
+    *common(
+        internlm,
+        no_tool_calls=(NO_CALLS, (), NO_CALLS),
+        single_tool_call=(INTERNLM_TOKYO, [TOKYO_CALL], ""),
+        parallel_tool_calls=(INTERNLM_TOKYO, [TOKYO_CALL], ""),  # one call: no parallel calls
+        various_data_types=(
+            action(PHI4_VARIOUS[len("functools[") : -1].replace('"arguments"', '"parameters"')),
+            [("test_function", VARIOUS_ARGS)],
+            "",
+        ),
+        empty_arguments=(
+            action('{"name": "refresh", "parameters": {}}'),
+            [("refresh", {})],
+            "",
+        ),
+        surrounding_text=(
+            "Let me check the weather for you. " + INTERNLM_TOKYO,
+            [TOKYO_CALL],
+            "Let me check the weather for you. ",
+        ),
+        escaped_strings=(
+            action(PHI4_ESCAPED[len("functools[") : -1].replace('"arguments"', '"parameters"')),
+            [("test_function", ESCAPED_ARGS)],
+            "",
+        ),
+        malformed=[
+            '<|action_start|><|plugin|>{"name": "func", "parameters": {',
+            action('{"name": "func", "parameters": "not a dict"}'),
+            action("not json"),
+            "<|action_start|><|plugin|>",
+            '<|action_start|>{"name": "func"}',
+        ],
+    ),
+    # A name the request's tools do not offer is no call (vLLM asserts only that no call is
+    # made; here the block comes back as content as the model wrote it).
+    internlm(
+        "unknown_tool_name_not_emitted",
+        action('{"name": "delete_everything", "parameters": {"city": "Tokyo"}}'),
+        content=action('{"name": "delete_everything", "parameters": {"city": "Tokyo"}}'),
+        ids=("test_extract_unknown_tool_name_not_emitted",),
+        tools=INTERNLM_WEATHER_TOOLS,
+    ),
+    internlm(
+        "known_tool_name_emitted",
+        INTERNLM_TOKYO,
+        [TOKYO_CALL],
+        ids=("test_extract_known_tool_name_emitted",),
+        tools=INTERNLM_WEATHER_TOOLS,
+    ),
+    internlm(
+        "without_tools_not_over_rejected",
+        INTERNLM_TOKYO,
+        [TOKYO_CALL],
+        ids=("test_extract_without_tools_not_over_rejected",),
+    ),
 ]
+
+
+def longcat(id, output, calls=(), content="", ids=()):
+    return Case(id, LONGCAT, "longcat", "", output, tuple(calls), content, ids=tuple(ids))
+
+
+def lc(body: str) -> str:
+    return f"<longcat_tool_call>{body}</longcat_tool_call>"
+
+
+LC_TOKYO = lc('{"name": "get_weather", "arguments": {"city": "Tokyo"}}')
+LONGCAT_CASES = common(
+    longcat,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(LC_TOKYO, [TOKYO_CALL], ""),
+    parallel_tool_calls=(
+        LC_TOKYO + "\n" + lc('{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'),
+        TWO_CALLS,
+        "",
+    ),
+    various_data_types=(
+        lc(PHI4_VARIOUS[len("functools[") : -1]),
+        [("test_function", VARIOUS_ARGS)],
+        "",
+    ),
+    empty_arguments=(lc('{"name": "refresh", "arguments": {}}'), [("refresh", {})], ""),
+    # vLLM asserts only the call; the text around it stays content here
+    surrounding_text=(
+        "Let me check the weather for you.\n" + LC_TOKYO + "\nHere is the result.",
+        [TOKYO_CALL],
+        "Let me check the weather for you.\n\nHere is the result.",
+    ),
+    escaped_strings=(
+        lc(PHI4_ESCAPED[len("functools[") : -1]),
+        [("test_function", ESCAPED_ARGS)],
+        "",
+    ),
+    malformed=[
+        '<longcat_tool_call>{"name": "func", "arguments": {',
+        lc('{"name": "func", "arguments": "not a dict"}'),
+        "Some text with <longcat_tool_call>invalid json",
+    ],
+)
 
 JAMBA_CALL = (
     '<tool_calls>[\n    {"name": "get_current_weather", "arguments": '
@@ -622,34 +848,52 @@ DALLAS = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahr
 ORLANDO = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})
 
 
-def jamba(id, output, calls=(), content=""):
-    return Case(id, JAMBA, "jamba", "", output, tuple(calls), content)
+def jamba(id, output, calls=(), content="", ids=()):
+    return Case(id, JAMBA, "jamba", "", output, tuple(calls), content, ids=tuple(ids))
 
 
+JAMBA_PARALLEL = (
+    ' <tool_calls>[\n    {"name": "get_current_weather", "arguments": {"city": "Dallas", '
+    '"state": "TX", "unit": "fahrenheit"}},\n    {"name": "get_current_weather", '
+    '"arguments": {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}}\n]</tool_calls>'
+)
+# vLLM's streaming result where its two paths differ (the leading space stays content; its
+# non-streaming path returns None there: KNOWN_DIFFERENCES)
 JAMBA_CASES = [
-    jamba("no_tools", "This is a test", content="This is a test"),
-    # vLLM's streaming result (test_extract_tool_calls_streaming): the leading space stays
-    # content; its non-streaming path returns None there.
-    jamba("single_tool", " " + JAMBA_CALL, [DALLAS], content=" "),
+    jamba(
+        "no_tools",
+        "This is a test",
+        content="This is a test",
+        ids=("test_extract_tool_calls_no_tools", "test_extract_tool_calls_streaming[no_tools]"),
+    ),
+    jamba(
+        "single_tool",
+        " " + JAMBA_CALL,
+        [DALLAS],
+        content=" ",
+        ids=("test_extract_tool_calls_streaming[single_tool]",),
+    ),
     jamba(
         "single_tool_with_content",
         " Sure! let me call the tool for you." + JAMBA_CALL,
         [DALLAS],
         content=" Sure! let me call the tool for you.",
+        ids=every("test_extract_tool_calls", "single_tool_with_content")
+        + every("test_extract_tool_calls_streaming", "single_tool_with_content"),
     ),
     jamba(
         "parallel_tools",
-        ' <tool_calls>[\n    {"name": "get_current_weather", "arguments": {"city": "Dallas", '
-        '"state": "TX", "unit": "fahrenheit"}},\n    {"name": "get_current_weather", '
-        '"arguments": {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}}\n]</tool_calls>',
+        JAMBA_PARALLEL,
         [DALLAS, ORLANDO],
         content=" ",
+        ids=("test_extract_tool_calls_streaming[parallel_tools]",),
     ),
     jamba(
         "streaming_arguments_in_single_delta",
         '<tool_calls>[{"name": "get_current_weather", "arguments": {"city": "Dallas", '
         '"state": "TX"}}]</tool_calls>',
         [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        ids=("test_extract_tool_calls_streaming_arguments_in_single_delta",),
     ),
 ]
 
@@ -657,92 +901,194 @@ JAMBA_CASES = [
 MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py"
 
 
-def mistral(id, output, calls=(), content=""):
-    return Case(id, MISTRAL, "mistral", "", output, tuple(calls), content)
+def mistral(id, output, calls=(), content="", ids=()):
+    return Case(id, MISTRAL, "mistral", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 SF = ("get_current_weather", {"city": "San Francisco", "state": "CA", "unit": "celsius"})
 SF_JSON = '{"city": "San Francisco", "state": "CA", "unit": "celsius"}'
 BASH_CMD = '{"command": "print(\\"hello world!\\")\\nre.compile(r\'{}\')"}'
+PRE11 = "test_extract_tool_calls_pre_v11_tokenizer"
+PRE11_STREAM = "test_extract_tool_calls_streaming_pre_v11_tokenizer"
+ONE_CHUNK = "test_extract_tool_calls_streaming_one_chunk"
+# vLLM's pre-v11 tokenizer reads `[TOOL_CALLS] [{...}]`, its v11 one `[TOOL_CALLS]NAME{...}`;
+# here the one mistral format reads both (decoding/tool_formats/mistral.py).
 MISTRAL_CASES = [
-    mistral("no_tools", "This is a test", content="This is a test"),
-    # test_extract_tool_calls_pre_v11_tokenizer
+    mistral(
+        "no_tools",
+        "This is a test",
+        content="This is a test",
+        ids=every("test_extract_tool_calls_no_tools", "pre_v11", "v11")
+        + every(PRE11_STREAM, "no_tools")
+        + every(ONE_CHUNK, "pre_v11-no_tools")
+        + ("test_extract_tool_calls_streaming_v11_no_tools",),
+    ),
     mistral(
         "pre_v11_single_tool_add",
         '[TOOL_CALLS][{"name": "add", "arguments":{"a": 3.5, "b": 4}}]',
         [("add", {"a": 3.5, "b": 4})],
+        ids=every(PRE11, "single_tool_add"),
     ),
     mistral(
         "pre_v11_single_tool_weather",
         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
         [SF],
+        ids=every(PRE11, "single_tool_weather"),
+    ),
+    mistral(
+        "pre_v11_single_tool_weather_spaced",
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": ' + SF_JSON + "}]",
+        [SF],
+        ids=every(PRE11_STREAM, "single_tool_weather")
+        + every(ONE_CHUNK, "pre_v11-single_tool_weather"),
     ),
     mistral(
         "pre_v11_argument_before_name",
         '[TOOL_CALLS] [{"arguments":' + SF_JSON + ', "name": "get_current_weather"}]',
         [SF],
+        ids=every(PRE11, "argument_before_name"),
+    ),
+    mistral(
+        "pre_v11_argument_before_name_spaced",
+        '[TOOL_CALLS] [{"arguments": ' + SF_JSON + ', "name": "get_current_weather"}]',
+        [SF],
+        ids=every(PRE11_STREAM, "argument_before_name")
+        + every(ONE_CHUNK, "pre_v11-argument_before_name"),
     ),
     mistral(
         "pre_v11_argument_before_name_and_name_in_argument",
         '[TOOL_CALLS] [{"arguments":{"name": "John Doe"}, "name": "get_age"}]',
         [("get_age", {"name": "John Doe"})],
+        ids=every(PRE11, "argument_before_name_and_name_in_argument"),
+    ),
+    mistral(
+        "pre_v11_argument_before_name_and_name_in_argument_spaced",
+        '[TOOL_CALLS] [{"arguments": {"name": "John Doe"}, "name": "get_age"}]',
+        [("get_age", {"name": "John Doe"})],
+        ids=every(PRE11_STREAM, "argument_before_name_and_name_in_argument")
+        + every(ONE_CHUNK, "pre_v11-argument_before_name_and_name_in_argument"),
     ),
     mistral(
         "pre_v11_multiple_tools",
         '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, '
         '{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
         [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every(PRE11, "multiple_tools") + every(PRE11_STREAM, "multiple_tools"),
+    ),
+    mistral(
+        "pre_v11_multiple_tools_arguments_first",
+        '[TOOL_CALLS] [{"arguments": {"a": 3.5, "b": 4}, "name": "add"}, '
+        '{"arguments":' + SF_JSON + ', "name": "get_current_weather"}]',
+        [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every(ONE_CHUNK, "pre_v11-multiple_tools"),
     ),
     mistral(
         "pre_v11_content_before_tool",
         'Hello[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
         [("add", {"a": 1, "b": 2})],
         content="Hello",
+        ids=every(PRE11, "content_before_tool"),
     ),
-    mistral(  # vLLM's non-streaming result (its streaming one keeps the trailing text)
+    mistral(
+        "pre_v11_content_before_tool_some_text",
+        'Some text[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
+        [("add", {"a": 1, "b": 2})],
+        content="Some text",
+        ids=every(ONE_CHUNK, "pre_v11-content_before_tool"),
+    ),
+    mistral(  # vLLM's non-streaming result (its streaming one keeps the text: KNOWN_DIFFERENCES)
         "pre_v11_trailing_data_after_json",
         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", '
         '"state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
         [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
+        ids=every(PRE11, "trailing_data_after_json"),
     ),
     mistral(
         "pre_v11_regex_fallback",
         '[TOOL_CALLS]  junk [{"name": "add", "arguments":{"a": 1, "b": 2}}] trail',
         [("add", {"a": 1, "b": 2})],
+        ids=("test_extract_tool_calls_pre_v11_regex_fallback",),
     ),
     mistral(
         "pre_v11_streaming_single_tool_add",
         '[TOOL_CALLS]  [ {"name":"add" , "arguments" : {"a": 3, "b": 4} } ]',
         [("add", {"a": 3, "b": 4})],
+        ids=every(PRE11_STREAM, "single_tool_add") + every(ONE_CHUNK, "pre_v11-single_tool_add"),
     ),
     mistral(
         "pre_v11_streaming_single_tool_add_strings",
         '[TOOL_CALLS] [{"name": "add", "arguments":{"a": "3", "b": "4"}}]',
         [("add", {"a": "3", "b": "4"})],
+        ids=every(PRE11_STREAM, "single_tool_add_strings")
+        + every(ONE_CHUNK, "pre_v11-single_tool_add_strings"),
+    ),
+    mistral(
+        "pre_v11_fast_detokenization",
+        '[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
+        [("add", {"a": 1, "b": 2})],
+        ids=every("test_fast_detokenization_text_detection", "pre_v11"),
     ),
     # test_extract_tool_calls (v11 tokenizer: NAME{args})
     mistral(
         "v11_single_tool_add",
         '[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
         [("add_this_and_that", {"a": 3.5, "b": 4})],
+        ids=every("test_extract_tool_calls", "single_tool_add")
+        + every(ONE_CHUNK, "v11-single_tool_add"),
     ),
-    mistral("v11_single_tool_weather", "[TOOL_CALLS]get_current_weather" + SF_JSON, [SF]),
+    mistral(
+        "v11_single_tool_weather",
+        "[TOOL_CALLS]get_current_weather" + SF_JSON,
+        [SF],
+        ids=every("test_extract_tool_calls", "single_tool_weather")
+        + every(ONE_CHUNK, "v11-single_tool_weather"),
+    ),
     mistral(
         "v11_multiple_tool_calls",
         '[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]multiply{"a": 3, "b": 6}',
         [("add", {"a": 3.5, "b": 4}), ("multiply", {"a": 3, "b": 6})],
+        ids=every("test_extract_tool_calls", "multiple_tool_calls")
+        + every(ONE_CHUNK, "v11-multiple_tool_calls"),
     ),
     mistral(
         "v11_wrong_json",
         "hi{hi[TOOL_CALLS]bash" + BASH_CMD,
         [("bash", json.loads(BASH_CMD))],
         content="hi{hi",
+        ids=every("test_extract_tool_calls", "wrong_json") + every(ONE_CHUNK, "v11-complex"),
     ),
     mistral(
         "v11_content_before_tool",
         'bla[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
         [("add_this_and_that", {"a": 3.5, "b": 4})],
         content="bla",
+        ids=every(ONE_CHUNK, "v11-content_before_tool"),
+    ),
+    # test_extract_tool_calls_streaming: the v11 tokens mistral_common renders for its calls
+    mistral(
+        "v11_streaming_single_tool_add",
+        '[TOOL_CALLS]add{"a": 3, "b": 4}',
+        [("add", {"a": 3, "b": 4})],
+        ids=every("test_extract_tool_calls_streaming", "single_tool_add"),
+    ),
+    mistral(
+        "v11_streaming_single_tool_add_strings",
+        '[TOOL_CALLS]add_two_strings{"a": "3", "b": "4"}',
+        [("add_two_strings", {"a": "3", "b": "4"})],
+        ids=every("test_extract_tool_calls_streaming", "single_tool_add_strings"),
+    ),
+    mistral(
+        "v11_streaming_multiple_tools",
+        '[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]get_current_weather' + SF_JSON,
+        [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every("test_extract_tool_calls_streaming", "multiple_tools"),
+    ),
+    mistral(
+        "v11_fast_detokenization",
+        'Hello[TOOL_CALLS]add{"a": 1, "b": 2}',
+        [("add", {"a": 1, "b": 2})],
+        content="Hello",
+        ids=every("test_fast_detokenization_text_detection", "v11"),
     ),
 ]
 
@@ -750,9 +1096,11 @@ MISTRAL_CASES = [
 OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py"
 
 
-def olmo3(id, body, calls=(), content=""):
+def olmo3(id, body, calls=(), content="", ids=None):
     output = f"<function_calls>{body}</function_calls>" if calls else body
-    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content)
+    if ids is None:  # test_tool_call's ids: each output streaming and not
+        ids = every("test_tool_call", f"{id}_streaming", f"{id}_nonstreaming")
+    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 OLMO_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
@@ -772,14 +1120,34 @@ OLMO_MORE_CALL = (
         "aliases": ["John", "Johnny"],
     },
 )
+OLMO_TIMEOUT = "hello world[A(A=" + "\t)A(A=,\t" * 2
+OLMO_BRACKETS = "<function_calls>foo(x=1])</function_calls>"
 OLMO3_CASES = [
-    olmo3("no_tool_call", "How can I help you today?", content="How can I help you today?"),
-    olmo3("simple", OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3(
+        "no_tool_call",
+        "How can I help you today?",
+        content="How can I help you today?",
+        ids=every("test_no_tool_call", "True", "False"),
+    ),
+    olmo3(
+        "simple",
+        OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+        ids=(
+            *every("test_tool_call", "simple_streaming", "simple_nonstreaming"),
+            "test_streaming_healthy_call_logs_nothing",
+        ),
+    ),
     olmo3("more_types", OLMO_MORE, [OLMO_MORE_CALL]),
     olmo3(
         "more_types_json_literals",
         OLMO_MORE.replace("None", "null").replace("True", "true"),
         [OLMO_MORE_CALL],
+        ids=every(
+            "test_tool_call",
+            "more_types_streaming_json_literals",
+            "more_types_nonstreaming_json_literals",
+        ),
     ),
     olmo3("parameterless", "get_weather()", [("get_weather", {})]),
     olmo3(
@@ -798,13 +1166,34 @@ OLMO3_CASES = [
         "streaming_tool_call_with_large_steps",
         OLMO_SIMPLE + "\nget_weather()\ndo_something_cool(steps=[])",
         [OLMO_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        ids=("test_streaming_tool_call_with_large_steps",),
     ),
     olmo3(
         "bad_sibling_call_does_not_drop_good_calls",
         "bad(x=b'z')\n" + OLMO_SIMPLE,
         [OLMO_SIMPLE_CALL],
+        ids=every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
     ),
-    olmo3("non_finite_argument_rejected", "calc(x=1e999)\n" + OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3(
+        "non_finite_argument_rejected",
+        "calc(x=1e999)\n" + OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+        ids=("test_non_finite_argument_rejected",),
+    ),
+    # vLLM mocks its regex to time out: the output comes back as content
+    olmo3(
+        "regex_timeout_handling",
+        OLMO_TIMEOUT,
+        content=OLMO_TIMEOUT,
+        ids=every("test_regex_timeout_handling", "False"),
+    ),
+    # vLLM asserts only that no call is made; here the block comes back as content
+    olmo3(
+        "mismatched_brackets",
+        OLMO_BRACKETS,
+        content=OLMO_BRACKETS,
+        ids=("test_streaming_mismatched_brackets_reported_once",),
+    ),
 ]
 
 
@@ -3546,6 +3935,8 @@ CASES = (
     + LLAMA3_CASES
     + DEEPSEEK_CASES
     + PHI4_CASES
+    + INTERNLM_CASES
+    + LONGCAT_CASES
     + JAMBA_CASES
     + MISTRAL_CASES
     + OLMO3_CASES
@@ -3811,6 +4202,7 @@ KNOWN_DIFFERENCES = [
             "pre_v11_regex_fallback_fails",
             "[TOOL_CALLS] not json at all",
             content="not json at all",
+            ids=("test_extract_tool_calls_pre_v11_regex_fallback_fails",),
         ),
         {"content": "[TOOL_CALLS] not json at all"},
         "a block that holds no call comes back as content as the model wrote it, marker "
@@ -3822,6 +4214,7 @@ KNOWN_DIFFERENCES = [
             "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1],
             [("bash", json.dumps(json.loads(BASH_CMD))[:-2])],
             content="hi{hi",
+            ids=every("test_extract_tool_calls", "complex"),
         ),
         {"calls": [], "content": "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1]},
         "the arguments were cut off; vLLM passes the truncated text on as arguments (no "
@@ -3833,6 +4226,7 @@ KNOWN_DIFFERENCES = [
             'Let me check the weather for you.\nfunctools[{"name": "get_weather", '
             '"arguments": {"city": "Tokyo"}}]\nWould you like to know more?',
             [("get_weather", {"city": "Tokyo"})],
+            ids=COMMON_IDS["surrounding_text"],
         ),
         {"content": "Let me check the weather for you.\n"},
         "vLLM's phi4_mini_json drops all content once it finds a call; here the text before "
@@ -3855,6 +4249,7 @@ KNOWN_DIFFERENCES = [
             "bare_string_arguments",
             '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
             [("do_thing", "hello")],
+            ids=every("test_hermes_parser_non_streaming_bare_string_arguments", "llama"),
         ),
         {
             "calls": [],
@@ -3872,6 +4267,7 @@ KNOWN_DIFFERENCES = [
             + harmony_call("no_args", ""),
             [("not_json_no_content_type", "foo"), ("no_args", "")],
             reasoning=ANALYSIS_2,
+            ids=("test_extract_tool_calls_multiple_tools",),
         ),
         {
             "calls": [("no_args", {})],
@@ -3918,6 +4314,7 @@ KNOWN_DIFFERENCES = [
             "invalid_json",
             '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
             content='<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            ids=every("test_hermes_parser_non_streaming_tool_call_invalid_json", "llama"),
         ),
         {
             "calls": [],
@@ -3930,6 +4327,401 @@ KNOWN_DIFFERENCES = [
         "(vLLM's own streaming path announces it too)",
     ),
 ]
+
+
+HERMES_KNOWN = [k for k in KNOWN_DIFFERENCES if k[0].source == HERMES]
+STRING_ARGUMENTS = ["hello", "{hello world}", "[oops", '{"a": 1} tail text']
+NO_OBJECT = (
+    "OpenAI's function.arguments is a JSON object's text (LocalAI and clients decode it into "
+    "a map): a call whose arguments are no object is malformed here and its text comes back "
+    "as content; vLLM passes json.dumps of the string on as the arguments"
+)
+KNOWN_DIFFERENCES += [
+    known(
+        hermes(
+            "bare_string_arguments_with_stream_interval",
+            '<tool_call>{"name": "do_thing", "arguments": "hello"}</tool_call>',
+            [("do_thing", "hello")],
+            ids=every("test_hermes_streaming_bare_string_arguments_with_stream_interval", 1, 3),
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>{"name": "do_thing", "arguments": "hello"}</tool_call>',
+        },
+        NO_OBJECT,
+    ),
+    *[
+        known(
+            hermes(
+                f"string_arguments_match_non_streaming_{i}",
+                "<tool_call>" + json.dumps({"name": "f", "arguments": value}) + "</tool_call>",
+                [("f", value)],
+                ids=every(
+                    "test_hermes_streaming_string_arguments_match_non_streaming",
+                    *[f"{n}-{pid(value)}" for n in (1, 3)],
+                ),
+            ),
+            {
+                "calls": [],
+                "content": "<tool_call>"
+                + json.dumps({"name": "f", "arguments": value})
+                + "</tool_call>",
+            },
+            NO_OBJECT,
+        )
+        for i, value in enumerate(STRING_ARGUMENTS)
+    ],
+    # the hermes differences through vLLM's granite4 parser too (its CONFIGS)
+    *[
+        (
+            Case(
+                **{
+                    **c.__dict__,
+                    "id": "granite4_" + c.id,
+                    "tool": "granite4",
+                    "ids": tuple(i.replace("[llama]", "[granite4]") for i in c.ids),
+                }
+            ),
+            ours,
+        )
+        for c, ours in HERMES_KNOWN
+    ],
+    known(
+        mistral(
+            "pre_v11_multiple_bot_tokens",
+            '[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1}}]'
+            '[TOOL_CALLS] [{"name": "sub", "arguments":{"b": 2}}]',
+            ids=("test_extract_tool_calls_pre_v11_multiple_bot_tokens_raises",),
+        ),
+        {"calls": [("add", {"a": 1}), ("sub", {"b": 2})]},
+        "vLLM's pre-v11 mistral parser raises ValueError ('Only one BOT token') for a second "
+        "[TOOL_CALLS] list, failing the request; here each block's calls are read, as for "
+        "the v11 form where every call has its own [TOOL_CALLS]",
+    ),
+    known(
+        mistral(
+            "v11_without_args_skipped",
+            "[TOOL_CALLS]toolname_no_args",
+            ids=("test_extract_tool_calls_v11_without_args_skipped",),
+        ),
+        {"content": "[TOOL_CALLS]toolname_no_args"},
+        "a block that holds no call comes back as content as the model wrote it, marker "
+        "included, for every format here; vLLM's mistral drops it (no call, no content)",
+    ),
+    known(
+        mistral(
+            "pre_v11_streaming_trailing_data_after_json",
+            '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", '
+            '"state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
+            [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
+            content="\nextra trailing data",
+            ids=every(PRE11_STREAM, "trailing_data_after_json"),
+        ),
+        {"content": ""},
+        "vLLM's two paths disagree here (its non-streaming path drops the text after the "
+        "list: test_extract_tool_calls_pre_v11_tokenizer[trailing_data_after_json]); this "
+        "backend has one path and gives vLLM's non-streaming result",
+    ),
+    *[
+        known(
+            jamba(
+                f"nonstreaming_{name}",
+                output,
+                calls,
+                ids=every("test_extract_tool_calls", name),
+            ),
+            {"content": " "},
+            "vLLM's two paths disagree here (its streaming path keeps the leading space as "
+            "content: test_extract_tool_calls_streaming); this backend has one path and gives "
+            "vLLM's streaming result",
+        )
+        for name, output, calls in [
+            ("single_tool", " " + JAMBA_CALL, [DALLAS]),
+            ("parallel_tools", JAMBA_PARALLEL, [DALLAS, ORLANDO]),
+        ]
+    ],
+]
+
+
+# Every test id of each vLLM file re-read case for case (the file at the commit named), for
+# test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
+# case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
+_COMMON = [i for ids in COMMON_IDS.values() for i in ids] + list(_both("test_malformed_input"))
+_HERMES_SHARED = [  # run with both of CONFIGS' parsers
+    "test_hermes_parser_streaming_just_forward_text",
+    "test_hermes_parser_streaming_failure_case_bug_19056",
+    "test_hermes_parser_streaming",
+    "test_hermes_parser_non_streaming_no_tool_call",
+    "test_hermes_parser_non_streaming_tool_call_between_tags",
+    "test_hermes_parser_non_streaming_tool_call_until_eos",
+    "test_hermes_parser_non_streaming_tool_call_invalid_json",
+    "test_hermes_parser_non_streaming_serialized_arguments",
+    "test_hermes_parser_non_streaming_bare_string_arguments",
+]
+_MISTRAL_PRE11 = [
+    "single_tool_add",
+    "single_tool_weather",
+    "argument_before_name",
+    "argument_before_name_and_name_in_argument",
+    "multiple_tools",
+    "content_before_tool",
+    "trailing_data_after_json",
+]
+IDS: dict[str, list[str]] = {
+    HERMES: [
+        *[i for t in _HERMES_SHARED for i in every(t, "llama", "granite4")],
+        *every("test_hermes_streaming_tool_call_with_stream_interval", 2, 3, 5, 8),
+        *every("test_hermes_streaming_content_then_tool_call_with_stream_interval", 2, 3, 5, 8),
+        *every("test_hermes_streaming_multiple_tool_calls_with_stream_interval", 1, 2, 4),
+        *every("test_hermes_streaming_boolean_args_with_stream_interval", 2, 5),
+        *every("test_hermes_streaming_just_forward_text_with_stream_interval", 2, 3, 5),
+        *every("test_hermes_streaming_serialized_arguments_with_stream_interval", 1, 2, 3, 5),
+        *every("test_hermes_streaming_bare_string_arguments_with_stream_interval", 1, 3),
+        *every(
+            "test_hermes_streaming_string_arguments_match_non_streaming",
+            *[f"{n}-{pid(v)}" for v in [SERIALIZED, *STRING_ARGUMENTS] for n in (1, 3)],
+        ),
+        "test_hermes_streaming_content_and_tool_call_in_single_chunk",
+    ],
+    OPENAI: [
+        "test_extract_tool_calls_no_tools",
+        *every(
+            "test_extract_tool_calls_single_tool", *map(pid, [TOKYO, '{\n"location": "Tokyo"\n}'])
+        ),
+        "test_extract_tool_calls_multiple_tools",
+        "test_extract_tool_calls_with_content",
+        "test_get_xgrammar_builtin_structural_tag_returns_structural_tag",
+        *every("test_adjust_request_auto_structural_tag_is_json_string", "True", "False"),
+        "test_adjust_request_required_uses_json_schema_not_structural_tag",
+    ],
+    LLAMA3: [
+        *[
+            f"test_extract_tool_calls_{t}"
+            for t in (
+                "simple",
+                "with_arguments",
+                "no_json",
+                "invalid_json",
+                "with_arguments_key",
+                "multiple_json",
+                "multiple_json_with_whitespace",
+                "multiple_json_with_surrounding_text",
+                "deeply_nested_json",
+                "multiple_with_deep_nesting",
+                "with_quotes_and_brackets_in_string",
+                "with_escaped_quotes_in_nested_json",
+                "missing_name_key",
+                "missing_parameters_and_arguments_key",
+                "brace_in_trailing_text",
+                "json_fragment_in_trailing_text",
+            )
+        ],
+        *every(
+            "test_extract_tool_calls_streaming_parallel_separators",
+            *map(pid, ["; ", ";", ";\n", "\n"]),
+        ),
+        "test_regex_timeout_handling",
+    ],
+    DSV3: _COMMON,
+    DSV31: [
+        "test_extract_tool_calls_with_tool",
+        "test_extract_tool_calls_with_multiple_tools",
+        *every(
+            "test_extract_tool_calls_unparsable_block",
+            pid(f"Let me look that up.{B}get_weather"),
+            pid(f'{B}foo{SEP}{{"x":1}}{E}'),
+        ),
+    ],
+    PHI4: _COMMON,
+    INTERNLM: [
+        "test_extract_unknown_tool_name_not_emitted",
+        "test_extract_known_tool_name_emitted",
+        "test_extract_without_tools_not_over_rejected",
+        *_COMMON,
+    ],
+    LONGCAT: _COMMON,
+    JAMBA: [
+        "test_extract_tool_calls_no_tools",
+        *every(
+            "test_extract_tool_calls", "single_tool", "single_tool_with_content", "parallel_tools"
+        ),
+        *every(
+            "test_extract_tool_calls_streaming",
+            "no_tools",
+            "single_tool",
+            "single_tool_with_content",
+            "parallel_tools",
+        ),
+        "test_extract_tool_calls_streaming_arguments_in_single_delta",
+    ],
+    MISTRAL: [
+        *every("test_extract_tool_calls_no_tools", "pre_v11", "v11"),
+        *every(PRE11, *_MISTRAL_PRE11),
+        "test_extract_tool_calls_pre_v11_multiple_bot_tokens_raises",
+        "test_extract_tool_calls_pre_v11_regex_fallback",
+        "test_extract_tool_calls_pre_v11_regex_fallback_fails",
+        *every(
+            "test_extract_tool_calls",
+            "single_tool_add",
+            "single_tool_weather",
+            "multiple_tool_calls",
+            "complex",
+            "wrong_json",
+        ),
+        "test_extract_tool_calls_v11_without_args_skipped",
+        *every(
+            PRE11_STREAM,
+            "no_tools",
+            "single_tool_add",
+            "single_tool_add_strings",
+            *[t for t in _MISTRAL_PRE11 if t not in ("single_tool_add", "content_before_tool")],
+        ),
+        *every(
+            "test_extract_tool_calls_streaming",
+            "single_tool_add",
+            "single_tool_add_strings",
+            "multiple_tools",
+        ),
+        "test_extract_tool_calls_streaming_v11_no_tools",
+        *every(
+            ONE_CHUNK,
+            *[
+                f"v11-{t}"
+                for t in (
+                    "single_tool_add",
+                    "single_tool_weather",
+                    "multiple_tool_calls",
+                    "content_before_tool",
+                    "complex",
+                )
+            ],
+            "pre_v11-no_tools",
+            *[
+                f"pre_v11-{t}"
+                for t in (
+                    "single_tool_add",
+                    "single_tool_add_strings",
+                    "single_tool_weather",
+                    "argument_before_name",
+                    "argument_before_name_and_name_in_argument",
+                    "multiple_tools",
+                    "content_before_tool",
+                )
+            ],
+        ),
+        *every("test_fast_detokenization_text_detection", "v11", "pre_v11"),
+        *every("test_extract_tool_calls_streaming_exception_returns_none", "v11", "pre_v11"),
+        *every(
+            "test_adjust_request_grammar_factory",
+            "auto",
+            "none",
+            "required",
+            "null_tool_choice",
+            "named_tool_choice",
+            "parallel_false",
+            "response_format_text",
+        ),
+        "test_adjust_request_unsupported_grammar_for_tokenizer",
+        *every("test_adjust_request_non_mistral_tokenizer", "auto_skip_false", "none_skip_true"),
+        *every(
+            "test_adjust_request_unsupported_structured_outputs",
+            "regex",
+            "choice",
+            "structural_tag",
+            "grammar",
+        ),
+        "test_adjust_request_unsupported_response_format",
+        *every(
+            "test_adjust_request_structured_outputs_generates_grammar",
+            "json_object",
+            "json_str",
+            "json_dict",
+        ),
+        *every(
+            "test_adjust_request_response_format_generates_grammar",
+            "json_object",
+            "json_schema_with_schema",
+        ),
+        *every(
+            "test_adjust_request_tool_choice_with_json_schema_factory_routing",
+            "none_uses_json_schema_factory",
+            "auto_uses_jinja_factory",
+        ),
+        "test_grammar_from_tool_parser_default_false",
+        "test_grammar_from_tool_parser_set_by_adjust_request",
+        *every(
+            "test_build_non_streaming_tool_calls", "none", "empty", "with_id", "without_id", "mixed"
+        ),
+        *[
+            f"TestExtractMaybeReasoningAndToolStreaming::{t}"
+            for t in (
+                "test_no_reasoning_tools_called",
+                "test_no_reasoning_no_tools",
+                "test_mistral_reasoning_parser_no_think_token",
+                "test_mistral_reasoning_parser_with_think_token",
+                "test_non_mistral_reasoning_parser_always_expects_thinking",
+                "test_reasoning_already_ended_no_reset",
+                "test_pre_v15_ignores_prompt_reasoning_end",
+                "test_non_pre_v15_prompt_reasoning_end",
+                "test_reasoning_end_transition_with_content",
+                "test_reasoning_end_transition_without_content",
+            )
+        ],
+    ],
+    OLMO3: [
+        *every("test_no_tool_call", "True", "False"),
+        *every(
+            "test_tool_call",
+            *[
+                f"{t}_{mode}"
+                for t in (
+                    "simple",
+                    "more_types",
+                    "parameterless",
+                    "empty_dict",
+                    "empty_list",
+                    "escaped_string",
+                    "parallel_calls",
+                )
+                for mode in ("streaming", "nonstreaming")
+            ],
+            "more_types_streaming_json_literals",
+            "more_types_nonstreaming_json_literals",
+        ),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_streaming_healthy_call_logs_nothing",
+        "test_streaming_mismatched_brackets_reported_once",
+    ],
+}
+# Tests with no model output to extract from (request adjustment, grammar building, mocked
+# internals): what they check has no counterpart in an output's extraction.
+_NO_OUTPUT = {
+    "test_get_xgrammar": "builds an xgrammar structural tag for a request (no model output)",
+    "test_adjust_request": "checks how the parser adjusts a request's structured output / "
+    "special-token settings (no model output); this backend's tool grammars: "
+    "tests/fast/test_tool_grammar.py",
+    "test_grammar_from_tool_parser": "a request flag set by adjust_request (no model output)",
+    "test_build_non_streaming_tool_calls": "builds mistral_common call objects from given "
+    "calls (no model output)",
+    "test_extract_tool_calls_streaming_exception_returns_none": "patches the parser's "
+    "internals to raise and checks the wrapper returns None (no model output)",
+    "TestExtractMaybeReasoningAndToolStreaming": "drives vLLM's reasoning/tool streaming "
+    "hand-off with mocked parsers and token ids (no model output); here the reasoning "
+    "and tool parsers share one router (tests/vllm_reasoning_cases.py has mistral's cases)",
+}
+NOT_APPLICABLE: dict[tuple[str, str], str] = {
+    (source, i): why
+    for source, ids in IDS.items()
+    for i in ids
+    for prefix, why in _NO_OUTPUT.items()
+    if i.startswith(prefix)
+}
+NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
+    "vLLM skips it: 'The Granite4 tool parser enforces a complete response'"
+)
 
 
 def expected(case: Case) -> dict:

@@ -19,6 +19,12 @@ MINIMAX_M2 = register(
 )
 LONGCAT = register(
     ToolFormat(
-        "longcat", _longcat.parse_tool_call, _longcat.tool_call_start, _longcat.tool_call_end
+        "longcat",
+        _longcat.parse_tool_call,
+        _longcat.tool_call_start,
+        _longcat.tool_call_end,
+        # vLLM's longcat parser is its hermes one: the content is the text before the first
+        # call, None when that is empty (tests/tool_parsers/test_longcat_tool_parser.py)
+        blank_content=True,
     )
 )
