@@ -1,6 +1,22 @@
-"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI's importer
-writes (`tool_parser:` / `reasoning_parser:` options), with what vLLM's parser of that name
-extracts; each case names the vLLM test file it comes from (github.com/vllm-project/vllm).
+"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI writes, with what
+vLLM's parser of that name extracts; each case names the vLLM test file it comes from
+(github.com/vllm-project/vllm) and, for the files in `IDS`, the test ids it stands for.
+
+The names. LocalAI (github.com/mudler/LocalAI @82c191afad) writes `tool_parser:` /
+`reasoning_parser:` options from core/config/parser_defaults.json, in
+core/gallery/importers/mlx.go and vllm.go (the gallery index, gallery/index.yaml, writes
+gemma4 only): tool parsers hermes, qwen3_xml, llama3_json, llama4_pythonic, mistral,
+deepseek_v3, glm45, glm47, gemma4, granite4, minimax_m2, kimi_k2, olmo3, ernie45,
+phi4_mini_json, openai; reasoning parsers qwen3, deepseek_r1, mistral, deepseek_v3, glm45,
+gemma4, granite, minimax_m2, kimi_k2, nemotron_v3, olmo3, ernie45, openai_gptoss. Beside
+them, from vLLM's registries (vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py
+@0064cc9cb1): pythonic, xlam, seed_oss, deepseek_v31, deepseek_v32, hunyuan_a13b,
+functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat; the reasoning
+names in tests/vllm_reasoning_cases.py.
+
+Wholesale: every test id of each file in `IDS` (its commit in the source constant) is a case,
+a known difference or `NOT_APPLICABLE` with the reason
+(tests/fast/test_parser_references.py: test_every_vllm_test_id_is_a_case).
 KNOWN_DIFFERENCES: cases where this backend differs for a reason, with ours and the reason.
 Used by tests/fast/test_parser_references.py (the output pipeline) and
 tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real gRPC).
@@ -13,9 +29,9 @@ from dataclasses import dataclass, field
 
 import regex
 
-HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
-OPENAI = "tests/tool_parsers/test_openai_tool_parser.py"
-LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py"
+HERMES = "tests/tool_parsers/test_hermes_tool_parser.py@0eb73d6a09"
+OPENAI = "tests/tool_parsers/test_openai_tool_parser.py@15c99cb111"
+LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py@1e499e36c5"
 R1 = "tests/reasoning/test_deepseekr1_reasoning_parser.py"
 QWEN3 = "tests/reasoning/test_qwen3_reasoning_parser.py"
 
@@ -513,8 +529,8 @@ QWEN3_CASES = [
 ]
 
 
-DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py"
-DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py"
+DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py@0f17ee061e"
+DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py@100fe7e0c1"
 B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CB, SEP, CE = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
 
@@ -536,7 +552,7 @@ def _both(test: str) -> tuple[str, str]:
     return (f"{test}[True]", f"{test}[False]")  # its `streaming` fixture's two runs
 
 
-# tests/tool_parsers/common_tests.py's ToolParserTests, which a parser's test file runs with
+# tests/tool_parsers/common_tests.py's ToolParserTests (@1b6b3ec182), which a parser's test file runs with
 # its own outputs (its ToolParserTestConfig): the test ids each output stands for.
 COMMON_IDS = {
     "no_tool_calls": _both("test_no_tool_calls"),
@@ -649,10 +665,10 @@ DEEPSEEK_CASES = [
 ]
 
 
-PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py"
-JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py"
-INTERNLM = "tests/tool_parsers/test_internlm2_tool_parser.py"
-LONGCAT = "tests/tool_parsers/test_longcat_tool_parser.py"
+PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py@2471a1c143"
+JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py@045d757550"
+INTERNLM = "tests/tool_parsers/test_internlm2_tool_parser.py@0661799351"
+LONGCAT = "tests/tool_parsers/test_longcat_tool_parser.py@41c5903d04"
 
 
 def phi4(id, output, calls=(), content="", ids=()):
@@ -898,7 +914,7 @@ JAMBA_CASES = [
 ]
 
 
-MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py"
+MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py@002d5731d3"
 
 
 def mistral(id, output, calls=(), content="", ids=()):
@@ -1093,7 +1109,7 @@ MISTRAL_CASES = [
 ]
 
 
-OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py"
+OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py@2aac44dc3f"
 
 
 def olmo3(id, body, calls=(), content="", ids=None):
