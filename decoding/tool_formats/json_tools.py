@@ -14,11 +14,6 @@ from decoding import call_formats
 from decoding.tool_formats import ToolFormat, register
 
 
-def _json_object_parser(text: str, tools: Any = None) -> Any:
-    """A JSON object or list of {"name", "arguments"|"parameters"} between markers."""
-    return json.loads(text.strip())
-
-
 def _declared_names(tools: Any) -> set[str]:
     names = set()
     for tool in tools or ():
@@ -28,11 +23,12 @@ def _declared_names(tools: Any) -> set[str]:
     return names
 
 
-def _internlm_parser(text: str, tools: Any = None) -> Any:
-    """InternLM2: one JSON call; where the request declares tools, a name it does not
-    declare is no call (raises: the block stays content), as vLLM's internlm2_tool_parser.py
+def _json_object_parser(text: str, tools: Any = None) -> Any:
+    """InternLM2's one JSON call {"name", "parameters"|"arguments"} between markers; where
+    the request declares tools, a name it does not declare is no call (raises: the block
+    stays content), as vLLM's internlm2_tool_parser.py
     (tests/tool_parsers/test_internlm2_tool_parser.py, unknown tool name not emitted)."""
-    call = _json_object_parser(text, tools)
+    call = json.loads(text.strip())
     declared = _declared_names(tools)
     if declared and isinstance(call, dict) and call.get("name") not in declared:
         raise ValueError(f"tool {call.get('name')!r} is not among the request's tools")
@@ -45,10 +41,9 @@ def _json_list_parser(text: str, tools: Any = None) -> Any:
 
 
 # Read by tool_calls.stream_format (a function attribute, which mypy cannot declare).
-_json_object_parser.tool_stream_format = "json_tools"  # type: ignore[attr-defined]
-# InternLM2 writes one call: it is read whole when its block closes, so a name the request
+# InternLM2 writes one call: it is sent whole when its block closes, so a name the request
 # does not declare (or a cut-off block) is never announced on the stream and then withdrawn.
-_internlm_parser.tool_stream_format = ""  # type: ignore[attr-defined]
+_json_object_parser.tool_stream_format = ""  # type: ignore[attr-defined]
 _json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
 
 
@@ -71,6 +66,6 @@ GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
     )
 )
 INTERNLM = register(
-    ToolFormat("internlm", _internlm_parser, "<|action_start|><|plugin|>", "<|action_end|>")
+    ToolFormat("internlm", _json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>")
 )
 JAMBA = register(ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>"))

@@ -76,6 +76,7 @@ def test_every_vllm_test_id_is_a_case():
     """Wholesale, for each vLLM file in IDS: each of its test ids is a case's, a known
     difference's or not applicable with a reason, and no case names an id the file lacks."""
     every_case = CASES + [c for c, _ in KNOWN_DIFFERENCES]
+    assert all(c.ids for c in every_case if c.source in IDS)  # each names what it stands for
     for source, ids in IDS.items():
         assert len(ids) == len(set(ids)), source
         covered = {i for c in every_case if c.source == source for i in c.ids}
