@@ -552,8 +552,8 @@ def _both(test: str) -> tuple[str, str]:
     return (f"{test}[True]", f"{test}[False]")  # its `streaming` fixture's two runs
 
 
-# tests/tool_parsers/common_tests.py's ToolParserTests (@1b6b3ec182), which a parser's test file runs with
-# its own outputs (its ToolParserTestConfig): the test ids each output stands for.
+# tests/tool_parsers/common_tests.py's ToolParserTests (@1b6b3ec182), which a parser's test
+# file runs with its own outputs (its ToolParserTestConfig): the ids each output stands for.
 COMMON_IDS = {
     "no_tool_calls": _both("test_no_tool_calls"),
     "single_tool_call": (
@@ -1213,11 +1213,11 @@ OLMO3_CASES = [
 ]
 
 
-QWEN3XML = "tests/tool_parsers/test_qwen3xml_tool_parser.py"
+QWEN3XML = "tests/tool_parsers/test_qwen3xml_tool_parser.py@1cbe721380"
 
 
-def qwen3xml(id, output, calls=(), content=""):
-    return Case(id, QWEN3XML, "qwen3_xml", "", output, tuple(calls), content)
+def qwen3xml(id, output, calls=(), content="", ids=()):
+    return Case(id, QWEN3XML, "qwen3_xml", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 def xml_call(name: str, *params: tuple[str, str]) -> str:
@@ -1225,27 +1225,19 @@ def xml_call(name: str, *params: tuple[str, str]) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
-QWEN3XML_CASES = [
-    qwen3xml(
-        "no_tool_calls",
-        "This is a regular response without any tool calls.",
-        content="This is a regular response without any tool calls.",
-    ),
-    qwen3xml(
-        "single_tool_call",
-        xml_call("get_weather", ("city", "Tokyo")),
-        [("get_weather", {"city": "Tokyo"})],
-    ),
-    qwen3xml(
-        "parallel_tool_calls",
+QWEN3XML_CASES = common(
+    qwen3xml,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(xml_call("get_weather", ("city", "Tokyo")), [TOKYO_CALL], ""),
+    parallel_tool_calls=(
         xml_call("get_weather", ("city", "Tokyo"))
         + xml_call("get_time", ("timezone", "Asia/Tokyo")),
-        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        TWO_CALLS,
+        "",
     ),
     # vLLM's test checks the fields only (supports_typed_arguments=False): without a tool
     # schema the values stay text, null is None.
-    qwen3xml(
-        "various_data_types",
+    various_data_types=(
         xml_call(
             "test_function",
             ("string_field", "hello"),
@@ -1270,20 +1262,19 @@ QWEN3XML_CASES = [
                 },
             )
         ],
+        "",
     ),
-    qwen3xml("empty_arguments", xml_call("refresh"), [("refresh", {})]),
+    empty_arguments=(xml_call("refresh"), [("refresh", {})], ""),
     # vLLM's test asserts at least one call (content unchecked); the text around the call
     # stays content here.
-    qwen3xml(
-        "surrounding_text",
+    surrounding_text=(
         "Let me check the weather for you.\n\n"
         + xml_call("get_weather", ("city", "Tokyo"))
         + "\n\nI will get that information.",
-        [("get_weather", {"city": "Tokyo"})],
-        content="Let me check the weather for you.\n\n\n\nI will get that information.",
+        [TOKYO_CALL],
+        "Let me check the weather for you.\n\n\n\nI will get that information.",
     ),
-    qwen3xml(
-        "escaped_strings",
+    escaped_strings=(
         xml_call(
             "test_function",
             ("quoted", 'He said "hello"'),
@@ -1300,13 +1291,11 @@ QWEN3XML_CASES = [
                 },
             )
         ],
+        "",
     ),
-    # vLLM asserts only that these do not raise; here they are content.
-    *[
-        qwen3xml(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(["<tool_call><function=></function></tool_call>"])
-    ],
-]
+    # the other malformed output (cut off) is a known difference
+    malformed=["<tool_call><function=></function></tool_call>"],
+)
 
 
 KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
@@ -4207,6 +4196,7 @@ KNOWN_DIFFERENCES = [
             "malformed_input_cut_off",
             "<tool_call><function=func>",
             content="<tool_call><function=func>",
+            ids=_both("test_malformed_input"),
         ),
         {"withdrawn": True},
         "same result as vLLM's non-streaming path, but the stream announced func before the "
@@ -4684,6 +4674,15 @@ IDS: dict[str, list[str]] = {
             )
         ],
     ],
+    QWEN3XML: [
+        *_COMMON,
+        *every(
+            "test_convert_param_value_invalid_emits_warning",
+            *[f"not_a_number-{t}" for t in ("int", "integer", "uint", "long", "short", "unsigned")],
+            "not_a_float-num",
+            "not_a_float-float",
+        ),
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -4722,6 +4721,9 @@ _NO_OUTPUT = {
     "test_grammar_from_tool_parser": "a request flag set by adjust_request (no model output)",
     "test_build_non_streaming_tool_calls": "builds mistral_common call objects from given "
     "calls (no model output)",
+    "test_convert_param_value_invalid_emits_warning": "the format of a warning vLLM's "
+    "StreamingXMLToolCallParser logs for a value it cannot convert, called directly (no "
+    "model output)",
     "test_extract_tool_calls_streaming_exception_returns_none": "patches the parser's "
     "internals to raise and checks the wrapper returns None (no model output)",
     "TestExtractMaybeReasoningAndToolStreaming": "drives vLLM's reasoning/tool streaming "
