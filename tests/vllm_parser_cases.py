@@ -57,6 +57,11 @@ class Case:
     # once (streaming and not, several stream intervals); one case here stands for each
     ids: tuple = field(default=(), compare=False)
 
+    @property
+    def vllm_ids(self) -> tuple[str, ...]:
+        """The vLLM test ids the case stands for: `ids`, else its own id."""
+        return self.ids or (self.id,)
+
 
 def pid(value: str) -> str:
     """A string parameter as pytest writes it in a test id (non-ASCII escaped)."""
@@ -3286,7 +3291,7 @@ GRANITE_CASES = [
 ]
 
 
-GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py"
+GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py@34f830e958"
 G4_COORD = {"coordinates": [[23.54, 43.1], [-12.2, 54.3], [4, 5]], "coordinate_type": "latlong"}
 G4_STOCK = {"symbol": "AAPL", "start_date": "2021-01-01", "end_date": "2021-12-31"}
 G4_TEXTS = [
@@ -3319,6 +3324,7 @@ GRANITE4_FILE_CASES = [
         G4_COMPLEX,
         (("find_bbox", G4_COORD), ("get_stock_price", G4_STOCK), ("find_bbox", G4_COORD)),
         "".join(G4_TEXTS),
+        ids=every("test_tool_call_parser_complex", "1-1", "1-2", "5-7", "6-20"),
     ),
     Case(  # vLLM asserts "some explanation" is in the content
         "test_streaming_preserves_content_between_complete_tool_calls",
@@ -3329,11 +3335,12 @@ GRANITE4_FILE_CASES = [
         '<tool_call> {"name": "get_stock_price", "arguments": {}} </tool_call>',
         (("find_bbox", {}), ("get_stock_price", {})),
         "some explanation ",
+        ids=("test_streaming_preserves_content_between_complete_tool_calls",),
     ),
 ]
 
 
-ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py"
+ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py@0a26f84cc2"
 ER_BEIJING = (
     '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}'
     "\n</tool_call>\n"
@@ -4682,6 +4689,18 @@ IDS: dict[str, list[str]] = {
             "not_a_float-num",
             "not_a_float-float",
         ),
+    ],
+    GRANITE4_T: [
+        *every("test_tool_call_parser_complex", "1-1", "1-2", "5-7", "6-20"),
+        "test_streaming_preserves_content_between_complete_tool_calls",
+    ],
+    ERNIE45: [
+        "test_extract_tool_calls_no_tools",
+        *[
+            f"{test}[{name}]"
+            for test in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
+            for name in ("single_tool_call", "multiple_tool_calls", "tool_call_with_content_before")
+        ],
     ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
