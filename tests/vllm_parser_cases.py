@@ -1450,8 +1450,8 @@ GLM45_CASES = [
 ]
 
 
-PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py"
-LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py"
+PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py@0716d268c7"
+LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py@0716d268c7"
 
 
 def pythonic(id, output, calls=(), content="", tool="pythonic", source=PYTHONIC):
@@ -1611,6 +1611,40 @@ LLAMA4_PYTHONIC_CASES = [
         "<|python_start|>[foo(x=1])]<|python_end|>",
         content="<|python_start|>[foo(x=1])]<|python_end|>",
     ),
+]
+
+
+def _pythonic_ids(case: Case) -> Case:
+    """The vLLM test ids of a pythonic / llama4_pythonic case: "(non)streaming" stands for
+    both of test_tool_call's ids; tests run with `streaming` True and False name both."""
+    name = case.id
+    if "(non)streaming" in name:
+        ids = tuple(name.replace("(non)streaming", m) for m in ("streaming", "nonstreaming"))
+    elif name in ("test_no_tool_call", "test_bad_sibling_call_does_not_drop_good_calls"):
+        ids = every(name, "True", "False")
+    elif name == "test_regex_timeout_handling":
+        ids = every(name, "False")
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+PYTHONIC_CASES = [_pythonic_ids(c) for c in PYTHONIC_CASES]
+# test_tool_call's ids repeat there (parallel_calls_streaming twice): pytest numbers them 0, 1
+_L4_IDS = {
+    "test_tool_call[parallel_calls_(non)streaming]": every(
+        "test_tool_call", "parallel_calls_streaming0", "parallel_calls_nonstreaming0"
+    ),
+    "test_tool_call[parallel_calls_streaming, python_start]": (
+        "test_tool_call[parallel_calls_streaming1]",
+    ),
+    "test_tool_call[parallel_calls_nonstreaming, python_start]": (
+        "test_tool_call[parallel_calls_nonstreaming1]",
+    ),
+}
+LLAMA4_PYTHONIC_CASES = [
+    Case(**{**c.__dict__, "ids": _L4_IDS[c.id]}) if c.id in _L4_IDS else _pythonic_ids(c)
+    for c in LLAMA4_PYTHONIC_CASES
 ]
 
 
@@ -4459,6 +4493,7 @@ KNOWN_DIFFERENCES += [
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
+_MODES = ("streaming", "nonstreaming")
 _COMMON = [i for ids in COMMON_IDS.values() for i in ids] + list(_both("test_malformed_input"))
 _HERMES_SHARED = [  # run with both of CONFIGS' parsers
     "test_hermes_parser_streaming_just_forward_text",
@@ -4701,6 +4736,42 @@ IDS: dict[str, list[str]] = {
             for test in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
             for name in ("single_tool_call", "multiple_tool_calls", "tool_call_with_content_before")
         ],
+    ],
+    PYTHONIC: [
+        *every("test_no_tool_call", "True", "False"),
+        *every("test_tool_call", *[f"{f}_{m}" for f, _, _ in PY_FORMS for m in _MODES]),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_good_call_survives_unparsable_sibling",
+        "test_unrecoverable_block_still_reports_no_tool_call",
+        "test_streaming_mismatched_brackets_reported_once",
+    ],
+    LLAMA4P: [
+        *every("test_no_tool_call", "True", "False"),
+        *every(
+            "test_tool_call",
+            *[
+                f"{f}_{m}"
+                for f in (
+                    "simple",
+                    "more_types",
+                    "parameterless",
+                    "empty_dict",
+                    "empty_list",
+                    "escaped_string",
+                    "python_tag",
+                )
+                for m in _MODES
+            ],
+            *[f"parallel_calls_{m}{n}" for n in (0, 1) for m in _MODES],
+        ),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_streaming_mismatched_brackets_reported_once",
     ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
