@@ -3427,7 +3427,7 @@ ERNIE45_CASES = [
 ]
 
 
-GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py"
+GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py@0ce879769d"
 GLM47_TOOLS = (
     {"type": "function", "function": {"name": "get_current_date", "parameters": {}}},
     fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
@@ -4806,6 +4806,31 @@ IDS: dict[str, list[str]] = {
             ),
         }.items()
         for t in tests
+    ],
+    GLM47: [
+        *[
+            f"TestGlm47ExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_call",
+                "test_zero_arg_inline",
+                "test_zero_arg_newline",
+                "test_args_same_line",
+                "test_args_with_newlines",
+                "test_content_before",
+                "test_multiple",
+                "test_empty_content_none",
+                "test_whitespace_content_none",
+            )
+        ],
+        *[
+            f"TestGlm47Streaming.{t}"
+            for t in (
+                "test_no_args",
+                "test_with_args",
+                "test_delays_prefix_only_tool_name_until_exact_match",
+                "test_delays_prefix_only_tool_name_with_function_tools",
+            )
+        ],
     ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
