@@ -1303,7 +1303,7 @@ QWEN3XML_CASES = common(
 )
 
 
-KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
+KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py@0825a6c362"
 K_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 
 
@@ -4490,6 +4490,40 @@ KNOWN_DIFFERENCES += [
 ]
 
 
+_KIMI_PARAMS = (
+    "single_tool_call",
+    "parallel_tool_calls",
+    "three_tool_calls",
+    "angle_brackets_in_json",
+    "multiline_json",
+    "no_functions_prefix",
+    "empty_arguments",
+)
+
+
+def _kimi_ids(case: Case) -> Case:
+    """The vLLM test ids of a kimi_k2 case (its early cases have short names; the module-level
+    tests there are TestExtractToolCalls' methods)."""
+    name = case.id.split(" (")[0]
+    if name in _KIMI_PARAMS:
+        ids: tuple[str, ...] = (f"TestExtractToolCalls.test_extract_tool_calls[{name}]",)
+    elif name in ("no_tools", "invalid_json_still_extracted"):
+        ids = (f"TestExtractToolCalls.test_{name}",)
+    elif name.startswith("test_"):
+        ids = (f"TestExtractToolCalls.{name}",)
+    elif name.endswith("_at_interval"):
+        ids = every(name, 1, 2, 3, 5, 8)
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_kimi_ids(c) if c.source == KIMI else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_kimi_ids(c), o) if c.source == KIMI else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -4832,6 +4866,69 @@ IDS: dict[str, list[str]] = {
             )
         ],
     ],
+    KIMI: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tools",
+                *[f"test_extract_tool_calls[{p}]" for p in _KIMI_PARAMS],
+                "test_invalid_json_still_extracted",
+                "test_invalid_funcall_id_skipped",
+                "test_native_id_extracted",
+                "test_multi_turn_native_id_continuity",
+                "test_bare_counter",
+                "test_bare_counter_single_tool_invalid_json_still_extracted",
+                "test_bare_counter_multiple_tools_infers_by_args",
+                "test_bare_counter_multiple_tools_skips_unsafe_inference[ambiguous]",
+                "test_bare_counter_multiple_tools_skips_unsafe_inference[malformed_json]",
+            )
+        ],
+        *[
+            f"TestStreamingHappyPath.{t}"
+            for t in (
+                "test_single_tool_call",
+                "test_multiple_tool_calls",
+                "test_bare_counter",
+                "test_bare_counter_multiple_tools_infers_by_args",
+                "test_content_before_tools",
+                "test_no_tool_calls",
+                "test_incremental_arguments",
+                "test_streaming_matches_nonstreaming[single_tool]",
+                "test_streaming_matches_nonstreaming[parallel_tools]",
+                "test_streaming_matches_nonstreaming[no_functions_prefix]",
+            )
+        ],
+        *[
+            f"TestStreamingEdgeCases.{t}"
+            for t in (
+                "test_marker_suppression",
+                "test_noise_between_markers_suppressed",
+                "test_empty_tool_section",
+                "test_three_different_tools",
+                "test_truncated_tool_call_no_end_marker",
+                "test_content_after_tool_section",
+            )
+        ],
+        *[
+            f"TestAdjustRequest.{t}"
+            for t in (
+                "test_sets_skip_special_tokens_false",
+                "test_no_change_when_tool_choice_none",
+                "test_no_change_when_no_tools",
+            )
+        ],
+        *[
+            f"TestStreamingIntervals.{t}[{n}]"
+            for t in (
+                "test_single_tool_call_at_interval",
+                "test_content_then_tool_call_at_interval",
+                "test_multiple_tool_calls_at_interval",
+                "test_plain_text_at_interval",
+            )
+            for n in (1, 2, 3, 5, 8)
+        ],
+        "TestStreamingIntervals.test_content_and_tool_call_in_single_chunk",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -4864,6 +4961,8 @@ IDS: dict[str, list[str]] = {
 # internals): what they check has no counterpart in an output's extraction.
 _NO_OUTPUT = {
     "test_get_xgrammar": "builds an xgrammar structural tag for a request (no model output)",
+    "TestAdjustRequest": "checks how the parser adjusts a request's skip_special_tokens "
+    "(no model output)",
     "test_adjust_request": "checks how the parser adjusts a request's structured output / "
     "special-token settings (no model output); this backend's tool grammars: "
     "tests/fast/test_tool_grammar.py",
