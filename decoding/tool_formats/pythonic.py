@@ -128,8 +128,13 @@ def parse_llama4(text: str, tools: Any = None) -> Any:
 
 
 _GRAMMAR = call_formats.GRAMMARS["pythonic"]
+# vLLM drops a call that is not convertible while keeping its siblings: known only once
+# the list closes.
+_WHOLE = "Python literals: the list is read when it closes"
 PYTHONIC = register(
-    ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True, grammar=_GRAMMAR)
+    ToolFormat(
+        "pythonic", parse, "[", at_content_start=True, keep=True, grammar=_GRAMMAR, whole=_WHOLE
+    )
 )
 LLAMA4_PYTHONIC = register(
     ToolFormat(
@@ -142,5 +147,6 @@ LLAMA4_PYTHONIC = register(
             Block('{"name"', keep=True),
         ),
         grammar=_GRAMMAR,
+        whole=_WHOLE,
     )
 )
