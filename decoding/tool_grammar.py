@@ -127,8 +127,31 @@ def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
         return None
     start = getattr(tokenizer, "tool_call_start", "") or ""
     end = getattr(tokenizer, "tool_call_end", "") or ""
+    start, end = _model_markers(tokenizer, fmt, start, end)
     built: ToolFormat | CallFormat = fmt.grammar(start, end)
     return built
+
+
+def _model_markers(
+    tokenizer: Any, fmt: tool_formats.ToolFormat, start: str, end: str
+) -> tuple[str, str]:
+    """The markers the grammar writes: the format's main ones, unless their opening marker
+    is no special token of this vocabulary and another block's pair is (the model's own:
+    `pythonic` on LFM2 writes `<|tool_call_start|>[...]<|tool_call_end|>`, the block both
+    vLLM, through its skipped special tokens, and mlx-lm read)."""
+    others = [b for b in fmt.more if b.end and not b.keep]
+    if not others:
+        return start, end
+    try:
+        special = _special_finder(tokenizer)
+    except Exception:  # no llguidance view of this tokenizer: the main markers
+        return start, end
+    if special(start) is not None:
+        return start, end
+    for block in others:
+        if special(block.start) is not None and special(block.end) is not None:
+            return block.start, block.end
+    return start, end
 
 
 def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:
