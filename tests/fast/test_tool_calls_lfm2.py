@@ -162,3 +162,10 @@ def test_the_grammar_holds_lfm2s_block_to_the_declared_tools(hf, name):
     lazy = tool_grammar.build_grammar(TOOLS, fmt, opening="lazy", special=finder)
     assert _takes(hf, lazy, f"Let me check.\n{call}")
     assert not _takes(hf, lazy, f"Let me check.\n{START}[rm_rf(", ends=False)
+
+
+def test_pythonic_keeps_the_bare_list_where_lfm2s_markers_are_no_tokens(tok):
+    # the toy vocabulary (tests/toy_tokenizer.py) has no <|tool_call_start|> token: the
+    # grammar is vLLM's bare list at the output's start
+    fmt = tool_grammar.tool_format(apply_parser_overrides(tok, "pythonic"))
+    assert fmt is not None and (fmt.start, fmt.leading) == ("[", True)
