@@ -11,6 +11,7 @@ from typing import Any
 from mlx_lm.tool_parsers import json_tools as _mlx_json_tools
 
 from decoding import call_formats
+from decoding.tool_calls import JSON_LIST, JSON_OBJECT
 from decoding.tool_formats import ToolFormat, register
 
 
@@ -40,13 +41,6 @@ def _json_list_parser(text: str, tools: Any = None) -> Any:
     return json.loads(text.strip())
 
 
-# Read by tool_calls.stream_format (a function attribute, which mypy cannot declare).
-# InternLM2 writes one call: it is sent whole when its block closes, so a name the request
-# does not declare (or a cut-off block) is never announced on the stream and then withdrawn.
-_json_object_parser.tool_stream_format = ""  # type: ignore[attr-defined]
-_json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
-
-
 HERMES = register(
     ToolFormat(
         "hermes",
@@ -54,6 +48,7 @@ HERMES = register(
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
@@ -63,9 +58,20 @@ GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 INTERNLM = register(
-    ToolFormat("internlm", _json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>")
+    ToolFormat(
+        "internlm",
+        _json_object_parser,
+        "<|action_start|><|plugin|>",
+        "<|action_end|>",
+        # InternLM2 writes one call: sent whole when its block closes, so a name the request
+        # does not declare (or a cut-off block) is never announced and then withdrawn
+        whole="one call a reply, checked against the request's tools when its block closes",
+    )
 )
-JAMBA = register(ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>"))
+JAMBA = register(
+    ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>", stream=JSON_LIST)
+)
