@@ -3957,8 +3957,40 @@ QSHARED_LITERAL_CASES = [
     ],
 ]
 
+GEMMA4_BARE = "tests/tool_parsers/test_gemma4_regex_and_bare_calls.py@33a7f0986a"
+G4_BARE = "<|channel>thought\nListing directory files.\n<channel|>" + g4(
+    "bash", f"command:{Q}ls -la /work{Q}"
+).removeprefix("<|tool_call>").removesuffix("<tool_call|>")
+# The file's other tests call vLLM's offline gemma4_utils.parse_tool_calls (NOT_APPLICABLE);
+# this one its gemma4 engine parser (vLLM asserts the call only).
+GEMMA4_BARE_CASES = [
+    Case(
+        "bare_call_after_channel",
+        GEMMA4_BARE,
+        "gemma4",
+        "",
+        G4_BARE,
+        (("bash", {"command": "ls -la /work"}),),
+        "<|channel>thought\nListing directory files.\n<channel|>",
+        ids=("TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",),
+    ),
+    Case(  # with LocalAI's gemma-4 pairing, the thought channel is reasoning
+        "bare_call_after_channel_with_reasoning_parser",
+        GEMMA4_BARE,
+        "gemma4",
+        "gemma4",
+        G4_BARE,
+        (("bash", {"command": "ls -la /work"}),),
+        "",
+        "Listing directory files.\n",
+        ids=("TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",),
+    ),
+]
+
+
 CASES = (
-    QSHARED_LITERAL_CASES
+    GEMMA4_BARE_CASES
+    + QSHARED_LITERAL_CASES
     + KIMI_MORE_CASES
     + GLM4_MORE_CASES
     + GLM47_CASES
@@ -5113,6 +5145,31 @@ IDS: dict[str, list[str]] = {
             )
         ],
     ],
+    GEMMA4_BARE: [
+        *[
+            f"TestGemma4CanonicalFormats.{t}"
+            for t in (
+                "test_canonical_tag_wrapped_call",
+                "test_turn_end_closure_instead_of_tool_call_end",
+                "test_multiple_sequential_canonical_calls",
+                "test_strict_mode_ignores_fallback_formats",
+            )
+        ],
+        *[
+            f"TestGemma4FallbackFormats.{t}"
+            for t in (
+                "test_bare_call_after_thought_channel",
+                "test_colon_prefixed_tool_call",
+                "test_bare_call_with_leading_whitespace",
+                "test_fragmented_call_tag_from_multimodal",
+                "test_hyphenated_tool_name",
+                "test_dotted_tool_name",
+                "test_no_tool_call_returns_empty",
+            )
+        ],
+        "TestGemma4EngineBareCallIntegration.test_offline_utils_bare_call_after_channel",
+        "TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5200,6 +5257,16 @@ NOT_APPLICABLE.update(
             "the array reader given '42,]trailing' directly; inside a call that text is no "
             "call here (the block comes back as content)"
         ),
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_BARE, i): "vLLM's offline helper gemma4_utils.parse_tool_calls (for "
+        "LLM.generate output), not its gemma4 tool parser the name selects: the `<turn|>` "
+        "close, `<|tool_call>:call:`, `<call>` and a bare call after prose are its fallbacks "
+        "only; the gemma4 parser's canonical and bare-after-`<channel|>` calls are cases here"
+        for i in IDS[GEMMA4_BARE]
+        if "test_engine_tool_parser" not in i
     }
 )
 NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
