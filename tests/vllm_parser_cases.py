@@ -3988,8 +3988,56 @@ GEMMA4_BARE_CASES = [
 ]
 
 
+GEMMA4_REQUIRED = "tests/tool_parsers/test_gemma4_required_enforcement.py@98608a2379"
+G4_PROSE = "I cannot call a tool right now, so here is a plain answer."
+G4_LONDON_CALL = (("get_weather", {"location": "London"}),)
+# Gemma4Parser (vLLM's path when the reasoning parser is gemma4 too, thinking off) and its
+# gemma4 tool parser alone; tool_choice "required" with prose only is NOT_APPLICABLE here.
+GEMMA4_REQUIRED_CASES = [
+    Case(
+        "required_tool_call",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "gemma4",
+        G4_LONDON,
+        G4_LONDON_CALL,
+        ids=(
+            "TestGemma4ParserParseRequiredEnforcement.test_required_tool_call_accepted",
+            "TestGemma4ParserStreamingRequiredEnforcement.test_required_tool_call_stream_accepted",
+        ),
+    ),
+    Case(
+        "auto_prose",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "gemma4",
+        G4_PROSE,
+        content=G4_PROSE,
+        ids=("TestGemma4ParserParseRequiredEnforcement.test_auto_prose_only_passes_through",),
+    ),
+    Case(
+        "required_tool_call_tool_parser_only",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "",
+        G4_LONDON,
+        G4_LONDON_CALL,
+        ids=("TestGemma4ToolParserRequiredEnforcement.test_required_tool_call_accepted",),
+    ),
+    Case(
+        "auto_prose_tool_parser_only",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "",
+        G4_PROSE,
+        content=G4_PROSE,
+        ids=("TestGemma4ToolParserRequiredEnforcement.test_auto_prose_only_passes_through",),
+    ),
+]
+
 CASES = (
     GEMMA4_BARE_CASES
+    + GEMMA4_REQUIRED_CASES
     + QSHARED_LITERAL_CASES
     + KIMI_MORE_CASES
     + GLM4_MORE_CASES
@@ -5170,6 +5218,16 @@ IDS: dict[str, list[str]] = {
         "TestGemma4EngineBareCallIntegration.test_offline_utils_bare_call_after_channel",
         "TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",
     ],
+    GEMMA4_REQUIRED: [
+        "TestGemma4ParserParseRequiredEnforcement.test_required_prose_only_rejected",
+        "TestGemma4ParserParseRequiredEnforcement.test_required_tool_call_accepted",
+        "TestGemma4ParserParseRequiredEnforcement.test_auto_prose_only_passes_through",
+        "TestGemma4ParserStreamingRequiredEnforcement.test_required_prose_only_rejected_at_finish",
+        "TestGemma4ParserStreamingRequiredEnforcement.test_required_tool_call_stream_accepted",
+        "TestGemma4ToolParserRequiredEnforcement.test_required_prose_only_rejected",
+        "TestGemma4ToolParserRequiredEnforcement.test_required_tool_call_accepted",
+        "TestGemma4ToolParserRequiredEnforcement.test_auto_prose_only_passes_through",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5267,6 +5325,16 @@ NOT_APPLICABLE.update(
         "only; the gemma4 parser's canonical and bare-after-`<channel|>` calls are cases here"
         for i in IDS[GEMMA4_BARE]
         if "test_engine_tool_parser" not in i
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_REQUIRED, i): "tool_choice 'required' with a format that has no tool-call "
+        "grammar (gemma4) is refused before generation here: FAILED_PRECONDITION naming "
+        "PredictOptions.ToolChoice (decoding/tool_grammar.py; tests/fast/test_tool_grammar.py), "
+        "so no prose-only reply reaches the parser"
+        for i in IDS[GEMMA4_REQUIRED]
+        if "prose_only_rejected" in i
     }
 )
 NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
