@@ -4457,6 +4457,23 @@ KNOWN_DIFFERENCES = [
 ]
 
 
+# InternLM2's call streams as it is written: a block that proves no call at its end (cut
+# off, or a name the request does not declare) was announced on the stream already.
+_INTERNLM_STREAMED = ("malformed_input_0", "unknown_tool_name_not_emitted")
+KNOWN_DIFFERENCES += [
+    known(
+        c,
+        {"withdrawn": True},
+        "same result as vLLM's non-streaming path (the block is no call: "
+        + ("cut off" if c.id.startswith("malformed") else "a tool the request does not declare")
+        + "), but the stream had announced the call as it was written; LocalAI's proto "
+        "cannot withdraw a streamed call, so PredictStream shows it and Predict does not "
+        "(vLLM's streaming path does not check the name either)",
+    )
+    for c in INTERNLM_CASES
+    if c.id in _INTERNLM_STREAMED
+]
+CASES = [c for c in CASES if not (c.source == INTERNLM and c.id in _INTERNLM_STREAMED)]
 HERMES_KNOWN = [k for k in KNOWN_DIFFERENCES if k[0].source == HERMES]
 STRING_ARGUMENTS = ["hello", "{hello world}", "[oops", '{"a": 1} tail text']
 NO_OBJECT = (

@@ -67,9 +67,7 @@ INTERNLM = register(
         _json_object_parser,
         "<|action_start|><|plugin|>",
         "<|action_end|>",
-        # InternLM2 writes one call: sent whole when its block closes, so a name the request
-        # does not declare (or a cut-off block) is never announced and then withdrawn
-        whole="one call a reply, checked against the request's tools when its block closes",
+        stream=JSON_OBJECT,
     )
 )
 JAMBA = register(
