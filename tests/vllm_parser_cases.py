@@ -1648,7 +1648,7 @@ LLAMA4_PYTHONIC_CASES = [
 ]
 
 
-XLAM = "tests/tool_parsers/test_xlam_tool_parser.py"
+XLAM = "tests/tool_parsers/test_xlam_tool_parser.py@10a6751520"
 
 
 def xlam(id, output, calls=(), content=""):
@@ -4681,6 +4681,46 @@ def _gemma4_ids(case: Case) -> Case:
 CASES = [_gemma4_ids(c) if c.source == GEMMA4 else c for c in CASES]
 
 
+_X_PARAMS = (
+    "parallel_tool_calls",
+    "single_tool_with_think_tag",
+    "single_tool_with_json_code_block",
+    "single_tool_with_tool_calls_tag",
+    "single_tool_with_tool_call_xml_tags",
+)
+_X_EMPTY = [
+    '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 42}}]-expected0',
+    '[{"name": "a", "arguments": {"x": 42}}, {"name": "b", "arguments": {}}]-expected1',
+]
+_XLAM_IDS = {
+    "test_extract_tool_calls[parallel_tool_calls]": every(
+        "test_extract_tool_calls", "parallel_tool_calls"
+    )
+    + every("test_extract_tool_calls_streaming_incremental", "parallel_tool_calls"),
+    "test_extract_tool_calls[single_tool_with_think_tag]": every(
+        "test_extract_tool_calls", "single_tool_with_think_tag"
+    )
+    + every("test_extract_tool_calls_streaming_incremental", "single_tool_with_think_tag"),
+    "test_preprocess_model_output[list]": (
+        "test_preprocess_model_output",
+        "test_streaming_with_list_structure",
+    ),
+    "test_extract_tool_calls_non_ascii": every(
+        "test_extract_tool_calls_non_ascii", "False", "True"
+    ),
+    "test_extract_tool_calls_streaming_one_empty_args_tool[first]": every(
+        "test_extract_tool_calls_streaming_one_empty_args_tool", _X_EMPTY[0]
+    ),
+    "test_extract_tool_calls_streaming_one_empty_args_tool[last]": every(
+        "test_extract_tool_calls_streaming_one_empty_args_tool", _X_EMPTY[1]
+    ),
+}
+CASES = [
+    Case(**{**c.__dict__, "ids": _XLAM_IDS[c.id]}) if c.source == XLAM and c.id in _XLAM_IDS else c
+    for c in CASES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5244,6 +5284,16 @@ IDS: dict[str, list[str]] = {
         "TestGemma4ToolParserRequiredEnforcement.test_required_prose_only_rejected",
         "TestGemma4ToolParserRequiredEnforcement.test_required_tool_call_accepted",
         "TestGemma4ToolParserRequiredEnforcement.test_auto_prose_only_passes_through",
+    ],
+    XLAM: [
+        "test_extract_tool_calls_no_tools",
+        *every("test_extract_tool_calls", *_X_PARAMS),
+        "test_extract_tool_calls_list_structure[list_structured_tool_call]",
+        "test_preprocess_model_output",
+        "test_streaming_with_list_structure",
+        *every("test_extract_tool_calls_streaming_incremental", *_X_PARAMS),
+        *every("test_extract_tool_calls_non_ascii", "False", "True"),
+        *every("test_extract_tool_calls_streaming_one_empty_args_tool", *_X_EMPTY),
     ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
