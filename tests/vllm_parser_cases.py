@@ -2965,7 +2965,7 @@ DEEPSEEK_V32_CASES = [
 ]
 
 
-HUNYUAN = "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py"
+HUNYUAN = "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py@10a6751520"
 
 
 def hunyuan(id, output, calls=(), content=""):
@@ -4721,6 +4721,54 @@ CASES = [
 ]
 
 
+_HY_EXTRACT = ("no_tool_call", "single", "multiple", "content_before", "content_after", "complex")
+
+
+def _hunyuan_ids(case: Case) -> Case:
+    """The pytest ids of a hunyuan_a13b case: its parameters are the output strings, the
+    expected lists numbered (`expected_tool_calls3`), None as "None"."""
+    name = case.id.removesuffix(" (xfail there)")
+    test, _, param = name.partition("[")
+    param = param.rstrip("]")
+    if test == "test_hunyuan_a13b_tool_parser_extract":
+        i = _HY_EXTRACT.index(param)
+        content = pid(case.content) if case.content and param != "content_after" else "None"
+        ids: tuple[str, ...] = (f"{test}[{pid(case.output)}-expected_tool_calls{i}-{content}]",)
+    elif test == "test_hunyuan_a13b_tool_parser_streaming":
+        ids = (f"{test}[model_deltas{param}-expected_tool_calls{param}]",)
+    elif test == "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool":
+        i = ("first", "last").index(param)
+        ids = (f"{test}[{pid(case.output)}-expected_tool_calls{i}]",)
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_hunyuan_ids(c) if c.source == HUNYUAN else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_hunyuan_ids(c), o) if c.source == HUNYUAN else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+# Its ids hold each output, so they are spelled from the cases; the file has 6 extraction
+# outputs, 4 streaming ones (numbered), one non-ASCII test and 2 empty-argument outputs.
+_HY_IDS = sorted(
+    {
+        i
+        for c in CASES + [k for k, _ in KNOWN_DIFFERENCES]
+        if c.source == HUNYUAN
+        for i in c.vllm_ids
+    }
+)
+assert [
+    sum(i.startswith(t + "[") or i == t for i in _HY_IDS)
+    for t in (
+        "test_hunyuan_a13b_tool_parser_extract",
+        "test_hunyuan_a13b_tool_parser_streaming",
+        "test_hunyuan_a13b_tool_parser_non_ascii",
+        "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool",
+    )
+] == [6, 4, 1, 2], _HY_IDS
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5295,6 +5343,7 @@ IDS: dict[str, list[str]] = {
         *every("test_extract_tool_calls_non_ascii", "False", "True"),
         *every("test_extract_tool_calls_streaming_one_empty_args_tool", *_X_EMPTY),
     ],
+    HUNYUAN: _HY_IDS,
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
