@@ -1740,7 +1740,7 @@ XLAM_CASES = [
 ]
 
 
-SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py"
+SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py@0f12075134"
 SEED_TOOLS = (
     {
         "type": "function",
@@ -4769,6 +4769,32 @@ assert [
 ] == [6, 4, 1, 2], _HY_IDS
 
 
+_SEED_IDS = {
+    "test_extract_tool_calls_no_tools": (
+        "test_extract_tool_calls_no_tools",
+        "test_streaming_tool_calls_no_tools",
+    ),
+    "test_extract_tool_calls[tool_call_512_thinkg_budget] (reasoning shortened)": every(
+        "test_extract_tool_calls", "tool_call_512_thinkg_budget"
+    )
+    + every("test_streaming_tool_calls", "tool_call_512_thinkg_budget"),
+    "test_extract_tool_calls[tool_call_unlimited_thinking_budget] (reasoning shortened)": every(
+        "test_extract_tool_calls", "tool_call_unlimited_thinking_budget"
+    )
+    + every("test_streaming_tool_calls", "tool_call_unlimited_thinking_budget"),
+}
+CASES = [
+    Case(**{**c.__dict__, "ids": _SEED_IDS[c.id]}) if c.source == SEED and c.id in _SEED_IDS else c
+    for c in CASES
+]
+KNOWN_DIFFERENCES = [
+    (Case(**{**c.__dict__, "ids": _SEED_IDS[c.id]}), o)
+    if c.source == SEED and c.id in _SEED_IDS
+    else (c, o)
+    for c, o in KNOWN_DIFFERENCES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5344,6 +5370,19 @@ IDS: dict[str, list[str]] = {
         *every("test_extract_tool_calls_streaming_one_empty_args_tool", *_X_EMPTY),
     ],
     HUNYUAN: _HY_IDS,
+    SEED: [
+        "test_extract_tool_calls_no_tools",
+        "test_streaming_tool_calls_no_tools",
+        *[
+            f"{t}[{p}]"
+            for t in ("test_extract_tool_calls", "test_streaming_tool_calls")
+            for p in (
+                "tool_call_0_thinking_budget",
+                "tool_call_512_thinkg_budget",
+                "tool_call_unlimited_thinking_budget",
+            )
+        ],
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
