@@ -3034,7 +3034,7 @@ HUNYUAN_CASES = [
 ]
 
 
-FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py"
+FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py@26c3628ca8"
 
 
 def fgemma(id, output, calls=(), content=""):
@@ -5423,6 +5423,35 @@ IDS: dict[str, list[str]] = {
         *every("test_streaming_parallel_calls_batched_deltas", 2, 3, 4, 5),
         "test_streaming_parallel_calls_single_delta",
     ],
+    FUNCTIONGEMMA: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_calls",
+                "test_single_tool_call",
+                "test_multiple_arguments",
+                "test_text_before_tool_call",
+                "test_multiple_tool_calls",
+            )
+        ],
+        *[
+            f"TestParseArguments.{t}"
+            for t in (
+                "test_empty_arguments",
+                "test_single_string_argument",
+                "test_multiple_arguments",
+                "test_numeric_argument",
+                "test_boolean_argument",
+                "test_argument_with_spaces",
+            )
+        ],
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_two_keys",
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_three_keys",
+        "TestAdjustRequest.test_skip_special_tokens_disabled",
+        "TestAdjustRequest.test_skip_special_tokens_when_tool_choice_none",
+        "TestBufferDeltaText.test_regular_text_not_buffered",
+        "TestBufferDeltaText.test_complete_tag_flushed",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5460,6 +5489,8 @@ _NO_OUTPUT = {
     "directly (no model output); the values it formats are typed here by "
     "test_extract_tool_calls_numeric_deserialization and the schema cases",
     "test_get_xgrammar": "builds an xgrammar structural tag for a request (no model output)",
+    "TestBufferDeltaText": "calls the parser's delta buffer directly (no model output); "
+    "markers split across tokens are the byte-by-byte run of every case here",
     "TestAdjustRequest": "checks how the parser adjusts a request's skip_special_tokens "
     "(no model output)",
     "test_adjust_request": "checks how the parser adjusts a request's structured output / "
