@@ -45,6 +45,7 @@ from mlx_lm.models.cache import (
     can_trim_prompt_cache,
 )
 
+from parsing.tokens import common_prefix
 from seam import kv as seam_kv
 
 __all__ = [
@@ -287,27 +288,6 @@ def kv_nbytes(kv: list) -> int:
         arrays = {id(x): x for x in _arrays(layer)}
         total += sum(x.nbytes for x in arrays.values()) if arrays else int(layer.nbytes)
     return total
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length (tokens) of the longest common prefix of the token sequences ``a`` and ``b``
-    (lists or tuples; compared as tuples when their types differ)."""
-    if type(a) is not type(b):
-        a, b = tuple(a), tuple(b)
-    m = min(len(a), len(b))
-    if m == 0 or a[0] != b[0]:
-        return 0
-    if a[:m] == b[:m]:
-        return m
-    # Binary search on slice equality: O(m log m) in C instead of a Python loop.
-    lo, hi = 1, m  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def trim_exactly(kv: list, num_tokens: int) -> bool:

@@ -50,7 +50,7 @@ from errors import InvalidArgument
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 from parsing.options import DEFAULT_RERANK_INSTRUCTION
-from prompt_cache import common_prefix
+from parsing.tokens import common_prefix
 from prompting import render as prompt_mod
 from tasks import scoring
 

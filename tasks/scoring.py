@@ -43,7 +43,8 @@ from decoding.output import OutputPipeline
 from errors import Cancelled, InvalidArgument
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
-from prompt_cache import common_prefix, needs_checkpoints
+from parsing.tokens import common_prefix
+from prompt_cache import needs_checkpoints
 from prompting import render as prompt_mod
 from seam.arrays import floats
 
