@@ -1,23 +1,34 @@
 """Thread-safe LRU prefix cache of mlx-lm KV caches, keyed by (model key, token ids).
 
 Owns: storing the per-layer KV cache objects (``mlx_lm.models.cache``) of finished or
-cancelled sequences, finding the stored entry that saves the most prefill for a new
-prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private deep
-copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
-hits, misses, reused tokens and evictions, and telling how near a prompt comes to what is
-stored and to what was evicted last (``nearest``: engine/divergence.py's miss reasons).
-Never imports grpc or runs a model.
+cancelled sequences, finding what saves the most prefill for a new prompt (exact,
+shorter-prefix or longer-and-trimmed match), handing out private copies, bounding memory
+by entry count and bytes with least-recently-used eviction, and counting hits, misses,
+reused tokens and evictions, and telling how near a prompt comes to what is stored and to
+what was evicted last (``nearest``: engine/divergence.py's miss reasons). Never imports
+grpc or runs a model.
 
-Every stored entry is a :func:`materialize` copy: a KV cut from a BatchGenerator batch
-(``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice whose graph keeps the
-whole batch buffer alive (measured: 94 MB held for an entry reporting 0.7 MB), so the
-byte bound only bounds memory once each entry owns buffers holding exactly its tokens.
+Shared prefixes are stored once (issue 38): agents' sessions on one system prompt and
+tool list each extend the same prefix. An entry whose layers can be cut at a token
+position (``KVCache``, ``QuantizedKVCache``) is kept as segments of a token trie
+(`_Trie`, a radix tree as SGLang's RadixAttention keeps KV blocks): a new entry stores
+only the tokens past what is stored, a fetch joins the segments along its path, and
+eviction takes the least recently used leaf, so one session's turns go while the prefix
+other sessions extend stays. Layers that cannot be cut (a rotating window, recurrent
+state) keep whole entries, as before.
+
+Everything stored owns buffers holding exactly its tokens: a KV cut from a
+BatchGenerator batch (``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice
+whose graph keeps the whole batch buffer alive (measured: 94 MB held for an entry
+reporting 0.7 MB), so the byte bound only bounds memory once each segment or entry is a
+copy (:func:`materialize`, `_owned`).
 
 Modelled on mlx-lm's ``LRUPromptCache`` / ``PromptTrie`` (mlx_lm/models/cache.py), which
-we do not reuse because: an exact hit returns the whole KV with nothing left to feed;
-fetch hits do not refresh recency (and eviction is tiered by message role); the trie
-ignores a one-token shorter prefix and only tries the single shortest longer entry;
-partial trims (``trim_prompt_cache`` reports layer 0 only) go unnoticed; an entry
+we do not reuse because: it keeps every entry's whole KV at its trie node (a prefix shared
+by many entries is held once per entry); an exact hit returns the whole KV with nothing
+left to feed; fetch hits do not refresh recency (and eviction is tiered by message role);
+the trie ignores a one-token shorter prefix and only tries the single shortest longer
+entry; partial trims (``trim_prompt_cache`` reports layer 0 only) go unnoticed; an entry
 larger than the byte bound first evicts everything else; and it has no lock or stats.
 """
 

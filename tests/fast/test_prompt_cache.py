@@ -559,3 +559,39 @@ def test_shared_segments_hold_what_mlx_holds_and_eviction_frees_a_leaf():
     assert pc.fetch("m", [*a, 1]).cached_tokens == 200
     pc.clear()
     assert _active() == base
+
+
+trie_ops = st.lists(
+    st.tuples(st.booleans(), st.sampled_from("ab"), token_lists),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trie_ops)
+def test_shared_segments_against_reference(operations):
+    # Plain KV (cut-able layers): every stored position is reusable, and the fetched KV
+    # holds exactly the prompt's leading tokens (token_kv writes each token's id into its
+    # keys), however the segments were cut; every position is held once per model.
+    pc = PromptCache(max_entries=None)
+    stored: dict = {}
+    for is_insert, model, toks in operations:
+        if is_insert:
+            pc.insert(model, toks, token_kv(list(toks)))
+            stored[(model, toks)] = True
+        else:
+            hit = pc.fetch(model, list(toks))
+            expected = max(
+                (min(_prefix_len(e, toks), len(toks) - 1) for m, e in stored if m == model),
+                default=0,
+            )
+            assert hit.cached_tokens == expected and hit.rest == list(toks[expected:])
+            if expected:
+                assert offsets(hit.kv) == [expected] * 2
+                assert held(hit.kv) == list(toks[:expected]) == held(hit.kv, 1)
+            else:
+                assert hit.kv is None
+    positions = {(m, e[:i]) for m, e in stored for i in range(1, len(e) + 1)}
+    assert pc.nbytes == len(positions) * token_bytes() == distinct_positions(pc) * token_bytes()
+    for _, toks, kv in pc._snapshot():
+        assert held(kv) == list(toks)
