@@ -101,11 +101,15 @@ def test_cached_entries_hold_what_the_cache_counts_and_eviction_frees_it(smol):
     held = active() - base
     assert pc.nbytes <= held <= pc.nbytes + tolerance(pc.nbytes, n_arrays(pc))
 
-    # Evicting one entry frees what it counted.
+    # Evicting one entry frees what it counted: its own segment (the prompts share their
+    # first tokens, held once). Its few-KB buffers may be ones MLX's allocator took from
+    # its free-buffer cache, up to 2 pages larger than asked (``BufferCache::
+    # reuse_from_cache``, mlx/backend/common/buffer_cache.h).
     before, counted = active(), pc.nbytes
     assert pc.trim_to(max_entries=7) == 1
     freed = before - active()
-    assert counted - pc.nbytes <= freed <= counted - pc.nbytes + tolerance(0, 2 * len(model.layers))
+    slack = 2 * 4096 * 2 * len(model.layers)  # 2 pages per buffer: keys, values per layer
+    assert counted - pc.nbytes <= freed <= counted - pc.nbytes + slack
 
     pc.trim_to(max_entries=0)
     assert len(pc) == 0 and pc.nbytes == 0
@@ -129,7 +133,9 @@ def test_byte_bound_holds_against_mlx_counter(smol):
         del kv
         assert pc.nbytes <= max_bytes
     del done
-    assert pc.stats().evictions >= 5
+    # 8 entries of up to a third of the bound each: some went (fewer than without the
+    # shared first tokens held once).
+    assert pc.stats().evictions >= 1 and len(pc) < 8
     held = active() - base
     assert pc.nbytes <= held <= pc.nbytes + tolerance(pc.nbytes, n_arrays(pc))
     assert held <= max_bytes + tolerance(max_bytes, n_arrays(pc))
