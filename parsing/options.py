@@ -84,6 +84,12 @@ def env_on(environ: Mapping[str, str], name: str, default: bool = True) -> bool:
 # distributed groups: `caches.prompt_tiers.entry_bound`): the original backend's default.
 DEFAULT_MAX_CACHE_ENTRIES = 10
 DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
+# No disk tier unless a directory is named (option prompt_cache_dir, or PromptCachePath, which
+# LocalAI sends only when the model's YAML sets prompt_cache_path: core/backend/options.go
+# gRPCPredictOpts; llama.cpp writes its prompt cache only then too). A default directory would
+# write up to the budget above per model where nobody asked: the models volume can be
+# read-only, shared or small, and $TMPDIR can be RAM-backed (tmpfs), which would spend the
+# memory the tier exists to spare. The memory tier holds shared prefixes once (prompt_cache.py).
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
 # grammar_scope: a constraint covers the answer after the reasoning, or all the output.
 GRAMMAR_SCOPES = ("after_reasoning", "all")
