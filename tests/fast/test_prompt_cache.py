@@ -595,3 +595,21 @@ def test_shared_segments_against_reference(operations):
     assert pc.nbytes == len(positions) * token_bytes() == distinct_positions(pc) * token_bytes()
     for _, toks, kv in pc._snapshot():
         assert held(kv) == list(toks)
+
+
+def test_a_stored_shared_prefix_serves_as_a_checkpoint_until_a_longer_entry_extends_it():
+    # engine/sharing.py stores the prefix a burst shares (checkpoint=True) while the
+    # leader's row goes on; the waiting requests start from it (a "checkpoint" hit), and
+    # the leader's whole entry later takes its place as an entry.
+    pc = PromptCache(max_entries=None)
+    shared = [1, 2, 3, 4]
+    pc.insert("m", shared, token_kv(shared), checkpoint=True)
+    s = pc.stats()
+    assert (s.entries, s.checkpoints, s.checkpoint_bytes) == (1, 1, 4 * token_bytes())
+    hit = pc.fetch("m", [*shared, 7, 8])
+    assert (hit.kind, hit.cached_tokens, held(hit.kv)) == ("checkpoint", 4, shared)
+    pc.insert("m", [*shared, 5, 6], token_kv([*shared, 5, 6]))
+    s = pc.stats()
+    assert (s.entries, s.checkpoints, s.hits_checkpoint) == (1, 0, 1)
+    assert pc.nbytes == 6 * token_bytes()
+    assert pc.fetch("m", [*shared, 7]).kind == "trimmed"
