@@ -211,6 +211,13 @@ def test_returned_copy_is_private():
     assert offsets(again.kv) == [3, 3] and held(again.kv) == [1, 2, 3]
     stored = pc._snapshot()[0][2]
     assert offsets(stored) == [4, 4] and held(stored) == [1, 2, 3, 4]
+    # Trimmed back, a copy is written in place (its buffer has room): still private.
+    second = pc.fetch("m", [1, 2, 3, 4, 5])
+    for c in second.kv:
+        assert c.trim(2) == 2
+        c.update_and_fetch(k[:, :, :2], k[:, :, :2])
+    assert held(second.kv) == [1, 2, -1, -1]
+    assert held(pc.fetch("m", [1, 2, 3, 4, 5]).kv) == [1, 2, 3, 4]
 
 
 def test_counters_and_stats():
