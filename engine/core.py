@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from engine import delivery, memory, model_calls, model_host, prepare
 from engine import status as status_mod
@@ -57,6 +59,58 @@ TOKENIZE, DETOKENIZE, METADATA = "tokenize", "detokenize", "metadata"
 REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED, RERANK})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
 MEMORY_SNAPSHOT_INTERVAL = 0.05  # seconds between MLX memory readings while busy
+
+
+class Prepared(Protocol):
+    """A task's request as its ``prepare_on`` made it: ready for the engine thread."""
+
+    @property
+    def model_key(self) -> str:
+        """The model it was made for (`LoadedModel.cache_key`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task other than generation, as the engine runs it: ``prepare_on(loaded,
+    *request)`` on the prepare pool (measure, tokenize, check: no MLX), then ``run_on(loaded,
+    prompt cache, prepared, should_stop)`` on the engine thread; ``rpc`` names it in errors.
+    A new one is a module in tasks/ with those two functions, an entry in `TASKS` and an
+    Engine method that calls `Engine._task`."""
+
+    rpc: str
+    prepare_on: Callable[..., Prepared]
+    run_on: Callable[..., Any]
+
+    def check(self, loaded: LoadedModel, prepared: Prepared) -> None:
+        """FailedPrecondition when the model was replaced since ``prepared`` was made for
+        it (its token ids may mean other tokens now). Rank 0 alone checks, before the task
+        is replicated: the other ranks run it on the model rank 0 had them load (their own
+        ``cache_key``s count their own loads)."""
+        if prepared.model_key != loaded.cache_key:
+            raise FailedPrecondition(
+                f"the model was replaced while the {self.rpc} request was prepared: retry"
+            )
+
+    def run(
+        self,
+        host: model_host.ModelHost,
+        should_stop: Callable[[], Callable[[], bool] | None],
+        prepared: Prepared,
+    ) -> Any:
+        """``run_on`` of ``prepared`` on the loaded model, sharing the prompt cache;
+        ``should_stop()``, read as it starts, steps the batch between its forward calls
+        (`_Interleave`). Engine thread."""
+        sched = host.scheduler
+        cache = sched.cache if sched is not None else None
+        return self.run_on(host.require(), cache, prepared, should_stop())
+
+
+TASKS: dict[str, Task] = {
+    SCORE: Task("Score", scoring.prepare_on, scoring.run_on),
+    RERANK: Task("Rerank", rerank.prepare_on, rerank.run_on),
+    EMBED: Task("Embedding", embedding.prepare_on, embedding.run_on),
+}
 
 
 class Engine:
@@ -176,32 +230,32 @@ class Engine:
         identity: str = "",
         stable_prefix_len: int = 0,
     ) -> list[scoring.CandidateResult]:
-        """Joint log-probability of each candidate continuation (scoring.score).
-
+        """Joint log-probability of each candidate continuation (`tasks.scoring`;
         ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
-        requests share (a prefill checkpoint there on caches that cannot be trimmed).
-        Raises InvalidArgument for too many or empty candidates before anything runs;
-        a caller that leaves stops the scoring between candidates.
-        """
-        args = (self.serving(identity), prompt, candidates, include_token_logprobs)
-        prepared = await prepare.off_engine(model_calls.prepare_score, *args, stable_prefix_len)
-        return cast("list[scoring.CandidateResult]", await self.call(SCORE, prepared))
+        requests share). A caller that leaves stops it between candidates."""
+        request = (prompt, candidates, include_token_logprobs, stable_prefix_len)
+        return cast("list[scoring.CandidateResult]", await self._task(SCORE, identity, *request))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
-        """`tasks.rerank.rerank` on the loaded model: checked and tokenized off the engine."""
-        args = (self.serving(identity), query, documents, top_n)
-        prepared = await prepare.off_engine(model_calls.prepare_rerank, *args)
-        return cast("rerank.RerankOutput", await self.call(RERANK, prepared))
+        """``documents`` ranked by relevance to ``query`` (`tasks.rerank`)."""
+        out = await self._task(RERANK, identity, query, documents, top_n)
+        return cast("rerank.RerankOutput", out)
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
-        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
+        """Pooled final hidden states of ``text`` or ``token_ids`` (`tasks.embedding`)."""
+        out = await self._task(EMBED, identity, text, token_ids)
+        return cast("embedding.EmbeddingOutput", out)
+
+    async def _task(self, op: str, identity: str, *request: Any) -> Any:
+        """Task ``op`` (`TASKS`) of ``request``: ``prepare_on`` the model serving now on the
+        prepare pool, off the engine thread, then ``run_on`` on it (`Task.run`)."""
         loaded = self.serving(identity)
-        ids = token_ids or await prepare.off_engine(model_calls.embedding_ids, loaded, text)
-        return cast("embedding.EmbeddingOutput", await self.call(EMBED, "", ids))
+        prepared = await prepare.off_engine(TASKS[op].prepare_on, loaded, *request)
+        return await self.call(op, prepared)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
@@ -380,6 +434,8 @@ class Engine:
             # Only a single process may stop a call midway: ranks must run the same steps.
             self._call_stop = item.stop if self.group.single_process else None
             try:
+                if item.op in TASKS:  # rank 0 alone (`Task.check`)
+                    TASKS[item.op].check(self.host.require(), item.args[0])
                 fut.set_result(self.group.run(item.op, item.args, self.local_op(item.op)))
             except BaseException as exc:  # handed to the awaiting coroutine
                 fut.set_exception(exc)
@@ -400,18 +456,17 @@ class Engine:
 
         Distributed followers call it directly for the operations rank 0 replicates.
         """
-        host, stop = self.host, self._interleave.should_stop
+        if op in TASKS:
+            return functools.partial(TASKS[op].run, self.host, self._interleave.should_stop)
+        host = self.host
         ops: dict[str, Callable[..., Any]] = {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: _interleaved(host.score, stop),
-            EMBED: _interleaved(host.embed, stop),
-            RERANK: _interleaved(host.rerank, stop),
             INSTALL: host.install_built,
             ATTACH: self._attach,
-            TOKENIZE: host.tokenize,
-            DETOKENIZE: host.detokenize,
-            METADATA: host.metadata,
+            TOKENIZE: lambda text: model_calls.tokenize(host.require(), text),
+            DETOKENIZE: lambda ids: model_calls.detokenize(host.require(), ids),
+            METADATA: lambda: model_calls.metadata(host.require()),
         }
         return ops[op]
 
@@ -424,7 +479,6 @@ class Engine:
         if self.metrics.enabled:
             status_mod.push_gauges(self.facts(), self.metrics)
 
-    # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:
         self.last_metrics = metrics
 
@@ -457,14 +511,6 @@ class Engine:
     def _unqueue(self, item: Submit) -> None:
         with self.counts_lock:
             self.queued -= 1
-
-
-def _interleaved(
-    fn: Callable[..., Any], stop: Callable[[], Callable[[], bool] | None]
-) -> Callable[..., Any]:
-    """``fn`` (a long call: Score, Rerank, Embedding) given ``should_stop=stop()``, read
-    when it runs (`_Interleave.should_stop`)."""
-    return lambda *args: fn(*args, should_stop=stop())
 
 
 class _Interleave:

@@ -1,0 +1,51 @@
+"""Score, Rerank and Embedding as the engine runs them (`engine.core.TASKS`): prepared for
+the model serving when they arrive, refused when that model was replaced before they ran.
+A real engine thread with a scripted model (tests/scripted.py) and the toy tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from scripted import ScriptedModel
+
+import backend_pb2
+from engine.core import EMBED, RERANK, SCORE, TASKS, Engine
+from errors import FailedPrecondition
+from params import load_params
+from seam.tokenizer import vocab_size
+
+LOAD = load_params(backend_pb2.ModelOptions(Model="scripted"))
+# Each task's request, as the engine's method passes it to the task's prepare_on.
+REQUESTS = {
+    SCORE: ("The capital of France is", [" Paris", " Berlin"], False, 0),
+    RERANK: ("Which city is the capital of France?", ["Paris is.", "Bananas."], 0),
+    EMBED: ("", [5, 6, 7]),
+}
+
+
+@pytest.fixture
+def engine(tok):
+    eng = Engine()
+    eng.start()
+    asyncio.run(eng.install(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, LOAD))
+    yield eng
+    eng.stop()
+
+
+@pytest.mark.parametrize("op", [SCORE, RERANK, EMBED])
+def test_a_task_prepared_for_a_replaced_model_is_refused(engine, tok, op):
+    """Its token ids were made for the previous model: FAILED_PRECONDITION, retry."""
+    prepared = TASKS[op].prepare_on(engine.loaded, *REQUESTS[op])
+    asyncio.run(engine.install(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, LOAD))
+    rpc = TASKS[op].rpc
+    with pytest.raises(FailedPrecondition, match=f"replaced while the {rpc} request was prepared"):
+        asyncio.run(engine.call(op, prepared))
+
+
+@pytest.mark.parametrize("op", [SCORE, RERANK])
+def test_a_task_prepared_for_the_serving_model_runs(engine, op):
+    prepared = TASKS[op].prepare_on(engine.loaded, *REQUESTS[op])
+    out = asyncio.run(engine.call(op, prepared))
+    results = out if op == SCORE else out.results
+    assert len(results) == 2
