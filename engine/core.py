@@ -273,10 +273,8 @@ class Engine:
         self.group.check()
         if not self.alive:
             raise FailedPrecondition("the server is shutting down; retry on another backend")
-        loaded = self.loaded
-        if loaded is None:
-            raise FailedPrecondition("no model loaded: call LoadModel first")
-        self.check_identity(identity, loaded)
+        loaded = self.host.require()
+        fit.check_identity(identity, loaded)
         return loaded
 
     async def submit(self, message: Any, loaded: LoadedModel) -> Job:
@@ -326,10 +324,6 @@ class Engine:
                     f"{p.max_batch_size}, max_queue={p.max_queue}); retry later"
                 )
             self.queued += 1
-
-    def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """`prompting.fit.check_identity` against ``loaded`` (default: the current model)."""
-        fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:
         """What `engine.status` reads, taken now from any thread (counts under the lock)."""
