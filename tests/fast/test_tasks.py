@@ -11,9 +11,10 @@ from scripted import ScriptedModel
 
 import backend_pb2
 from engine.core import EMBED, RERANK, SCORE, TASKS, Engine
-from errors import FailedPrecondition
+from errors import FailedPrecondition, InvalidArgument
 from params import load_params
 from seam.tokenizer import vocab_size
+from tasks import scoring
 
 LOAD = load_params(backend_pb2.ModelOptions(Model="scripted"))
 # Each task's request, as the engine's method passes it to the task's prepare_on.
@@ -49,3 +50,15 @@ def test_a_task_prepared_for_the_serving_model_runs(engine, op):
     out = asyncio.run(engine.call(op, prepared))
     results = out if op == SCORE else out.results
     assert len(results) == 2
+
+
+def test_check_candidates_holds_at_most_max_score_candidates():
+    assert scoring.MAX_SCORE_CANDIDATES == 256
+    scoring.check_candidates([" a"] * 256)
+    with pytest.raises(InvalidArgument, match=r"^candidates has 257 entries; the limit is 256"):
+        scoring.check_candidates([" x"] * 257)
+
+
+def test_check_candidates_refuses_an_empty_one_by_its_index():
+    with pytest.raises(InvalidArgument, match=r"candidates\[1\] is empty"):
+        scoring.check_candidates([" a", ""])
