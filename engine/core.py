@@ -173,9 +173,7 @@ class Engine:
 
     async def call(self, op: str, *args: Any) -> Any:
         """Run engine operation ``op`` with ``args`` on the engine thread; await its result."""
-        self.group.check()  # Unavailable once a rank is lost
-        if not self.alive:
-            raise FailedPrecondition("the engine is stopped; restart the backend")
+        self._check_serving()
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         stop = threading.Event()  # set when the caller leaves (client gone, deadline passed)
         self._inbox.put(Call(op, args, fut, stop))
@@ -270,12 +268,21 @@ class Engine:
         stopping or before LoadModel, NotFound on a model identity mismatch (``identity``:
         the request's ``ModelIdentity``; empty skips the check).
         """
-        self.group.check()
-        if not self.alive:
-            raise FailedPrecondition("the server is shutting down; retry on another backend")
+        self._check_serving()
         loaded = self.host.require()
         fit.check_identity(identity, loaded)
         return loaded
+
+    def _check_serving(self) -> None:
+        """Unavailable once a rank is lost; FailedPrecondition once this engine serves no more."""
+        self.group.check()
+        if not self.alive:
+            fatal = self.fatal
+            raise FailedPrecondition(
+                f"{fatal}; retry once the backend has restarted"
+                if fatal
+                else "the server is shutting down; retry on another backend"
+            )
 
     async def submit(self, message: Any, loaded: LoadedModel) -> Job:
         """Prepare the Predict request ``message`` for ``loaded`` (what ``serving``
