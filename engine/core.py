@@ -69,6 +69,11 @@ class Prepared(Protocol):
         """The model it was made for (`LoadedModel.cache_key`)."""
         ...
 
+    @property
+    def tokens(self) -> int:
+        """Its longest sequence, in tokens (what its KV holds at most)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Task:
@@ -81,6 +86,15 @@ class Task:
     rpc: str
     prepare_on: Callable[..., Prepared]
     run_on: Callable[..., Any]
+
+    def prepare(self, loaded: LoadedModel, budget: fit.NeverFits | None, *request: Any) -> Prepared:
+        """``prepare_on``, then the memory decision a generation request takes
+        (`prompting.fit.check_memory`, a rotating cache counted at its window):
+        ResourceExhausted when its longest sequence can never fit ``budget``. Any thread."""
+        prepared = self.prepare_on(loaded, *request)
+        if budget is not None:
+            fit.check_memory(budget, loaded, prepared.tokens, 0)
+        return prepared
 
     def check(self, loaded: LoadedModel, prepared: Prepared) -> None:
         """FailedPrecondition when the model was replaced since ``prepared`` was made for
@@ -249,10 +263,12 @@ class Engine:
         return cast("embedding.EmbeddingOutput", out)
 
     async def _task(self, op: str, identity: str, *request: Any) -> Any:
-        """Task ``op`` (`TASKS`) of ``request``: ``prepare_on`` the model serving now on the
-        prepare pool, off the engine thread, then ``run_on`` on it (`Task.run`)."""
+        """Task ``op`` (`TASKS`) of ``request``: prepared for the model serving now on the
+        prepare pool, off the engine thread (`Task.prepare`), then run on it (`Task.run`)."""
         loaded = self.serving(identity)
-        prepared = await prepare.off_engine(TASKS[op].prepare_on, loaded, *request)
+        sched = self.host.scheduler_for(loaded)
+        budget = sched.memory if sched is not None else None
+        prepared = await prepare.off_engine(TASKS[op].prepare, loaded, budget, *request)
         return await self.call(op, prepared)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
@@ -297,9 +313,7 @@ class Engine:
         """
         self._reserve(loaded)
         try:
-            sched = self.scheduler
-            if sched is not None and sched.loaded is not loaded:
-                sched = None  # replaced meanwhile: admission refuses the job
+            sched = self.host.scheduler_for(loaded)  # None: admission refuses the job
             intake = prepare.Intake(
                 loaded,
                 memory=sched.memory if sched is not None else None,

@@ -188,6 +188,12 @@ class ModelHost:
     def free(self) -> None:
         self.unload(FailedPrecondition("the model was freed"))
 
+    def scheduler_for(self, loaded: LoadedModel) -> Scheduler | None:
+        """The scheduler running ``loaded``; None once it was replaced or freed (any
+        thread: both are plain references)."""
+        sched = self.scheduler
+        return sched if sched is not None and sched.loaded is loaded else None
+
     def require(self) -> LoadedModel:
         """The loaded model; FailedPrecondition before LoadModel."""
         if self.loaded is None:

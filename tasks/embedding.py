@@ -54,6 +54,10 @@ class EmbeddingInput:
     ids: tuple[int, ...]
     model_key: str = ""
 
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
 
 def prepare_on(loaded: LoadedModel, text: str, token_ids: Sequence[int]) -> EmbeddingInput:
     """The tokens of an Embedding request for the loaded model: ``token_ids`` as given, else

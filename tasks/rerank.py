@@ -213,6 +213,11 @@ class RerankInput:
     yes_no: tuple[int, int] | None
     model_key: str = ""
 
+    @property
+    def tokens(self) -> int:
+        """The longest document's sequence: what one fork's KV holds at most."""
+        return max(map(len, self.seqs))
+
 
 def prepare(
     tokenizer: Any,

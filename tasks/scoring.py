@@ -228,6 +228,11 @@ class ScoreInput:
     stable: int = 0
     model_key: str = ""
 
+    @property
+    def tokens(self) -> int:
+        """The longest candidate's sequence: what one fork's KV holds at most."""
+        return max(map(len, self.seqs))
+
 
 def prepare(
     tokenizer: Any,

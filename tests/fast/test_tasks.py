@@ -11,7 +11,8 @@ from scripted import ScriptedModel
 
 import backend_pb2
 from engine.core import EMBED, RERANK, SCORE, TASKS, Engine
-from errors import FailedPrecondition, InvalidArgument
+from engine.memory import KV_STEP, MemoryBudget, MemoryProfile
+from errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from params import load_params
 from seam.tokenizer import vocab_size
 from tasks import scoring
@@ -62,3 +63,28 @@ def test_check_candidates_holds_at_most_max_score_candidates():
 def test_check_candidates_refuses_an_empty_one_by_its_index():
     with pytest.raises(InvalidArgument, match=r"candidates\[1\] is empty"):
         scoring.check_candidates([" a", ""])
+
+
+# A budget whose KV holds one KV_STEP of tokens per sequence and no more (1 KB a token).
+SMALL = MemoryBudget(
+    int(KV_STEP * 1000 * 1.5),
+    0,
+    MemoryProfile(kv_per_token=1000, fixed=0, prefill_per_token=0),
+    512,
+)
+LONG = " ".join(["word"] * (2 * KV_STEP))  # more than KV_STEP tokens of the toy tokenizer
+# Each task's request with one sequence longer than SMALL holds.
+LONG_REQUESTS = {
+    SCORE: ("The capital of France is", [" Paris", LONG], False, 0),
+    RERANK: ("Which city is the capital of France?", ["Paris is.", LONG], 0),
+    EMBED: ("", [5] * (2 * KV_STEP)),
+}
+
+
+@pytest.mark.parametrize("op", [SCORE, RERANK, EMBED])
+def test_a_task_the_memory_budget_can_never_hold_is_refused(engine, op):
+    """The decision a generation request takes (`prompting.fit.check_memory`): made on
+    the longest sequence, before the task reaches the engine thread."""
+    assert TASKS[op].prepare(engine.loaded, SMALL, *REQUESTS[op]).tokens <= KV_STEP
+    with pytest.raises(ResourceExhausted, match="memory_budget"):
+        TASKS[op].prepare(engine.loaded, SMALL, *LONG_REQUESTS[op])
