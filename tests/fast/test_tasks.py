@@ -13,6 +13,7 @@ import backend_pb2
 from engine.core import EMBED, RERANK, SCORE, TASKS, Engine
 from engine.memory import KV_STEP, MemoryBudget, MemoryProfile
 from errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from loading.loaded_model import LoadedModel
 from params import load_params
 from seam.tokenizer import vocab_size
 from tasks import scoring
@@ -43,6 +44,21 @@ def test_a_task_prepared_for_a_replaced_model_is_refused(engine, tok, op):
     rpc = TASKS[op].rpc
     with pytest.raises(FailedPrecondition, match=f"replaced while the {rpc} request was prepared"):
         asyncio.run(engine.call(op, prepared))
+
+
+@pytest.mark.parametrize("op", [SCORE, RERANK])
+def test_a_follower_runs_a_replicated_task_made_for_rank_0s_model(tok, op):
+    """A distributed follower runs what rank 0 replicates (distributed/follower.py calls
+    `Engine.local_op`) on the model rank 0 had it load; its own ``cache_key`` counts its
+    own loads, so only rank 0 checks that the model was not replaced (`Task.check`)."""
+    follower = Engine()  # not started: the follower's loop drives it
+    follower.host.install_built(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, LOAD)
+    rank_0 = LoadedModel.build(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, LOAD)
+    prepared = TASKS[op].prepare_on(rank_0, *REQUESTS[op])
+    assert prepared.model_key != follower.loaded.cache_key
+    out = follower.local_op(op)(prepared)
+    assert len(out if op == SCORE else out.results) == 2
+    follower.shutdown()
 
 
 @pytest.mark.parametrize("op", [SCORE, RERANK])
