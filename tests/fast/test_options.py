@@ -227,6 +227,33 @@ def test_max_cache_bytes_0_keeps_no_prompt(tok, options, kept):
         srv.stop()
 
 
+@pytest.fixture(scope="module")
+def no_model():
+    """The real servicer and engine over gRPC, nothing loaded."""
+    srv = InProcessServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"CacheTypeKey": "q3_z"}, ("CacheTypeKey", "q8_0", "q4_0")),
+        ({"Options": ["speculative:lookahead"]}, ("option speculative",)),
+        ({"Options": ["speculative:ngram", "ngram_size:0"]}, ("option ngram_size",)),
+        ({"Options": ["speculative:draft"]}, ("needs ModelOptions.DraftModel",)),
+    ],
+    ids=["cache-type", "speculative", "ngram-size", "draft-without-model"],
+)
+def test_load_model_refuses_a_bad_option_saying_what_to_change(no_model, fields, words):
+    """LoadModel answers success=False naming the field or option and what it accepts,
+    before any file is read (the model name is never reached)."""
+    res = no_model.stub.LoadModel(pb.ModelOptions(Model="/nonexistent/model", **fields))
+    assert not res.success
+    for word in words:
+        assert word in res.message, res.message
+
+
 def test_switches_take_every_on_off_word_and_auto_is_the_default():
     for word in ("true", "YES", " on ", "1"):
         assert load(f"cpu_fuse:{word}").cpu_fuse is True
