@@ -217,7 +217,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_cache_entries", "int", "prompt-cache entries kept in memory", lo=1,
            shown="unbounded: the memory budget decides (10 without one)", group=_CACHE),
     Option("max_cache_bytes", "size", "bytes the prompt cache's memory tier may hold",
-           shown="unbounded", group=_CACHE),
+           lo=0, shown="unbounded (0 = off)", group=_CACHE),
     Option("max_kv_size", "int", "a rotating KV cache of this many tokens", lo=1,
            shown="unbounded", group=_CACHE),
     Option("prompt_cache_dir", "text", "the prompt cache's disk tier directory (relative: "
