@@ -2605,7 +2605,7 @@ QSHARED_CASES = [
 ]
 
 
-DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py"
+DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py@00816550e7"
 FC_START, FC_END = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
 INV_START, INV_END = '<｜DSML｜invoke name="', "</｜DSML｜invoke>"
 PARAM_START, PARAM_END = '<｜DSML｜parameter name="', "</｜DSML｜parameter>"
@@ -4828,6 +4828,20 @@ KNOWN_DIFFERENCES = [
 ]
 
 
+def _dsv32_ids(case: Case) -> Case:
+    name = case.id.removesuffix(" (prefixed)")
+    ids: tuple[str, ...] = (name,)
+    if name == "TestExtractToolCalls.test_single_tool_no_params":  # the same output there
+        ids += ("TestExtractToolCallsStreaming.test_empty_arguments_streaming",)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_dsv32_ids(c) if c.source == DSV32 else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_dsv32_ids(c), o) if c.source == DSV32 else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5452,6 +5466,67 @@ IDS: dict[str, list[str]] = {
         "TestBufferDeltaText.test_regular_text_not_buffered",
         "TestBufferDeltaText.test_complete_tag_flushed",
     ],
+    DSV32: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_call",
+                "test_single_tool_no_params",
+                "test_single_tool_with_params",
+                "test_content_before_tool_call",
+                "test_no_content_prefix_returns_none",
+                "test_multiple_tools",
+                "test_type_conversion_in_non_streaming",
+                "test_string_attr_true_coerced_by_schema",
+                "test_string_attr_false_allows_schema_conversion",
+                "test_composed_schema_converts_object_and_array_params",
+                "test_string_attr_true_coerced_by_composed_schema",
+                "test_arguments_wrapper_repaired",
+                "test_input_wrapper_repaired",
+                "test_object_and_array_params",
+                "test_number_param",
+                "test_multi_typed_schema",
+                "test_multi_typed_null_value",
+                "test_null_coerced_back_to_string_by_schema",
+                "test_no_schema_parses_json",
+            )
+        ],
+        *[
+            f"TestExtractToolCallsStreaming.{t}"
+            for t in (
+                "test_plain_content_no_tool",
+                "test_single_tool_streaming",
+                "test_tool_name_emitted",
+                "test_content_before_tool_call_streaming",
+                "test_type_conversion_in_streaming",
+                "test_string_attr_true_coerced_by_schema_streaming",
+                "test_composed_schema_conversion_in_streaming",
+                "test_responses_function_tool_schema_in_streaming",
+                "test_streaming_matches_non_streaming_conversion_fallbacks",
+                "test_multiple_tools_streaming",
+                "test_state_reset_on_new_stream",
+                "test_empty_arguments_streaming",
+                "test_unique_tool_call_ids",
+                "test_streaming_matches_non_streaming",
+                "test_single_tool_chunked_stream_interval",
+                "test_content_before_tool_chunked",
+                "test_multiple_tools_chunked",
+                "test_emits_arguments_before_invoke_completes",
+                "test_long_string_argument_streams_before_close",
+                "test_no_marker_leak_chunked",
+                "test_no_marker_leak_with_prefix_chunked",
+                "test_no_marker_leak_char_by_char",
+                "test_no_marker_leak_all_split_points",
+                "test_false_partial_marker_emitted",
+                "test_object_and_array_params_streaming",
+                "test_multi_typed_schema_streaming",
+                "test_multi_typed_null_streaming",
+                "test_number_param_streaming",
+            )
+        ],
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization",
+        "TestDelimiterPreservation.test_tool_detection_skip_special_tokens_false",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5562,6 +5637,13 @@ NOT_APPLICABLE.update(
         for i in IDS[GEMMA4_REQUIRED]
         if "prose_only_rejected" in i
     }
+)
+NOT_APPLICABLE[
+    DSV32, "TestExtractToolCallsStreaming.test_emits_arguments_before_invoke_completes"
+] = (
+    "checks that arguments stream before the invoke closes, on a text cut off there (no "
+    "final result); deepseek_v32's calls are sent whole here when the block closes "
+    "(ToolFormat.whole: values are typed by the schema then)"
 )
 NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
     "vLLM skips it: 'The Granite4 tool parser enforces a complete response'"
