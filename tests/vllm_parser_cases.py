@@ -2030,7 +2030,7 @@ GEMMA4_CASES = [
 ]
 
 
-QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py"
+QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py@049d8df27d"
 
 
 def fn_tool(name: str, properties: dict, **extra) -> dict:
@@ -4842,6 +4842,57 @@ KNOWN_DIFFERENCES = [
 ]
 
 
+_QC_TOOLS_P = ("chat_completion", "responses_api")  # its sample_tools fixture
+_QC_P4 = tuple(f"{p}-{t}" for p in ("coder", "engine") for t in _QC_TOOLS_P)
+_QC_ONLY_CODER = (  # tests given the Qwen3Coder parser alone (sample_tools' two runs)
+    "test_malformed_xml_no_gt_delimiter",
+    "test_none_tool_calls_filtered",
+    "test_streaming_multi_param_single_chunk",
+    "test_no_double_serialization_string_args",
+)
+_QC_TOKENIZER_ONLY = (  # their own tools: one run each
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_anyof_type_conversion",
+    "test_extract_tool_calls_anyof_type_conversion_streaming",
+    "test_anyof_parameter_not_double_encoded",
+)
+_QC_EXTRACT = (
+    "single_tool",
+    "single_tool_with_content",
+    "single_tool_multiline_param",
+    "parallel_tools",
+    "tool_with_typed_params",
+)
+
+
+def _qc_runs(name: str, param: str = "") -> tuple[str, ...]:
+    """The pytest ids of a test_qwen3coder_tool_parser.py test: its parser fixtures'
+    runs (coder / engine parser x chat-completion / Responses tools), then its own param."""
+    tail = f"-{param}" if param else ""
+    if name in _QC_TOKENIZER_ONLY:
+        return (name,)
+    if name in _QC_ONLY_CODER:
+        return every(name, *_QC_TOOLS_P)
+    if name == "test_extract_tool_calls_streaming_missing_opening_tag":  # the engine parser
+        return every(name, *_QC_TOOLS_P)
+    return tuple(f"{name}[{r}{tail}]" for r in _QC_P4)
+
+
+def _qwen3coder_ids(case: Case) -> Case:
+    test, _, param = case.id.partition("[")
+    param = param.rstrip("]")
+    ids = _qc_runs(test, param)
+    if test == "test_extract_tool_calls" and param != "parallel_tools":  # the same outputs
+        ids += _qc_runs("test_extract_tool_calls_streaming", param)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_qwen3coder_ids(c) if c.source == QWEN3CODER else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_qwen3coder_ids(c), o) if c.source == QWEN3CODER else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5527,6 +5578,28 @@ IDS: dict[str, list[str]] = {
         "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization",
         "TestDelimiterPreservation.test_tool_detection_skip_special_tokens_false",
     ],
+    QWEN3CODER: [
+        *_qc_runs("test_extract_tool_calls_no_tools"),
+        *[i for p in _QC_EXTRACT for i in _qc_runs("test_extract_tool_calls", p)],
+        *_qc_runs("test_extract_tool_calls_fallback_no_tags"),
+        *_QC_TOKENIZER_ONLY,
+        *[
+            i
+            for p in ("no_tools", *_QC_EXTRACT)
+            for i in _qc_runs("test_extract_tool_calls_streaming", p)
+        ],
+        *_qc_runs("test_extract_tool_calls_missing_closing_parameter_tag"),
+        *_qc_runs("test_extract_tool_calls_streaming_missing_closing_tag"),
+        *_qc_runs("test_extract_tool_calls_streaming_incremental"),
+        *_qc_runs("test_extract_tool_calls_streaming_missing_opening_tag"),
+        *[i for t in _QC_ONLY_CODER for i in _qc_runs(t)],
+        *every("test_get_vllm_registry_structural_tag_returns_structural_tag", *_QC_TOOLS_P),
+        *every(
+            "test_adjust_request_auto_uses_vllm_registry_structural_tag",
+            *[f"{t}-{r}" for t in _QC_TOOLS_P for r in ("True", "False")],
+        ),
+        *every("test_adjust_request_required_prefers_structural_tag", *_QC_TOOLS_P),
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5563,6 +5636,8 @@ _NO_OUTPUT = {
     "test_format_nonstring_value_preserves_json": "calls the parser's value formatter "
     "directly (no model output); the values it formats are typed here by "
     "test_extract_tool_calls_numeric_deserialization and the schema cases",
+    "test_get_vllm_registry_structural_tag": "builds an xgrammar structural tag for a "
+    "request (no model output); this backend's tool grammars: tests/fast/test_tool_grammar.py",
     "test_get_xgrammar": "builds an xgrammar structural tag for a request (no model output)",
     "TestBufferDeltaText": "calls the parser's delta buffer directly (no model output); "
     "markers split across tokens are the byte-by-byte run of every case here",
