@@ -2316,7 +2316,7 @@ QWEN3CODER_CASES = [
 ]
 
 
-QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py"
+QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py@00d0a333ba"
 
 
 def qshared(id, output, calls=(), content="", tools=QC_TOOLS):
@@ -4893,6 +4893,75 @@ KNOWN_DIFFERENCES = [
 ]
 
 
+_QS_PARSER_TESTS = (  # given the `parser` fixture: xml / coder x chat-completion / Responses tools
+    "test_extract_tool_calls_no_tools",
+    "test_extract_tool_calls",
+    "test_extract_tool_calls_fallback_no_tags",
+    "test_extract_tool_calls_streaming",
+    "test_extract_tool_calls_missing_closing_parameter_tag",
+    "test_extract_tool_calls_streaming_missing_closing_tag",
+    "test_extract_tool_calls_streaming_incremental",
+    "test_malformed_xml_no_gt_delimiter",
+    "test_none_tool_calls_filtered",
+    "test_streaming_multi_param_single_chunk",
+    "test_extract_tool_calls_streaming_speculative_decode_loss",
+)
+_QS_CLS_TESTS = (  # given `parser_cls` (xml / coder) and their own tools
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_complex_type_with_single_quote",
+    "test_no_double_serialization_string_args",
+    "test_string_null_value_preserved",
+    "test_anyof_string_null_keeps_value_as_string",
+    "test_anyof_integer_null_parses_as_int",
+    "test_anyof_object_param_not_double_encoded_nonstreaming",
+    "test_anyof_object_param_not_double_encoded_streaming",
+    "test_double_encoded_object_param_nonstreaming",
+    "test_double_encoded_object_param_streaming",
+    "test_content_with_xml_structural_tags_nonstreaming",
+    "test_content_with_xml_structural_tags_streaming",
+    "test_content_with_param_like_lines_nonstreaming",
+    "test_content_with_param_like_lines_streaming",
+    "test_array_with_json_bool",
+    "test_two_tool_calls_in_one_streaming_chunk",
+    "test_python_none_value_for_nullable_int",
+    "test_streaming_two_tool_calls_plus_trailing_text_one_delta",
+    "test_streaming_trailing_text_with_final_close_in_same_delta",
+    "test_content_with_real_param_name_literal_nonstreaming",
+    "test_content_with_real_param_name_literal_streaming",
+    "test_content_with_full_nested_tool_call_nonstreaming",
+    "test_content_with_full_nested_tool_call_streaming",
+    "test_two_tools_second_with_out_of_schema_nested_literal_nonstreaming",
+    "test_two_tools_second_with_out_of_schema_nested_literal_streaming",
+    "test_jinja_template_phantom_tool_call_is_rejected_nonstreaming",
+    "test_inline_empty_tool_call_preserves_content_before_real_call",
+    "test_anyof_string_null_with_null_literal_returns_none",
+)
+
+
+def _qs_runs(test: str, tag: str, param: str = "") -> tuple[str, ...]:
+    """The pytest ids of a shared-file test for parser `tag` (xml / coder)."""
+    if test in _QS_CLS_TESTS:
+        return (f"{test}[{tag}]",)
+    tail = f"-{param}" if param else ""
+    return tuple(f"{test}[{tag}-{t}{tail}]" for t in _QC_TOOLS_P)
+
+
+def _qshared_ids(case: Case) -> Case:
+    name, _, tag = case.id.rpartition("[")
+    test, _, param = name.split(" (")[0].partition("[")
+    param, tag = param.rstrip("]"), tag.rstrip("]")
+    ids = _qs_runs(test, tag, param)
+    if test == "test_extract_tool_calls":  # its streaming test reads the same outputs
+        ids += _qs_runs("test_extract_tool_calls_streaming", tag, param)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_qshared_ids(c) if c.source == QSHARED else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_qshared_ids(c), o) if c.source == QSHARED else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5599,6 +5668,22 @@ IDS: dict[str, list[str]] = {
             *[f"{t}-{r}" for t in _QC_TOOLS_P for r in ("True", "False")],
         ),
         *every("test_adjust_request_required_prefers_structural_tag", *_QC_TOOLS_P),
+    ],
+    QSHARED: [
+        *[
+            i
+            for tag in ("xml", "coder")
+            for test, params in (
+                ("test_extract_tool_calls_no_tools", ("",)),
+                ("test_extract_tool_calls", _QC_EXTRACT),
+                ("test_extract_tool_calls_fallback_no_tags", ("",)),
+                ("test_extract_tool_calls_streaming", ("no_tools", *_QC_EXTRACT)),
+                *[(t, ("",)) for t in _QS_PARSER_TESTS[4:]],
+                *[(t, ("",)) for t in _QS_CLS_TESTS],
+            )
+            for p in params
+            for i in _qs_runs(test, tag, p)
+        ],
     ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
