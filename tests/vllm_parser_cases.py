@@ -3989,6 +3989,7 @@ GEMMA4_BARE_CASES = [
 
 
 GEMMA4_REQUIRED = "tests/tool_parsers/test_gemma4_required_enforcement.py@98608a2379"
+GEMMA4_NAMED = "tests/tool_parsers/test_gemma4_named_tool_choice.py@17aad5e833"
 G4_PROSE = "I cannot call a tool right now, so here is a plain answer."
 G4_LONDON_CALL = (("get_weather", {"location": "London"}),)
 # Gemma4Parser (vLLM's path when the reasoning parser is gemma4 too, thinking off) and its
@@ -5685,6 +5686,10 @@ IDS: dict[str, list[str]] = {
             for i in _qs_runs(test, tag, p)
         ],
     ],
+    GEMMA4_NAMED: [
+        "test_named_choice_rejected",
+        "test_required_choice_still_skips_structured_outputs",
+    ],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
@@ -5804,6 +5809,15 @@ NOT_APPLICABLE[
     "checks that arguments stream before the invoke closes, on a text cut off there (no "
     "final result); deepseek_v32's calls are sent whole here when the block closes "
     "(ToolFormat.whole: values are typed by the schema then)"
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_NAMED, i): "how vLLM adjusts a request whose tool_choice names a function or "
+        "requires a call (no model output); here either is refused before generation for "
+        "gemma4, which has no tool-call grammar: FAILED_PRECONDITION naming "
+        "PredictOptions.ToolChoice (decoding/tool_grammar.py)"
+        for i in IDS[GEMMA4_NAMED]
+    }
 )
 NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
     "vLLM skips it: 'The Granite4 tool parser enforces a complete response'"
