@@ -16,7 +16,9 @@ names in tests/vllm_reasoning_cases.py.
 
 Wholesale: every test id of each file in `IDS` (its commit in the source constant) is a case,
 a known difference or `NOT_APPLICABLE` with the reason
-(tests/fast/test_parser_references.py: test_every_vllm_test_id_is_a_case).
+(tests/fast/test_parser_references.py: test_every_vllm_test_id_is_a_case). `IDS` holds every
+tests/tool_parsers/ file of the names above (test_gemma4_utils.py tests vLLM's offline
+helper, no parser name); the reasoning files are in tests/vllm_reasoning_cases.py's `IDS`.
 KNOWN_DIFFERENCES: cases where this backend differs for a reason, with ours and the reason.
 Used by tests/fast/test_parser_references.py (the output pipeline) and
 tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real gRPC).
