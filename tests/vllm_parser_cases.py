@@ -4985,6 +4985,22 @@ CASES += [
 ]
 
 
+GLM47_DELTA = "tests/tool_parsers/test_glm47_final_delta_bug.py@5637b791b2"
+CASES.append(  # streamed byte by byte here, the argument pieces joining to the call
+    Case(
+        "final_delta_not_cumulative",
+        GLM47_DELTA,
+        "glm47",
+        "",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value>"
+        "<arg_key>date</arg_key><arg_value>2025-08-01</arg_value></tool_call>",
+        (("get_weather", {"city": "Beijing", "date": "2025-08-01"}),),
+        tools=(fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),),
+        ids=("test_streaming_final_delta_not_cumulative",),
+    )
+)
+
+
 # Every test id of each vLLM file re-read case for case (the file at the commit named), for
 # test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
 # case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
@@ -5713,6 +5729,7 @@ IDS: dict[str, list[str]] = {
         "test_required_choice_still_skips_structured_outputs",
     ],
     QWEN36: list(_QWEN36_FROM_SHARED.values()),
+    GLM47_DELTA: ["test_streaming_final_delta_not_cumulative"],
     OLMO3: [
         *every("test_no_tool_call", "True", "False"),
         *every(
