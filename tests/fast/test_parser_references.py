@@ -12,6 +12,8 @@ cannot be said on LocalAI's proto, so PredictStream would show what Predict leav
 Where this backend differs from vLLM for a reason, the case is in KNOWN_DIFFERENCES with
 vLLM's result, ours, and the reason; ours is asserted so that a change shows.
 Over real gRPC (Predict equals PredictStream): tests/fast/test_parser_references_grpc.py.
+Wholesale: each test id of each vLLM file in `IDS` is a case, a known difference or not
+applicable with a reason (test_every_vllm_test_id_is_a_case).
 """
 
 from __future__ import annotations
