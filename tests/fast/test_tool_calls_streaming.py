@@ -92,12 +92,16 @@ def test_declared_spec_streams_what_the_parser_reads(name):
     assert name in BLOCKS, f"{name} streams: add a block of its shape to BLOCKS"
     text = BLOCKS[name]
     streamer = BlockStreamer(fmt.parse, TOOLS, 0, fmt.stream)
-    pieces, early = [], False
+    pieces, early, named_at = [], False, None
     for i, ch in enumerate(text):
         out = streamer.push(ch)
         pieces += out
         early = early or (i < len(text) - 1 and any(p.arguments for p in out))
+        if named_at is None and any(p.name for p in out):
+            named_at = i
     assert early, "no argument text before the block ended"
+    # the announcement waits for the arguments' start only: it comes before the first value
+    assert named_at is not None and named_at < text.index("Paris")
     closing, calls, ok = streamer.close(True)
     assert ok and not any(p.dropped for p in closing)  # the stream agreed with the parse
     (call,) = calls
