@@ -37,6 +37,8 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 Rules (what the final reply holds):
 - JSON formats stream the raw argument text; the final `arguments` is that raw text (valid JSON
   object text, checked at the end), not a re-serialisation, so it equals the concatenation.
+  Streaming stops at a character JSON cannot hold outside a string (a call's end marker
+  inside arguments never closed): none of it is sent.
 - XML-parameter formats stream JSON built the way `json.dumps(arguments, ensure_ascii=False)`
   writes it, each value converted by the format's parser when its parameter closes.
 - At the block's end the whole block is parsed by the format's parser. A call whose streaming
@@ -250,6 +252,11 @@ JSON_OBJECT = JsonStream(_OBJ_HEAD)
 JSON_LIST = JsonStream(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD)
 
 
+# What JSON text holds outside its strings (structure, numbers, true / false / null): any
+# other character ends a call's streamed arguments.
+_JSON_OUTSIDE_STRINGS = frozenset(' \t\r\n{}[]:,"-+.0123456789eEtrufalsn')
+
+
 @dataclass
 class _Streamed:
     """A call as streamed so far: its global index, id, name and the arguments text sent."""
@@ -441,9 +448,12 @@ class BlockStreamer:
                 self._state = "args"
             if self._state != "args":
                 return
-            i, end, done = self._pos, len(self._buf), False
+            i, end, done, bad = self._pos, len(self._buf), False, False
             while i < end:  # track strings and nesting only: the whole parse validates
                 c = self._buf[i]
+                if not self._in_str and c not in _JSON_OUTSIDE_STRINGS:
+                    bad = True  # no JSON (a call's end marker inside unclosed arguments)
+                    break
                 i += 1
                 if self._in_str:
                     if self._esc:
@@ -463,6 +473,8 @@ class BlockStreamer:
                         break
             self._args(out, self._buf[self._pos : i])
             self._pos = i
+            if bad:
+                self._state = "off"  # none of it is sent: the whole parse decides
             if not done:
                 return
             self.calls[-1].closed = True

@@ -117,3 +117,21 @@ def test_the_mlx_lm_parser_in_effect_brings_its_stream(name):
     assert fmt is not None and fmt.name == name
     assert tool_formats.stream_of(tok) is fmt.stream
     assert (fmt.stream is None) == (name == "pythonic")
+
+
+def test_unclosed_json_arguments_stop_streaming_where_they_stop_being_json():
+    # vLLM's kimi_k2 invalid_json_still_extracted: the first call's arguments never close;
+    # the next call's markers are no part of them (before: streamed as its arguments)
+    fmt = tool_formats.get("kimi_k2")
+    text = (
+        '<|tool_call_begin|>functions.bad:0 <|tool_call_argument_begin|>{"city": "Beijing"'
+        "<|tool_call_end|><|tool_call_begin|>functions.good:1 <|tool_call_argument_begin|>"
+        '{"city": "Shanghai"}<|tool_call_end|>'
+    )
+    streamer = BlockStreamer(fmt.parse, None, 0, fmt.stream)
+    pieces = [p for ch in text for p in streamer.push(ch)]
+    assert [p.name for p in pieces if p.name] == ["bad"]
+    assert "".join(p.arguments for p in pieces) == '{"city": "Beijing"'
+    closing, calls, ok = streamer.close(True)
+    assert (calls, ok) == ([], False)  # the block is malformed: its text is content
+    assert closing == [tool_calls.ToolCallDelta(0, dropped=True)]
