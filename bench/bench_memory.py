@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", type=float, default=4.0)
     ap.add_argument("--tokens", type=int, default=2048, help="Tokens the agents row declares")
     args = ap.parse_args(argv)
-    print(bl.header("O. eight streams with and without a memory budget", argv))
+    print(bl.header("O. eight streams with and without a memory budget", [__file__, *argv]))
     maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
     prompts = [maker.prompt(args.prompt_tokens) for _ in range(args.streams)]
     server = bl.Backend()
