@@ -11,22 +11,34 @@ from typing import Any
 from mlx_lm.tool_parsers import json_tools as _mlx_json_tools
 
 from decoding import call_formats
+from decoding.tool_calls import JSON_LIST, JSON_OBJECT
 from decoding.tool_formats import ToolFormat, register
 
 
+def _declared_names(tools: Any) -> set[str]:
+    names = set()
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
 def _json_object_parser(text: str, tools: Any = None) -> Any:
-    """A JSON object or list of {"name", "arguments"|"parameters"} between markers."""
-    return json.loads(text.strip())
+    """InternLM2's one JSON call {"name", "parameters"|"arguments"} between markers; where
+    the request declares tools, a name it does not declare is no call (raises: the block
+    stays content), as vLLM's internlm2_tool_parser.py
+    (tests/tool_parsers/test_internlm2_tool_parser.py, unknown tool name not emitted)."""
+    call = json.loads(text.strip())
+    declared = _declared_names(tools)
+    if declared and isinstance(call, dict) and call.get("name") not in declared:
+        raise ValueError(f"tool {call.get('name')!r} is not among the request's tools")
+    return call
 
 
 def _json_list_parser(text: str, tools: Any = None) -> Any:
     """A JSON list of {"name", "arguments"} objects between markers."""
     return json.loads(text.strip())
-
-
-# Read by tool_calls.stream_format (a function attribute, which mypy cannot declare).
-_json_object_parser.tool_stream_format = "json_tools"  # type: ignore[attr-defined]
-_json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
 
 
 HERMES = register(
@@ -36,6 +48,7 @@ HERMES = register(
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
@@ -45,9 +58,18 @@ GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 INTERNLM = register(
-    ToolFormat("internlm", _json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>")
+    ToolFormat(
+        "internlm",
+        _json_object_parser,
+        "<|action_start|><|plugin|>",
+        "<|action_end|>",
+        stream=JSON_OBJECT,
+    )
 )
-JAMBA = register(ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>"))
+JAMBA = register(
+    ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>", stream=JSON_LIST)
+)
