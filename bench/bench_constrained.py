@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 import benchlib as bl
+import grpc
 from bench_concurrency import run_level
 
 sys.path.insert(0, str(bl.ROOT / "tests"))
@@ -105,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
             def stream(prompt: str, sc: str, stub=server.stub, model=model) -> bl.StreamResult:
                 req = bl.predict_options(prompt, args.new_tokens, **fields(sc))
-                result = bl.grpc_stream(stub, req)
+                # The required call never closes (at least 500 items): the token limit
+                # cuts it, which ends the request RESOURCE_EXHAUSTED after every token.
+                ends = (grpc.StatusCode.RESOURCE_EXHAUSTED,) if sc == "tool_required" else ()
+                result = bl.grpc_stream(stub, req, ends=ends)
                 samples.setdefault((model, sc), result.text)
                 return result
 
