@@ -54,7 +54,7 @@ class Group(bl.Backend):
         cmd = [str(LAUNCHER), "-n", str(RANKS), "--backend", "ring", "-p", str(port)]
         cmd += [str(bl.ROOT / "run.sh"), "--addr", f"{bl.HOST}:0", "--distributed", "tensor"]
         bl._Proc.__init__(self, cmd, dict(os.environ), "group")  # run.sh adds MKL
-        self.address = self._wait_address()
+        self.address = self._wait_for_address(120.0)  # clients/server_process.py
         self.channel = grpc.insecure_channel(self.address)
         self.stub = backend_pb2_grpc.BackendStub(self.channel)
 
