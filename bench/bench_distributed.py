@@ -54,7 +54,12 @@ class Group(bl.Backend):
         cmd = [str(LAUNCHER), "-n", str(RANKS), "--backend", "ring", "-p", str(port)]
         cmd += [str(bl.ROOT / "run.sh"), "--addr", f"{bl.HOST}:0", "--distributed", "tensor"]
         bl._Proc.__init__(self, cmd, dict(os.environ), "group")  # run.sh adds MKL
-        self.address = self._wait_for_address(120.0)  # clients/server_process.py
+        try:
+            self.address = self._wait_for_address(120.0)  # clients/server_process.py
+        except BaseException:
+            self.channel = grpc.insecure_channel("127.0.0.1:1")  # for stop() to close
+            self.stop()  # the launcher and its ranks go too
+            raise
         self.channel = grpc.insecure_channel(self.address)
         self.stub = backend_pb2_grpc.BackendStub(self.channel)
 
