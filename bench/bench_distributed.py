@@ -57,7 +57,6 @@ class Group(bl.Backend):
         try:
             self.address = self._wait_for_address(120.0)  # clients/server_process.py
         except BaseException:
-            self.channel = grpc.insecure_channel("127.0.0.1:1")  # for stop() to close
             self.stop()  # the launcher and its ranks go too
             raise
         self.channel = grpc.insecure_channel(self.address)
@@ -73,7 +72,8 @@ class Group(bl.Backend):
 
     def stop(self, timeout: float = 60.0) -> None:
         # SIGTERM to rank 0: it tells the other ranks to exit; mlx.launch then exits.
-        self.channel.close()
+        if hasattr(self, "channel"):  # not where the group never came up
+            self.channel.close()
         rank0 = self.pids().get(0)
         if rank0 is not None:
             with contextlib.suppress(ProcessLookupError):
