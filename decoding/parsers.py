@@ -55,7 +55,6 @@ TOOL_PARSERS: dict[str, None] = {
     "granite_20b_fc": None,
     "minimax": None,
     "step3": None,
-    "step3p5": None,
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's

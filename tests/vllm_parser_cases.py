@@ -5866,3 +5866,222 @@ NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[gra
 
 def expected(case: Case) -> dict:
     return {"calls": list(case.calls), "content": case.content, "reasoning": case.reasoning}
+
+
+# --- step3p5 (vLLM's Step3p5ToolParser: its own copy of the streaming XML parser) ---
+# Qwen3-Coder's XML; the text between calls is content only where it is more than
+# whitespace (decoding/tool_formats/step3p5.py). Where vLLM asserts only that a text is
+# `in` the content, the content here is the whole text outside the calls.
+STEP3P5 = "tests/tool_parsers/test_step3p5_tool_parser.py@0847a95f7f"
+
+
+def step3p5(id, output, calls=(), content="", tools=QC_TOOLS, ids=()):
+    return Case(
+        id, STEP3P5, "step3p5", "", output, tuple(calls), content, tools=tuple(tools), ids=ids
+    )
+
+
+_S35_HELLO_HI = (
+    "hello"
+    + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX"))
+    + "hi"
+    + qc_call(
+        "calculate_area", ("shape", "rectangle"), ("dimensions", '{"width": 10, "height": 5}')
+    )
+)
+_S35_HELLO_HI_CALLS = [
+    ("get_current_weather", {"city": "Dallas", "state": "TX"}),
+    ("calculate_area", {"shape": "rectangle", "dimensions": {"width": 10, "height": 5}}),
+]
+_S35_ORLANDO = qc_call(
+    "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "celsius")
+)
+_S35_ORLANDO_CALL = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"})
+
+
+def _s35_both(param: str) -> tuple[str, ...]:
+    """test_extract_tool_calls and its streaming twin read the same output."""
+    return every("test_extract_tool_calls", param) + every(
+        "test_extract_tool_calls_streaming", param
+    )
+
+
+STEP3P5_CASES = [
+    step3p5(
+        "no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+        ids=("test_extract_tool_calls_no_tools",),
+    ),
+    step3p5(
+        "streaming_no_tools",
+        "This is a test without tools",
+        content="This is a test without tools",
+        ids=every("test_extract_tool_calls_streaming", "no_tools"),
+    ),
+    step3p5("single_tool", QC_DALLAS, [QC_DALLAS_CALL], ids=_s35_both("single_tool")),
+    step3p5(
+        "single_tool_with_content",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+        ids=_s35_both("single_tool_with_content"),
+    ),
+    step3p5(
+        "single_tool_multiline_param",
+        QC_RECT,
+        [QC_RECT_CALL],
+        ids=_s35_both("single_tool_multiline_param"),
+    ),
+    step3p5(  # the newline between the calls is no content (vLLM's None)
+        "parallel_tools",
+        QC_DALLAS
+        + "\n"
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
+        ids=every("test_extract_tool_calls", "parallel_tools"),
+    ),
+    step3p5(  # the streaming test's second call says celsius; the MTP test streams it too
+        "streaming_parallel_tools",
+        QC_DALLAS + "\n" + _S35_ORLANDO,
+        [QC_DALLAS_CALL, _S35_ORLANDO_CALL],
+        ids=(
+            *every("test_extract_tool_calls_streaming", "parallel_tools"),
+            "test_streaming_multi_token_per_step",
+        ),
+    ),
+    step3p5(
+        "tool_with_typed_params",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+        ids=_s35_both("tool_with_typed_params"),
+    ),
+    step3p5(
+        "fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        ids=("test_extract_tool_calls_fallback_no_tags",),
+    ),
+    step3p5(
+        "type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QC_TYPES_TOOLS,
+        ids=("test_extract_tool_calls_type_conversion",),
+    ),
+    step3p5(
+        "complex_type_with_single_quote",
+        qc_call("test_types", ("obj_param", "{'key': 'value'}")),
+        [("test_types", {"obj_param": {"key": "value"}})],
+        tools=QC_TYPES_TOOLS,
+        ids=("test_extract_tool_calls_complex_type_with_single_quote",),
+    ),
+    step3p5(  # an unclosed parameter ends at the next one
+        "missing_closing_parameter_tag",
+        QC_MISSING_CLOSE,
+        [QC_DALLAS_CALL],
+        content="Let me check the weather for you:\n",
+        ids=(
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        ),
+    ),
+    step3p5(
+        "streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+        ids=("test_extract_tool_calls_streaming_incremental",),
+    ),
+    step3p5(  # "hi" between the calls is content (more than whitespace)
+        "mixed_content_and_multiple_tool_calls",
+        _S35_HELLO_HI,
+        _S35_HELLO_HI_CALLS,
+        content="hellohi",
+        ids=(
+            "test_extract_tool_calls_streaming_mixed_content_and_multiple_tool_calls",
+            "test_extract_tool_calls_non_streaming_mixed_content_and_multiple_tool_calls",
+            "test_extract_tool_calls_streaming_full_input_mixed_content_and_multiple_tool_calls",
+        ),
+    ),
+    step3p5(
+        "multiple_tool_calls_no_content_between",
+        _S35_HELLO_HI.replace("</tool_call>hi<tool_call>", "</tool_call><tool_call>"),
+        _S35_HELLO_HI_CALLS,
+        content="hello",
+        ids=(
+            "test_extract_tool_calls_streaming_multiple_tool_calls_no_content_between",
+            "test_extract_tool_calls_non_streaming_multiple_tool_calls_no_content_between",
+        ),
+    ),
+    step3p5(  # vLLM's chunks joined; here it streams byte by byte and whole
+        "multi_token_chunk_boundary",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nSys\n</parameter>\n"
+        "</function>\n</tool_call><tool_call>\n<function=calculate_area>\n"
+        "<parameter=shape>\nrectangle</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Sys"}), ("calculate_area", {"shape": "rectangle"})],
+        ids=("test_extract_tool_calls_streaming_multi_token_chunk_boundary",),
+    ),
+    step3p5(  # vLLM's MTP chunks joined: the Dallas call
+        "mtp_variable_chunks",
+        QC_DALLAS,
+        [QC_DALLAS_CALL],
+        ids=("test_streaming_mtp_variable_chunks",),
+    ),
+]
+CASES += STEP3P5_CASES
+IDS[STEP3P5] = [
+    "test_extract_tool_calls_no_tools",
+    *(
+        f"{t}[{p}]"
+        for t in ("test_extract_tool_calls", "test_extract_tool_calls_streaming")
+        for p in (
+            *(("no_tools",) if t.endswith("streaming") else ()),
+            "single_tool",
+            "single_tool_with_content",
+            "single_tool_multiline_param",
+            "parallel_tools",
+            "tool_with_typed_params",
+        )
+    ),
+    "test_extract_tool_calls_fallback_no_tags",
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_missing_closing_parameter_tag",
+    "test_extract_tool_calls_streaming_missing_closing_tag",
+    "test_extract_tool_calls_streaming_incremental",
+    "test_extract_tool_calls_complex_type_with_single_quote",
+    "test_extract_tool_calls_streaming_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_non_streaming_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_streaming_full_input_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_streaming_multiple_tool_calls_no_content_between",
+    "test_extract_tool_calls_streaming_multi_token_chunk_boundary",
+    "test_extract_tool_calls_non_streaming_multiple_tool_calls_no_content_between",
+    "test_streaming_mtp_variable_chunks",
+    "test_streaming_multi_token_per_step",
+]

@@ -55,6 +55,8 @@ BLOCKS = {
     "qwen3_coder": _QWEN,
     "qwen3_xml": _QWEN,
     "seed_oss": _QWEN,
+    "step3p5": _QWEN,
+    "mimo": _QWEN,
     "minimax_m2": '<invoke name="get_weather"><parameter name="city">Paris</parameter>'
     '<parameter name="days">3</parameter></invoke>',
     "glm45": _GLM,
