@@ -19,7 +19,7 @@ warns too; neither fails the load.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from decoding.text_router import Segment, TextRouter
@@ -318,6 +318,35 @@ FORMATS: dict[str, ReasoningFormat] = {
         ),
     )
 }
+
+# vLLM names whose parser is an entry's above (vllm/reasoning/__init__.py @0064cc9cb1): the
+# same class (mimo: Qwen3ParserReasoningAdapter, qwen3's), or one that differs only in what
+# here the prompt decides: holo2 (DeepSeekV3ReasoningWithThinkingParser) is deepseek_v3
+# thinking by default; poolside_v1 (poolside_v1_reasoning_parser.py) is deepseek_v3 that
+# reads only the current assistant turn of the prompt for a </think>.
+FORMATS.update(
+    {
+        "mimo": replace(FORMATS["qwen3"], name="mimo"),
+        "holo2": replace(
+            FORMATS["deepseek_v3"],
+            name="holo2",
+            source=_R + "deepseek_v3_reasoning_parser.py (DeepSeekV3ReasoningWithThinkingParser)",
+        ),
+        "poolside_v1": replace(
+            FORMATS["deepseek_v3"],
+            name="poolside_v1",
+            source=_R + "poolside_v1_reasoning_parser.py",
+        ),
+        # DeepSeek-V4: deepseek_v3's (the prompt says whether it thinks), and a DSML tool-call
+        # block ends reasoning without </think>; the deepseek_v4 tool parser reads it
+        # (tests/reasoning/test_deepseekv4_reasoning_parser.py).
+        "deepseek_v4": _think(
+            "deepseek_v4",
+            _R + "deepseek_v4_reasoning_parser.py",
+            ends_reasoning=("<｜DSML｜tool_calls>",),
+        ),
+    }
+)
 
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
 NO_FORMAT = frozenset({"step3p5"})

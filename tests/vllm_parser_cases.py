@@ -6085,3 +6085,79 @@ IDS[STEP3P5] = [
     "test_streaming_mtp_variable_chunks",
     "test_streaming_multi_token_per_step",
 ]
+
+
+# --- deepseek_v4: DeepSeek V3.2's DSML invokes in a `<｜DSML｜tool_calls>` block ---
+DSV4 = "tests/tool_parsers/test_deepseekv4_tool_parser.py@023f36c62e"
+
+
+def dsv4_call(name: str, params: dict[str, str]) -> str:
+    """The file's build_tool_call: string="true" parameters, one invoke."""
+    body = "".join(
+        f'<｜DSML｜parameter name="{k}" string="true">{v}</｜DSML｜parameter>\n'
+        for k, v in params.items()
+    )
+    return (
+        f'<｜DSML｜tool_calls>\n<｜DSML｜invoke name="{name}">\n{body}</｜DSML｜invoke>\n'
+        "</｜DSML｜tool_calls>"
+    )
+
+
+_DSV4_FUNCTION_CALLS = dsv4_call("search", {"query": "vllm"}).replace(
+    "tool_calls", "function_calls"
+)
+CASES += [
+    Case(
+        "extract_tool_calls",
+        DSV4,
+        "deepseek_v4",
+        "",
+        "Let me check. " + dsv4_call("get_weather", {"location": "Beijing", "unit": "celsius"}),
+        (("get_weather", {"location": "Beijing", "unit": "celsius"}),),
+        "Let me check. ",
+        ids=("test_extract_tool_calls",),
+    ),
+    Case(  # V3.2's function_calls block is no call for V4: content, as it came
+        "function_calls_block_is_not_accepted",
+        DSV4,
+        "deepseek_v4",
+        "",
+        _DSV4_FUNCTION_CALLS,
+        (),
+        _DSV4_FUNCTION_CALLS,
+        ids=("test_function_calls_block_is_not_accepted",),
+    ),
+    Case(
+        "streaming_extracts_complete_invokes",
+        DSV4,
+        "deepseek_v4",
+        "",
+        dsv4_call("search", {"query": "deepseek v4"}),
+        (("search", {"query": "deepseek v4"}),),
+        ids=("test_streaming_extracts_complete_invokes",),
+    ),
+]
+IDS[DSV4] = [
+    "test_registered",
+    "test_extract_tool_calls",
+    "test_function_calls_block_is_not_accepted",
+    "test_streaming_extracts_complete_invokes",
+    "test_get_vllm_registry_structural_tag_returns_structural_tag",
+]
+NOT_APPLICABLE[DSV4, "test_registered"] = (
+    "checks vLLM's registry maps the name to its class (no model output); the name is "
+    "registered here: decoding/tool_formats/deepseek_v4.py"
+)
+
+
+# The ids of the files appended above that a _NO_OUTPUT test stands for (request adjustment,
+# grammar building: no model output), as NOT_APPLICABLE for the files before them.
+NOT_APPLICABLE.update(
+    {
+        (source, i): why
+        for source in (STEP3P5, DSV4)
+        for i in IDS[source]
+        for prefix, why in _NO_OUTPUT.items()
+        if i.startswith(prefix)
+    }
+)

@@ -1236,3 +1236,178 @@ IDS[STEP3] = [
 
 def expected(c: Case) -> dict:
     return {"calls": list(c.calls), "content": c.content, "reasoning": c.reasoning}
+
+
+# --- holo2: deepseek_v3 thinking by default (vLLM's DeepSeekV3ReasoningWithThinkingParser);
+# here the prompt decides: a thinking prompt opens <think>, one without closes it ---
+HOLO2 = T + "test_holo2_reasoning_parser.py@045d757550"
+CASES += [
+    case(
+        ("with_think", "with_think_stream", "with_think_enabled", "with_think_stream_enabled"),
+        HOLO2,
+        "holo2",
+        f"{RS}</think>{REST}",
+        RS,
+        REST,
+        prompt="open",
+    ),
+    case(
+        ("thinking_disabled", "thinking_disabled_stream"),
+        HOLO2,
+        "holo2",
+        REST,
+        content=REST,
+        prompt="closed",
+    ),
+    case(both("complete_reasoning", "_stream"), HOLO2, "holo2", f"{RS}</think>", RS, prompt="open"),
+]
+STRAY_END = (
+    "vLLM's identity parser (thinking off) hands a stray </think> on as content; here a "
+    "format's marker is never shown as text: one outside its block is dropped "
+    "(ReasoningFormat.edges), as vLLM's minimax_m2 drops a second </think>"
+)
+KNOWN += [
+    known(
+        case(
+            "thinking_disabled_with_close_tag",
+            HOLO2,
+            "holo2",
+            f"</think>{REST}",
+            content=f"</think>{REST}",
+            prompt="closed",
+        ),
+        {"content": REST},
+        STRAY_END,
+    ),
+    known(
+        case(
+            "thinking_disabled_with_close_tag_stream",
+            HOLO2,
+            "holo2",
+            f"some text</think>{REST}",
+            content=f"some text</think>{REST}",
+            prompt="closed",
+        ),
+        {"content": f"some text{REST}"},
+        STRAY_END,
+    ),
+]
+PROMPT_CASES += [
+    PromptCase(
+        ("test_parser_selection[True-DeepSeekR1ReasoningParser]",
+         "test_holo2_default_parser_is_deepseekr1"),
+        HOLO2,
+        "holo2",
+        "<think>",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_parser_selection[False-IdentityReasoningParser]",),
+        HOLO2,
+        "holo2",
+        "<think></think>",
+        "normal",
+    ),
+]  # fmt: skip
+IDS[HOLO2] = [
+    "test_parser_selection[True-DeepSeekR1ReasoningParser]",
+    "test_parser_selection[False-IdentityReasoningParser]",
+    "test_holo2_default_parser_is_deepseekr1",
+    "test_holo2_supports_structured_output",
+    "with_think", "with_think_stream", "with_think_enabled", "with_think_stream_enabled",
+    *_ids("thinking_disabled", "thinking_disabled_with_close_tag", "complete_reasoning",
+          streaming="_stream"),
+]  # fmt: skip
+NOT_APPLICABLE[HOLO2, "test_holo2_supports_structured_output"] = _IS_END
+
+# --- poolside_v1: deepseek_v3 reading only the current assistant turn of the prompt for
+# its </think>; the file tests that gate alone (token ids, a fake tokenizer) ---
+POOLSIDE = T + "test_poolside_v1_reasoning_parser.py@37283f4149"
+PROMPT_CASES += [
+    PromptCase(
+        ("test_is_reasoning_end_true_when_end_after_assistant",),
+        POOLSIDE,
+        "poolside_v1",
+        "a<assistant><think>b</think>",
+        "normal",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_false_when_start_after_end_in_current_turn",),
+        POOLSIDE,
+        "poolside_v1",
+        "<assistant></think><think>",
+        "reasoning",
+    ),
+]
+IDS[POOLSIDE] = [
+    "test_registered_name_is_poolside_v1",
+    "test_constructor_requires_assistant_token",
+    "test_thinking_kwarg_selects_deepseek_r1_inner_parser",
+    "test_no_thinking_selects_identity_inner_parser",
+    "test_is_reasoning_end_true_when_end_after_assistant",
+    "test_is_reasoning_end_false_when_start_after_end_in_current_turn",
+    "test_is_reasoning_end_false_when_no_tokens_after_assistant",
+    "test_is_reasoning_end_false_on_empty_input",
+    "test_scoping_prevents_prior_turn_false_positive",
+    "test_is_reasoning_end_with_identity_parser_returns_true",
+]
+_NO_THINK_MARKER = (
+    _IS_END + "; its prompt holds no <think> of the current turn, where vLLM's thinking "
+    "parser reads on as reasoning and here the output starts in content (the prompt "
+    "decides: a thinking template opens <think>)"
+)
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, "test_registered_name_is_poolside_v1"): "vLLM's registry class lookup "
+        "(no model output); the name is a format here (decoding/reasoning_formats.py)",
+        (POOLSIDE, "test_constructor_requires_assistant_token"): "vLLM's constructor "
+        "refusing a tokenizer without <assistant> (no model output)",
+        (POOLSIDE, "test_thinking_kwarg_selects_deepseek_r1_inner_parser"): "vLLM's inner "
+        "parser chosen by chat_template_kwargs (no model output); here the prompt decides",
+        (POOLSIDE, "test_no_thinking_selects_identity_inner_parser"): "as "
+        "test_thinking_kwarg_selects_deepseek_r1_inner_parser",
+        (POOLSIDE, "test_is_reasoning_end_false_when_no_tokens_after_assistant"): (
+            _NO_THINK_MARKER
+        ),
+        (POOLSIDE, "test_is_reasoning_end_false_on_empty_input"): _NO_THINK_MARKER,
+        (POOLSIDE, "test_scoping_prevents_prior_turn_false_positive"): _NO_THINK_MARKER,
+        (POOLSIDE, "test_is_reasoning_end_with_identity_parser_returns_true"): _IS_END
+        + " (thinking off: vLLM's identity parser; here a prompt that opens <think> "
+        "thinks whatever the kwargs say)",
+    }
+)
+
+# --- deepseek_v4: deepseek_v3's, and a DSML tool-call block ends reasoning ---
+DSV4 = T + "test_deepseekv4_reasoning_parser.py@3e10d2f243"
+_DSV4_CALL = (
+    "<｜DSML｜tool_calls>\n"
+    '<｜DSML｜invoke name="read_file">\n'
+    '<｜DSML｜parameter name="path" string="true">/tmp/example.lean</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>"
+)
+CASES += [
+    case(  # the reasoning parser alone hands the block on as content
+        "test_tool_call_start_implicitly_ends_reasoning",
+        DSV4,
+        "deepseek_v4",
+        f"Let me search.\n\n{_DSV4_CALL}",
+        "Let me search.\n\n",
+        _DSV4_CALL,
+        prompt="open",
+    ),
+    case(  # and the deepseek_v4 tool parser reads the call in it
+        "test_implicit_content_is_parseable_as_tool_call",
+        DSV4,
+        "deepseek_v4",
+        f"Let me search.\n\n{_DSV4_CALL}",
+        "Let me search.\n\n",
+        prompt="open",
+        tool="deepseek_v4",
+        calls=(("read_file", {"path": "/tmp/example.lean"}),),
+    ),
+]
+IDS[DSV4] = [
+    "test_tool_call_start_implicitly_ends_reasoning",
+    "test_implicit_content_is_parseable_as_tool_call",
+]
