@@ -6161,3 +6161,120 @@ NOT_APPLICABLE.update(
         if i.startswith(prefix)
     }
 )
+
+
+# --- poolside_v1: GLM-4's arg_key / arg_value calls (vLLM's PoolsideV1ToolParser) ---
+POOLSIDE = "tests/tool_parsers/test_poolside_v1_tool_parser.py@2a8137f637"
+_PS_WRITE = (fn_tool("write_file", {"content": {"type": "string"}, "mode": {"type": "integer"}}),)
+_PS_WEATHER = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+_PS_INDENTED = "    def f():\n        return 1\n"
+_PS_PADDED = "<tool_call>" + " " * 4096 + "<x</tool_call>"
+
+
+def poolside(id, output, calls=(), content="", tools=_PS_WEATHER, ids=None):
+    return Case(
+        id,
+        POOLSIDE,
+        "poolside_v1",
+        "",
+        output,
+        tuple(calls),
+        content,
+        tools=tuple(tools),
+        ids=ids or (f"test_{id}",),
+    )
+
+
+def _ps_write(value: str) -> str:
+    return (
+        f"<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{value}</arg_value>\n"
+        "</tool_call>"
+    )
+
+
+_PS_PARIS = "<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+CASES += [
+    poolside(
+        "string_arg_preserves_whitespace",
+        _ps_write(_PS_INDENTED),
+        [("write_file", {"content": _PS_INDENTED})],
+        tools=_PS_WRITE,
+    ),
+    poolside(
+        "non_string_arg_still_deserialized",
+        "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>hi</arg_value>\n"
+        "<arg_key>mode</arg_key>\n<arg_value> 420 </arg_value>\n</tool_call>",
+        [("write_file", {"content": "hi", "mode": 420})],
+        tools=_PS_WRITE,
+    ),
+    poolside(  # vLLM's Responses tool is flat ({"name", "parameters"}); LocalAI sends the
+        # chat-completions shape, which holds the same declaration
+        "responses_extract_tool_calls_with_flat_tools",
+        _ps_write("  x = 1\n"),
+        [("write_file", {"content": "  x = 1\n"})],
+        tools=_PS_WRITE,
+    ),
+    poolside(
+        "no_newline_after_name",
+        "<tool_call>get_weather" + _PS_PARIS,
+        [("get_weather", {"city": "Paris"})],
+        ids=(
+            "test_no_newline_after_name_non_streaming",
+            "test_no_newline_after_name_streaming",
+        ),
+    ),
+    poolside(
+        "newline_after_name_still_parses_non_streaming",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "</tool_call>",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    poolside(  # no call: the block comes back as the content it was
+        "whitespace_padded_tool_call_is_not_quadratic", _PS_PADDED, content=_PS_PADDED
+    ),
+    poolside(
+        "whitespace_only_tool_call_name_is_rejected",
+        "<tool_call>   </tool_call>",
+        content="<tool_call>   </tool_call>",
+    ),
+    poolside(
+        "function_name_with_internal_whitespace_still_parses",
+        "<tool_call>  get weather  " + _PS_PARIS,
+        [("get weather", {"city": "Paris"})],
+    ),
+]
+IDS[POOLSIDE] = [
+    "test_required_skips_structured_outputs_chatcompletion",
+    "test_named_skips_structured_outputs_chatcompletion",
+    "test_required_skips_structured_outputs_responses",
+    "test_named_skips_structured_outputs_responses",
+    "test_auto_still_keeps_special_tokens",
+    "test_string_arg_preserves_whitespace",
+    "test_non_string_arg_still_deserialized",
+    "test_responses_extract_tool_calls_with_flat_tools",
+    "test_no_newline_after_name_non_streaming",
+    "test_newline_after_name_still_parses_non_streaming",
+    "test_no_newline_after_name_streaming",
+    "test_streaming_responses_request_without_logprobs",
+    "test_streaming_responses_request_with_logprobs_emits_empty_delta",
+    "test_whitespace_padded_tool_call_is_not_quadratic",
+    "test_whitespace_only_tool_call_name_is_rejected",
+    "test_function_name_with_internal_whitespace_still_parses",
+]
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, i): "how vLLM adjusts a request for tool_choice required / named / auto "
+        "(structured outputs, skip_special_tokens; no model output); here tool_choice is "
+        "PredictOptions.ToolChoice and markers are matched on the decoded text"
+        for i in IDS[POOLSIDE][:5]
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, i): "what vLLM's streaming parser returns for a lone '<' delta of a "
+        "Responses request, with and without logprobs (an empty delta or None; no model "
+        "output to extract): a marker cut at any byte is the byte-by-byte run of every "
+        "case here"
+        for i in IDS[POOLSIDE][11:13]
+    }
+)

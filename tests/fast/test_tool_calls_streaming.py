@@ -60,6 +60,7 @@ BLOCKS = {
     "minimax_m2": '<invoke name="get_weather"><parameter name="city">Paris</parameter>'
     '<parameter name="days">3</parameter></invoke>',
     "glm45": _GLM,
+    "poolside_v1": _GLM,
     "glm47": _GLM,
 }
 
