@@ -55,7 +55,6 @@ TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
     "gigachat3": None,
-    "granite_20b_fc": None,
     "hy_v3": None,
     "inkling": None,
     "kimi_k3": None,
