@@ -62,7 +62,6 @@ TOOL_PARSERS: dict[str, None] = {
     "minimax": None,
     "minimax_m3": None,
     "solar_open2": None,
-    "step3": None,
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
