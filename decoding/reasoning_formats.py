@@ -365,6 +365,9 @@ FORMATS.update(
             name="poolside_v1",
             source=_R + "poolside_v1_reasoning_parser.py",
         ),
+        # Hy3 (hy_v3_reasoning_parser.py): <think> opened by the prompt when its
+        # reasoning_effort thinks, none (identity) with no_think: the prompt says which.
+        "hy_v3": _think("hy_v3", _R + "hy_v3_reasoning_parser.py", implicit_start=True),
         # DeepSeek-V4: deepseek_v3's (the prompt says whether it thinks), and a DSML tool-call
         # block ends reasoning without </think>; the deepseek_v4 tool parser reads it
         # (tests/reasoning/test_deepseekv4_reasoning_parser.py).
@@ -381,7 +384,6 @@ NO_FORMAT = frozenset(
     {
         "cohere_command3",
         "cohere_command4",
-        "hy_v3",
         "inkling",
         "kimi_k3",
         "minimax_m3",

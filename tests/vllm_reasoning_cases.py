@@ -1520,3 +1520,79 @@ NOT_APPLICABLE[STEP3P5, "multi_turn_prompt_content"] = (
     "vLLM's test skips the reasoning / content check for this id and asserts only "
     "is_reasoning_end and extract_content_ids over token ids"
 )
+
+# --- hy_v3: <think> opened by the prompt when reasoning_effort thinks; with no_think (the
+# template closes it) or no effort given (no marker) the output is content ---
+HYV3 = T + "test_hy_v3_reasoning_parser.py@41c5903d04"
+CASES += [
+    case(both("with_think", "_stream"), HYV3, "hy_v3", f"{RS}</think>{REST}", RS, REST),
+    case(both("without_think", "_stream"), HYV3, "hy_v3", REST, content=REST, prompt="closed"),
+    case(
+        both("with_reasoning_effort_none", "_stream"),
+        HYV3,
+        "hy_v3",
+        REST,
+        content=REST,
+        prompt="none",
+    ),
+    case(both("complete_reasoning", "_stream"), HYV3, "hy_v3", f"{RS}</think>", RS),
+    case(
+        both("multiline_reasoning", "_stream"),
+        HYV3,
+        "hy_v3",
+        "This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    case(both("only_open_tag", "_stream"), HYV3, "hy_v3", RS, RS),
+]
+_HY_HEAD = (
+    "<｜hy_begin▁of▁sentence｜>\nYou are a helpful assistant.\n"
+    "<｜reasoning_mode｜>reasoning_effort:high<｜hy_User｜>\n"
+    "What is the capital of France?<｜hy_Assistant｜"
+)
+_HY_TURN = "\n><think></think>The capital of France is Paris.<eos:6124c78e>\n<｜hy_User｜>What about Chile?<｜hy_Assistant｜>\n<think>"  # noqa: E501
+PROMPT_CASES += [
+    PromptCase((f"test_is_reasoning_end_full_prompt[{n}]",), HYV3, "hy_v3", prompt, state)
+    for n, prompt, state in (
+        (
+            "still_reasoning",
+            _HY_HEAD + ">\n<think>The user is asking for the capital of",
+            "reasoning",
+        ),
+        (
+            "done_reasoning",
+            _HY_HEAD + ">\n<think>The user is asking for the capital of France.</think>\n"
+            "The capital of France is Paris.",
+            "normal",
+        ),
+        (
+            "multi_turn_still_reasoning",
+            _HY_HEAD + _HY_TURN + "The user is asking for the capital of",
+            "reasoning",
+        ),
+        (
+            "multi_turn_done_reasoning",
+            _HY_HEAD + _HY_TURN + "The user is asking for the capital of Chile.</think>\n"
+            "The capital of Chile is Santiago.",
+            "normal",
+        ),
+    )
+]
+IDS[HYV3] = [
+    *_ids("with_think", "without_think", "with_reasoning_effort_none", "complete_reasoning",
+          "multiline_reasoning", "only_open_tag", streaming="_stream"),
+    *(f"test_is_reasoning_end_full_prompt[{n}]" for n in (
+        "still_reasoning", "done_reasoning", "multi_turn_still_reasoning",
+        "multi_turn_done_reasoning")),
+    "test_constructor_does_not_mutate_shared_chat_template_kwargs",
+    "test_constructor_falls_back_to_outer_reasoning_effort",
+]  # fmt: skip
+NOT_APPLICABLE.update(
+    {
+        (HYV3, "test_constructor_does_not_mutate_shared_chat_template_kwargs"): "vLLM's "
+        "constructor and its chat_template_kwargs (no model output); here the prompt decides",
+        (HYV3, "test_constructor_falls_back_to_outer_reasoning_effort"): "as "
+        "test_constructor_does_not_mutate_shared_chat_template_kwargs",
+    }
+)
