@@ -51,7 +51,6 @@ logger = logging.getLogger("localai.mlx." + __name__)
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
 TOOL_PARSERS: dict[str, None] = {
-    "apertus": None,
     "cohere_command3": None,
     "cohere_command4": None,
     "gigachat3": None,

@@ -6450,3 +6450,172 @@ IDS[STEP3] = [
     *_COMMON,
     *(f"TestStep3ParameterWhitespace.test_string_value_preserved[{pid(v)}]" for v in _S3_WS_VALUES),
 ]
+
+
+# --- apertus: a JSON list of one-key objects between <|tools_prefix|> and <|tools_suffix|>
+# (vLLM's ApertusToolParser); the text around the list is content as written ---
+APERTUS = "tests/tool_parsers/test_apertus_tool_parser.py@266c3ccc1d"
+_AP_B, _AP_E = "<|tools_prefix|>", "<|tools_suffix|>"
+
+
+def apertus(id, output, calls=(), content="", ids=None):
+    return Case(id, APERTUS, "apertus", "", output, tuple(calls), content, ids=ids or (id,))
+
+
+_AP_LONDON = ("get_weather", {"location": "London"})
+_AP_SF = '[{"get_weather": {"location": "San Francisco", "unit": "celsius"}}]'
+_AP_SF_CALL = ("get_weather", {"location": "San Francisco", "unit": "celsius"})
+_AP_PARIS_CHUNKS = '[{"get_weather": {"location": "Paris, France"}}]'
+_AP_TC = "TestExtractToolCalls."
+_AP_TS = "TestStreamingExtraction."
+CASES += [
+    apertus(
+        _AP_TC + "test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    apertus(
+        _AP_TC + "test_single_tool_call",
+        _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+    ),
+    apertus(_AP_TC + "test_multiple_arguments", _AP_B + _AP_SF + _AP_E, [_AP_SF_CALL]),
+    apertus(
+        _AP_TC + "test_multiple_tool_calls",
+        _AP_B
+        + '[{"get_weather": {"location": "London"}}, {"get_time": {"location": "London"}}]'
+        + _AP_E,
+        [_AP_LONDON, ("get_time", {"location": "London"})],
+    ),
+    apertus(
+        _AP_TC + "test_nested_arguments",
+        _AP_B
+        + '[{"complex_function": {"nested": {"inner": "value"}, "list": ["a", "b"]}}]'
+        + _AP_E,
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+    ),
+    apertus(  # cut off: its open brackets closed
+        _AP_TC + "test_incomplete_tool_call",
+        _AP_B + '[{"get_weather": {"location": "London"}',
+        [_AP_LONDON],
+    ),
+    apertus(_AP_TC + "test_missing_tool_suffix", _AP_B + _AP_SF, [_AP_SF_CALL]),
+    apertus(
+        _AP_TS + "test_basic_streaming_single_tool",
+        _AP_B + _AP_PARIS_CHUNKS + _AP_E,
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    apertus(
+        _AP_TS + "test_streaming_missing_tool_suffix",
+        _AP_B + _AP_PARIS_CHUNKS,
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    apertus(
+        _AP_TS + "test_streaming_partial_tag_buffering_missing_tool_suffix",
+        "Content" + _AP_B + '[{"f": {"a": 1}}]',
+        [("f", {"a": 1})],
+        "Content",
+    ),
+    apertus(
+        _AP_TS + "test_streaming_multi_tool",
+        _AP_B
+        + '[{"get_weather": {"location": "Tokyo"}}, {"get_time": {"location": "Tokyo"}}]'
+        + _AP_E,
+        [("get_weather", {"location": "Tokyo"}), ("get_time", {"location": "Tokyo"})],
+    ),
+    apertus(  # the streaming result: the space before the list is content
+        _AP_TS + "test_streaming_text_before_tool_call",
+        "Let me check the weather. " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Let me check the weather. ",
+    ),
+    apertus(
+        _AP_TS + "test_streaming_partial_tag_buffering",
+        "Content" + _AP_B + '[{"f": {"a": 1}}]' + _AP_E,
+        [("f", {"a": 1})],
+        "Content",
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_massive_chunk",
+        "Sure! " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Sure! ",
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_multiple_tools_burst",
+        _AP_B
+        + '[{"get_weather": {"location": "London"}}, {"get_time": {"location": "Paris"}}]'
+        + _AP_E,
+        [_AP_LONDON, ("get_time", {"location": "Paris"})],
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_skip_and_catch_up",
+        _AP_B + '[{"t1": {"a": 1}}, {"t2": {"b": 2}}, {"t3": {"c": 3}}]' + _AP_E,
+        [("t1", {"a": 1}), ("t2", {"b": 2}), ("t3", {"c": 3})],
+    ),
+    apertus(
+        _AP_TS + "test_vllm_streaming_character_by_character",
+        "Hi " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E + " ",
+        [_AP_LONDON],
+        "Hi  ",
+    ),
+    apertus(
+        _AP_TS + "test_vllm_streaming_empty_deltas",
+        "Wait" + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Wait",
+    ),
+]
+KNOWN_DIFFERENCES.append(
+    (
+        Case(
+            "TestExtractToolCalls.test_text_before_tool_call",
+            APERTUS,
+            "apertus",
+            "",
+            "Let me check the weather for you. "
+            + _AP_B
+            + '[{"get_weather": {"location": "Paris"}}]'
+            + _AP_E,
+            (("get_weather", {"location": "Paris"}),),
+            "Let me check the weather for you.",
+            why="vLLM's non-streaming path strips the text before the list, its streaming "
+            "path keeps it (test_streaming_text_before_tool_call, "
+            "test_mtp_streaming_massive_chunk: 'Sure! '); Predict and PredictStream give "
+            "the streaming result",
+            ids=("TestExtractToolCalls.test_text_before_tool_call",),
+        ),
+        {"content": "Let me check the weather for you. "},
+    )
+)
+IDS[APERTUS] = [
+    *(
+        _AP_TC + t
+        for t in (
+            "test_no_tool_calls",
+            "test_single_tool_call",
+            "test_multiple_arguments",
+            "test_text_before_tool_call",
+            "test_multiple_tool_calls",
+            "test_nested_arguments",
+            "test_incomplete_tool_call",
+            "test_missing_tool_suffix",
+        )
+    ),
+    *(
+        _AP_TS + t
+        for t in (
+            "test_basic_streaming_single_tool",
+            "test_streaming_missing_tool_suffix",
+            "test_streaming_partial_tag_buffering_missing_tool_suffix",
+            "test_streaming_multi_tool",
+            "test_streaming_text_before_tool_call",
+            "test_streaming_partial_tag_buffering",
+            "test_mtp_streaming_massive_chunk",
+            "test_mtp_streaming_multiple_tools_burst",
+            "test_mtp_streaming_skip_and_catch_up",
+            "test_vllm_streaming_character_by_character",
+            "test_vllm_streaming_empty_deltas",
+        )
+    ),
+]
