@@ -11,8 +11,9 @@ phi4_mini_json, openai; reasoning parsers qwen3, deepseek_r1, mistral, deepseek_
 gemma4, granite, minimax_m2, kimi_k2, nemotron_v3, olmo3, ernie45, openai_gptoss. Beside
 them, from vLLM's registries (vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py
 @0064cc9cb1): pythonic, xlam, seed_oss, deepseek_v31, deepseek_v32, hunyuan_a13b,
-functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat; the reasoning
-names in tests/vllm_reasoning_cases.py.
+functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat, step3p5, mimo
+(qwen3_coder's class: no file of its own), deepseek_v4, poolside_v1, granite-20b-fc, step3,
+apertus (appended at the end); the reasoning names in tests/vllm_reasoning_cases.py.
 
 Wholesale: every test id of each file in `IDS` (its commit in the source constant) is a case,
 a known difference or `NOT_APPLICABLE` with the reason
