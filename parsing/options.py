@@ -7,8 +7,8 @@ entries reads and checks every known key and lists the unknown ones (a warning a
 never an error: LocalAI passes options meant for other backends too).
 ``ModelOptions.EngineArgs`` (a JSON object) names the same options with JSON values
 (`read_engine_args`): there an unknown key is an error, as LocalAI documents, and a key
-both set takes the EngineArgs value. The README's
-option list is generated from it too (``python -m parsing.options --readme README.md``;
+both set takes the EngineArgs value. The option list
+of docs/FIELDS.md is generated from it too (``python -m parsing.options --readme docs/FIELDS.md``;
 tests/fast/test_options.py fails when the two drift). ``params.load_params`` turns the
 result into ``LoadParams``; options that interact (``temp``/``temperature``, ``kv_bits``
 with ``CacheTypeKey``, ``num_draft_tokens`` with ``speculative``) are resolved there.
@@ -688,7 +688,7 @@ def options_markdown() -> str:
 
 README_BEGIN = (
     "<!-- options table: generated from parsing/options.py; edit the table there, then run\n"
-    "     python -m parsing.options --readme README.md -->\n"
+    "     python -m parsing.options --readme docs/FIELDS.md -->\n"
 )
 README_END = "<!-- end of the options table -->\n"
 
