@@ -29,7 +29,7 @@ def test_readme_option_list_is_the_table():
     assert readme.count(opts.README_BEGIN) == 1 and readme.count(opts.README_END) == 1
     assert opts.readme_with_table(readme) == readme, (
         "docs/FIELDS.md's option list differs from parsing/options.py OPTIONS: run "
-        "`python -m parsing.options --readme docs/FIELDS.md`"
+        "`python -m parsing.fields docs/FIELDS.md`"
     )
     # Every key has its row, with its accepted values, default and doc.
     part = readme[readme.index(opts.README_BEGIN) : readme.index(opts.README_END)]
