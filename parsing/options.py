@@ -300,8 +300,9 @@ OPTIONS: tuple[Option, ...] = (
            "overrides it per request", choices=GRAMMAR_SCOPES, default="after_reasoning",
            group=_PARSE),
     Option("tool_grammar", "choice", "hold tool calls to the request's `Tools` once the "
-           "model's tool-call marker appears (every format of \"Tool-call grammars\": "
-           "a declared name, arguments held to its JSON schema, the closing marker): "
+           "model's tool-call marker appears (every format of docs/DECODING.md, "
+           "\"Tool-call grammars\": a declared name, arguments held to its JSON schema, "
+           "the closing marker): "
            "`required` only when `ToolChoice` requires a call or names a function (then "
            "from the first token on), `on` for every request with tools, `off` never; an "
            "explicit `Grammar` / JSON schema wins; `Metadata` `tool_grammar` overrides it "

@@ -25,14 +25,12 @@ MESSAGES = [(pb.PredictOptions, PREDICT_FIELDS), (pb.ModelOptions, MODEL_FIELDS)
 
 def product_sources() -> dict[str, str]:
     """{path: text} of the product's Python files (not tests, bench, the table, the stubs)."""
-    found = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        top = rel.split("/")[0]
-        if top in (".venv", "tests", "bench") or top.startswith(".") or "pb2" in rel:
-            continue
-        if rel != "parsing/fields.py":
-            found[rel] = path.read_text(encoding="utf-8")
+    paths = [p for p in sorted(ROOT.glob("*.py")) if "pb2" not in p.name]
+    for package in sorted(ROOT.glob("*/__init__.py")):
+        if package.parent.name != "tests":
+            paths += sorted(package.parent.rglob("*.py"))
+    found = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in paths}
+    del found["parsing/fields.py"]
     return found
 
 
