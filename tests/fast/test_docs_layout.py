@@ -1,11 +1,12 @@
 """The layout of the code is told by its docstrings: every top-level package's docstring
-names each of its modules (and names no module it lacks), every root module and package
-has one, and docs/DEVELOPING.md's layout table is their first paragraphs, generated
-(``python tests/fast/test_docs_layout.py`` rewrites it)."""
+names each of its modules (and names no module it lacks) and only names that exist, every
+root module and package has one, and docs/DEVELOPING.md's layout table is their first
+paragraphs, generated (``python tests/fast/test_docs_layout.py`` rewrites it)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -86,6 +87,50 @@ def test_each_package_docstring_names_its_modules_and_no_other() -> None:
         if unnamed or gone:
             wrong[name] = {"not named": sorted(unnamed), "no such module": sorted(gone)}
     assert wrong == {}
+
+
+def project_names() -> set[str]:
+    """Every module, class, function, module-level and imported name of the product, and
+    every message, field and RPC of backend.proto."""
+    import backend_pb2
+
+    names = set(parts()) | {n.removesuffix(".py") for n in parts()}
+    for path in parts().values():
+        files = path.parent.rglob("*.py") if path.name == "__init__.py" else [path]
+        for file in files:
+            names |= {file.stem, file.parent.name}
+            for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                elif isinstance(node, ast.Assign):
+                    names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    names.add(node.target.id)
+                elif isinstance(node, ast.ImportFrom):  # a library's class it wraps
+                    names |= {alias.name for alias in node.names}
+    for message in backend_pb2.DESCRIPTOR.message_types_by_name.values():
+        names |= {message.name, *(f.name for f in message.fields)}
+    for service in backend_pb2.DESCRIPTOR.services_by_name.values():
+        names |= {m.name for m in service.methods}
+    return names
+
+
+def test_package_docstrings_name_only_what_exists() -> None:
+    known = project_names()
+    stale = {}
+    for name, path in parts().items():
+        if path.name != "__init__.py":
+            continue
+        named = re.findall(r"`+([A-Za-z_][\w.]*)`+", docstring(path))
+        gone = [
+            n
+            for n in named
+            if not {n, n.removesuffix(".py"), n.split(".")[-1]} & known
+            and importlib.util.find_spec(n.split(".")[0]) is None  # a library: mlx_lm.convert
+        ]
+        if gone:
+            stale[name] = gone
+    assert stale == {}
 
 
 def test_the_layout_table_is_generated_from_the_docstrings() -> None:
