@@ -23,3 +23,33 @@ def test_the_command_that_prints_the_embedded_models_path_works() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()) == model_loader.embedded_model_path()
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_make_targets_the_docs_name_exist() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    named = set()
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        named |= set(re.findall(r"`make(?: [A-Z_]+=\S+)* ([a-z][\w-]*)", text))
+        named |= set(re.findall(r"^make(?: [A-Z_]+=\S+)* ([a-z][\w-]*)", text, re.M))
+    assert {"run", "test", "test-fast", "install", "install-test"} <= named
+    assert named <= targets, sorted(named - targets)
+    # CI runs exactly the README's test command.
+    assert (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().endswith("make test")
+
+
+def test_the_client_flags_the_readme_uses_exist() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = re.findall(r"python -m clients\.cli (.*)", readme)
+    flags = {f for line in lines for f in re.findall(r"(--[a-z-]+)", line)}
+    assert {"--chat", "--prompt", "--help"} <= flags
+    helped = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert helped.returncode == 0, helped.stderr
+    assert all(f in helped.stdout for f in flags - {"--help"}), helped.stdout
