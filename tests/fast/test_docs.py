@@ -53,3 +53,23 @@ def test_the_client_flags_the_readme_uses_exist() -> None:
     )  # fmt: skip
     assert helped.returncode == 0, helped.stderr
     assert all(f in helped.stdout for f in flags - {"--help"}), helped.stdout
+
+
+def test_the_grpcurl_requests_in_the_docs_are_valid_messages() -> None:
+    """Each ``grpcurl -d '{...}' ... backend.Backend/Method`` reads as the method's input
+    message, as grpcurl reads it (protobuf's JSON mapping: an unknown field is an error)."""
+    from google.protobuf import json_format
+
+    import backend_pb2
+
+    service = backend_pb2.DESCRIPTOR.services_by_name["Backend"]
+    checked = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for body, method in re.findall(
+            r"grpcurl [^\n]*?-d '([^']*)'[^\n]*?backend\.Backend/(\w+)", text
+        ):
+            message = getattr(backend_pb2, service.methods_by_name[method].input_type.name)
+            json_format.Parse(body, message())
+            checked.append(method)
+    assert {"Predict", "LoadModel"} <= set(checked)
