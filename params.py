@@ -97,7 +97,7 @@ KV_CACHE_TYPES = {
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Resolved sampling and stopping settings of one request (see the module table).
+    """Resolved sampling and stopping settings of one request (the fields: `parsing.fields`).
 
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
