@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -73,3 +74,40 @@ def test_the_grpcurl_requests_in_the_docs_are_valid_messages() -> None:
             json_format.Parse(body, message())
             checked.append(method)
     assert {"Predict", "LoadModel"} <= set(checked)
+
+
+# Set by the backend for itself (the fast-BLAS re-exec guard): nothing for a user to set.
+INTERNAL_ENV = {"LOCALAI_MLX_BLAS_REEXEC"}
+
+
+def product_files() -> list[Path]:
+    paths = [p for p in sorted(ROOT.glob("*.py")) if "pb2" not in p.name]
+    for package in sorted(ROOT.glob("*/__init__.py")):
+        if package.parent.name != "tests":
+            paths += sorted(package.parent.rglob("*.py"))
+    return paths
+
+
+def test_every_variable_of_ours_the_code_reads_has_a_row_in_operating() -> None:
+    ours = {
+        node.value
+        for path in product_files()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"LOCALAI_[A-Z0-9_]+", node.value)
+    }
+    assert {"LOCALAI_GRPC_AUTH_TOKEN", "LOCALAI_MLX_WARMUP"} <= ours
+    table = (ROOT / "docs" / "OPERATING.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", table, re.M))
+    assert ours - INTERNAL_ENV <= rows, sorted(ours - INTERNAL_ENV - rows)
+
+
+def test_every_flag_of_the_backend_is_documented() -> None:
+    flags = set()
+    for path in (ROOT / "edge" / "startup.py", ROOT / "engine" / "metrics.py"):
+        text = path.read_text(encoding="utf-8")
+        flags |= set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', text))
+    assert {"--addr", "--model", "--grace", "--worker"} <= flags
+    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
+    assert [f for f in sorted(flags) if not re.search(rf"{f}\b", docs)] == []
