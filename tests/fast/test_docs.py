@@ -1,4 +1,6 @@
-"""Commands the docs give a newcomer, run as written (what the reader types)."""
+"""Commands the docs give a newcomer, run as written (what the reader types), and the names
+they give (make targets, client and backend flags, environment variables, request bodies)
+checked against the code."""
 
 from __future__ import annotations
 
@@ -111,3 +113,13 @@ def test_every_flag_of_the_backend_is_documented() -> None:
     assert {"--addr", "--model", "--grace", "--worker"} <= flags
     docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
     assert [f for f in sorted(flags) if not re.search(rf"{f}\b", docs)] == []
+
+
+def test_every_prometheus_series_is_documented() -> None:
+    source = (ROOT / "engine" / "metrics.py").read_text(encoding="utf-8")
+    series = set(re.findall(r'PREFIX \+ "(\w+)"', source))
+    assert {"time_to_first_token_seconds", "preemptions", "memory_bytes"} <= series
+    page = (ROOT / "docs" / "OPERATING.md").read_text(encoding="utf-8")
+    metrics = page[page.index("## Metrics") : page.index("## Health")]
+    named = set(re.findall(r"`(\w+?)(?:_total)?(?:\{[^}]*\})?`", metrics))
+    assert series <= named, sorted(series - named)
