@@ -304,7 +304,9 @@ class OutputPipeline:
             if not _is_tool(seg.state) and _is_tool(seg.next_state):
                 self._tool_open = seg.marker
                 parser = self._tok.tool_parser if self._tools_on else None
-                self._streamer = BlockStreamer(parser, self._tools, self._next_index)
+                self._streamer = BlockStreamer(
+                    parser, self._tools, self._next_index, tool_formats.stream_of(self._tok)
+                )
                 self._keep = self._blocks.get(seg.next_state, _NO_BLOCK).keep
                 if self._keep:  # the marker is part of the calls' text
                     pieces += self._streamer.push(seg.marker)

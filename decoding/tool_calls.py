@@ -1,8 +1,9 @@
 """Tool calls: the `ToolCall` value, parsing one tool-call block, and streaming its arguments.
 
 Owns the text found *between* a model's tool-call markers (the markers themselves are found by
-`output.py`). Whole-block parsing is done by the tokenizer's mlx-lm tool parser
-(`mlx_lm/tool_parsers/*.py`, chosen by `mlx_lm.tokenizer_utils.load` from the chat template);
+`output.py`). Whole-block parsing is done by the tokenizer's tool parser (a format's of
+decoding/tool_formats/ where LocalAI's `tool_parser` names one, else mlx-lm's
+`mlx_lm/tool_parsers/*.py`, chosen by `mlx_lm.tokenizer_utils.load` from the chat template);
 this module checks its result and normalises it to OpenAI's shape, like mlx-lm's server
 `ToolCallFormatter`, except that a malformed call raises instead of being dropped.
 
@@ -11,38 +12,41 @@ name is known and their arguments open, then argument text follows in fragments 
 llama.cpp's shape: the first `ToolCallDelta` of a call has index, id and name with arguments
 "", later ones the same index and a fragment; LocalAI's Go side joins them by index).
 
-| mlx-lm parser (vLLM names)      | how arguments stream                                   |
-|---------------------------------|--------------------------------------------------------|
-| json_tools (hermes), internlm   | raw JSON text as generated                             |
-| jamba, granite (JSON lists)     | raw JSON text, call by call                            |
-| mistral `name[ARGS]{...}`       | raw JSON text, call by call                            |
-| kimi_k2                         | raw JSON text, call by call                            |
-| qwen3_coder (qwen3_xml)         | string values char by char, other values per parameter |
-| minimax_m2                      | string values char by char, other values per parameter |
-| glm47, laguna (glm45)           | per parameter; string-typed values (per `tools`) char by char |
-| mistral `[{...}]` list form     | whole, at the block's end                              |
-| pythonic, gemma4, function_gemma| whole, at the block's end                              |
-| longcat, minicpm5, muse_spark   | whole, at the block's end                              |
-| kimi_k3                         | whole, at the block's end                              |
+How a format's arguments stream is its own: `ToolFormat.stream` (decoding/tool_formats/, a
+`JsonStream` or an `XmlStream` declared in the format's module; for a parser mlx-lm inferred
+from the chat template, decoding/tool_formats/mlx_modules.py). The output pipeline hands it
+to the streamer (`tool_formats.stream_of`). The shapes:
+
+| `ToolFormat.stream`                     | formats (vLLM names)          | arguments stream   |
+|-----------------------------------------|-------------------------------|--------------------|
+| `JSON_OBJECT` (`{"name", "arguments"}`) | hermes, granite4, ernie45,    | raw JSON text as   |
+|                                         | internlm                      | generated          |
+| `JSON_LIST` (a list of those)           | jamba, granite, hunyuan_a13b  | raw JSON, by call  |
+| `JsonStream` of its own                 | mistral `NAME[ARGS]{...}`,    | raw JSON, by call  |
+|                                         | kimi_k2                       |                    |
+| `XmlStream`                             | qwen3_coder, qwen3_xml,       | string values char |
+|                                         | seed_oss, minimax_m2, glm45,  | by char, others    |
+|                                         | glm47                         | per parameter      |
+| None (`ToolFormat.whole` says why)      | pythonic, gemma4, openai, ... | whole, at the end  |
 
 Rules (what the final reply holds):
 - JSON formats stream the raw argument text; the final `arguments` is that raw text (valid JSON
   object text, checked at the end), not a re-serialisation, so it equals the concatenation.
 - XML-parameter formats stream JSON built the way `json.dumps(arguments, ensure_ascii=False)`
-  writes it, each value converted by mlx-lm's own parser when its parameter closes.
-- At the block's end the whole block is parsed by mlx-lm's parser. A streamed call whose name or
+  writes it, each value converted by the format's parser when its parameter closes.
+- At the block's end the whole block is parsed by the format's parser. A streamed call whose name or
   arguments disagree with that parse is *dropped* (a `ToolCallDelta(dropped=True)` for its
   index) and the parsed calls are emitted whole under new indices. If the block does not parse
   at all, every call streamed from it is dropped and the raw block (markers included) comes
   back as content. Dropped indices are never reused, so a client merging by index never mixes
   two calls; `merge_tool_call_deltas` leaves dropped calls out.
-- Formats marked "whole" (and any block whose start does not match the streamable shape, e.g.
-  keys in another order) emit each call as one delta with all four fields at the block's end.
+- Formats without a stream spec (and any block whose start does not match the streamable
+  shape, e.g. keys in another order, or mistral's `[{...}]` list form) emit each call as one
+  delta with all four fields at the block's end.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import secrets
@@ -182,16 +186,12 @@ _OBJ_HEAD = (
     r'\s*\{\s*"name"\s*:\s*(?P<name>' + _QUOTED + r")\s*,"
     r'\s*"(?:arguments|parameters)"\s*:\s*\{'
 )
-_KIMI_HEAD = (
-    r"\s*<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[^\s<:]+?):\d+)\s*"
-    r"<\|tool_call_argument_begin\|>\s*\{"
-)
-_MISTRAL_HEAD = r"\s*(?P<name>[\w-]+)\s*\[ARGS\]\s*\{"
 
 
 @dataclass(frozen=True)
-class _JsonSpec:
-    """Calls whose arguments are one raw JSON object after a head giving the name.
+class JsonStream:
+    """How a format's calls stream when their arguments are one raw JSON object after a
+    head giving the name (a format's `ToolFormat.stream`, decoding/tool_formats/).
 
     first / following: the head of the first / each later call, ending at the object's "{"
     (None: one call per block). quoted: the name group is a JSON string.
@@ -203,14 +203,19 @@ class _JsonSpec:
 
 
 @dataclass(frozen=True)
-class _XmlSpec:
-    """Calls with one element per parameter; values are converted by the mlx-lm parser.
+class XmlStream:
+    """How a format's calls stream when they have one element per parameter; each value is
+    converted by the format's whole-block parser (a format's `ToolFormat.stream`).
 
     call_open (group name) / call_close: around one call (call_close None: the call runs to
     the block's end). param_first / param_next (group key): a parameter's opening, ending
     where its value starts; value_close: the literal ending a value. synth_close: appended
     to a call's text so far to make it parseable. trim: how the parser trims string values
-    ("nl": one leading and one trailing newline; "strip": all surrounding whitespace).
+    ("nl": one leading and one trailing newline; "strip": all surrounding whitespace;
+    "none": as written). value_stop: literals that end a value left unclosed (not consumed);
+    close_follow: what must follow value_close for it to end the value; known_key(tools,
+    name, key): whether ``key`` is a declared parameter of tool ``name`` (with
+    close_follow / value_stop).
     """
 
     call_open: str
@@ -220,68 +225,18 @@ class _XmlSpec:
     call_close: str | None
     synth_close: str
     trim: str
-    value_stop: tuple[str, ...] = ()  # literals that end a value left unclosed (not consumed)
-    close_follow: str | None = None  # what must follow value_close for it to end the value
+    value_stop: tuple[str, ...] = ()
+    close_follow: str | None = None
+    known_key: Callable[[Any, str, str], bool] | None = None
 
 
-_SPECS: dict[str, _JsonSpec | _XmlSpec] = {
-    "json_tools": _JsonSpec(_OBJ_HEAD),
-    "json_list": _JsonSpec(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD),
-    "mistral": _JsonSpec(
-        _MISTRAL_HEAD, r"\s*(?:\[TOOL_CALLS\]\s*)?(?P<name>[\w-]+)\s*\[ARGS\]\s*\{", False
-    ),
-    "kimi_k2": _JsonSpec(_KIMI_HEAD, r"\s*<\|tool_call_end\|>" + _KIMI_HEAD, False),
-    "qwen3_coder": _XmlSpec(
-        call_open=r"\s*<function=(?P<name>[^\s<>]+)>",
-        param_first=r"\s*<parameter=(?P<key>[^\s<>]+)>",
-        param_next=r"\s*<parameter=(?P<key>[^\s<>]+)>",
-        value_close="</parameter>",
-        call_close=r"\s*</function>",
-        synth_close="</function>",
-        trim="nl",
-        # vLLM reads a parameter left unclosed up to the next one, and a close tag not
-        # followed by a declared parameter or the function's end as text
-        # (qwen3coder_tool_parser.py; decoding/tool_formats/qwen3_xml.py)
-        value_stop=("<parameter=",),
-        close_follow=r"\s*(?:<parameter=(?P<key>[^>]*)>|</function>(?P<end>))",
-    ),
-    "minimax_m2": _XmlSpec(
-        call_open=r"\s*<invoke name=(?P<name>[^>]+)>",
-        param_first=r"\s*<parameter name=(?P<key>[^>]+)>",
-        param_next=r"\s*<parameter name=(?P<key>[^>]+)>",
-        value_close="</parameter>",
-        call_close=r"\s*</invoke>",
-        synth_close="</invoke>",
-        trim="strip",
-    ),
-    "glm47": _XmlSpec(
-        call_open=r"\s*(?P<name>[^<\s][^<]*?)\s*<arg_key>",
-        param_first=r"(?P<key>[^<]*)</arg_key>\s*<arg_value>",
-        param_next=r"\s*<arg_key>(?P<key>[^<]*)</arg_key>\s*<arg_value>",
-        value_close="</arg_value>",
-        call_close=None,
-        synth_close="",
-        trim="strip",
-    ),
-}
-_SPECS["laguna"] = _SPECS["glm47"]
-# decoding/tool_formats/glm.py: string values as written (vLLM keeps their whitespace)
-_GLM47 = _SPECS["glm47"]
-assert isinstance(_GLM47, _XmlSpec)
-_SPECS["glm"] = dataclasses.replace(_GLM47, trim="none")
+StreamSpec = JsonStream | XmlStream
 
-STREAMED_FORMATS = tuple(sorted(_SPECS))  # formats whose arguments stream (others: whole)
-
-
-def stream_format(parser: ToolParser | None) -> str:
-    """The streaming format name of a tool parser: its `tool_stream_format` attribute, else
-    its mlx-lm module's name (e.g. "json_tools"); "" for an unknown parser (emitted whole)."""
-    if parser is None:
-        return ""
-    name = getattr(parser, "tool_stream_format", None)
-    if name is None:
-        name = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
-    return name if name in _SPECS else ""
+# The two JSON shapes several formats share: one `{"name", "arguments"}` object per block
+# (mlx-lm's json_tools: hermes, granite4, ernie45, internlm) and a JSON list of them
+# (jamba, granite, hunyuan_a13b).
+JSON_OBJECT = JsonStream(_OBJ_HEAD)
+JSON_LIST = JsonStream(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD)
 
 
 @dataclass
@@ -307,7 +262,9 @@ class BlockStreamer:
     """Streams the calls of one tool-call block as `ToolCallDelta`s while it is generated.
 
     parser: `TokenizerWrapper.tool_parser`; tools: the request's tool definitions (some
-    parsers type values from them); first_index: the index of the block's first call.
+    parsers type values from them); first_index: the index of the block's first call;
+    stream: how the format's arguments stream (its `ToolFormat.stream`,
+    `tool_formats.stream_of`; None: its calls are emitted whole at the block's end).
     `push(text)` takes the block's next text (markers excluded) and returns the deltas it
     completes; `close(complete)` ends the block and returns (deltas, whole calls, ok): ok is
     False when the block is malformed (then its text belongs in content, as the module
@@ -315,11 +272,15 @@ class BlockStreamer:
     """
 
     def __init__(
-        self, parser: ToolParser | None, tools: Sequence[dict] | None = None, first_index: int = 0
+        self,
+        parser: ToolParser | None,
+        tools: Sequence[dict] | None = None,
+        first_index: int = 0,
+        stream: StreamSpec | None = None,
     ) -> None:
         self._parser = parser
         self._tools = list(tools) if tools is not None else None
-        self._spec = _SPECS.get(stream_format(parser))
+        self._spec = stream if parser is not None else None
         self._buf = ""
         self._pos = 0
         self._state = "head" if self._spec is not None else "off"
@@ -349,9 +310,9 @@ class BlockStreamer:
         if self._state == "off" or not text:
             return out
         try:
-            if isinstance(self._spec, _JsonSpec):
+            if isinstance(self._spec, JsonStream):
                 self._step_json(out, self._spec)
-            elif isinstance(self._spec, _XmlSpec):
+            elif isinstance(self._spec, XmlStream):
                 self._step_xml(out, self._spec)
         except Exception as exc:  # a parser raising on a probe: stop streaming, parse at the end
             logger.debug("tool call streaming stopped: %s: %s", type(exc).__name__, exc)
@@ -366,7 +327,7 @@ class BlockStreamer:
         and the parsed calls from the first mismatch on are emitted whole under new indices.
         """
         out: list[ToolCallDelta] = []
-        xml = self._spec if isinstance(self._spec, _XmlSpec) else None
+        xml = self._spec if isinstance(self._spec, XmlStream) else None
         if complete and xml is not None and self._state == "between" and xml.call_close is None:
             self._end_xml_call(out)  # the call ends with the block
         parsed: list[ToolCall] = []
@@ -418,7 +379,7 @@ class BlockStreamer:
             return None
         return "partial" if m.partial else m
 
-    def _step_json(self, out: list[ToolCallDelta], spec: _JsonSpec) -> None:
+    def _step_json(self, out: list[ToolCallDelta], spec: JsonStream) -> None:
         while True:
             if self._state == "head":
                 pattern = spec.first if not self.calls else spec.following
@@ -465,7 +426,7 @@ class BlockStreamer:
             self.calls[-1].closed = True
             self._state = "head"
 
-    def _step_xml(self, out: list[ToolCallDelta], spec: _XmlSpec) -> None:
+    def _step_xml(self, out: list[ToolCallDelta], spec: XmlStream) -> None:
         while True:
             if self._state == "head":
                 m = self._match(spec.call_open)
@@ -514,25 +475,27 @@ class BlockStreamer:
             else:
                 return
 
-    def _value_end(self, region: str, spec: _XmlSpec) -> tuple[int | None, int, int | None]:
+    def _value_end(self, region: str, spec: XmlStream) -> tuple[int | None, int, int | None]:
         """Where the current value ends in ``region``: (end, length of the close to skip,
         None) once known; (None, 0, position text is held from) while undecided. With
         `close_follow`, a close counts only where a declared parameter or the function's
         end follows it (vLLM's rule; else it is the value's text), and an unclosed value
         ends at the next declared `<parameter=...>` (`value_stop`)."""
-        if spec.close_follow is None:
+        if spec.close_follow is None or spec.known_key is None:
             j = region.find(spec.value_close)
             return (None, 0, None) if j < 0 else (j, len(spec.value_close), None)
-        from decoding.tool_formats.qwen3_xml import _properties, known_key
+        name = self.calls[-1].name
 
-        props = _properties(self._tools, self.calls[-1].name)
+        def known_key(key: str) -> bool:
+            return spec.known_key is not None and spec.known_key(self._tools, name, key)
+
         close, stop = None, None
         j = region.find(spec.value_close)
         while j >= 0:
             m = regex.match(spec.close_follow, region, pos=j + len(spec.value_close), partial=True)
             if m is not None and m.partial:
                 return None, 0, j
-            if m is not None and (m.group("key") is None or known_key(m.group("key"), props)):
+            if m is not None and (m.group("key") is None or known_key(m.group("key"))):
                 close = j
                 break
             j = region.find(spec.value_close, j + 1)
@@ -543,7 +506,7 @@ class BlockStreamer:
                 if m is not None and m.partial:
                     return None, 0, k
                 key = m.group("key").strip() if m is not None else ""
-                if m is not None and known_key(key, props) and key not in self._call_keys:
+                if m is not None and known_key(key) and key not in self._call_keys:
                     stop = k if stop is None else min(stop, k)
                     break
                 k = region.find(literal, k + 1)
@@ -554,9 +517,9 @@ class BlockStreamer:
         return None, 0, None
 
     @property
-    def _xml(self) -> _XmlSpec:
+    def _xml(self) -> XmlStream:
         """The format of an XML-style block (only its paths ask)."""
-        if not isinstance(self._spec, _XmlSpec):
+        if not isinstance(self._spec, XmlStream):
             raise TypeError(f"not an XML-style tool-call format: {self._spec!r}")
         return self._spec
 

@@ -35,10 +35,11 @@ the tokenizer marks it special, e.g. Qwen's `<tool_call>`, is matched as that to
 the XML-parameter (qwen3_coder, glm47, minimax_m2), pythonic (pythonic, llama4_pythonic,
 olmo3) and Harmony (openai) ones in `decoding.call_formats`. Each is its format's
 `ToolFormat.grammar` (decoding/tool_formats/), found through the format the tokenizer
-carries (`format_name`), or for a parser mlx-lm inferred from the chat template, by its
-module (json_tools, pythonic). A format without a grammar (jamba,
-granite, phi4_mini_json, mistral, ...) with a grammar asked for is FAILED_PRECONDITION
-naming the field that asked; LocalAI's own function grammar (`Grammar`) covers them.
+carries (`format_name`), or for a parser mlx-lm inferred from the chat template, its
+module's (decoding/tool_formats/mlx_modules.py: json_tools, pythonic, minimax_m2). A
+format without a grammar (jamba, granite, phi4_mini_json, mistral, ...) with a grammar
+asked for is FAILED_PRECONDITION naming the field that asked; LocalAI's own function
+grammar (`Grammar`) covers them.
 
 JSON inside a call is written on one line with ", " and ": " (as `decoding.grammar`'s JSON
 schemas), so a sampled small model cannot pad a call with newlines until max_tokens.
@@ -108,40 +109,49 @@ def grammars() -> dict[str, Callable[[str, str], ToolFormat | CallFormat]]:
 
 GRAMMARS = grammars()
 
-# mlx-lm's own parser modules (a parser mlx-lm inferred from the chat template, no
-# `tool_parser` hint, so no registered format on the tokenizer) -> the format they read.
-_MLX_MODULES = {
-    "mlx_lm.tool_parsers.json_tools": "hermes",
-    # LFM2's `<|tool_call_start|>[...]<|tool_call_end|>`: the pythonic builder given those
-    # markers writes that block.
-    "mlx_lm.tool_parsers.pythonic": "pythonic",
-}
-
 
 def format_name(tokenizer: Any) -> str | None:
-    """The vLLM name of the tool format in effect that has a call grammar, or None: the
-    format a `tool_parser` hint installed (`tool_formats.of`, its `grammar`), else the
-    format of the mlx-lm parser module inferred from the chat template."""
-    fmt = tool_formats.of(tokenizer)
-    if fmt is not None:
-        return fmt.name if fmt.grammar is not None else None
-    parser = getattr(tokenizer, "tool_parser", None)
-    if parser is None:
-        return None
-    return _MLX_MODULES.get(getattr(parser, "__module__", ""))
+    """The name of the tool format in effect that has a call grammar, or None: the format a
+    `tool_parser` hint installed (`tool_formats.of`), else the format of the mlx-lm parser
+    module inferred from the chat template (decoding/tool_formats/mlx_modules.py, named as
+    its module: "json_tools", "pythonic", ...); `tool_formats.in_effect` finds either."""
+    fmt = tool_formats.in_effect(tokenizer)
+    return fmt.name if fmt is not None and fmt.grammar is not None else None
 
 
 def tool_format(tokenizer: Any) -> ToolFormat | CallFormat | None:
     """The call format of the tool parser in effect (`format_name`), with the tokenizer's
     own markers; None for a format without a tool-call grammar."""
-    name = format_name(tokenizer)
-    if name is None:
+    fmt = tool_formats.in_effect(tokenizer)
+    if fmt is None or fmt.grammar is None:
         return None
     start = getattr(tokenizer, "tool_call_start", "") or ""
     end = getattr(tokenizer, "tool_call_end", "") or ""
-    fmt = tool_formats.of(tokenizer)
-    build = fmt.grammar if fmt is not None and fmt.grammar is not None else GRAMMARS[name]
-    return build(start, end)
+    start, end = _model_markers(tokenizer, fmt, start, end)
+    built: ToolFormat | CallFormat = fmt.grammar(start, end)
+    return built
+
+
+def _model_markers(
+    tokenizer: Any, fmt: tool_formats.ToolFormat, start: str, end: str
+) -> tuple[str, str]:
+    """The markers the grammar writes: the format's main ones, unless their opening marker
+    is no special token of this vocabulary and another block's pair is (the model's own:
+    `pythonic` on LFM2 writes `<|tool_call_start|>[...]<|tool_call_end|>`, the block both
+    vLLM, through its skipped special tokens, and mlx-lm read)."""
+    others = [b for b in fmt.more if b.end and not b.keep]
+    if not others:
+        return start, end
+    try:
+        special = _special_finder(tokenizer)
+    except Exception:  # no llguidance view of this tokenizer: the main markers
+        return start, end
+    if special(start) is not None:
+        return start, end
+    for block in others:
+        if special(block.start) is not None and special(block.end) is not None:
+            return block.start, block.end
+    return start, end
 
 
 def declared_tools(tools: Any) -> dict[str, dict[str, Any]]:

@@ -1,18 +1,25 @@
 """Tool-call formats, one object per format, registered by vLLM's parser name.
 
-A `ToolFormat` holds what the output pipeline needs to find and read one model family's
-tool calls: the markers that open and close a block (`start` / `end`, plus `also_start`
-markers that open one anywhere and `content_start` markers that open one only where the
-content starts, as vLLM's pythonic parsers look at the output's start), the whole-block
-parser (`parse(text, tools)` -> a call dict or a list of them, raising on malformed text)
-and its tool-call grammar builder (`grammar`, from decoding/call_formats.py; what
-decoding/tool_grammar.py builds the request's grammar with).
+A `ToolFormat` holds all that the output pipeline and the tool-call grammar need to find,
+read, stream and constrain one model family's tool calls:
+- its markers: the block's `start` / `end`, and other blocks it reads (`more`, `Block`s;
+  `at_content_start` ones open only where the content starts, as vLLM's pythonic parsers
+  look at the output's start);
+- the whole-block parser (`parse(text, tools)` -> a call dict or a list of them, raising on
+  malformed text);
+- the streaming parse (`stream`: a `tool_calls.JsonStream` or `XmlStream`, what
+  `tool_calls.BlockStreamer` streams the arguments by), or `whole`: why its calls are
+  emitted whole at the block's end instead;
+- its tool-call grammar builder (`grammar`, from decoding/call_formats.py; what
+  decoding/tool_grammar.py builds the request's grammar with), None where it has none.
 
 Adding a format is one module here that calls `register(ToolFormat(...))`, plus its vLLM
 cases in tests/vllm_parser_cases.py. `decoding.parsers` resolves LocalAI's `tool_parser`
 names here (`resolve_tool_format`) and installs the format on the tokenizer (`of` reads it
-back). How each format's arguments stream is the parser's `tool_stream_format` (the specs of
-decoding/tool_calls.py).
+back). Without a `tool_parser` name, mlx-lm's own parser module inferred from the chat
+template is in effect: mlx_modules.py describes those modules as formats too (their
+markers, stream and grammar; `describe_mlx_lm`, found by the parser function:
+`for_parser`), unregistered; `in_effect` finds either.
 """
 
 from __future__ import annotations
@@ -23,9 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from decoding.tool_calls import StreamSpec
+
 ToolParser = Callable[[str, Any], Any]
 
-__all__ = ["ToolFormat", "get", "names", "of", "register"]
+__all__ = [
+    "ToolFormat",
+    "describe_mlx_lm",
+    "for_parser",
+    "get",
+    "in_effect",
+    "names",
+    "of",
+    "register",
+    "stream_of",
+]
 
 
 @dataclass(frozen=True)
@@ -46,8 +65,7 @@ class Block:
 @dataclass(frozen=True)
 class ToolFormat:
     """One tool-call format. name: vLLM's parser name; parse: the whole-block parser (the
-    text of one block; an mlx-lm-style `tool_stream_format` attribute on it, if any, names
-    how its arguments stream: decoding/tool_calls.py); start / end: the block's markers
+    text of one block); start / end: the block's markers
     (end "": to the end of the output), what ModelMetadata shows; more: other blocks the
     format reads (`Block`); content_start_after: where an at_content_start block may open
     besides the start of the content; trim_content: whitespace between the content and a
@@ -56,7 +74,10 @@ class ToolFormat:
     of the content where they stray (a `</tool_call>` after a call without its opening
     marker); grammar: the tool-call
     grammar builder (`call_formats.GRAMMARS`: tokenizer markers (start, end) -> the call
-    format `tool_grammar.build_grammar` takes), None where the format has none yet."""
+    format `tool_grammar.build_grammar` takes), None where the format has none yet;
+    stream: how its calls' arguments stream while generated (`tool_calls.JsonStream` /
+    `XmlStream`), None: each call is emitted whole at the block's end, and `whole` says
+    why (every format has one or the other: tests/fast/test_tool_calls_streaming.py)."""
 
     name: str
     parse: ToolParser
@@ -70,6 +91,8 @@ class ToolFormat:
     blank_content: bool = False
     strip: tuple[str, ...] = ()
     grammar: Callable[..., Any] | None = None
+    stream: StreamSpec | None = None
+    whole: str = ""
 
     @property
     def blocks(self) -> tuple[Block, ...]:
@@ -83,10 +106,13 @@ class ToolFormat:
             "start": self.start,
             "end": self.end,
             "more": [(b.start, b.end) for b in self.more],
+            "streams": self.stream is not None,
         }
 
 
 _REGISTRY: dict[str, ToolFormat] = {}
+_MLX_LM: dict[Any, ToolFormat] = {}  # mlx-lm's parser function -> its module's format
+_loaded = False
 
 
 def register(fmt: ToolFormat) -> ToolFormat:
@@ -97,10 +123,22 @@ def register(fmt: ToolFormat) -> ToolFormat:
     return fmt
 
 
+def describe_mlx_lm(fmt: ToolFormat) -> ToolFormat:
+    """Add ``fmt`` as the format of mlx-lm's parser function ``fmt.parse`` (mlx_modules.py;
+    not registered by name: mlx-lm infers these from the chat template). The first format
+    given a function keeps it (laguna's parser is glm47's)."""
+    _MLX_LM.setdefault(fmt.parse, fmt)
+    return fmt
+
+
 def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
+    _loaded = True
 
 
 def get(name: str) -> ToolFormat | None:
@@ -122,3 +160,29 @@ def of(tokenizer: Any) -> ToolFormat | None:
     Hugging Face tokenizer."""
     fmt = vars(tokenizer).get("_tool_format") if hasattr(tokenizer, "__dict__") else None
     return fmt if isinstance(fmt, ToolFormat) else None
+
+
+def in_effect(tokenizer: Any) -> ToolFormat | None:
+    """The tool format ``tokenizer`` reads calls by: the one a `tool_parser` name installed
+    (`of`), else mlx-lm's own parser module inferred from the chat template
+    (`for_parser`); None for a tokenizer without a tool parser, or one whose
+    mlx-lm module is not described there (its calls are emitted whole, no grammar)."""
+    fmt = of(tokenizer)
+    return fmt if fmt is not None else for_parser(getattr(tokenizer, "tool_parser", None))
+
+
+def for_parser(parser: Any) -> ToolFormat | None:
+    """The format of mlx-lm's parser function ``parser`` (a `TokenizerWrapper.tool_parser`
+    mlx-lm chose from the chat template: mlx_modules.py), or None (no parser, or one not
+    described there)."""
+    _load_all()
+    try:
+        return _MLX_LM.get(parser)
+    except TypeError:  # an unhashable stand-in
+        return None
+
+
+def stream_of(tokenizer: Any) -> StreamSpec | None:
+    """How the calls of the format in effect stream (`ToolFormat.stream`; None: whole)."""
+    fmt = in_effect(tokenizer)
+    return fmt.stream if fmt is not None else None

@@ -36,5 +36,6 @@ def _deepseek_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
 
 
 _B, _E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-DEEPSEEK_V3 = register(ToolFormat("deepseek_v3", _deepseek_parser, _B, _E))
-DEEPSEEK_V31 = register(ToolFormat("deepseek_v31", _deepseek_parser, _B, _E))
+_WHOLE = "no streaming parse yet: each call is read when the block closes"
+DEEPSEEK_V3 = register(ToolFormat("deepseek_v3", _deepseek_parser, _B, _E, whole=_WHOLE))
+DEEPSEEK_V31 = register(ToolFormat("deepseek_v31", _deepseek_parser, _B, _E, whole=_WHOLE))

@@ -65,5 +65,11 @@ def parse(text: str, tools: Any = None) -> Any:
 
 
 DEEPSEEK_V32 = register(
-    ToolFormat("deepseek_v32", parse, "<｜DSML｜function_calls>", "</｜DSML｜function_calls>")
+    ToolFormat(
+        "deepseek_v32",
+        parse,
+        "<｜DSML｜function_calls>",
+        "</｜DSML｜function_calls>",
+        whole="no streaming parse yet: values typed by the schema when the block closes",
+    )
 )

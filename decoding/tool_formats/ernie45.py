@@ -8,6 +8,7 @@ from __future__ import annotations
 from mlx_lm.tool_parsers import json_tools
 
 from decoding import call_formats
+from decoding.tool_calls import JSON_OBJECT
 from decoding.tool_formats import ToolFormat, register
 
 ERNIE45 = register(
@@ -18,5 +19,6 @@ ERNIE45 = register(
         "</tool_call>",
         trim_content=True,
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )

@@ -51,6 +51,11 @@ def parse(text: str, tools: Any = None) -> dict[str, Any]:
 
 FUNCTIONGEMMA = register(
     ToolFormat(
-        "functiongemma", parse, "<start_function_call>", "<end_function_call>", trim_content=True
+        "functiongemma",
+        parse,
+        "<start_function_call>",
+        "<end_function_call>",
+        trim_content=True,
+        whole="a value is JSON or text only once its `<escape>` closes: read at the end",
     )
 )

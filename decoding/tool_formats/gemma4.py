@@ -128,5 +128,12 @@ def parse(text: str, tools: Any = None) -> dict[str, Any]:
 
 
 GEMMA4 = register(
-    ToolFormat("gemma4", parse, start="<|tool_call>", end="<tool_call|>", trim_content=True)
+    ToolFormat(
+        "gemma4",
+        parse,
+        start="<|tool_call>",
+        end="<tool_call|>",
+        trim_content=True,
+        whole='its bare keys and `<|"|>` strings become JSON only when read whole',
+    )
 )

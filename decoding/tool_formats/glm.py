@@ -21,6 +21,7 @@ import regex
 from mlx_lm.tool_parsers import glm47
 
 from decoding import call_formats
+from decoding.tool_calls import XmlStream
 from decoding.tool_formats import ToolFormat, register
 from decoding.tool_formats.qwen3_xml import _properties, _type_of
 
@@ -59,9 +60,23 @@ def parse(text: str, tools: Any = None) -> dict[str, Any]:
     return {"name": name, "arguments": args}
 
 
-parse.tool_stream_format = "glm"  # type: ignore[attr-defined]
+# String values as written (vLLM keeps their whitespace; mlx-lm's glm47 strips them:
+# mlx_modules.py).
+STREAM = XmlStream(
+    call_open=r"\s*(?P<name>[^<\s][^<]*?)\s*<arg_key>",
+    param_first=r"(?P<key>[^<]*)</arg_key>\s*<arg_value>",
+    param_next=r"\s*<arg_key>(?P<key>[^<]*)</arg_key>\s*<arg_value>",
+    value_close="</arg_value>",
+    call_close=None,
+    synth_close="",
+    trim="none",
+)
 
 _MARKERS = ("<tool_call>", "</tool_call>")
 _GRAMMAR = call_formats.GRAMMARS["glm47"]
-GLM45 = register(ToolFormat("glm45", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR))
-GLM47 = register(ToolFormat("glm47", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR))
+GLM45 = register(
+    ToolFormat("glm45", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR, stream=STREAM)
+)
+GLM47 = register(
+    ToolFormat("glm47", parse, *_MARKERS, blank_content=True, grammar=_GRAMMAR, stream=STREAM)
+)

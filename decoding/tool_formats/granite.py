@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from decoding.tool_calls import JSON_LIST
 from decoding.tool_formats import Block, ToolFormat, register
 
 _DECODER = json.JSONDecoder()
@@ -31,6 +32,6 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return out
 
 
-parse.tool_stream_format = "json_list"  # type: ignore[attr-defined]
-
-GRANITE = register(ToolFormat("granite", parse, "<|tool_call|>", more=(Block("<tool_call>"),)))
+GRANITE = register(
+    ToolFormat("granite", parse, "<|tool_call|>", more=(Block("<tool_call>"),), stream=JSON_LIST)
+)

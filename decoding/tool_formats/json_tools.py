@@ -11,6 +11,7 @@ from typing import Any
 from mlx_lm.tool_parsers import json_tools as _mlx_json_tools
 
 from decoding import call_formats
+from decoding.tool_calls import JSON_LIST, JSON_OBJECT
 from decoding.tool_formats import ToolFormat, register
 
 
@@ -24,11 +25,6 @@ def _json_list_parser(text: str, tools: Any = None) -> Any:
     return json.loads(text.strip())
 
 
-# Read by tool_calls.stream_format (a function attribute, which mypy cannot declare).
-_json_object_parser.tool_stream_format = "json_tools"  # type: ignore[attr-defined]
-_json_list_parser.tool_stream_format = "json_list"  # type: ignore[attr-defined]
-
-
 HERMES = register(
     ToolFormat(
         "hermes",
@@ -36,6 +32,7 @@ HERMES = register(
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
@@ -45,9 +42,18 @@ GRANITE4 = register(  # <tool_call>{"name", "arguments"}</tool_call>, as hermes
         "<tool_call>",
         "</tool_call>",
         grammar=call_formats.json_tools,
+        stream=JSON_OBJECT,
     )
 )
 INTERNLM = register(
-    ToolFormat("internlm", _json_object_parser, "<|action_start|><|plugin|>", "<|action_end|>")
+    ToolFormat(
+        "internlm",
+        _json_object_parser,
+        "<|action_start|><|plugin|>",
+        "<|action_end|>",
+        stream=JSON_OBJECT,
+    )
 )
-JAMBA = register(ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>"))
+JAMBA = register(
+    ToolFormat("jamba", _json_list_parser, "<tool_calls>", "</tool_calls>", stream=JSON_LIST)
+)

@@ -18,6 +18,7 @@ from typing import Any
 import regex
 from mlx_lm.tool_parsers import kimi_k2
 
+from decoding.tool_calls import JsonStream
 from decoding.tool_formats import ToolFormat, register
 
 _CALL = regex.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_end\|>", regex.S)
@@ -70,6 +71,12 @@ def parse(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
-parse.tool_stream_format = "kimi_k2"  # type: ignore[attr-defined]
+_HEAD = (  # `<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{`
+    r"\s*<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[^\s<:]+?):\d+)\s*"
+    r"<\|tool_call_argument_begin\|>\s*\{"
+)
+STREAM = JsonStream(_HEAD, r"\s*<\|tool_call_end\|>" + _HEAD, quoted=False)
 
-KIMI_K2 = register(ToolFormat("kimi_k2", parse, kimi_k2.tool_call_start, kimi_k2.tool_call_end))
+KIMI_K2 = register(
+    ToolFormat("kimi_k2", parse, kimi_k2.tool_call_start, kimi_k2.tool_call_end, stream=STREAM)
+)

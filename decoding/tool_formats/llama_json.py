@@ -58,9 +58,10 @@ def _llama_json_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
 
 
 _GRAMMAR = call_formats.llama_json
+_WHOLE = "a JSON object is a call only once whole (no `parameters`: content)"
 LLAMA3_JSON = register(
-    ToolFormat("llama3_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR)
+    ToolFormat("llama3_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR, whole=_WHOLE)
 )
 LLAMA4_JSON = register(
-    ToolFormat("llama4_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR)
+    ToolFormat("llama4_json", _llama_json_parser, LLAMA_JSON_START, grammar=_GRAMMAR, whole=_WHOLE)
 )

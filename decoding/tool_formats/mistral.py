@@ -8,6 +8,7 @@ from typing import Any
 
 import regex
 
+from decoding.tool_calls import JsonStream
 from decoding.tool_formats import ToolFormat, register
 from decoding.tool_formats.llama_json import _DECODER, _call
 
@@ -52,7 +53,16 @@ def _mistral_parser(text: str, tools: Any = None) -> Any:
     return calls
 
 
-_mistral_parser.tool_stream_format = "mistral"  # type: ignore[attr-defined]
-
-
-MISTRAL = register(ToolFormat("mistral", _mistral_parser, "[TOOL_CALLS]"))
+MISTRAL = register(
+    ToolFormat(
+        "mistral",
+        _mistral_parser,
+        "[TOOL_CALLS]",
+        # `NAME[ARGS]{...}` calls stream (the `[{...}]` list form is emitted whole)
+        stream=JsonStream(
+            r"\s*(?P<name>[\w-]+)\s*\[ARGS\]\s*\{",
+            r"\s*(?:\[TOOL_CALLS\]\s*)?(?P<name>[\w-]+)\s*\[ARGS\]\s*\{",
+            quoted=False,
+        ),
+    )
+)

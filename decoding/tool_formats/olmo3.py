@@ -49,5 +49,6 @@ OLMO3 = register(
         "<function_calls>",
         "</function_calls>",
         grammar=call_formats.GRAMMARS["olmo3"],
+        whole="pythonic calls: Python literals are read when the block closes",
     )
 )

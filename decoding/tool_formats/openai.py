@@ -32,6 +32,10 @@ def _harmony_parser(text: str, tools: Any = None) -> dict[str, Any]:
 HARMONY_TOOL_START = " to=functions."
 OPENAI = register(
     ToolFormat(
-        "openai", _harmony_parser, HARMONY_TOOL_START, grammar=call_formats.GRAMMARS["openai"]
+        "openai",
+        _harmony_parser,
+        HARMONY_TOOL_START,
+        grammar=call_formats.GRAMMARS["openai"],
+        whole="the call message is read when `<|call|>` ends it",
     )
 )

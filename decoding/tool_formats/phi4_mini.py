@@ -20,4 +20,11 @@ def _phi4_mini_parser(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return [_call(c) for c in calls]
 
 
-PHI4_MINI_JSON = register(ToolFormat("phi4_mini_json", _phi4_mini_parser, "functools["))
+PHI4_MINI_JSON = register(
+    ToolFormat(
+        "phi4_mini_json",
+        _phi4_mini_parser,
+        "functools[",
+        whole="no streaming parse yet: the list is read at the end",
+    )
+)

@@ -1,5 +1,6 @@
-"""pythonic and llama4_pythonic: a Python list of keyword calls, `[f(a=1), g(b='x')]`.
-llama4_pythonic also reads the JSON call the Llama 4 chat template asks for.
+"""pythonic, llama4_pythonic and lfm2: a Python list of keyword calls, `[f(a=1), g(b='x')]`.
+llama4_pythonic also reads the JSON call the Llama 4 chat template asks for; lfm2 (LFM2 /
+LFM2.5) wraps the list in `<|tool_call_start|>` ... `<|tool_call_end|>`.
 
 vLLM (vllm/tool_parsers/pythonic_tool_parser.py, llama4_pythonic_tool_parser.py) reads the
 list only where the output starts with it (Llama 4 may wrap it in `<|python_start|>` ...
@@ -10,6 +11,14 @@ Ours, not mlx-lm's mlx_lm/tool_parsers/pythonic.py: that one reads the list betw
 convertible, and falls back to a regex that turns a broken list into a wrong call; vLLM's
 tests (tests/tool_parsers/test_pythonic_tool_parser.py, bad sibling / unparsable sibling /
 non-finite argument) keep the good calls and leave out only the bad one.
+
+LFM2: vLLM's lfm2_tool_parser.py reads the list between those two markers, anywhere in the
+output, and strips the content around it (tests/tool_parsers/test_lfm2_tool_parser.py).
+`pythonic` reads that block too: in vLLM the markers are special tokens that decoding skips
+(skip_special_tokens, the default), so vLLM's pythonic parser sees LFM2's bare list; mlx-lm
+infers its pythonic parser, which reads exactly this block, for LFM2 (`_infer_tool_parser`
+in mlx_lm/tokenizer_utils.py); LocalAI's importer writes no tool_parser for LFM2
+(core/config/parser_defaults.json has no lfm2 family), so both names may meet it.
 """
 
 from __future__ import annotations
@@ -128,8 +137,21 @@ def parse_llama4(text: str, tools: Any = None) -> Any:
 
 
 _GRAMMAR = call_formats.GRAMMARS["pythonic"]
+LFM2_MARKERS = ("<|tool_call_start|>", "<|tool_call_end|>")
+# vLLM drops a call that is not convertible while keeping its siblings: known only once
+# the list closes.
+_WHOLE = "Python literals: the list is read when it closes"
 PYTHONIC = register(
-    ToolFormat("pythonic", parse, "[", at_content_start=True, keep=True, grammar=_GRAMMAR)
+    ToolFormat(
+        "pythonic",
+        parse,
+        "[",
+        at_content_start=True,
+        keep=True,
+        more=(Block(*LFM2_MARKERS),),
+        grammar=_GRAMMAR,
+        whole=_WHOLE,
+    )
 )
 LLAMA4_PYTHONIC = register(
     ToolFormat(
@@ -142,5 +164,9 @@ LLAMA4_PYTHONIC = register(
             Block('{"name"', keep=True),
         ),
         grammar=_GRAMMAR,
+        whole=_WHOLE,
     )
+)
+LFM2 = register(
+    ToolFormat("lfm2", parse, *LFM2_MARKERS, trim_content=True, grammar=_GRAMMAR, whole=_WHOLE)
 )

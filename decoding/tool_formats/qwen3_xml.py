@@ -32,6 +32,7 @@ from typing import Any
 import regex
 
 from decoding import call_formats
+from decoding.tool_calls import XmlStream
 from decoding.tool_formats import Block, ToolFormat, register
 
 _FUNCTION = regex.compile(
@@ -183,14 +184,47 @@ def parse(text: str, tools: Any = None) -> Any:
     return calls[0] if len(calls) == 1 else calls
 
 
-parse.tool_stream_format = "qwen3_coder"  # type: ignore[attr-defined]
+def _declared(tools: Any, name: str, key: str) -> bool:
+    return known_key(key, _properties(tools, name))
+
+
+STREAM = XmlStream(
+    call_open=r"\s*<function=(?P<name>[^\s<>]+)>",
+    param_first=r"\s*<parameter=(?P<key>[^\s<>]+)>",
+    param_next=r"\s*<parameter=(?P<key>[^\s<>]+)>",
+    value_close="</parameter>",
+    call_close=r"\s*</function>",
+    synth_close="</function>",
+    trim="nl",
+    # vLLM reads a parameter left unclosed up to the next one, and a close tag not
+    # followed by a declared parameter or the function's end as text (`_params`)
+    value_stop=("<parameter=",),
+    close_follow=r"\s*(?:<parameter=(?P<key>[^>]*)>|</function>(?P<end>))",
+    known_key=_declared,
+)
 
 _BLOCKS = (Block("<function=", "</function>", keep=True),)
 _MARKERS = ("<tool_call>", "</tool_call>")
 _GRAMMAR = call_formats.GRAMMARS["qwen3_coder"]
 QWEN3_XML = register(
-    ToolFormat("qwen3_xml", parse, *_MARKERS, more=_BLOCKS, strip=_MARKERS[1:], grammar=_GRAMMAR)
+    ToolFormat(
+        "qwen3_xml",
+        parse,
+        *_MARKERS,
+        more=_BLOCKS,
+        strip=_MARKERS[1:],
+        grammar=_GRAMMAR,
+        stream=STREAM,
+    )
 )
 QWEN3_CODER = register(
-    ToolFormat("qwen3_coder", parse, *_MARKERS, more=_BLOCKS, strip=_MARKERS[1:], grammar=_GRAMMAR)
+    ToolFormat(
+        "qwen3_coder",
+        parse,
+        *_MARKERS,
+        more=_BLOCKS,
+        strip=_MARKERS[1:],
+        grammar=_GRAMMAR,
+        stream=STREAM,
+    )
 )

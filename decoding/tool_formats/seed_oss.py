@@ -6,6 +6,8 @@ qwen3_coder parser (values typed by the declared tool's schema; streamed per par
 from __future__ import annotations
 
 from decoding.tool_formats import ToolFormat, register
-from decoding.tool_formats.qwen3_xml import parse
+from decoding.tool_formats.qwen3_xml import STREAM, parse
 
-SEED_OSS = register(ToolFormat("seed_oss", parse, "<seed:tool_call>", "</seed:tool_call>"))
+SEED_OSS = register(
+    ToolFormat("seed_oss", parse, "<seed:tool_call>", "</seed:tool_call>", stream=STREAM)
+)

@@ -42,5 +42,6 @@ XLAM = register(
         more=(Block("[TOOL_CALLS]"), Block("<tool_call>", "</tool_call>"), Block("```json", "```")),
         content_start_after=("</think>",),
         trim_content=True,
+        whole="a list is calls only where it parses whole; else it is content",
     )
 )

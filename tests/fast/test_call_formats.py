@@ -126,6 +126,7 @@ FORMATS = {
     "glm45": (GLM, GLM_BAD),
     "minimax_m2": (MINIMAX, MINIMAX_BAD),
     "pythonic": (PYTHONIC, {k: "[" + v for k, v in PY_BAD.items()}),
+    "lfm2": (MLX_PYTHONIC, {k: "<|tool_call_start|>[" + v for k, v in PY_BAD.items()}),
     "olmo3": (OLMO, {k: "<function_calls>\n" + v for k, v in PY_BAD.items()}),
     "openai": (HARMONY, HARMONY_BAD),
 }
@@ -287,6 +288,7 @@ GRPC_FORMATS = {
     "qwen3_coder": ["<tool_call>", "b:\n<function=kill>\n</function>\n", "</tool_call>"],
     "glm47": ["<tool_call>", "b:kill", "</tool_call>"],
     "pythonic": ["b:[kill(unit='c')]"],
+    "lfm2": ["b:<|tool_call_start|>[kill(unit='c')]<|tool_call_end|>"],  # markers as text here
 }
 
 
