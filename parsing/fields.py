@@ -192,7 +192,7 @@ MODEL_FIELDS: tuple[Field, ...] = (
     _read("LoraAdapter LoraAdapters LoraScale LoraScales", "no adapter; scale as trained",
           "one mlx-lm adapter directory, its trained scale multiplied by `LoraScale` (≥ 0; "
           "0 = as trained); merged into dense weights"),
-    _read("Seed NBatch", "random; option `prefill_step_size`, else 512",
+    _read("Seed NBatch", f"random; option `prefill_step_size`, else {options.DEFAULT_PREFILL_STEP}",
           "default request seed (option `seed` wins); prefill chunk in tokens (option "
           "`prefill_step_size` wins)"),
     _read("GrammarTriggers", "the grammar applies from the first token",
