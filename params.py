@@ -45,6 +45,7 @@ from parsing.fields import (  # re-exported: prompting/fit.py, tests
 )
 from parsing.fields import (
     DEFAULT_REPETITION_CONTEXT_SIZE,
+    KV_CACHE_TYPES,
     LOGIT_BIAS_LIMIT,
     MAX_NDRAFT,
     MAX_TOP_LOGPROBS,
@@ -88,11 +89,6 @@ from parsing.volatile_spans import read as read_volatile_spans
 
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: capped to the context left and MAX_TOKENS_CAP
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
-# llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
-KV_CACHE_TYPES = {
-    "": None, "f32": None, "f16": None, "bf16": None,
-    "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)

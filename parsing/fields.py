@@ -27,6 +27,12 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at Ope
 DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
 MAX_NDRAFT = 64  # PredictOptions.NDraft's bound (option num_draft_tokens has the same)
+# ModelOptions.CacheTypeKey/Value: llama.cpp cache type names -> MLX KV quantization bits
+# (None = not quantized).
+KV_CACHE_TYPES = {
+    "": None, "f32": None, "f16": None, "bf16": None,
+    "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4,
+}  # fmt: skip
 
 Status = Literal["read", "refused", "ignored"]
 
@@ -187,8 +193,11 @@ MODEL_FIELDS: tuple[Field, ...] = (
           "directory, so under LocalAI it is a local MLX directory (or `.gguf`) below the "
           "models directory, not a hub id"),
     _read("CacheTypeKey CacheTypeValue", "KV not quantized",
-          "quantized KV cache: `q8_0`, `q6_k`, `q5_0`, `q5_1`, `q4_0`, `q4_1` (both must "
-          "agree), `f16`/`f32`/`bf16` = not quantized; option `kv_bits` wins"),
+          "quantized KV cache: "
+          + ", ".join(f"`{k}`" for k, bits in KV_CACHE_TYPES.items() if bits)
+          + " (both must agree), "
+          + "/".join(f"`{k}`" for k, bits in KV_CACHE_TYPES.items() if k and not bits)
+          + " = not quantized; option `kv_bits` wins"),
     _read("LoraAdapter LoraAdapters LoraScale LoraScales", "no adapter; scale as trained",
           "one mlx-lm adapter directory, its trained scale multiplied by `LoraScale` (≥ 0; "
           "0 = as trained); merged into dense weights"),
