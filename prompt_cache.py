@@ -1,23 +1,34 @@
 """Thread-safe LRU prefix cache of mlx-lm KV caches, keyed by (model key, token ids).
 
 Owns: storing the per-layer KV cache objects (``mlx_lm.models.cache``) of finished or
-cancelled sequences, finding the stored entry that saves the most prefill for a new
-prompt (exact, shorter-prefix or longer-and-trimmed match), handing out private deep
-copies, bounding memory by entry count and bytes with true-LRU eviction, and counting
-hits, misses, reused tokens and evictions, and telling how near a prompt comes to what is
-stored and to what was evicted last (``nearest``: engine/divergence.py's miss reasons).
-Never imports grpc or runs a model.
+cancelled sequences, finding what saves the most prefill for a new prompt (exact,
+shorter-prefix or longer-and-trimmed match), handing out private copies, bounding memory
+by entry count and bytes with least-recently-used eviction, and counting hits, misses,
+reused tokens and evictions, and telling how near a prompt comes to what is stored and to
+what was evicted last (``nearest``: engine/divergence.py's miss reasons). Never imports
+grpc or runs a model.
 
-Every stored entry is a :func:`materialize` copy: a KV cut from a BatchGenerator batch
-(``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice whose graph keeps the
-whole batch buffer alive (measured: 94 MB held for an entry reporting 0.7 MB), so the
-byte bound only bounds memory once each entry owns buffers holding exactly its tokens.
+Shared prefixes are stored once (issue 38): agents' sessions on one system prompt and
+tool list each extend the same prefix. An entry whose layers can be cut at a token
+position (``KVCache``, ``QuantizedKVCache``) is kept as segments of a token trie
+(`_Trie`, a radix tree as SGLang's RadixAttention keeps KV blocks): a new entry stores
+only the tokens past what is stored, a fetch joins the segments along its path, and
+eviction takes the least recently used leaf, so one session's turns go while the prefix
+other sessions extend stays. Layers that cannot be cut (a rotating window, recurrent
+state) keep whole entries, as before.
+
+Everything stored owns buffers holding exactly its tokens: a KV cut from a
+BatchGenerator batch (``BatchKVCache.extract``) is a lazy ``mx.contiguous`` of a slice
+whose graph keeps the whole batch buffer alive (measured: 94 MB held for an entry
+reporting 0.7 MB), so the byte bound only bounds memory once each segment or entry is a
+copy (:func:`materialize`, `_owned`).
 
 Modelled on mlx-lm's ``LRUPromptCache`` / ``PromptTrie`` (mlx_lm/models/cache.py), which
-we do not reuse because: an exact hit returns the whole KV with nothing left to feed;
-fetch hits do not refresh recency (and eviction is tiered by message role); the trie
-ignores a one-token shorter prefix and only tries the single shortest longer entry;
-partial trims (``trim_prompt_cache`` reports layer 0 only) go unnoticed; an entry
+we do not reuse because: it keeps every entry's whole KV at its trie node (a prefix shared
+by many entries is held once per entry); an exact hit returns the whole KV with nothing
+left to feed; fetch hits do not refresh recency (and eviction is tiered by message role);
+the trie ignores a one-token shorter prefix and only tries the single shortest longer
+entry; partial trims (``trim_prompt_cache`` reports layer 0 only) go unnoticed; an entry
 larger than the byte bound first evicts everything else; and it has no lock or stats.
 """
 
@@ -45,6 +56,7 @@ from mlx_lm.models.cache import (
     can_trim_prompt_cache,
 )
 
+from parsing.tokens import common_prefix
 from seam import kv as seam_kv
 
 __all__ = [
@@ -148,6 +160,7 @@ class _Entry:
     trimmable: bool
     checkpoint: bool = False  # a prefill snapshot (insert(..., checkpoint=True))
     ids: np.ndarray | None = None  # its tokens as int64 (`_ids`), for `_Prefixes`
+    used: int = 0  # the cache's clock at its last use (insert, fetch)
 
 
 def _ids(tokens: Sequence[int]) -> np.ndarray | None:
@@ -289,27 +302,6 @@ def kv_nbytes(kv: list) -> int:
     return total
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length (tokens) of the longest common prefix of the token sequences ``a`` and ``b``
-    (lists or tuples; compared as tuples when their types differ)."""
-    if type(a) is not type(b):
-        a, b = tuple(a), tuple(b)
-    m = min(len(a), len(b))
-    if m == 0 or a[0] != b[0]:
-        return 0
-    if a[:m] == b[:m]:
-        return m
-    # Binary search on slice equality: O(m log m) in C instead of a Python loop.
-    lo, hi = 1, m  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def trim_exactly(kv: list, num_tokens: int) -> bool:
     """Trim every layer of ``kv`` in place by ``num_tokens`` tokens (0: nothing to do).
 
@@ -338,36 +330,373 @@ def check_kv_holds(kv: list, tokens: Sequence[int]) -> None:
             )
 
 
+# ------------------------------------------------------------------ shared prefix segments
+# Layer types whose KV can be cut at any token position and put back together by
+# concatenation: keys/values (a tuple of packed data, scales and biases when quantized,
+# each token quantized on its own) run along axis 2 and ``trim`` only moves ``offset``
+# (mlx_lm/models/cache.py). A rotating cache (its window wraps around), a chunked one (it
+# drops its front), recurrent state (``ArraysCache``/``MambaCache``) and ``CacheList``
+# cannot, and are stored whole (`_Entry`).
+_Layout = tuple[tuple[Any, ...], ...]
+
+
+def _layout(kv: list) -> _Layout | None:
+    """The layer layout of ``kv`` when every layer can be cut at a token position (a
+    plain ``KVCache`` or ``QuantizedKVCache`` holding tokens), else None. Entries of one
+    model with the same layout share prefix segments; a quantized layer shares only with
+    quantized layers of the same bits and group size (its values differ from a plain one's)."""
+    out = []
+    for layer in kv:
+        keys: Any = getattr(layer, "keys", None)
+        values: Any = getattr(layer, "values", None)
+        if type(layer) is KVCache and keys is not None:
+            out.append(("kv", keys.dtype, keys.shape[-1], values.shape[-1]))
+        elif type(layer) is QuantizedKVCache and keys is not None:
+            out.append(("q", layer.bits, layer.group_size, keys[0].dtype))
+        else:
+            return None
+    return tuple(out)
+
+
+def _cut(x: Any, start: int, stop: int) -> Any:
+    """Positions ``start:stop`` (axis 2) of a layer's keys or values (an array, or the
+    tuple of a quantized layer), as views."""
+    return tree_map(lambda a: a[..., start:stop, :], x)
+
+
+def _owned(x: Any) -> Any:
+    """Copies of a tree of (sliced) arrays into buffers of exactly their size (see
+    `_copy_layer`: the caller keeps the source referenced until they are evaluated)."""
+    return tree_map(mx.array, x)
+
+
+def _join(parts: list[Any]) -> Any:
+    """The segments ``parts`` of a layer's keys or values concatenated along axis 2."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], tuple):
+        return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(len(parts[0])))
+    return mx.concatenate(parts, axis=2)
+
+
+def _tree_nbytes(x: Any) -> int:
+    return sum(a.nbytes for _, a in cast("list[tuple[str, Any]]", tree_flatten(x)))
+
+
+class _Node:
+    """A segment of the token trie: ``tokens`` after its parent's, and their KV
+    (``arrays``: per layer, (keys, values) holding exactly those tokens). ``used``: the
+    clock of its last use (insert or fetch through it); ``mark``: a stored sequence ends
+    here (an entry: every leaf is one); ``checkpoint``: that entry is a prefill snapshot."""
+
+    __slots__ = (
+        "arrays",
+        "checkpoint",
+        "children",
+        "depth",
+        "mark",
+        "nbytes",
+        "parent",
+        "tokens",
+        "used",
+    )
+
+    def __init__(self, parent: _Node | None, tokens: tuple[int, ...], arrays: list) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.arrays = arrays
+        self.children: dict[int, _Node] = {}
+        self.depth: int = (parent.depth if parent is not None else 0) + len(tokens)
+        self.nbytes = _tree_nbytes(arrays)
+        self.used = 0
+        self.mark = False
+        self.checkpoint = False
+
+    def path(self) -> list[_Node]:
+        """The nodes from the root's first child down to this one."""
+        out: list[_Node] = []
+        node: _Node | None = self
+        while node is not None and node.parent is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def sequence(self) -> tuple[int, ...]:
+        """The tokens from the root to the end of this segment."""
+        return tuple(t for node in self.path() for t in node.tokens)
+
+
+class _Trie:
+    """The stored sequences of one model and layer layout as a radix tree of KV segments:
+    a prefix shared by many sequences (a system prompt and tool list) is one segment that
+    their own segments extend, held once. Cut on insert (a new sequence stores only the
+    tokens past what is stored; a segment it parts inside is split in two), joined on
+    fetch. Not locked: `PromptCache` holds its lock around every call."""
+
+    def __init__(self, model_key: str, layout: _Layout, kv: list) -> None:
+        self.model_key = model_key
+        self.layout = layout
+        # Per layer, an empty copy of its object (type, bits, group size) to fill on fetch.
+        self.templates = []
+        for layer in kv:
+            template = copy.copy(layer)
+            template.keys = template.values = None
+            template.offset = 0
+            self.templates.append(template)
+        self.root = _Node(None, (), [])
+        self.marks = 0  # its marked segments (entries)
+
+    def walk(self, toks: tuple[int, ...]) -> tuple[list[_Node], int]:
+        """(the segments ``toks`` runs through, the last possibly in part; how many
+        leading tokens of ``toks`` are stored)."""
+        node, i, path = self.root, 0, []
+        while i < len(toks):
+            child = node.children.get(toks[i])
+            if child is None:
+                break
+            c = common_prefix(child.tokens, toks[i : i + len(child.tokens)])
+            path.append(child)
+            i += c
+            if c < len(child.tokens):
+                break
+            node = child
+        return path, i
+
+    def kv(self, path: list[_Node], n: int) -> list:
+        """Fresh per-layer caches holding the first ``n`` tokens along ``path``: new
+        array objects (slices and concatenations of the segments), so writing into them
+        never touches what is stored."""
+        parts: list[list[tuple[Any, Any]]] = [[] for _ in self.templates]
+        left = n
+        for node in path:
+            take = min(left, len(node.tokens))
+            if take <= 0:
+                break
+            for i, (k, v) in enumerate(node.arrays):
+                parts[i].append((_cut(k, 0, take), _cut(v, 0, take)))
+            left -= take
+        out = []
+        for template, layer_parts in zip(self.templates, parts, strict=True):
+            layer = copy.copy(template)
+            layer.keys = _join([k for k, _ in layer_parts])
+            layer.values = _join([v for _, v in layer_parts])
+            layer.offset = n
+            out.append(layer)
+        return out
+
+    def split(self, node: _Node, at: int) -> _Node:
+        """Cut ``node`` after its first ``at`` tokens into a new parent segment (returned)
+        and the rest; each part is copied into its own buffer, so dropping one frees it."""
+        assert node.parent is not None and 0 < at < len(node.tokens)
+        old = node.arrays
+        head = _Node(node.parent, node.tokens[:at], [_owned(_cut(a, 0, at)) for a in old])
+        node.arrays = [_owned(_cut(a, at, None)) for a in old]  # type: ignore[arg-type]
+        mx.eval(head.arrays, node.arrays)
+        del old
+        node.parent.children[head.tokens[0]] = head
+        node.tokens = node.tokens[at:]
+        node.parent = head
+        node.nbytes = _tree_nbytes(node.arrays)
+        head.children[node.tokens[0]] = node
+        head.used = node.used
+        return head
+
+    def extend(self, parent: _Node, toks: tuple[int, ...], kv: list, start: int) -> _Node:
+        """A new segment under ``parent`` holding ``toks[start:]``, copied out of ``kv``."""
+        arrays = [
+            (_owned(_cut(c.keys, start, len(toks))), _owned(_cut(c.values, start, len(toks))))
+            for c in kv
+        ]
+        mx.eval(arrays)  # while ``kv`` is still referenced (`_copy_layer`)
+        node = _Node(parent, toks[start:], arrays)
+        parent.children[node.tokens[0]] = node
+        return node
+
+    def nearest(self, path: list[_Node], common: int) -> tuple[int, ...]:
+        """The shortest stored sequence that shares ``common`` tokens along ``path``."""
+        if not path:
+            return ()
+        last = path[-1]
+        best: _Node | None = None
+        todo = [last]
+        while todo:
+            node = todo.pop()
+            if node.mark and (best is None or node.depth < best.depth):
+                best = node
+            todo.extend(node.children.values())
+        return best.sequence() if best is not None else ()
+
+
+def _path_bytes(kv: list, start: int, stop: int) -> int:
+    """Bytes positions ``start:stop`` of the cut-able ``kv`` hold once copied."""
+    total = 0
+    for layer in kv:
+        for _, a in cast("list[tuple[str, Any]]", tree_flatten((layer.keys, layer.values))):
+            total += a.nbytes // a.shape[2] * (stop - start)
+    return total
+
+
+class _Segments:
+    """Every model's tries (`_Trie`, one per model and layer layout), their leaves and
+    entries, and the bytes their segments hold, each counted once. Not locked: the
+    `PromptCache` holding it locks around every call."""
+
+    def __init__(self) -> None:
+        self.tries: dict[tuple[str, _Layout], _Trie] = {}
+        self.leaves: dict[_Node, _Trie] = {}  # eviction candidates
+        self.marks = 0  # entries (marked segments)
+        self.nbytes = 0
+
+    def of(self, model_key: str) -> list[_Trie]:
+        return [t for (m, _), t in self.tries.items() if m == model_key]
+
+    def find(self, model_key: str, toks: tuple[int, ...]) -> tuple[int, _Trie, list[_Node]] | None:
+        """(tokens reusable, capped at ``len(toks) - 1``; the trie; the segments walked)
+        of the trie that reuses the most of ``toks``; None when none reuses a token."""
+        found = None
+        for trie in self.of(model_key):
+            path, common = trie.walk(toks)
+            cached = min(common, len(toks) - 1)
+            if cached > 0 and (found is None or cached > found[0]):
+                found = (cached, trie, path)
+        return found
+
+    def insert(
+        self,
+        model_key: str,
+        toks: tuple[int, ...],
+        kv: list,
+        layout: _Layout,
+        now: int,
+        max_bytes: int | None,
+    ) -> _Node | None:
+        """Store ``toks`` (``kv`` holds them) as an entry of its layout's trie, copying
+        only the tokens past what is stored; the entry's segment, or None when the
+        entry, its stored prefix included, is over ``max_bytes``."""
+        trie = self.tries.get((model_key, layout)) or _Trie(model_key, layout, kv)
+        path, common = trie.walk(toks)
+        stored = sum(node.nbytes for node in path[:-1])
+        if path:  # the last segment's part before the cut (bytes scale with tokens)
+            last = path[-1]
+            stored += last.nbytes * (common - (last.depth - len(last.tokens))) // len(last.tokens)
+        if max_bytes is not None and stored + _path_bytes(kv, common, len(toks)) > max_bytes:
+            return None
+        self.tries[(model_key, layout)] = trie
+        self.drop_key(model_key, toks, keep=trie)
+        if path and common < path[-1].depth:  # parts inside a segment: cut it there
+            before = path[-1].nbytes
+            head = trie.split(path[-1], common - (path[-1].depth - len(path[-1].tokens)))
+            self.nbytes += head.nbytes + path[-1].nbytes - before
+            path[-1] = head
+        end = path[-1] if path else trie.root
+        if common < len(toks):
+            self.leaves.pop(end, None)
+            end = trie.extend(end, toks, kv, common)
+            self.nbytes += end.nbytes
+            self.leaves[end] = trie
+            path.append(end)
+        for node in path:
+            if node is not end:
+                self.mark(trie, node, False)  # served as well by the longer entry
+            node.used = now
+        self.mark(trie, end, True)
+        return end
+
+    def drop_key(self, model_key: str, toks: tuple[int, ...], keep: _Trie | None = None) -> None:
+        """Forget the entry ``toks`` in every trie of ``model_key`` but ``keep`` (it is
+        being replaced)."""
+        for trie in self.of(model_key):
+            if trie is keep:
+                continue
+            path, common = trie.walk(toks)
+            if path and common == len(toks) == path[-1].depth and path[-1].mark:
+                if path[-1].children:
+                    self.mark(trie, path[-1], False)
+                else:
+                    self.drop_leaf(path[-1])
+
+    def drop_leaf(self, node: _Node) -> _Key | None:
+        """Remove the leaf segment ``node``; a parent left without children becomes a
+        leaf and an entry (it still serves its prefix). Returns the key of the entry
+        that ended there, if one did."""
+        trie = self.leaves.pop(node)
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.tokens[0]]
+        self.nbytes -= node.nbytes
+        key = (trie.model_key, node.sequence()) if node.mark else None
+        self.mark(trie, node, False)
+        if parent is trie.root:
+            if not parent.children:
+                del self.tries[(trie.model_key, trie.layout)]
+        elif not parent.children:
+            self.leaves[parent] = trie
+            self.mark(trie, parent, True)
+        return key
+
+    def mark(self, trie: _Trie, node: _Node, on: bool) -> None:
+        """Make ``node`` an entry of ``trie`` (``on``) or not, keeping the counts."""
+        if node.mark != on:
+            node.mark = on
+            delta = 1 if on else -1
+            trie.marks += delta
+            self.marks += delta
+        if not on:
+            node.checkpoint = False
+
+    def oldest_leaf(self) -> _Node | None:
+        return min(self.leaves, key=lambda node: node.used, default=None)
+
+    def marked(self) -> list[tuple[_Trie, _Node]]:
+        """Every entry (marked segment) of every trie."""
+        out = []
+        for trie in self.tries.values():
+            todo = list(trie.root.children.values())
+            while todo:
+                node = todo.pop()
+                if node.mark:
+                    out.append((trie, node))
+                todo.extend(node.children.values())
+        return out
+
+
 class PromptCache:
     """Thread-safe LRU cache of prompt KV caches, bounded by entries and bytes.
 
     Entries are keyed by ``(model_key, token ids)``; different model keys never match.
-    One ``threading.RLock`` guards all state, and deep copies are made under it.
+    One ``threading.RLock`` guards all state, and copies are made under it.
 
-    Matching (see :meth:`fetch`) picks the stored entry of the same model that lets the
-    most prompt tokens be reused, capped at ``len(tokens) - 1`` so at least one token is
-    always fed:
+    Storage: an entry whose every layer can be cut at a token position (``KVCache``,
+    ``QuantizedKVCache``: `_layout`) goes into its model's token trie (`_Trie`) as
+    segments: the tokens it shares with what is stored are not stored again (agents'
+    sessions on one system prompt and tool list hold that prefix once, each session its
+    own turns after it), and :attr:`nbytes` counts every segment once. Other entries
+    (a rotating cache, recurrent state, prefill snapshots of such models) are kept whole.
 
-    * a *shorter prefix* entry (its tokens are a strict prefix of the prompt) is copied
-      as is;
-    * any other entry sharing a common prefix (an exact match, or a *longer* entry, or
-      one that diverges) is copied and trimmed to that prefix (an exact hit loses its
-      last token). This needs every layer to trim completely; entries whose caches are
-      not trimmable (e.g. a ``RotatingKVCache`` past its window) only serve as shorter
-      prefixes, and a partially trimmed copy is discarded, never returned.
+    Matching (see :meth:`fetch`) picks what lets the most prompt tokens be reused,
+    capped at ``len(tokens) - 1`` so at least one token is always fed:
 
-    Ties prefer an untrimmed copy, then the most recently used entry. A fetch scans
-    every stored entry (one vectorised comparison each: `_Prefixes`), a few
-    milliseconds for hundreds of entries of thousands of tokens.
+    * in a trie every stored position can be reused: the longest common prefix with any
+      stored sequence (an exact entry loses its last token);
+    * a whole *shorter prefix* entry (its tokens are a strict prefix of the prompt) is
+      copied as is; any other whole entry sharing a prefix is copied and trimmed to it,
+      which needs every layer to trim completely (a ``RotatingKVCache`` past its window
+      cannot: it only serves as a shorter prefix; a partial trim is discarded).
 
-    On :meth:`insert` of a trimmable cache, stored entries of the same model whose
-    tokens are a strict prefix of the new tokens are dropped (as mlx-lm does): the new
-    entry serves every prompt they could, at least as well, by trimming.
+    Ties prefer the trie, then an untrimmed copy, then the most recently used entry.
+
+    Eviction is least recently used first, over the trie's leaves (a session's last
+    turns; a prefix stays while another sequence extends it, and becomes a leaf, and
+    an entry, once none does) and whole entries. A fetch or insert marks every segment
+    it goes through used. Inserting a sequence that extends a stored entry takes that
+    entry's place (its tokens stay stored, as part of the longer one; mlx-lm's
+    ``LRUPromptCache`` likewise drops trimmable prefixes, but stores every entry's whole
+    KV at its node of a per-token trie: mlx_lm/models/cache.py ``PromptTrie``).
 
     Args:
         max_entries: most entries kept (>= 1); ``None`` for no entry bound (a memory
             budget bounds the bytes instead: `entry_bound`).
-        max_bytes: most bytes kept, summing :func:`kv_nbytes` of every entry (what
+        max_bytes: most bytes kept (every segment and whole entry counted once: what
             MLX holds for them, up to the allocator's per-buffer rounding);
             ``None`` for no byte bound; ``0`` disables caching (insert stores nothing).
 
@@ -383,9 +712,11 @@ class PromptCache:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._lock = threading.RLock()
-        # Least recently used first; move_to_end marks use.
+        # Whole entries, least recently used first; move_to_end marks use.
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
-        self._nbytes = 0
+        self._segments = _Segments()  # entries whose KV is stored as shared segments
+        self._clock = 0  # ticks on every use: `_Node.used`, `_Entry.used`
+        self._nbytes = 0  # the whole entries' (the segments count theirs)
         self._hits = 0
         self._misses = 0
         self._tokens_reused = 0
@@ -395,37 +726,43 @@ class PromptCache:
         self._ghosts: deque[tuple[str, array]] = deque()
         self._ghost_tokens = 0
 
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
     def longest_common_prefix(self, model_key: str, tokens: Sequence[int]) -> int:
         """Tokens (int) the longest common prefix of ``tokens`` with any stored entry of
         ``model_key`` spans (0 when none): where a new prompt diverges from one seen
         before, a position worth a prefill snapshot. Changes no recency or counter."""
-        prefixes = _Prefixes(tuple(map(int, tokens)))
-        with self._lock:
-            return max(
-                (prefixes.common(k[1], e) for k, e in self._entries.items() if k[0] == model_key),
-                default=0,
-            )
+        return self.nearest(model_key, tokens, ghosts=False).common
 
-    def nearest(self, model_key: str, tokens: Sequence[int]) -> Nearest:
+    def nearest(self, model_key: str, tokens: Sequence[int], *, ghosts: bool = True) -> Nearest:
         """The :class:`Nearest` stored entry of ``model_key`` to ``tokens`` (the shortest
         of equals), and the longest common prefix with the entries evicted last
-        (``GHOSTS`` of them). Changes no recency or counter."""
+        (``GHOSTS`` of them; ``ghosts`` False: not looked at). Changes no recency or
+        counter."""
         toks = tuple(map(int, tokens))
         prefixes = _Prefixes(toks)
         best: tuple[int, tuple[int, ...]] = (0, ())
-        entries = 0
         with self._lock:
+            entries = sum(1 for k in self._entries if k[0] == model_key)
             for key, entry in self._entries.items():
                 if key[0] != model_key:
                     continue
-                entries += 1
                 n = prefixes.common(key[1], entry)
                 if n > best[0] or (n == best[0] and n and len(key[1]) < len(best[1])):
                     best = (n, key[1])
-            ghosts = list(self._ghosts)
+            for trie in self._segments.of(model_key):
+                entries += trie.marks
+                path, n = trie.walk(toks)
+                if n > best[0] or (n == best[0] and n):
+                    stored = trie.nearest(path, n)
+                    if n > best[0] or len(stored) < len(best[1]):
+                        best = (n, stored)
+            remembered = list(self._ghosts) if ghosts else []
         evicted = 0
-        packed = _packed(toks) if ghosts else None
-        for ghost_key, ghost in ghosts:
+        packed = _packed(toks) if remembered else None
+        for ghost_key, ghost in remembered:
             if ghost_key == model_key and packed is not None and type(ghost) is type(packed):
                 evicted = max(evicted, common_prefix(ghost, packed))
         return Nearest(best[0], best[1], entries, evicted)
@@ -439,10 +776,10 @@ class PromptCache:
             disk_dir: a disk tier's directory; none here (memory only): ignored.
 
         Returns:
-            A :class:`CacheLookup`: on a hit, a trimmed private deep copy holding
-            ``cached_tokens`` (1 .. ``len(tokens) - 1``) tokens and ``rest`` the tokens
-            after them; on a miss, ``kv=None``, ``cached_tokens=0``, ``rest=tokens``.
-            A hit marks the entry most recently used.
+            A :class:`CacheLookup`: on a hit, a private copy holding ``cached_tokens``
+            (1 .. ``len(tokens) - 1``) tokens and ``rest`` the tokens after them; on a
+            miss, ``kv=None``, ``cached_tokens=0``, ``rest=tokens``. A hit marks what
+            it used most recently used.
 
         Raises:
             ValueError: if ``tokens`` is empty (there would be nothing to feed).
@@ -451,42 +788,70 @@ class PromptCache:
         n = len(toks)
         if n == 0:
             raise ValueError("fetch needs at least one token")
-        prefixes = _Prefixes(toks)
         with self._lock:
-            # (cached tokens, untrimmed, recency rank, tokens to trim, key)
-            candidates: list[tuple[int, bool, int, int, _Key]] = []
-            for rank, (key, entry) in enumerate(self._entries.items()):
-                if key[0] != model_key:
-                    continue
-                etoks = key[1]
-                common = prefixes.common(etoks, entry)
-                if len(etoks) < n and common == len(etoks):
-                    cached, trim = len(etoks), 0
-                elif entry.trimmable:
-                    cached = min(common, n - 1)
-                    trim = len(etoks) - cached
-                else:
-                    continue
-                if cached > 0:
-                    candidates.append((cached, trim == 0, rank, trim, key))
-            candidates.sort(reverse=True)
-            for cached, _, _, trim, key in candidates:
-                entry = self._entries[key]
-                kv = copy.deepcopy(entry.kv)
-                if trim and not trim_exactly(kv, trim):
-                    logger.debug("prompt cache: entry failed to trim %d tokens", trim)
-                    continue
-                if trim == 0:
-                    kind = "checkpoint" if entry.checkpoint else "shorter"
-                else:
-                    kind = "exact" if key[1] == toks else "trimmed"
-                self._entries.move_to_end(key)
-                self._hits += 1
-                self._hits_by_kind[kind] += 1
-                self._tokens_reused += cached
-                return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]), kind=kind)
-            self._misses += 1
-            return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
+            found = self._segments.find(model_key, toks)
+            whole = self._fetch_whole(model_key, toks, found[0] if found else 0)
+            if whole is not None:
+                return whole
+            if found is None:
+                self._misses += 1
+                return CacheLookup(kv=None, cached_tokens=0, rest=list(toks))
+            cached, trie, path = found
+            last = path[-1]
+            at_end = cached == last.depth and last.mark  # a stored entry, untrimmed
+            if cached == n - 1 and last.depth == n and last.mark:
+                kind = "exact"
+            elif at_end:
+                kind = "checkpoint" if last.checkpoint else "shorter"
+            else:
+                kind = "trimmed"
+            now = self._tick()
+            for node in path:
+                node.used = now
+            self._count_hit(kind, cached)
+            return CacheLookup(trie.kv(path, cached), cached, list(toks[cached:]), kind=kind)
+
+    def _count_hit(self, kind: str, cached: int) -> None:
+        self._hits += 1
+        self._hits_by_kind[kind] += 1
+        self._tokens_reused += cached
+
+    def _fetch_whole(self, model_key: str, toks: tuple[int, ...], beat: int) -> CacheLookup | None:
+        """The hit from a whole entry reusing more than ``beat`` tokens, else None."""
+        n = len(toks)
+        prefixes = _Prefixes(toks)
+        # (cached tokens, untrimmed, recency rank, tokens to trim, key)
+        candidates: list[tuple[int, bool, int, int, _Key]] = []
+        for rank, (key, entry) in enumerate(self._entries.items()):
+            if key[0] != model_key:
+                continue
+            etoks = key[1]
+            common = prefixes.common(etoks, entry)
+            if len(etoks) < n and common == len(etoks):
+                cached, trim = len(etoks), 0
+            elif entry.trimmable:
+                cached = min(common, n - 1)
+                trim = len(etoks) - cached
+            else:
+                continue
+            if cached > beat:
+                candidates.append((cached, trim == 0, rank, trim, key))
+        candidates.sort(reverse=True)
+        for cached, _, _, trim, key in candidates:
+            entry = self._entries[key]
+            kv = copy.deepcopy(entry.kv)
+            if trim and not trim_exactly(kv, trim):
+                logger.debug("prompt cache: entry failed to trim %d tokens", trim)
+                continue
+            if trim == 0:
+                kind = "checkpoint" if entry.checkpoint else "shorter"
+            else:
+                kind = "exact" if key[1] == toks else "trimmed"
+            self._entries.move_to_end(key)
+            entry.used = self._tick()
+            self._count_hit(kind, cached)
+            return CacheLookup(kv=kv, cached_tokens=cached, rest=list(toks[cached:]), kind=kind)
+        return None
 
     def insert(
         self,
@@ -501,23 +866,24 @@ class PromptCache:
         a disk tier's directory; memory only here, ignored).
 
         ``checkpoint``: ``kv`` is a snapshot taken while prefilling (counted apart in
-        :meth:`stats`; a later hit on it counts as a "checkpoint" hit). Entries that
-        cannot be trimmed, snapshots included, are never dropped as redundant prefixes.
+        :meth:`stats`; a later hit on it counts as a "checkpoint" hit). Whole entries
+        that cannot be trimmed, snapshots included, are never dropped as redundant
+        prefixes.
 
         ``kv`` must hold exactly ``tokens`` (BatchGenerator's ``Response.all_tokens``
-        and ``prompt_cache``). The cache stores a :func:`materialize` copy, so the entry
-        owns buffers holding exactly its tokens (never a view that keeps a batch buffer
-        alive) and its counted size (:func:`kv_nbytes`) is what evicting it frees;
-        ``kv`` is left unchanged and the caller may drop or reuse it. Call this on the
-        thread that made ``kv``'s arrays unless they are evaluated (MLX evaluates lazy
-        arrays on their own thread's stream only).
+        and ``prompt_cache``). The cache stores copies owning buffers that hold exactly
+        their tokens (never a view that keeps a batch buffer alive: `materialize`), so
+        its counted bytes are what evicting frees; in a trie only the tokens past what
+        is stored are copied. ``kv`` is left unchanged and the caller may drop or reuse
+        it. Call this on the thread that made ``kv``'s arrays unless they are evaluated
+        (MLX evaluates lazy arrays on their own thread's stream only).
 
         The entry becomes the most recently used; an entry under the same key is
-        replaced; redundant shorter prefixes are dropped (see the class doc); then least
-        recently used entries are evicted until both bounds hold. Not stored: an empty
-        ``tokens``, anything while ``max_bytes == 0``, and an entry whose own size
-        (bytes, after materialising) exceeds ``max_bytes`` (existing entries are then
-        left untouched).
+        replaced; stored entries it extends stop being entries (see the class doc);
+        then least recently used leaves and entries are evicted until both bounds hold.
+        Not stored: an empty ``tokens``, anything while ``max_bytes == 0``, and an entry
+        whose own size (bytes, its shared prefix included) exceeds ``max_bytes``
+        (existing entries are then left untouched).
 
         Args:
             model_key: identifies the model, as passed to :meth:`fetch`.
@@ -532,45 +898,52 @@ class PromptCache:
         check_kv_holds(kv, toks)
         if not toks or self._max_bytes == 0:
             return
-        with self._lock:  # one MLX evaluation at a time from this cache's callers
-            kv = materialize(kv)
+        layout = _layout(kv)
+        with self._lock:
+            if layout is not None:
+                end = self._segments.insert(
+                    model_key, toks, kv, layout, self._tick(), self._max_bytes
+                )
+                if end is not None:
+                    end.checkpoint = checkpoint
+                    self._drop_whole((model_key, toks))
+            else:
+                self._insert_whole(model_key, toks, kv, checkpoint)
+            self._evict_locked(self._max_entries, self._max_bytes)
+
+    def _drop_whole(self, key: _Key) -> None:
+        """Forget the whole entry under ``key`` (being replaced), if there is one."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._nbytes -= old.nbytes
+
+    def _insert_whole(
+        self, model_key: str, toks: tuple[int, ...], kv: list, checkpoint: bool
+    ) -> None:
+        kv = materialize(kv)
         nbytes = kv_nbytes(kv)
         if self._max_bytes is not None and nbytes > self._max_bytes:
-            logger.debug(
-                "prompt cache: entry of %d bytes exceeds max_bytes=%d; not stored",
-                nbytes,
-                self._max_bytes,
-            )
-            return
-        entry = _Entry(
-            kv=kv,
-            nbytes=nbytes,
-            trimmable=can_trim_prompt_cache(kv),
-            checkpoint=checkpoint,
-            ids=_ids(toks),
-        )
-        key = (model_key, toks)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._nbytes -= old.nbytes
-            if entry.trimmable:
-                # Only trimmable prefixes: a snapshot of a cache that cannot be trimmed
-                # is the one way a prompt sharing just that prefix reuses anything.
-                prefixes = _Prefixes(toks)
-                redundant = [
-                    k
-                    for k, e in self._entries.items()
-                    if k[0] == model_key
-                    and e.trimmable
-                    and len(k[1]) < len(toks)
-                    and prefixes.common(k[1], e) == len(k[1])
-                ]
-                for k in redundant:
-                    self._nbytes -= self._entries.pop(k).nbytes
-            self._entries[key] = entry
-            self._nbytes += nbytes
-            self._evict_locked(self._max_entries, self._max_bytes)
+            return  # larger than the whole cache may hold: not stored
+        trimmable = can_trim_prompt_cache(kv)
+        entry = _Entry(kv, nbytes, trimmable, checkpoint, _ids(toks), self._tick())
+        self._drop_whole((model_key, toks))
+        self._segments.drop_key(model_key, toks)
+        if trimmable:
+            # Only trimmable prefixes: a snapshot of a cache that cannot be trimmed
+            # is the one way a prompt sharing just that prefix reuses anything.
+            prefixes = _Prefixes(toks)
+            redundant = [
+                k
+                for k, e in self._entries.items()
+                if k[0] == model_key
+                and e.trimmable
+                and len(k[1]) < len(toks)
+                and prefixes.common(k[1], e) == len(k[1])
+            ]
+            for k in redundant:
+                self._nbytes -= self._entries.pop(k).nbytes
+        self._entries[(model_key, toks)] = entry
+        self._nbytes += nbytes
 
     def trim_to(self, *, max_entries: int | None = None, max_bytes: int | None = None) -> int:
         """Evict least recently used entries until at most ``max_entries`` entries and
@@ -585,17 +958,23 @@ class PromptCache:
             )
 
     def _evict_locked(self, max_entries: int | None, max_bytes: int | None) -> int:
-        evicted = 0
-        while self._entries and (
-            (max_entries is not None and len(self._entries) > max_entries)
-            or (max_bytes is not None and self._nbytes > max_bytes)
+        before = self._evictions
+        while (self._entries or self._segments.leaves) and (
+            (max_entries is not None and len(self) > max_entries)
+            or (max_bytes is not None and self.nbytes > max_bytes)
         ):
-            key, entry = self._entries.popitem(last=False)
-            self._nbytes -= entry.nbytes
-            evicted += 1
-            self._remember_evicted(key)
-        self._evictions += evicted
-        return evicted
+            leaf = self._segments.oldest_leaf()
+            whole = next(iter(self._entries.items()), None)
+            if whole is not None and (leaf is None or whole[1].used <= leaf.used):
+                key: _Key | None = whole[0]
+                self._nbytes -= self._entries.pop(whole[0]).nbytes
+            else:
+                assert leaf is not None
+                key = self._segments.drop_leaf(leaf)
+            if key is not None:
+                self._evictions += 1
+                self._remember_evicted(key)
+        return self._evictions - before
 
     def _remember_evicted(self, key: _Key) -> None:
         """Keep the tokens of an evicted entry (packed, 8 bytes each) among the last
@@ -614,15 +993,17 @@ class PromptCache:
         """Drop every entry; counters (hits, misses, tokens reused, evictions) stay."""
         with self._lock:
             self._entries.clear()
+            self._segments = _Segments()
             self._nbytes = 0
 
     def stats(self) -> CacheStats:
         """Return a consistent snapshot of the counters, sizes (bytes) and bounds."""
         with self._lock:
-            snaps = [e for e in self._entries.values() if e.checkpoint]
+            snaps = [e.nbytes for e in self._entries.values() if e.checkpoint]
+            snaps += [node.nbytes for _, node in self._segments.marked() if node.checkpoint]
             return CacheStats(
                 checkpoints=len(snaps),
-                checkpoint_bytes=sum(e.nbytes for e in snaps),
+                checkpoint_bytes=sum(snaps),
                 hits_exact=self._hits_by_kind["exact"],
                 hits_shorter=self._hits_by_kind["shorter"],
                 hits_checkpoint=self._hits_by_kind["checkpoint"],
@@ -630,8 +1011,8 @@ class PromptCache:
                 hits=self._hits,
                 misses=self._misses,
                 tokens_reused=self._tokens_reused,
-                entries=len(self._entries),
-                nbytes=self._nbytes,
+                entries=len(self),
+                nbytes=self.nbytes,
                 max_entries=self._max_entries,
                 max_bytes=self._max_bytes,
                 evictions=self._evictions,
@@ -639,20 +1020,20 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all stored entries (sum of their :func:`kv_nbytes`)."""
+        """Bytes held by all stored entries (every shared segment counted once)."""
         with self._lock:
-            return self._nbytes
+            return self._nbytes + self._segments.nbytes
 
     @property
     def checkpoint_nbytes(self) -> int:
-        """Bytes held by the stored prefill snapshots (``insert(..., checkpoint=True)``)."""
-        with self._lock:
-            return sum(e.nbytes for e in self._entries.values() if e.checkpoint)
+        """Bytes held by the stored prefill snapshots (``insert(..., checkpoint=True)``;
+        in a trie, the snapshot's own last segment)."""
+        return self.stats().checkpoint_bytes
 
     def __len__(self) -> int:
         """Number of stored entries."""
         with self._lock:
-            return len(self._entries)
+            return self._segments.marks + len(self._entries)
 
     # Memory only: no disk tier to close or report (``caches.prompt_tiers.PromptTiers``).
     def close(self) -> None:
@@ -667,7 +1048,15 @@ class PromptCache:
         return {}
 
     def _snapshot(self) -> list[tuple[str, tuple[int, ...], Any]]:
-        """For tests: (model key, tokens, stored kv) per entry, least recently used
-        first. The kv objects are the stored ones; do not mutate them."""
+        """For tests: (model key, tokens, kv) per entry, least recently used first. Whole
+        entries' kv objects are the stored ones (do not mutate them); a trie entry's kv
+        is put together from its segments."""
         with self._lock:
-            return [(k[0], k[1], e.kv) for k, e in self._entries.items()]
+            rows: list[tuple[int, str, tuple[int, ...], Any]] = [
+                (e.used, k[0], k[1], e.kv) for k, e in self._entries.items()
+            ]
+            for trie, node in self._segments.marked():
+                path = node.path()
+                rows.append((node.used, trie.model_key, node.sequence(), trie.kv(path, node.depth)))
+            rows.sort(key=lambda r: r[0])
+            return [(m, t, kv) for _, m, t, kv in rows]

@@ -53,7 +53,8 @@ from typing import Any, NamedTuple
 
 from caches import prompt_disk_format as fmt
 from caches.prompt_disk_format import FORMAT_VERSION, model_fingerprint
-from prompt_cache import check_kv_holds, common_prefix
+from parsing.tokens import common_prefix
+from prompt_cache import check_kv_holds
 
 __all__ = [
     "FORMAT_VERSION",

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from decoding import arrays
-from prompt_cache import common_prefix
+from parsing.tokens import common_prefix
 
 __all__ = ["UNLIMITED", "ReasoningBudgetProcessor", "make_budget_processor"]
 

@@ -15,8 +15,9 @@
   budget; ``sharing``: requests that arrive together prefill a shared prefix once;
   ``divergence``: where a prompt parted from the prompt cache.
 - ``model_host``: the model slot: load, serve, unload; ``warmup``: the request path run once
-  at LoadModel; ``model_calls``: tokenize, detokenize, metadata, Score, Rerank and
-  Embedding on the loaded model.
+  at LoadModel; ``model_calls``: tokenize, detokenize and metadata of the loaded model.
+  Score, Rerank and Embedding are ``tasks/``, which ``core.TASKS`` runs (prepare pool, then
+  this thread).
 - ``prepare``: a request's one trip to a worker pool before the engine (parse, constraint
   compile, render and tokenize with ``prompting.render``, the fit decisions of
   ``prompting.fit``); ``vision_prompt`` and ``vision``: image prompts (worker thread) and

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from engine import delivery, memory, model_calls, model_host, prepare
 from engine import status as status_mod
@@ -57,6 +59,72 @@ TOKENIZE, DETOKENIZE, METADATA = "tokenize", "detokenize", "metadata"
 REPLICATED_OPS = frozenset({LOAD, FREE, SCORE, EMBED, RERANK})
 LOCAL_OPS = frozenset({TOKENIZE, DETOKENIZE, METADATA})
 MEMORY_SNAPSHOT_INTERVAL = 0.05  # seconds between MLX memory readings while busy
+
+
+class Prepared(Protocol):
+    """A task's request as its ``prepare_on`` made it: ready for the engine thread."""
+
+    @property
+    def model_key(self) -> str:
+        """The model it was made for (`LoadedModel.cache_key`)."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Its longest sequence, in tokens (what its KV holds at most)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task other than generation, as the engine runs it: ``prepare_on(loaded,
+    *request)`` on the prepare pool (measure, tokenize, check: no MLX), then ``run_on(loaded,
+    prompt cache, prepared, should_stop)`` on the engine thread; ``rpc`` names it in errors.
+    A new one is a module in tasks/ with those two functions, an entry in `TASKS` and an
+    Engine method that calls `Engine._task`."""
+
+    rpc: str
+    prepare_on: Callable[..., Prepared]
+    run_on: Callable[..., Any]
+
+    def prepare(self, loaded: LoadedModel, budget: fit.NeverFits | None, *request: Any) -> Prepared:
+        """``prepare_on``, then the memory decision a generation request takes
+        (`prompting.fit.check_memory`, a rotating cache counted at its window):
+        ResourceExhausted when its longest sequence can never fit ``budget``. Any thread."""
+        prepared = self.prepare_on(loaded, *request)
+        if budget is not None:
+            fit.check_memory(budget, loaded, prepared.tokens, 0)
+        return prepared
+
+    def check(self, loaded: LoadedModel, prepared: Prepared) -> None:
+        """FailedPrecondition when the model was replaced since ``prepared`` was made for
+        it (its token ids may mean other tokens now). Rank 0 alone checks, before the task
+        is replicated: the other ranks run it on the model rank 0 had them load (their own
+        ``cache_key``s count their own loads)."""
+        if prepared.model_key != loaded.cache_key:
+            raise FailedPrecondition(
+                f"the model was replaced while the {self.rpc} request was prepared: retry"
+            )
+
+    def run(
+        self,
+        host: model_host.ModelHost,
+        should_stop: Callable[[], Callable[[], bool] | None],
+        prepared: Prepared,
+    ) -> Any:
+        """``run_on`` of ``prepared`` on the loaded model, sharing the prompt cache;
+        ``should_stop()``, read as it starts, steps the batch between its forward calls
+        (`_Interleave`). Engine thread."""
+        sched = host.scheduler
+        cache = sched.cache if sched is not None else None
+        return self.run_on(host.require(), cache, prepared, should_stop())
+
+
+TASKS: dict[str, Task] = {
+    SCORE: Task("Score", scoring.prepare_on, scoring.run_on),
+    RERANK: Task("Rerank", rerank.prepare_on, rerank.run_on),
+    EMBED: Task("Embedding", embedding.prepare_on, embedding.run_on),
+}
 
 
 class Engine:
@@ -119,9 +187,7 @@ class Engine:
 
     async def call(self, op: str, *args: Any) -> Any:
         """Run engine operation ``op`` with ``args`` on the engine thread; await its result."""
-        self.group.check()  # Unavailable once a rank is lost
-        if not self.alive:
-            raise FailedPrecondition("the engine is stopped; restart the backend")
+        self._check_serving()
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         stop = threading.Event()  # set when the caller leaves (client gone, deadline passed)
         self._inbox.put(Call(op, args, fut, stop))
@@ -176,32 +242,34 @@ class Engine:
         identity: str = "",
         stable_prefix_len: int = 0,
     ) -> list[scoring.CandidateResult]:
-        """Joint log-probability of each candidate continuation (scoring.score).
-
+        """Joint log-probability of each candidate continuation (`tasks.scoring`;
         ``stable_prefix_len``: ScoreRequest's hint, characters of ``prompt`` that later
-        requests share (a prefill checkpoint there on caches that cannot be trimmed).
-        Raises InvalidArgument for too many or empty candidates before anything runs;
-        a caller that leaves stops the scoring between candidates.
-        """
-        args = (self.serving(identity), prompt, candidates, include_token_logprobs)
-        prepared = await prepare.off_engine(model_calls.prepare_score, *args, stable_prefix_len)
-        return cast("list[scoring.CandidateResult]", await self.call(SCORE, prepared))
+        requests share). A caller that leaves stops it between candidates."""
+        request = (prompt, candidates, include_token_logprobs, stable_prefix_len)
+        return cast("list[scoring.CandidateResult]", await self._task(SCORE, identity, *request))
 
     async def rerank(
         self, query: str, documents: list[str], top_n: int, identity: str = ""
     ) -> rerank.RerankOutput:
-        """`tasks.rerank.rerank` on the loaded model: checked and tokenized off the engine."""
-        args = (self.serving(identity), query, documents, top_n)
-        prepared = await prepare.off_engine(model_calls.prepare_rerank, *args)
-        return cast("rerank.RerankOutput", await self.call(RERANK, prepared))
+        """``documents`` ranked by relevance to ``query`` (`tasks.rerank`)."""
+        out = await self._task(RERANK, identity, query, documents, top_n)
+        return cast("rerank.RerankOutput", out)
 
     async def embed(
         self, text: str, token_ids: list[int], identity: str = ""
     ) -> embedding.EmbeddingOutput:
-        """Pooled final hidden states of ``text`` or ``token_ids`` (tasks.embedding.embed)."""
+        """Pooled final hidden states of ``text`` or ``token_ids`` (`tasks.embedding`)."""
+        out = await self._task(EMBED, identity, text, token_ids)
+        return cast("embedding.EmbeddingOutput", out)
+
+    async def _task(self, op: str, identity: str, *request: Any) -> Any:
+        """Task ``op`` (`TASKS`) of ``request``: prepared for the model serving now on the
+        prepare pool, off the engine thread (`Task.prepare`), then run on it (`Task.run`)."""
         loaded = self.serving(identity)
-        ids = token_ids or await prepare.off_engine(model_calls.embedding_ids, loaded, text)
-        return cast("embedding.EmbeddingOutput", await self.call(EMBED, "", ids))
+        sched = self.host.scheduler_for(loaded)
+        budget = sched.memory if sched is not None else None
+        prepared = await prepare.off_engine(TASKS[op].prepare, loaded, budget, *request)
+        return await self.call(op, prepared)
 
     async def tokenize(self, text: str, identity: str = "") -> list[int]:
         return await prepare.off_engine(model_calls.tokenize, self.serving(identity), text)
@@ -216,14 +284,21 @@ class Engine:
         stopping or before LoadModel, NotFound on a model identity mismatch (``identity``:
         the request's ``ModelIdentity``; empty skips the check).
         """
+        self._check_serving()
+        loaded = self.host.require()
+        fit.check_identity(identity, loaded)
+        return loaded
+
+    def _check_serving(self) -> None:
+        """Unavailable once a rank is lost; FailedPrecondition once this engine serves no more."""
         self.group.check()
         if not self.alive:
-            raise FailedPrecondition("the server is shutting down; retry on another backend")
-        loaded = self.loaded
-        if loaded is None:
-            raise FailedPrecondition("no model loaded: call LoadModel first")
-        self.check_identity(identity, loaded)
-        return loaded
+            fatal = self.fatal
+            raise FailedPrecondition(
+                f"{fatal}; retry once the backend has restarted"
+                if fatal
+                else "the server is shutting down; retry on another backend"
+            )
 
     async def submit(self, message: Any, loaded: LoadedModel) -> Job:
         """Prepare the Predict request ``message`` for ``loaded`` (what ``serving``
@@ -238,9 +313,7 @@ class Engine:
         """
         self._reserve(loaded)
         try:
-            sched = self.scheduler
-            if sched is not None and sched.loaded is not loaded:
-                sched = None  # replaced meanwhile: admission refuses the job
+            sched = self.host.scheduler_for(loaded)  # None: admission refuses the job
             intake = prepare.Intake(
                 loaded,
                 memory=sched.memory if sched is not None else None,
@@ -272,10 +345,6 @@ class Engine:
                     f"{p.max_batch_size}, max_queue={p.max_queue}); retry later"
                 )
             self.queued += 1
-
-    def check_identity(self, identity: str, loaded: LoadedModel | None = None) -> None:
-        """`prompting.fit.check_identity` against ``loaded`` (default: the current model)."""
-        fit.check_identity(identity, loaded if loaded is not None else self.loaded)
 
     def facts(self) -> status_mod.EngineFacts:
         """What `engine.status` reads, taken now from any thread (counts under the lock)."""
@@ -380,6 +449,8 @@ class Engine:
             # Only a single process may stop a call midway: ranks must run the same steps.
             self._call_stop = item.stop if self.group.single_process else None
             try:
+                if item.op in TASKS:  # rank 0 alone (`Task.check`)
+                    TASKS[item.op].check(self.host.require(), item.args[0])
                 fut.set_result(self.group.run(item.op, item.args, self.local_op(item.op)))
             except BaseException as exc:  # handed to the awaiting coroutine
                 fut.set_exception(exc)
@@ -400,18 +471,17 @@ class Engine:
 
         Distributed followers call it directly for the operations rank 0 replicates.
         """
-        host, stop = self.host, self._interleave.should_stop
+        if op in TASKS:
+            return functools.partial(TASKS[op].run, self.host, self._interleave.should_stop)
+        host = self.host
         ops: dict[str, Callable[..., Any]] = {
             LOAD: host.load,
             FREE: host.free,
-            SCORE: _interleaved(host.score, stop),
-            EMBED: _interleaved(host.embed, stop),
-            RERANK: _interleaved(host.rerank, stop),
             INSTALL: host.install_built,
             ATTACH: self._attach,
-            TOKENIZE: host.tokenize,
-            DETOKENIZE: host.detokenize,
-            METADATA: host.metadata,
+            TOKENIZE: lambda text: model_calls.tokenize(host.require(), text),
+            DETOKENIZE: lambda ids: model_calls.detokenize(host.require(), ids),
+            METADATA: lambda: model_calls.metadata(host.require()),
         }
         return ops[op]
 
@@ -424,7 +494,6 @@ class Engine:
         if self.metrics.enabled:
             status_mod.push_gauges(self.facts(), self.metrics)
 
-    # -- model lifecycle (engine thread): the ModelHost does the work
     def _record_metrics(self, metrics: RequestMetrics) -> None:
         self.last_metrics = metrics
 
@@ -457,14 +526,6 @@ class Engine:
     def _unqueue(self, item: Submit) -> None:
         with self.counts_lock:
             self.queued -= 1
-
-
-def _interleaved(
-    fn: Callable[..., Any], stop: Callable[[], Callable[[], bool] | None]
-) -> Callable[..., Any]:
-    """``fn`` (a long call: Score, Rerank, Embedding) given ``should_stop=stop()``, read
-    when it runs (`_Interleave.should_stop`)."""
-    return lambda *args: fn(*args, should_stop=stop())
 
 
 class _Interleave:

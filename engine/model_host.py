@@ -1,11 +1,12 @@
-"""The engine thread's model slot: the loaded model, its scheduler, and what runs on them.
+"""The engine thread's model slot: the loaded model and the scheduler running its requests.
 
 `ModelHost` loads (the current model, when both fit, serves on while the new one is
 built; the build runs here, on the engine thread, so running streams pause for it: the
 file checks, download and tokenizer happen before, on a worker thread, in
-`loaded_model.validate`), installs, serves and unloads models, and runs the operations
-on the loaded model (tokenize, metadata, Score, Rerank, Embedding: `model_calls.py`).
-Engine thread only; other threads may read `loaded` and `scheduler` (plain references).
+`loaded_model.validate`), installs, serves and unloads models. What runs on the loaded
+model (tokenize, metadata: `model_calls`; Score, Rerank, Embedding: `tasks/`) the engine
+calls itself, on ``require()``. Engine thread only; other threads may read `loaded` and
+`scheduler` (plain references).
 """
 
 from __future__ import annotations
@@ -20,16 +21,13 @@ import mlx.core as mx
 from batch.release import release_cache
 from caches import prompt_tiers
 from caches.prompt_tiers import PromptTiers
-from engine import memory, model_calls, warmup
+from engine import memory, warmup
 from engine.metrics import NULL, Recorder
 from engine.scheduler import NO_GROUP, GroupHooks, RequestMetrics, Scheduler
 from errors import BackendError, FailedPrecondition, ModelLoadError, Unavailable
 from loading import loaded_model
 from loading.loaded_model import LoadedModel
 from params import LoadParams
-from tasks.embedding import EmbeddingOutput
-from tasks.rerank import RerankInput, RerankOutput
-from tasks.scoring import CandidateResult, ScoreInput
 
 logger = logging.getLogger("localai.mlx." + __name__)
 
@@ -190,35 +188,14 @@ class ModelHost:
     def free(self) -> None:
         self.unload(FailedPrecondition("the model was freed"))
 
-    # -- operations on the loaded model
+    def scheduler_for(self, loaded: LoadedModel) -> Scheduler | None:
+        """The scheduler running ``loaded``; None once it was replaced or freed (any
+        thread: both are plain references)."""
+        sched = self.scheduler
+        return sched if sched is not None and sched.loaded is loaded else None
+
     def require(self) -> LoadedModel:
         """The loaded model; FailedPrecondition before LoadModel."""
         if self.loaded is None:
             raise FailedPrecondition("no model loaded: call LoadModel first")
         return self.loaded
-
-    def tokenize(self, text: str) -> list[int]:
-        return model_calls.tokenize(self.require(), text)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return model_calls.detokenize(self.require(), ids)
-
-    def metadata(self) -> model_calls.ModelMetadata:
-        return model_calls.metadata(self.require())
-
-    def score(
-        self, prepared: ScoreInput, should_stop: Callable[[], bool] | None = None
-    ) -> list[CandidateResult]:
-        cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.score(self.require(), cache, prepared, should_stop)
-
-    def rerank(
-        self, prepared: RerankInput, should_stop: Callable[[], bool] | None = None
-    ) -> RerankOutput:
-        cache = self.scheduler.cache if self.scheduler is not None else None
-        return model_calls.rerank(self.require(), cache, prepared, should_stop)
-
-    def embed(
-        self, text: str, token_ids: list[int], should_stop: Callable[[], bool] | None = None
-    ) -> EmbeddingOutput:
-        return model_calls.embed(self.require(), text, token_ids, should_stop)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from caches.prompt_tiers import PromptTiers
 from engine.runner import Batch
 from engine.sequence import Sequence
-from prompt_cache import common_prefix
+from parsing.tokens import common_prefix
 
 # Tokens a shared prefix must save over the prompt cache for a request to wait for it.
 MIN_SHARED_PREFIX = 32

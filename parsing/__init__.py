@@ -12,4 +12,5 @@ imports MLX.
 - ``volatile_spans``: the text removed from every prompt before it is tokenized.
 - ``durations``: durations as LocalAI's settings write them; ``paths``: the confined
   prompt-cache directory.
+- ``tokens``: token-id sequences (``common_prefix``).
 """

@@ -84,6 +84,12 @@ def env_on(environ: Mapping[str, str], name: str, default: bool = True) -> bool:
 # distributed groups: `caches.prompt_tiers.entry_bound`): the original backend's default.
 DEFAULT_MAX_CACHE_ENTRIES = 10
 DEFAULT_PROMPT_CACHE_DISK_BYTES = 10 << 30  # option prompt_cache_disk_bytes: 10 GiB per directory
+# No disk tier unless a directory is named (option prompt_cache_dir, or PromptCachePath, which
+# LocalAI sends only when the model's YAML sets prompt_cache_path: core/backend/options.go
+# gRPCPredictOpts; llama.cpp writes its prompt cache only then too). A default directory would
+# write up to the budget above per model where nobody asked: the models volume can be
+# read-only, shared or small, and $TMPDIR can be RAM-backed (tmpfs), which would spend the
+# memory the tier exists to spare. The memory tier holds shared prefixes once (prompt_cache.py).
 UNLIMITED_REASONING = -1  # reasoning_budget: no limit (LocalAI's and llama.cpp's default)
 # grammar_scope: a constraint covers the answer after the reasoning, or all the output.
 GRAMMAR_SCOPES = ("after_reasoning", "all")
@@ -211,7 +217,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_cache_entries", "int", "prompt-cache entries kept in memory", lo=1,
            shown="unbounded: the memory budget decides (10 without one)", group=_CACHE),
     Option("max_cache_bytes", "size", "bytes the prompt cache's memory tier may hold",
-           shown="unbounded", group=_CACHE),
+           lo=0, shown="unbounded (0 = off)", group=_CACHE),
     Option("max_kv_size", "int", "a rotating KV cache of this many tokens", lo=1,
            shown="unbounded", group=_CACHE),
     Option("prompt_cache_dir", "text", "the prompt cache's disk tier directory (relative: "

@@ -18,6 +18,7 @@ from typing import Protocol
 from errors import InvalidArgument, NotFound, ResourceExhausted
 from loading.loaded_model import LoadedModel
 from params import MAX_TOKENS_CAP
+from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 
 
@@ -37,6 +38,15 @@ def task_bounds(loaded: LoadedModel) -> Bounds:
     """The bounds of Score, Rerank, Embedding and TokenizeString: the model's own context
     (they run whole sequences through the model, a rotating cache or not)."""
     return Bounds(loaded.context_len, loaded.max_token_chars)
+
+
+def check_task_text(field: str, text: str, loaded: LoadedModel) -> None:
+    """Refuse, without tokenizing, a text of Embedding or TokenizeString (``field``) that
+    cannot fit the `task_bounds`: InvalidArgument naming the field and the limit."""
+    try:
+        bounds_mod.check_text(field, text, task_bounds(loaded))
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def check_text(text: str, loaded: LoadedModel) -> None:

@@ -35,8 +35,8 @@ import jinja2
 
 from decoding.output import initial_state_for
 from params import PromptSpec
+from parsing.tokens import common_prefix
 from parsing.volatile_spans import TIMEOUT_S, VolatileSpans
-from prompt_cache import common_prefix
 
 log = logging.getLogger("localai.mlx." + __name__)
 

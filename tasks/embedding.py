@@ -1,8 +1,9 @@
 """Embeddings: the math behind the Embedding RPC.
 
-:func:`embed` / :func:`embed_tokens`, called by the engine thread with the loaded mlx-lm
-model: mean- or last-token-pooled final hidden states of a decoder model (or the raw
-per-token states), optionally normalized the way llama.cpp's ``embd_normalize`` does.
+:func:`embed` / :func:`embed_tokens`: mean- or last-token-pooled final hidden states of a
+decoder model (or the raw per-token states), optionally normalized the way llama.cpp's
+``embd_normalize`` does. The engine splits a request in two: `prepare_on` measures and
+tokenizes the text on the prepare pool, `run_on` runs the model on the engine thread.
 Cancellable between forward chunks through ``should_stop`` (see `scoring.stopper`).
 Raises ``ValueError`` for bad input, which the engine turns into INVALID_ARGUMENT.
 """
@@ -16,8 +17,11 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from caches.prompt_tiers import PromptTiers
 from errors import InvalidArgument
+from loading.loaded_model import LoadedModel
 from params import embd_normalize_code
+from prompting import fit
 from prompting import render as prompt_mod
 from seam.arrays import floats
 from tasks.scoring import DEFAULT_STEP, ShouldStop, check_step, stopper
@@ -42,7 +46,56 @@ class EmbeddingOutput:
     per_token: bool = False
 
 
-# --------------------------------------------------------------------------- scoring
+@dataclass(frozen=True)
+class EmbeddingInput:
+    """An Embedding request ready for the engine thread (`prepare_on`): the tokens to read
+    and the model they are for (``model_key``: `LoadedModel.cache_key`)."""
+
+    ids: tuple[int, ...]
+    model_key: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+
+def prepare_on(loaded: LoadedModel, text: str, token_ids: Sequence[int]) -> EmbeddingInput:
+    """The tokens of an Embedding request for the loaded model: ``token_ids`` as given, else
+    ``text`` measured against the task bounds (`prompting.fit.task_bounds`, before it is
+    tokenized) and tokenized. No MLX: the engine runs it on the prepare pool."""
+    if not token_ids:
+        fit.check_task_text("Embeddings (the text to embed)", text, loaded)
+        token_ids = _ids_of(loaded.tokenizer, text)
+    return EmbeddingInput(tuple(int(t) for t in token_ids), loaded.cache_key)
+
+
+def run_on(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    prepared: EmbeddingInput,
+    should_stop: ShouldStop | None = None,
+) -> EmbeddingOutput:
+    """`embed_tokens` of a `prepare_on`'d request on the loaded model, with its load options
+    (engine thread; ``cache`` unused: an embedding stores no KV)."""
+    p = loaded.params
+    return embed_tokens(
+        loaded.model,
+        prepared.ids,
+        pooling=p.embedding_pooling,
+        normalize=p.embedding_normalize,
+        context_len=fit.task_bounds(loaded).context,
+        step=p.prefill_step_size,
+        should_stop=should_stop,
+    )
+
+
+def _ids_of(tokenizer: Any, text: str) -> list[int]:
+    """The tokens `embed` reads of ``text`` (as TokenizeString counts them); InvalidArgument
+    for a text with none."""
+    ids = prompt_mod.encode(tokenizer, text)
+    if not ids:
+        raise InvalidArgument("the text to embed is empty: give some text (Embeddings)")
+    return ids
 
 
 def embed(
@@ -62,12 +115,9 @@ def embed(
     and for a text with no tokens; errors.Cancelled when ``should_stop()`` returns True
     (checked after tokenizing and before every chunk).
     """
-    ids = prompt_mod.encode(tokenizer, text)
-    if not ids:
-        raise InvalidArgument("the text to embed is empty: give some text (Embeddings)")
     return embed_tokens(
         model,
-        ids,
+        _ids_of(tokenizer, text),
         pooling=pooling,
         normalize=normalize,
         context_len=context_len,

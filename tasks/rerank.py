@@ -47,10 +47,12 @@ import jinja2
 
 from caches.prompt_tiers import PromptTiers
 from errors import InvalidArgument
+from loading.loaded_model import LoadedModel
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
 from parsing.options import DEFAULT_RERANK_INSTRUCTION
-from prompt_cache import common_prefix
+from parsing.tokens import common_prefix
+from prompting import fit
 from prompting import render as prompt_mod
 from tasks import scoring
 
@@ -63,8 +65,10 @@ __all__ = [
     "check_request",
     "choose_mode",
     "prepare",
+    "prepare_on",
     "rerank",
     "run",
+    "run_on",
 ]
 
 YES_NO, LIKELIHOOD, AUTO = "yes_no", "likelihood", "auto"
@@ -209,6 +213,11 @@ class RerankInput:
     yes_no: tuple[int, int] | None
     model_key: str = ""
 
+    @property
+    def tokens(self) -> int:
+        """The longest document's sequence: what one fork's KV holds at most."""
+        return max(map(len, self.seqs))
+
 
 def prepare(
     tokenizer: Any,
@@ -259,6 +268,46 @@ def prepare(
         tuple(ctx),
         yes_no,
         model_key,
+    )
+
+
+def prepare_on(
+    loaded: LoadedModel, query: str, documents: Sequence[str], top_n: int
+) -> RerankInput:
+    """`prepare` for the loaded model: its mode (option ``rerank``, ``auto`` resolved from
+    its name and tokenizer), ``rerank_instruction`` and task bounds
+    (`prompting.fit.task_bounds`). The engine runs it on the prepare pool, off its thread."""
+    p = loaded.params
+    bounds = fit.task_bounds(loaded)
+    return prepare(
+        loaded.tokenizer,
+        query,
+        documents,
+        top_n,
+        mode=choose_mode(p.rerank, loaded.name, loaded.tokenizer),
+        instruction=p.rerank_instruction,
+        context_len=bounds.context,
+        per_token=bounds.per_token,
+        model_key=loaded.cache_key,
+    )
+
+
+def run_on(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    prepared: RerankInput,
+    should_stop: Callable[[], bool] | None = None,
+) -> RerankOutput:
+    """`run` of a `prepare_on`'d request on the loaded model, with its load options
+    (engine thread; ``cache``: the prompt cache the shared prefix's KV goes through)."""
+    p = loaded.params
+    return run(
+        loaded.model,
+        prepared,
+        cache=cache,
+        prefill_step=p.prefill_step_size,
+        max_kv_size=p.max_kv_size,
+        should_stop=should_stop,
     )
 
 
@@ -313,7 +362,7 @@ def rerank(
     max_tokens: int = MAX_RERANK_TOKENS,
 ) -> RerankOutput:
     """Rank ``documents`` by relevance to ``query`` in one call: `prepare` then `run` on
-    the caller's thread (the engine splits them: `engine.model_calls`).
+    the caller's thread (the engine splits them: `prepare_on`, `run_on`).
 
     Args:
         model, tokenizer: the loaded mlx-lm model and ``TokenizerWrapper``.

@@ -41,9 +41,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from caches.prompt_tiers import PromptTiers
 from decoding.output import OutputPipeline
 from errors import Cancelled, InvalidArgument
+from loading.loaded_model import LoadedModel
 from parsing import bounds as bounds_mod
 from parsing.bounds import Bounds
-from prompt_cache import common_prefix, needs_checkpoints
+from parsing.tokens import common_prefix
+from prompt_cache import needs_checkpoints
+from prompting import fit
 from prompting import render as prompt_mod
 from seam.arrays import floats
 
@@ -53,6 +56,8 @@ __all__ = [
     "CandidateResult",
     "batched_logprobs",
     "check_candidates",
+    "prepare_on",
+    "run_on",
     "score",
     "shared_base",
 ]
@@ -224,6 +229,11 @@ class ScoreInput:
     stable: int = 0
     model_key: str = ""
 
+    @property
+    def tokens(self) -> int:
+        """The longest candidate's sequence: what one fork's KV holds at most."""
+        return max(map(len, self.seqs))
+
 
 def prepare(
     tokenizer: Any,
@@ -279,6 +289,48 @@ def prepare(
     if 0 < stable_prefix_len < len(prompt):
         stable = common_prefix(prompt_mod.encode(tokenizer, prompt[:stable_prefix_len]), prompt_ids)
     return ScoreInput(tuple(seqs), tuple(ctx), include_token_logprobs, stable, model_key)
+
+
+def prepare_on(
+    loaded: LoadedModel,
+    prompt: str,
+    candidates: Sequence[str],
+    include_token_logprobs: bool,
+    stable_prefix_len: int = 0,
+) -> ScoreInput:
+    """`prepare` for the loaded model, within its task bounds (`prompting.fit.task_bounds`):
+    what the engine runs on the prepare pool, off its thread, for a Score request."""
+    bounds = fit.task_bounds(loaded)
+    return prepare(
+        loaded.tokenizer,
+        prompt,
+        candidates,
+        include_token_logprobs=include_token_logprobs,
+        context_len=bounds.context,
+        per_token=bounds.per_token,
+        stable_prefix_len=stable_prefix_len,
+        model_key=loaded.cache_key,
+    )
+
+
+def run_on(
+    loaded: LoadedModel,
+    cache: PromptTiers | None,
+    prepared: ScoreInput,
+    should_stop: ShouldStop | None = None,
+) -> list[CandidateResult]:
+    """`run` of a `prepare_on`'d request on the loaded model, with its load options
+    (engine thread; ``cache``: the prompt cache the prompt's KV is shared through)."""
+    p = loaded.params
+    return run(
+        loaded.model,
+        loaded.tokenizer,
+        prepared,
+        cache=cache,
+        prefill_step=p.prefill_step_size,
+        max_kv_size=p.max_kv_size,
+        should_stop=should_stop,
+    )
 
 
 def run(

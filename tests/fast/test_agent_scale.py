@@ -20,7 +20,8 @@ from batch.decode import DecodeBatch
 from caches.prompt_tiers import entry_bound
 from engine.step_budget import PrefillBudget
 from parsing.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CACHE_ENTRIES
-from prompt_cache import PromptCache, _Entry, _ids, _Prefixes, common_prefix
+from parsing.tokens import common_prefix
+from prompt_cache import PromptCache, _Entry, _ids, _Prefixes
 from seam.tokenizer import vocab_size
 
 

@@ -31,7 +31,7 @@ def test_a_dead_engine_thread_is_fatal_and_refuses_calls() -> None:
     with pytest.raises(FailedPrecondition, match="no model loaded"):
         asyncio.run(call())  # the call itself is answered; the thread dies after it
     assert wait_until(lambda: engine.fatal, 5) == "the engine thread died"
-    with pytest.raises(FailedPrecondition, match="engine is stopped"):
+    with pytest.raises(FailedPrecondition, match="engine thread died; retry once the backend"):
         asyncio.run(call())
 
 
@@ -40,3 +40,5 @@ def test_a_deliberate_stop_is_not_fatal() -> None:
     engine.start()
     engine.stop()
     assert engine.fatal is None
+    with pytest.raises(FailedPrecondition, match="shutting down; retry on another backend"):
+        engine.serving()

@@ -8,11 +8,14 @@ import re
 from pathlib import Path
 
 import pytest
+from inprocess import InProcessServer
+from scripted import ScriptedModel
 
 import backend_pb2 as pb
 import params
 from parsing import options as opts
 from parsing.options import OPTIONS, Option, env_on, on_off
+from seam.tokenizer import vocab_size
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,6 +194,66 @@ def test_memory_budget_zero_is_off_and_sizes_are_bytes():
         load("memory_budget:0GiB")
     with pytest.raises(ValueError, match=r"option cpu_dequantize_budget\b"):
         load("cpu_dequantize_budget:0")  # 0 is off only where the table says so
+
+
+def _off_at_zero(o: Option) -> bool:
+    """The table tells users that 0 turns ``o`` off (README's default column)."""
+    return bool(re.search(r"\(0 = off\)|^0 \(off\)$", o.shown))
+
+
+@pytest.mark.parametrize("o", [o for o in OPTIONS if _off_at_zero(o)], ids=lambda o: o.key)
+def test_an_option_the_table_calls_off_at_0_takes_0(o):
+    """What README says is what the parser does (max_cache_bytes:0 was documented as the
+    prompt cache off and refused)."""
+    lp = load(f"{o.key}:0")
+    if o.field:
+        assert getattr(lp, o.key) == 0
+
+
+def test_max_cache_bytes_0_is_among_the_options_off_at_0():
+    assert "max_cache_bytes" in {o.key for o in OPTIONS if _off_at_zero(o)}
+    assert load("max_cache_bytes:0").max_cache_bytes == 0
+
+
+@pytest.mark.parametrize(("options", "kept"), [([], True), (["max_cache_bytes:0"], False)])
+def test_max_cache_bytes_0_keeps_no_prompt(tok, options, kept):
+    """Served over real gRPC (a scripted model): after a request the prompt cache holds its
+    prompt, unless max_cache_bytes is 0 (Status's prompt_cache bytes)."""
+    srv = InProcessServer(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, options)
+    try:
+        srv.stub.Predict(pb.PredictOptions(Prompt="a prompt the cache could keep", Tokens=2))
+        held = srv.stub.Status(pb.HealthMessage()).memory.breakdown["prompt_cache"]
+        assert (held > 0) is kept
+        assert srv.engine.scheduler.sharing.enabled is kept  # nothing to share through it
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def no_model():
+    """The real servicer and engine over gRPC, nothing loaded."""
+    srv = InProcessServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"CacheTypeKey": "q3_z"}, ("CacheTypeKey", "q8_0", "q4_0")),
+        ({"Options": ["speculative:lookahead"]}, ("option speculative",)),
+        ({"Options": ["speculative:ngram", "ngram_size:0"]}, ("option ngram_size",)),
+        ({"Options": ["speculative:draft"]}, ("needs ModelOptions.DraftModel",)),
+    ],
+    ids=["cache-type", "speculative", "ngram-size", "draft-without-model"],
+)
+def test_load_model_refuses_a_bad_option_saying_what_to_change(no_model, fields, words):
+    """LoadModel answers success=False naming the field or option and what it accepts,
+    before any file is read (the model name is never reached)."""
+    res = no_model.stub.LoadModel(pb.ModelOptions(Model="/nonexistent/model", **fields))
+    assert not res.success
+    for word in words:
+        assert word in res.message, res.message
 
 
 def test_switches_take_every_on_off_word_and_auto_is_the_default():

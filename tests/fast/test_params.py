@@ -362,7 +362,6 @@ def test_trust_remote_code_from_field_or_option() -> None:
         ("max_cache_entries:-2", "max_cache_entries"),
         ("max_cache_entries:abc", "max_cache_entries"),
         ("max_cache_bytes:-1", "max_cache_bytes"),
-        ("max_cache_bytes:0", "max_cache_bytes"),
         ("max_cache_bytes:lots", "max_cache_bytes"),
         ("max_kv_size:0", "max_kv_size"),
         ("max_kv_size:-10", "max_kv_size"),

@@ -21,6 +21,17 @@ def offsets(kv):
     return [c.offset for c in kv]
 
 
+def token_bytes(n_layers: int = 2) -> int:
+    """Bytes one token of ``token_kv`` holds: layers x (keys, values) x float32 values."""
+    return n_layers * 2 * HEADS * HEAD_DIM * 4
+
+
+def distinct_positions(pc) -> int:
+    """Token positions the stored entries hold, each prefix shared by several counted
+    once (per model): what a cache that stores shared prefixes once holds."""
+    return len({(m, t[:i]) for m, t, _ in pc._snapshot() for i in range(1, len(t) + 1)})
+
+
 def test_miss_then_exact_hit_trims_one_token():
     pc = PromptCache()
     toks = [5, 6, 7, 8]
@@ -75,7 +86,8 @@ def test_redundant_shorter_prefixes_are_dropped_on_insert():
     pc.insert("m", [1, 3], token_kv([1, 3]))
     pc.insert("m", [1, 2, 3], token_kv([1, 2, 3]))
     assert sorted(t for _, t, _ in pc._snapshot()) == [(1, 2, 3), (1, 3)]
-    assert pc.nbytes == sum(c.nbytes for _, _, kv in pc._snapshot() for c in kv)
+    # The shared first token is held once: 4 positions, not 5.
+    assert pc.nbytes == distinct_positions(pc) * token_bytes() == 4 * token_bytes()
     assert pc.stats().evictions == 0
 
 
@@ -199,6 +211,13 @@ def test_returned_copy_is_private():
     assert offsets(again.kv) == [3, 3] and held(again.kv) == [1, 2, 3]
     stored = pc._snapshot()[0][2]
     assert offsets(stored) == [4, 4] and held(stored) == [1, 2, 3, 4]
+    # Trimmed back, a copy is written in place (its buffer has room): still private.
+    second = pc.fetch("m", [1, 2, 3, 4, 5])
+    for c in second.kv:
+        assert c.trim(2) == 2
+        c.update_and_fetch(k[:, :, :2], k[:, :, :2])
+    assert held(second.kv) == [1, 2, -1, -1]
+    assert held(pc.fetch("m", [1, 2, 3, 4, 5]).kv) == [1, 2, 3, 4]
 
 
 def test_counters_and_stats():
@@ -266,7 +285,8 @@ def test_threads_keep_invariants():
         with pc._lock:  # re-entrant: an atomic view of the whole cache
             snap = pc._snapshot()
             assert len(snap) == len(pc) <= max_entries
-            assert pc.nbytes == sum(c.nbytes for _, _, kv in snap for c in kv)
+            # Every stored position once, however many entries share it.
+            assert pc.nbytes == distinct_positions(pc) * token_bytes()
             assert all(offsets(kv) == [len(t)] * 2 for _, t, kv in snap)
 
     def worker(seed: int) -> int:
@@ -505,3 +525,98 @@ def test_entry_cut_from_a_batch_frees_the_batch_buffer():
 def held_keys(pc):
     (_, _, kv) = pc._snapshot()[0]
     return [int(x) for x in kv[0].keys[0, 0, :, 0].tolist()]
+
+
+def _session_kv(n: int, n_layers: int = 2) -> list:
+    """Evaluated plain KV of ``n`` tokens (head dim 32), in mlx-lm's 256-token buffers."""
+    kv = []
+    for _ in range(n_layers):
+        layer = KVCache()
+        x = mx.random.normal((1, 1, n, 32))
+        layer.update_and_fetch(x, x + 1)
+        kv.append(layer)
+    mx.eval([c.state for c in kv])
+    return kv
+
+
+def test_shared_segments_hold_what_mlx_holds_and_eviction_frees_a_leaf():
+    # Two sessions on one 200-token system prompt (tests/model/test_prompt_trie.py has
+    # them prefilled by a model): the prefix is held once, cut out of session A's entry
+    # when B arrives; MLX holds what the cache counts, and evicting A's own tokens frees
+    # them while the prefix stays for B.
+    system = list(range(1000, 1200))
+    a, b = [*system, *range(2000, 2050)], [*system, *range(3000, 3080)]
+    per_token = 2 * 2 * 32 * 4  # layers x (keys, values) x head dim x float32
+    _session_kv(8)  # warm-up
+    base = _active()
+    kv_a, kv_b = _session_kv(len(a)), _session_kv(len(b))
+    pc = PromptCache(max_entries=None)
+    pc.insert("m", a, kv_a)
+    pc.insert("m", b, kv_b)
+    del kv_a, kv_b
+    assert pc.nbytes == (200 + 50 + 80) * per_token
+    buffers = 3 * 2 * 2  # segments x layers x (keys, values)
+    assert pc.nbytes <= _active() - base <= pc.nbytes + 16 * buffers
+    assert pc.fetch("m", [*b, 1]).cached_tokens == len(b)  # B the most recently used
+    held_before = _active()
+    assert pc.trim_to(max_entries=1) == 1
+    assert pc.nbytes == (200 + 80) * per_token
+    assert 50 * per_token <= held_before - _active() <= 50 * per_token + 16 * 4
+    assert [t for _, t, _ in pc._snapshot()] == [tuple(b)]
+    assert pc.fetch("m", [*a, 1]).cached_tokens == 200
+    pc.clear()
+    assert _active() == base
+
+
+trie_ops = st.lists(
+    st.tuples(st.booleans(), st.sampled_from("ab"), token_lists),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trie_ops)
+def test_shared_segments_against_reference(operations):
+    # Plain KV (cut-able layers): every stored position is reusable, and the fetched KV
+    # holds exactly the prompt's leading tokens (token_kv writes each token's id into its
+    # keys), however the segments were cut; every position is held once per model.
+    pc = PromptCache(max_entries=None)
+    stored: dict = {}
+    for is_insert, model, toks in operations:
+        if is_insert:
+            pc.insert(model, toks, token_kv(list(toks)))
+            stored[(model, toks)] = True
+        else:
+            hit = pc.fetch(model, list(toks))
+            expected = max(
+                (min(_prefix_len(e, toks), len(toks) - 1) for m, e in stored if m == model),
+                default=0,
+            )
+            assert hit.cached_tokens == expected and hit.rest == list(toks[expected:])
+            if expected:
+                assert offsets(hit.kv) == [expected] * 2
+                assert held(hit.kv) == list(toks[:expected]) == held(hit.kv, 1)
+            else:
+                assert hit.kv is None
+    positions = {(m, e[:i]) for m, e in stored for i in range(1, len(e) + 1)}
+    assert pc.nbytes == len(positions) * token_bytes() == distinct_positions(pc) * token_bytes()
+    for _, toks, kv in pc._snapshot():
+        assert held(kv) == list(toks)
+
+
+def test_a_stored_shared_prefix_serves_as_a_checkpoint_until_a_longer_entry_extends_it():
+    # engine/sharing.py stores the prefix a burst shares (checkpoint=True) while the
+    # leader's row goes on; the waiting requests start from it (a "checkpoint" hit), and
+    # the leader's whole entry later takes its place as an entry.
+    pc = PromptCache(max_entries=None)
+    shared = [1, 2, 3, 4]
+    pc.insert("m", shared, token_kv(shared), checkpoint=True)
+    s = pc.stats()
+    assert (s.entries, s.checkpoints, s.checkpoint_bytes) == (1, 1, 4 * token_bytes())
+    hit = pc.fetch("m", [*shared, 7, 8])
+    assert (hit.kind, hit.cached_tokens, held(hit.kv)) == ("checkpoint", 4, shared)
+    pc.insert("m", [*shared, 5, 6], token_kv([*shared, 5, 6]))
+    s = pc.stats()
+    assert (s.entries, s.checkpoints, s.hits_checkpoint) == (1, 0, 1)
+    assert pc.nbytes == 6 * token_bytes()
+    assert pc.fetch("m", [*shared, 7]).kind == "trimmed"

@@ -107,3 +107,31 @@ def test_a_directory_slow_to_open_is_not_waited_for(tmp_path, monkeypatch):
     tiers.insert("m", [9, 9, 9], token_kv([9, 9, 9], heads=2, dim=8, dtype=mx.float16), d)
     assert tiers.flush(10) and tiers.disk_memory()["prompt_cache_disk_entries"] == 1
     tiers.close()
+
+
+def test_a_session_memory_evicted_comes_back_from_disk_beside_the_shared_prefix(tmp_path):
+    # Issue 38: two sessions on one system prompt. Memory keeps the prefix once; the
+    # least recently used session's own turns are evicted from memory, and its next turn
+    # is served from the disk tier (which holds every entry written), the hit going back
+    # into memory as its own tokens only: the prefix there is not stored twice.
+    fp = "0123456789abcdef:" + "a" * 32
+    tiers = TieredPromptCache(PromptCache(None), fp, 1 << 20)
+    d = str(tmp_path / "d")
+    system = list(range(100, 130))
+    a, b = [*system, *range(200, 210)], [*system, *range(300, 306)]
+
+    def kv(toks):
+        return token_kv(toks, heads=2, dim=8, dtype=mx.float16)
+
+    per_token = 2 * 2 * 2 * 8 * 2  # layers x (keys, values) x heads x dim x float16
+    tiers.insert("m", a, kv(a), d)
+    tiers.insert("m", b, kv(b), d)
+    assert tiers.flush(10) and tiers.disk_memory()["prompt_cache_disk_entries"] == 2
+    assert tiers.nbytes == (30 + 10 + 6) * per_token
+    assert tiers.fetch("m", [*b, 1], d).cached_tokens == len(b)  # b most recently used
+    assert tiers.trim_to(max_bytes=(30 + 6) * per_token) == 1  # a's own 10 tokens go
+    assert tiers.fetch("m", [*a, 1]).cached_tokens == 30  # memory alone: the prefix
+    hit = tiers.fetch("m", [*a, 1], d)
+    assert hit.disk_hit and hit.cached_tokens == len(a) and held(hit.kv) == a
+    assert tiers.nbytes == (30 + 10 + 6) * per_token and len(tiers) == 2
+    tiers.close()

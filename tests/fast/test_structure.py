@@ -12,6 +12,7 @@ its own submodules' imports (Python runs it first, but it only names its parts).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from helpers import ROOT
@@ -63,6 +64,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache  # read once per run: every test here only reads it
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
@@ -149,6 +151,27 @@ def test_no_circle_between_rooms():
     assert not circles, "rooms that import each other (move what one needs down): " + "; ".join(
         " <-> ".join(c) for c in circles
     )
+
+
+def test_each_task_is_reached_from_the_engine_in_one_call():
+    """Issue 40 item 5: Score, Rerank and Embedding go from the engine straight to their
+    task (`engine.core.TASKS`: the task module's own ``prepare_on`` and ``run_on``); no other
+    engine module imports a task, so no layer in between passes them on."""
+    from engine.core import EMBED, RERANK, SCORE, TASKS
+
+    modules = {op: {t.prepare_on.__module__, t.run_on.__module__} for op, t in TASKS.items()}
+    assert modules == {
+        SCORE: {"tasks.scoring"},
+        RERANK: {"tasks.rerank"},
+        EMBED: {"tasks.embedding"},
+    }
+    graph = import_graph()
+    importers = sorted(
+        name
+        for name, targets in graph.items()
+        if name.startswith("engine.") and any(t.startswith("tasks.") for t in targets)
+    )
+    assert importers == ["engine.core"]
 
 
 def test_seam_imports_nothing_of_ours():

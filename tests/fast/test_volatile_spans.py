@@ -12,6 +12,7 @@ from types import MappingProxyType
 import helpers
 import pytest
 from helpers import ids, token_kv
+from inprocess import InProcessServer
 from mlx_lm.models.cache import RotatingKVCache
 
 import backend_pb2 as pb
@@ -83,6 +84,23 @@ def test_the_option_reads_none_a_pattern_or_a_json_array_and_names_itself_when_b
     ]:
         with pytest.raises(ValueError, match=needle):
             params.load_params(pb.ModelOptions(Model="m", Options=[f"volatile_spans:{bad}"]))
+
+
+def test_a_pattern_that_does_not_compile_fails_the_load_naming_the_option():
+    """Over real gRPC, a real engine: LoadModel answers success=False with the option's
+    error, before any file is read (a model name that does not exist: never reached)."""
+    srv = InProcessServer()
+    try:
+        res = srv.stub.LoadModel(
+            pb.ModelOptions(Model="/nonexistent/model", Options=["volatile_spans:(unclosed"]),
+            timeout=30,
+        )
+        assert not res.success
+        assert "option volatile_spans: '(unclosed' is not a valid regular expression" in (
+            res.message
+        )
+    finally:
+        srv.stop()
 
 
 def test_repeated_warnings_are_counted_and_summarized_once_per_window():

@@ -1,7 +1,7 @@
 """Batch-wide logits processors (`batch.logits`) against the same processors called
 one row at a time (the per-row step `batch.decode.DecodeBatch._forward` took before issue
-30, kept here as `PerRow`), and the penalties against mlx-lm's own `make_*_penalty`
-(mlx_lm/sample_utils.py).
+30, kept here as `PerRow`); the penalties against mlx-lm's own `make_*_penalty`, which
+need no model: tests/fast/test_batch_logits.py.
 
 Levels: the processed logits of one step for many kinds of rows (exactly equal, in
 float32, bfloat16 and float16); whole runs on the embedded SmolLM2 and a tiny llama
@@ -21,11 +21,6 @@ import numpy as np
 import pytest
 import tiny_models
 from mlx_lm.models.cache import TokenBuffer
-from mlx_lm.sample_utils import (
-    make_frequency_penalty,
-    make_presence_penalty,
-    make_repetition_penalty,
-)
 
 from batch.decode import DecodeBatch, Row
 from batch.logits import BatchLogits, split
@@ -124,15 +119,6 @@ def _kinds(tok) -> list[list]:
     ]
 
 
-def test_split_keeps_the_order_batch_wide_or_per_row():
-    bias, rep = LogitBias({1: 1.0}), Penalty("repetition", 1.1, 4)
-    pres, freq = Penalty("presence", 0.5, 4), Penalty("frequency", 0.5, 4)
-    assert split([bias, bias, rep, pres, freq]) == ((bias, bias, rep, pres, freq), ())
-    assert split([rep, bias]) == ((rep,), (bias,))
-    assert split([rep, rep]) == ((rep,), (rep,))
-    assert split([_unknown, bias]) == ((), (_unknown, bias))
-
-
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
 def test_one_step_equals_the_processors_row_by_row(smol, dtype):
     """Rows of every kind, with histories shorter and longer than their windows and
@@ -173,19 +159,6 @@ def test_one_step_equals_the_processors_row_by_row(smol, dtype):
         inputs = nxt
     assert grammar.failure_of(batched[7]) is None and grammar.failure_of(batched[8]) is None
     assert grammar.failure_of(batched[7]) == grammar.failure_of(alone[7])
-
-
-@pytest.mark.parametrize("kind", ["repetition", "presence", "frequency"])
-def test_penalty_is_mlx_lms(kind):
-    make = {
-        "repetition": make_repetition_penalty,
-        "presence": make_presence_penalty,
-        "frequency": make_frequency_penalty,
-    }[kind]
-    tokens = mx.array([4, 9, 4, 4, 17, 9, 3])
-    logits = mx.array(np.random.default_rng(1).normal(size=(1, 32)).astype(np.float32))
-    want = make(1.4, 5)(tokens, mx.array(logits))
-    assert np.array_equal(np.array(Penalty(kind, 1.4, 5)(tokens[None], logits)), np.array(want))
 
 
 # -- whole runs --------------------------------------------------------------------------

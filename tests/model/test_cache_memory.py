@@ -26,12 +26,18 @@ def active() -> int:
     return mx.get_active_memory()
 
 
+PAGE = 4096
+
+
 def tolerance(nbytes: int, n_arrays: int) -> int:
     """How far MLX's count may exceed the cache's: the allocator rounds each buffer up
     (16 bytes each measured on CPU; GPU allocators round to pages, hence the wider
-    bound there). The cache never counts more than MLX holds."""
+    bound there), and may hand a new buffer one from its cache of freed buffers up to 2
+    pages larger than asked (``BufferCache::reuse_from_cache``,
+    mlx/backend/common/buffer_cache.h). ``n_arrays``: the stored buffers (`n_arrays`).
+    The cache never counts more than MLX holds."""
     if mx.default_device() == mx.cpu:
-        return nbytes // 100 + 64 * n_arrays
+        return nbytes // 100 + (64 + 2 * PAGE) * n_arrays
     return nbytes // 10 + 2**20
 
 
@@ -80,7 +86,9 @@ def generate(model, tok, batch, max_tokens, caches=None, history=None, cancel=()
 
 
 def n_arrays(pc: PromptCache) -> int:
-    return sum(len(c.state[:2]) for _, _, kv in pc._snapshot() for c in kv)
+    """At most how many buffers ``pc`` holds: keys and values per layer of each segment,
+    and a trie of E entries has at most 2E - 1 segments (``prompt_cache._Trie``)."""
+    return 2 * sum(len(c.state[:2]) for _, _, kv in pc._snapshot() for c in kv)
 
 
 def test_cached_entries_hold_what_the_cache_counts_and_eviction_frees_it(smol):
@@ -101,11 +109,13 @@ def test_cached_entries_hold_what_the_cache_counts_and_eviction_frees_it(smol):
     held = active() - base
     assert pc.nbytes <= held <= pc.nbytes + tolerance(pc.nbytes, n_arrays(pc))
 
-    # Evicting one entry frees what it counted.
+    # Evicting one entry frees what it counted: its own segment (the prompts share their
+    # first tokens, held once).
     before, counted = active(), pc.nbytes
     assert pc.trim_to(max_entries=7) == 1
     freed = before - active()
-    assert counted - pc.nbytes <= freed <= counted - pc.nbytes + tolerance(0, 2 * len(model.layers))
+    segment = 2 * len(model.layers)  # its buffers: keys and values per layer
+    assert counted - pc.nbytes <= freed <= counted - pc.nbytes + tolerance(0, segment)
 
     pc.trim_to(max_entries=0)
     assert len(pc) == 0 and pc.nbytes == 0
@@ -129,7 +139,9 @@ def test_byte_bound_holds_against_mlx_counter(smol):
         del kv
         assert pc.nbytes <= max_bytes
     del done
-    assert pc.stats().evictions >= 5
+    # 8 entries of up to a third of the bound each: some went (fewer than without the
+    # shared first tokens held once).
+    assert pc.stats().evictions >= 1 and len(pc) < 8
     held = active() - base
     assert pc.nbytes <= held <= pc.nbytes + tolerance(pc.nbytes, n_arrays(pc))
     assert held <= max_bytes + tolerance(max_bytes, n_arrays(pc))

@@ -27,7 +27,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import backend_pb2
 import params
-from prompt_cache import PromptCache, common_prefix, kv_nbytes, needs_checkpoints
+from parsing.tokens import common_prefix
+from prompt_cache import PromptCache, kv_nbytes, needs_checkpoints
 from prompting import render as prompt_mod
 
 FAMILIES = list(tiny_models.CONFIGS)

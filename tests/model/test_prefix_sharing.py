@@ -21,7 +21,7 @@ import backend_pb2
 from engine import sharing
 from engine.core import Engine
 from engine.metrics import Metrics
-from prompt_cache import common_prefix
+from parsing.tokens import common_prefix
 
 MAX_TOKENS = 5
 SYSTEM = (

@@ -158,27 +158,41 @@ def test_a_document_past_the_context_is_invalid_argument(srv):
     assert "documents[1]" in err.value.details()
 
 
-def test_batched_forks_equal_solo_forks_and_reuse_the_prompt_cache(smol):
-    """Several documents per forward call (right-padded) give each document's solo
-    numbers; one-token chunks exercise the column chunking; the shared judge prefix comes
-    from the prompt cache on the second call."""
+@pytest.fixture(scope="module")
+def batched(smol):
+    """Three documents of three lengths reranked together (yes_no) through a prompt
+    cache: (the result, the cache)."""
     model, tok = smol
-    docs = DOCUMENTS[1:]  # three, of three lengths
-    solo = [
-        rerank.rerank(model, tok, QUERY, [d], mode="yes_no").results[0].relevance_score
-        for d in docs
-    ]
     cache = PromptCache(max_entries=4)
-    batched = rerank.rerank(model, tok, QUERY, docs, mode="yes_no", cache=cache,
-                            model_key="m")  # fmt: skip
-    by_index = {r.index: r.relevance_score for r in batched.results}
-    for i, s in enumerate(solo):
-        assert by_index[i] == pytest.approx(s, abs=1e-5)
-    again = rerank.rerank(model, tok, QUERY, docs, mode="yes_no", cache=cache,
+    out = rerank.rerank(model, tok, QUERY, DOCUMENTS[1:], mode="yes_no", cache=cache,
+                        model_key="m")  # fmt: skip
+    return out, cache
+
+
+def test_batched_forks_equal_solo_forks(smol, batched):
+    """Several documents per forward call (right-padded) give each document's solo
+    numbers."""
+    model, tok = smol
+    by_index = {r.index: r.relevance_score for r in batched[0].results}
+    for i, d in enumerate(DOCUMENTS[1:]):
+        solo = rerank.rerank(model, tok, QUERY, [d], mode="yes_no").results[0].relevance_score
+        assert by_index[i] == pytest.approx(solo, abs=1e-5)
+
+
+def test_the_shared_judge_prefix_comes_from_the_prompt_cache(smol, batched):
+    model, tok = smol
+    out, cache = batched
+    hits = cache.stats().hits
+    again = rerank.rerank(model, tok, QUERY, DOCUMENTS[1:], mode="yes_no", cache=cache,
                           model_key="m")  # fmt: skip
-    assert again == batched and cache.stats().hits == 1
-    chunked = rerank.rerank(model, tok, QUERY, docs[:2], mode="likelihood", prefill_step=3)
-    whole = rerank.rerank(model, tok, QUERY, docs[:2], mode="likelihood")
+    assert again == out and cache.stats().hits == hits + 1
+
+
+def test_chunked_forward_calls_give_the_whole_call_s_scores(smol):
+    """3-token chunks exercise the column chunking."""
+    model, tok = smol
+    chunked = rerank.rerank(model, tok, QUERY, DOCUMENTS[1:3], mode="likelihood", prefill_step=3)
+    whole = rerank.rerank(model, tok, QUERY, DOCUMENTS[1:3], mode="likelihood")
     assert [r.index for r in chunked.results] == [r.index for r in whole.results]
     for a, b in zip(chunked.results, whole.results, strict=True):
         assert a.relevance_score == pytest.approx(b.relevance_score, rel=1e-4)

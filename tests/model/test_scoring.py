@@ -127,18 +127,21 @@ class _NoBos:
         self.encode = tok.encode
 
 
-def test_score_errors(lm):
+@pytest.mark.parametrize(
+    ("prompt", "candidates", "bos", "options", "words"),
+    [
+        (PROMPT, [], True, {}, "candidates is empty"),
+        (PROMPT, [" Paris", ""], True, {}, r"candidates\[1\]"),
+        ("", [" Paris"], False, {}, "prompt is empty"),
+        ("The", ["re is"], False, {}, r"candidates\[0\] merges"),
+        (PROMPT, [" Paris"], True, {"context_len": 5}, "context holds 5"),
+    ],
+    ids=["no-candidates", "empty-candidate", "no-prompt-no-bos", "merged-no-bos", "past-context"],
+)
+def test_score_errors(lm, prompt, candidates, bos, options, words):
     model, tok = lm
-    with pytest.raises(ValueError, match="candidates is empty"):
-        scoring.score(model, tok, PROMPT, [])
-    with pytest.raises(ValueError, match=r"candidates\[1\]"):
-        scoring.score(model, tok, PROMPT, [" Paris", ""])
-    with pytest.raises(ValueError, match="prompt is empty"):
-        scoring.score(model, _NoBos(tok), "", [" Paris"])
-    with pytest.raises(ValueError, match=r"candidates\[0\] merges"):
-        scoring.score(model, _NoBos(tok), "The", ["re is"])
-    with pytest.raises(ValueError, match="context holds 5"):
-        scoring.score(model, tok, PROMPT, [" Paris"], context_len=5)
+    with pytest.raises(ValueError, match=words):
+        scoring.score(model, tok if bos else _NoBos(tok), prompt, candidates, **options)
 
 
 class Counting:
@@ -156,7 +159,7 @@ class Counting:
         return getattr(self._inner, name)
 
 
-def test_should_stop_cancels_between_candidates(lm, france):
+def test_should_stop_cancels_between_candidates(lm):
     model, tok = lm
     counted = Counting(model)
     candidates = [f" city number {i}" for i in range(10)]
@@ -165,8 +168,12 @@ def test_should_stop_cancels_between_candidates(lm, france):
         scoring.score(counted, tok, PROMPT, candidates, should_stop=lambda: counted.calls >= 4)
     assert err.value.status == "CANCELLED"
     assert counted.calls == 4
-    # Chunked feeding checks before every chunk too: 1-token chunks, stop after 3 calls.
-    counted.calls = 0
+
+
+def test_should_stop_cancels_between_chunks_of_one_candidate(lm):
+    """Chunked feeding checks before every chunk too: 1-token chunks, stop after 3 calls."""
+    model, tok = lm
+    counted = Counting(model)
     with pytest.raises(Cancelled):
         scoring.score(
             counted,
@@ -177,7 +184,10 @@ def test_should_stop_cancels_between_candidates(lm, france):
             should_stop=lambda: counted.calls >= 3,
         )
     assert counted.calls == 3
-    # A should_stop that never fires changes nothing.
+
+
+def test_a_should_stop_that_never_fires_changes_nothing(lm, france):
+    model, tok = lm
     results = scoring.score(
         model,
         tok,
@@ -189,22 +199,24 @@ def test_should_stop_cancels_between_candidates(lm, france):
     assert results == france
 
 
-def test_score_bounds(lm):
+@pytest.mark.parametrize(
+    ("candidates", "options", "words"),
+    [
+        ([" x"] * 257, {}, r"^candidates has 257 entries; the limit is 256"),
+        ([" a", " b", " c", " d"], {"max_candidates": 3}, "the limit is 3 "),
+        # " a big city" is 3 tokens: two of them exceed a 5-token budget at candidates[1].
+        ([" a big city"] * 2, {"max_candidate_tokens": 5}, r"6 tokens .* by candidates\[1\]; "),
+    ],
+    ids=["MAX_SCORE_CANDIDATES", "max_candidates", "max_candidate_tokens"],
+)
+def test_score_refuses_past_its_bounds(lm, candidates, options, words):
     model, tok = lm
-    assert scoring.MAX_SCORE_CANDIDATES == 256
-    too_many = [" x"] * (scoring.MAX_SCORE_CANDIDATES + 1)
-    with pytest.raises(ValueError, match=r"^candidates has 257 entries; the limit is 256"):
-        scoring.score(model, tok, PROMPT, too_many)
-    with pytest.raises(ValueError, match=r"^candidates has 257 entries"):
-        scoring.check_candidates(too_many)
-    with pytest.raises(ValueError, match=r"candidates\[1\] is empty"):
-        scoring.check_candidates([" a", ""])
-    scoring.check_candidates([" a"] * 256)
-    with pytest.raises(ValueError, match="the limit is 3 "):
-        scoring.score(model, tok, PROMPT, [" a", " b", " c", " d"], max_candidates=3)
-    # " a big city" is 3 tokens: two of them exceed a 5-token budget at candidates[1].
-    with pytest.raises(ValueError, match=r"6 tokens .* by candidates\[1\]; the limit is 5 "):
-        scoring.score(model, tok, PROMPT, [" a big city"] * 2, max_candidate_tokens=5)
+    with pytest.raises(ValueError, match=words):
+        scoring.score(model, tok, PROMPT, candidates, **options)
+
+
+def test_candidates_within_the_token_budget_are_scored(lm):
+    model, tok = lm
     (ok,) = scoring.score(model, tok, PROMPT, [" a big city"], max_candidate_tokens=3)
     assert ok.num_tokens == 3
 
@@ -253,30 +265,51 @@ class WithCountedBody:
         return getattr(self._inner, name)
 
 
+TEN = "One two three four five six seven eight nine ten."
+
+
 def test_should_stop_cancels_embeddings_between_chunks(lm):
     model, tok = lm
-    text = "One two three four five six seven eight nine ten."
     counted = WithCountedBody(model)
     with pytest.raises(Cancelled, match="Embedding cancelled"):
-        embedding.embed(counted, tok, text, step=2, should_stop=lambda: counted.model.calls >= 2)
+        embedding.embed(counted, tok, TEN, step=2, should_stop=lambda: counted.model.calls >= 2)
     assert counted.model.calls == 2
-    counted.model.calls = 0
-    with pytest.raises(Cancelled):
-        embedding.embed_tokens(counted, tok.encode(text), should_stop=lambda: True)
-    assert counted.model.calls == 0
-    plain = embedding.embed(model, tok, text, step=2)
-    assert embedding.embed(model, tok, text, step=2, should_stop=lambda: False) == plain
 
 
-def test_embedding_errors(lm):
+def test_should_stop_is_asked_before_the_first_chunk(lm):
     model, tok = lm
-    with pytest.raises(ValueError, match="embedding_pooling"):
-        embedding.embed(model, tok, "hi", pooling="cls")
-    with pytest.raises(ValueError, match="embedding_normalize"):
-        embedding.embed(model, tok, "hi", normalize=-2)
-    with pytest.raises(ValueError, match="empty"):
-        embedding.embed(model, tok, "")
+    counted = WithCountedBody(model)
+    with pytest.raises(Cancelled):
+        embedding.embed_tokens(counted, tok.encode(TEN), should_stop=lambda: True)
+    assert counted.model.calls == 0
+
+
+def test_a_should_stop_that_never_fires_changes_no_embedding(lm):
+    model, tok = lm
+    plain = embedding.embed(model, tok, TEN, step=2)
+    assert embedding.embed(model, tok, TEN, step=2, should_stop=lambda: False) == plain
+
+
+@pytest.mark.parametrize(
+    ("text", "options", "words"),
+    [
+        ("hi", {"pooling": "cls"}, "embedding_pooling"),
+        ("hi", {"normalize": -2}, "embedding_normalize"),
+        ("", {}, "empty"),
+    ],
+    ids=["pooling", "normalize", "empty-text"],
+)
+def test_embedding_errors(lm, text, options, words):
+    model, tok = lm
+    with pytest.raises(ValueError, match=words):
+        embedding.embed(model, tok, text, **options)
+
+
+def test_tokens_outside_the_vocabulary_are_refused(lm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        embedding.embed_tokens(model, [1, 10**9])
+        embedding.embed_tokens(lm[0], [1, 10**9])
+
+
+def test_a_model_without_hidden_states_is_refused(lm):
     with pytest.raises(ValueError, match="no hidden states"):
-        embedding.embed(lambda ids, cache=None: ids, tok, "hi")
+        embedding.embed(lambda ids, cache=None: ids, lm[1], "hi")

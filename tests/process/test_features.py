@@ -67,12 +67,6 @@ def test_quantized_kv_cache_is_smaller_and_coherent(stub, other):
     assert text.split()[:3] == stub.Predict(greedy(STORY, tokens=12)).message.decode().split()[:3]
 
 
-def test_unknown_cache_type_is_refused_naming_the_accepted_ones(other):
-    res = other.stub.LoadModel(backend_pb2.ModelOptions(Model=GGUF, CacheTypeKey="q3_z"))
-    assert not res.success
-    assert "CacheTypeKey" in res.message and "q8_0" in res.message and "q4_0" in res.message
-
-
 def test_context_size_bounds_the_prompt(other):
     load(other, ContextSize=32)
     with pytest.raises(grpc.RpcError) as err:
@@ -179,13 +173,3 @@ def test_ngram_speculation_gives_the_same_greedy_text(stub, other):
         assert other.stub.Predict(prompt).message == text
     streamed = b"".join(r.message for r in other.stub.PredictStream(prompts[0]))
     assert streamed == expected[0]
-
-
-def test_ngram_speculation_options_are_validated(other):
-    for options, needle in [
-        (["speculative:lookahead"], "option speculative"),
-        (["speculative:ngram", "ngram_size:0"], "option ngram_size"),
-        (["speculative:draft"], "needs ModelOptions.DraftModel"),
-    ]:
-        res = other.stub.LoadModel(backend_pb2.ModelOptions(Model=GGUF, Options=options))
-        assert not res.success and needle in res.message, res.message

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -70,12 +71,12 @@ def refs(server):
 
 
 def rss_mib(srv: ServerProcess) -> int:
-    """Resident memory of the backend process, MiB (Linux; 0 elsewhere)."""
-    try:
-        status = Path(f"/proc/{srv.proc.pid}/status").read_text()
-    except OSError:
-        return 0
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) // 1024
+    """Resident memory of the backend process, MiB (POSIX ``ps``: Linux and macOS alike,
+    so no platform reads 0 and passes a bound unmeasured)."""
+    out = subprocess.run(
+        ["ps", "-o", "rss=", "-p", str(srv.proc.pid)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip()) // 1024  # ps reports KiB
 
 
 def attacked(srv: ServerProcess, refs, call, code, *needles: str) -> tuple[str, Innocents]:

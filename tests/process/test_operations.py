@@ -87,7 +87,14 @@ def health_status(channel, service: str = "") -> int:
 
 
 def process_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
+    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet). Without /proc
+    (macOS) signal 0 asks whether it exists: a missing /proc must not read as "gone"."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False  # alive, or a zombie: launchd reaps orphans at once
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:

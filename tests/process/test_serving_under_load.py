@@ -49,28 +49,50 @@ def _scrape(srv) -> dict[tuple[str, tuple], float]:
     }
 
 
-def test_the_metrics_endpoint_counts_the_traffic_sent(srv) -> None:
+P = "localai_mlx_"
+
+
+@pytest.fixture(scope="module")
+def traffic(srv):
+    """Three requests answered and one refused, then the metrics endpoint scraped and
+    Status read: (replies, the refusal, the samples, Status)."""
     replies = [srv.stub.Predict(greedy(f"Count to {n}:", 5 + n)) for n in range(3)]
     with pytest.raises(grpc.RpcError) as bad:
         srv.stub.Predict(backend_pb2.PredictOptions(Prompt="x", Temperature=-1))
-    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    m = _scrape(srv)
-    p = "localai_mlx_"
-    assert m[(p + "time_to_first_token_seconds_count", ())] == 3
-    assert m[(p + "e2e_request_latency_seconds_count", ())] == 3
-    assert m[(p + "generation_tokens_total", ())] == sum(r.tokens for r in replies)
-    prompt = sum(v for (name, _), v in m.items() if name == p + "prompt_tokens_total")
-    assert prompt == sum(r.prompt_tokens for r in replies)
-    finished = sum(v for (name, _), v in m.items() if name == p + "requests_finished_total")
-    assert finished == 3
-    assert m[(p + "request_errors_total", (("code", "INVALID_ARGUMENT"),))] == 1
-    st = status(srv.stub)
-    assert m[(p + "memory_bytes", (("kind", "weights"),))] == st["weights"]
+    return replies, bad.value, _scrape(srv), status(srv.stub)
+
+
+def _total(samples: dict, name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == P + name)
+
+
+def test_the_metrics_endpoint_counts_each_request_once(traffic) -> None:
+    m = traffic[2]
+    assert m[(P + "time_to_first_token_seconds_count", ())] == 3
+    assert m[(P + "e2e_request_latency_seconds_count", ())] == 3
+    assert _total(m, "requests_finished_total") == 3
+
+
+def test_the_metrics_endpoint_counts_the_tokens_the_replies_report(traffic) -> None:
+    replies, _, m, _ = traffic
+    assert m[(P + "generation_tokens_total", ())] == sum(r.tokens for r in replies)
+    assert _total(m, "prompt_tokens_total") == sum(r.prompt_tokens for r in replies)
+
+
+def test_the_metrics_endpoint_counts_a_refusal_by_its_code(traffic) -> None:
+    _, bad, m, _ = traffic
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert m[(P + "request_errors_total", (("code", "INVALID_ARGUMENT"),))] == 1
+
+
+def test_the_memory_gauges_are_what_status_reports(traffic) -> None:
+    _, _, m, st = traffic
+    assert m[(P + "memory_bytes", (("kind", "weights"),))] == st["weights"]
     # The budget (issue 32: visible in Status and Prometheus alike), 0 when off.
     assert st["memory_budget"] > 0  # on by default (75% of RAM on a CPU)
-    assert m[(p + "memory_bytes", (("kind", "budget"),))] == st["memory_budget"]
-    assert m[(p + "memory_bytes", (("kind", "reserved"),))] == 0  # nothing runs now
-    assert m[(p + "requests_running", ())] == 0
+    assert m[(P + "memory_bytes", (("kind", "budget"),))] == st["memory_budget"]
+    assert m[(P + "memory_bytes", (("kind", "reserved"),))] == 0  # nothing runs now
+    assert m[(P + "requests_running", ())] == 0
 
 
 def test_a_long_prefill_beside_running_streams_leaves_each_its_solo_output(srv) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -84,16 +85,26 @@ def _request(work: dict[str, Path], out: str, **fields) -> backend_pb2.FineTuneR
     return backend_pb2.FineTuneRequest(**base)
 
 
-def test_finetune_export_load_predict(job_server, work):
+@dataclass
+class Trained:
+    """What one fine-tuning job (``job1``, 40 steps) showed, watched as LocalAI does."""
+
+    started: backend_pb2.Result
+    second: grpc.RpcError  # a second job started while job1 ran
+    updates: list[backend_pb2.FineTuneProgressUpdate]
+    health_ms: list[float]  # Health round trips while training
+
+    @property
+    def steps(self) -> list[backend_pb2.FineTuneProgressUpdate]:
+        return [u for u in self.updates if u.status == "training" and u.current_step > 0]
+
+
+@pytest.fixture(scope="module")
+def trained(job_server, work) -> Trained:
     stub = job_server.stub
     started = stub.StartFineTune(_request(work, "job1"))
-    assert started.success and started.job_id == "job1"
-    # A second job in the same process is refused, naming the running one.
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(grpc.RpcError) as second:
         stub.StartFineTune(_request(work, "job2"))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "job1" in err.value.details()
-
     updates, health_ms = [], []
     for update in stub.FineTuneProgress(backend_pb2.FineTuneProgressRequest(job_id="job1")):
         updates.append(update)
@@ -101,47 +112,75 @@ def test_finetune_export_load_predict(job_server, work):
             t = time.perf_counter()
             assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
             health_ms.append((time.perf_counter() - t) * 1000)
-    statuses = [u.status for u in updates]
-    assert statuses[-1] == "completed", updates[-1].message
-    assert {"loading_model", "loading_dataset", "training"} <= set(statuses)
-    steps = [u for u in updates if u.status == "training" and u.current_step > 0]
-    assert [u.current_step for u in steps] == list(range(1, 41))
-    assert all(u.total_steps == 40 and u.grad_norm > 0 for u in steps)
-    # warmup_steps 0 is "not set" (proto3): trl's default 5, from 0 up to the rate, then down
-    rates = [u.learning_rate for u in steps]
-    assert rates[0] == 0 and rates[5] == pytest.approx(3e-3) and 0 < rates[-1] < rates[6]
-    assert steps[-1].loss < 0.5 < steps[0].loss, [round(u.loss, 3) for u in steps]
-    assert steps[-1].current_epoch == pytest.approx(40.0)
-    saved = [u.checkpoint_path for u in updates if u.status == "saving" and u.checkpoint_path]
-    assert saved == [str(work["root"] / "job1" / "checkpoint-20")]
-    assert updates[-1].checkpoint_path == str(work["root"] / "job1")
-    assert max(health_ms) < 1000, health_ms  # the event loop is free while training runs
+    assert updates[-1].status == "completed", updates[-1].message
+    return Trained(started, second.value, updates, health_ms)
 
-    listed = stub.ListCheckpoints(
-        backend_pb2.ListCheckpointsRequest(output_dir=str(work["root"] / "job1"))
-    ).checkpoints
-    assert [(c.step, c.epoch) for c in listed] == [(20, 20.0)]
-    assert 0 < listed[0].loss < steps[0].loss and listed[0].created_at.endswith("Z")
 
-    exports = {}
-    for fmt in ("lora", "merged_16bit", "merged_4bit", "gguf"):
-        out = work["root"] / "models" / fmt
-        result = stub.ExportModel(
+EXPORTS = ("lora", "merged_16bit", "merged_4bit", "gguf")
+
+
+@pytest.fixture(scope="module")
+def exports(job_server, work, trained) -> dict[str, Path]:
+    """job1 exported in every format, as LocalAI's UI asks (checkpoint: its output_dir)."""
+    out = {}
+    for fmt in EXPORTS:
+        path = work["root"] / "models" / fmt
+        result = job_server.stub.ExportModel(
             backend_pb2.ExportModelRequest(
-                checkpoint_path=str(work["root"] / "job1"),  # the UI's default: output_dir
-                output_path=str(out),
+                checkpoint_path=str(work["root"] / "job1"),
+                output_path=str(path),
                 export_format=fmt,
                 model=str(work["model"]),
             ),
             timeout=300,
         )
         assert result.success, result.message
-        exports[fmt] = out
-    config = json.loads((exports["lora"] / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(work["model"])  # LocalAI's importer reads it
+        out[fmt] = path
+    return out
 
+
+def test_a_job_starts_and_a_second_one_is_refused_naming_it(trained):
+    assert trained.started.success and trained.started.job_id == "job1"
+    assert trained.second.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "job1" in trained.second.details()
+
+
+def test_progress_reports_the_stages_and_every_step(trained):
+    assert {"loading_model", "loading_dataset", "training"} <= {u.status for u in trained.updates}
+    assert [u.current_step for u in trained.steps] == list(range(1, 41))
+    assert all(u.total_steps == 40 and u.grad_norm > 0 for u in trained.steps)
+    assert trained.steps[-1].current_epoch == pytest.approx(40.0)
+
+
+def test_the_learning_rate_warms_up_then_decays(trained):
+    # warmup_steps 0 is "not set" (proto3): trl's default 5, from 0 up to the rate, then down
+    rates = [u.learning_rate for u in trained.steps]
+    assert rates[0] == 0 and rates[5] == pytest.approx(3e-3) and 0 < rates[-1] < rates[6]
+
+
+def test_the_loss_falls(trained):
+    steps = trained.steps
+    assert steps[-1].loss < 0.5 < steps[0].loss, [round(u.loss, 3) for u in steps]
+
+
+def test_health_answers_while_training(trained):
+    assert max(trained.health_ms) < 1000, trained.health_ms  # the event loop is free
+
+
+def test_checkpoints_are_reported_and_listed(job_server, work, trained):
+    saving = [u.checkpoint_path for u in trained.updates if u.status == "saving"]
+    assert [p for p in saving if p] == [str(work["root"] / "job1" / "checkpoint-20")]
+    assert trained.updates[-1].checkpoint_path == str(work["root"] / "job1")
+    listed = job_server.stub.ListCheckpoints(
+        backend_pb2.ListCheckpointsRequest(output_dir=str(work["root"] / "job1"))
+    ).checkpoints
+    assert [(c.step, c.epoch) for c in listed] == [(20, 20.0)]
+    assert 0 < listed[0].loss < trained.steps[0].loss and listed[0].created_at.endswith("Z")
+
+
+def test_a_gguf_export_takes_f16_only(job_server, work, trained):
     with pytest.raises(grpc.RpcError) as err:
-        stub.ExportModel(
+        job_server.stub.ExportModel(
             backend_pb2.ExportModelRequest(
                 checkpoint_path=str(work["root"] / "job1"),
                 output_path=str(work["root"] / "models" / "bad"),
@@ -153,32 +192,40 @@ def test_finetune_export_load_predict(job_server, work):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "f16" in err.value.details()
 
-    # The adapter on its base, then the merged model: the memorized answers come back.
-    loaded = stub.LoadModel(
-        backend_pb2.ModelOptions(Model=str(work["model"]), LoraAdapter=str(exports["lora"]))
-    )
-    assert loaded.success, loaded.message
-    for row in ROWS:
-        assert _ask(stub, row["prompt"]).startswith(row["completion"])
-    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(exports["merged_16bit"])))
-    assert loaded.success, loaded.message
-    for row in ROWS:
-        assert _ask(stub, row["prompt"]).startswith(row["completion"])
+
+def test_the_exports_are_what_localais_importer_reads(work, exports):
+    config = json.loads((exports["lora"] / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(work["model"])
     merged = json.loads((exports["merged_16bit"] / "config.json").read_text())
     assert merged["model_type"] == "llama" and "quantization" not in merged
+    quant = json.loads((exports["merged_4bit"] / "config.json").read_text())
+    assert quant["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
     # The GGUF: mlx-lm's writer (mlx_lm/gguf.py), tokenizer metadata as llama.cpp writes it.
     (gguf,) = exports["gguf"].glob("*.gguf")
     assert list(exports["gguf"].iterdir()) == [gguf]  # one file: LocalAI's importer finds it
     assert gguf.read_bytes()[:4] == b"GGUF" and gguf.name == "gguf-f16.gguf"
-    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(gguf)))
+
+
+@pytest.mark.parametrize("fmt", ["lora", "merged_16bit", "gguf"])
+def test_an_export_loads_and_answers_what_it_learned(job_server, work, exports, fmt):
+    """The adapter on its base, the merged model and the GGUF: the memorized answers."""
+    if fmt == "lora":
+        options = backend_pb2.ModelOptions(Model=str(work["model"]), LoraAdapter=str(exports[fmt]))
+    elif fmt == "gguf":
+        (gguf,) = exports[fmt].glob("*.gguf")
+        options = backend_pb2.ModelOptions(Model=str(gguf))
+    else:
+        options = backend_pb2.ModelOptions(Model=str(exports[fmt]))
+    loaded = job_server.stub.LoadModel(options)
     assert loaded.success, loaded.message
     for row in ROWS:
-        assert _ask(stub, row["prompt"]).startswith(row["completion"])
-    quant = json.loads((exports["merged_4bit"] / "config.json").read_text())
-    assert quant["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
-    loaded = stub.LoadModel(backend_pb2.ModelOptions(Model=str(exports["merged_4bit"])))
+        assert _ask(job_server.stub, row["prompt"]).startswith(row["completion"])
+
+
+def test_the_4bit_export_loads_and_answers(job_server, exports):
+    loaded = job_server.stub.LoadModel(backend_pb2.ModelOptions(Model=str(exports["merged_4bit"])))
     assert loaded.success, loaded.message
-    assert _ask(stub, ROWS[0]["prompt"])
+    assert _ask(job_server.stub, ROWS[0]["prompt"])
 
 
 def test_stop_leaves_a_loadable_checkpoint(work):

@@ -102,18 +102,3 @@ def test_claude_codes_nonce_no_longer_ends_the_cached_prefix():
         assert ask(srv, second)[0] == text
     finally:
         srv.stop()
-
-
-def test_a_pattern_that_does_not_compile_fails_the_load_naming_the_option():
-    srv = ServerProcess()
-    try:
-        res = srv.stub.LoadModel(
-            backend_pb2.ModelOptions(Model=GGUF, Options=["volatile_spans:(unclosed"]),
-            timeout=300,
-        )
-        assert not res.success
-        assert "option volatile_spans: '(unclosed' is not a valid regular expression" in (
-            res.message
-        )
-    finally:
-        srv.stop()
