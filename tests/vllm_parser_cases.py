@@ -1,6 +1,24 @@
-"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI's importer
-writes (`tool_parser:` / `reasoning_parser:` options), with what vLLM's parser of that name
-extracts; each case names the vLLM test file it comes from (github.com/vllm-project/vllm).
+"""vLLM's own tool- and reasoning-parser test cases, per parser name LocalAI writes, with what
+vLLM's parser of that name extracts; each case names the vLLM test file it comes from
+(github.com/vllm-project/vllm) and, for the files in `IDS`, the test ids it stands for.
+
+The names. LocalAI (github.com/mudler/LocalAI @82c191afad) writes `tool_parser:` /
+`reasoning_parser:` options from core/config/parser_defaults.json, in
+core/gallery/importers/mlx.go and vllm.go (the gallery index, gallery/index.yaml, writes
+gemma4 only): tool parsers hermes, qwen3_xml, llama3_json, llama4_pythonic, mistral,
+deepseek_v3, glm45, glm47, gemma4, granite4, minimax_m2, kimi_k2, olmo3, ernie45,
+phi4_mini_json, openai; reasoning parsers qwen3, deepseek_r1, mistral, deepseek_v3, glm45,
+gemma4, granite, minimax_m2, kimi_k2, nemotron_v3, olmo3, ernie45, openai_gptoss. Beside
+them, from vLLM's registries (vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py
+@0064cc9cb1): pythonic, xlam, seed_oss, deepseek_v31, deepseek_v32, hunyuan_a13b,
+functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat; the reasoning
+names in tests/vllm_reasoning_cases.py.
+
+Wholesale: every test id of each file in `IDS` (its commit in the source constant) is a case,
+a known difference or `NOT_APPLICABLE` with the reason
+(tests/fast/test_parser_references.py: test_every_vllm_test_id_is_a_case). `IDS` holds every
+tests/tool_parsers/ file of the names above (test_gemma4_utils.py tests vLLM's offline
+helper, no parser name); the reasoning files are in tests/vllm_reasoning_cases.py's `IDS`.
 KNOWN_DIFFERENCES: cases where this backend differs for a reason, with ours and the reason.
 Used by tests/fast/test_parser_references.py (the output pipeline) and
 tests/fast/test_parser_references_grpc.py (Predict and PredictStream over real gRPC).
@@ -13,9 +31,9 @@ from dataclasses import dataclass, field
 
 import regex
 
-HERMES = "tests/tool_parsers/test_hermes_tool_parser.py"
-OPENAI = "tests/tool_parsers/test_openai_tool_parser.py"
-LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py"
+HERMES = "tests/tool_parsers/test_hermes_tool_parser.py@0eb73d6a09"
+OPENAI = "tests/tool_parsers/test_openai_tool_parser.py@15c99cb111"
+LLAMA3 = "tests/tool_parsers/test_llama3_json_tool_parser.py@1e499e36c5"
 R1 = "tests/reasoning/test_deepseekr1_reasoning_parser.py"
 QWEN3 = "tests/reasoning/test_qwen3_reasoning_parser.py"
 
@@ -37,34 +55,67 @@ class Case:
     initial: str = "normal"
     why: str = field(default="", compare=False)  # known differences: the reason
     tools: tuple = ()  # the request's tool definitions (OpenAI's shape), where vLLM's has some
+    # the vLLM test ids the case stands for (files in IDS): vLLM runs most outputs more than
+    # once (streaming and not, several stream intervals); one case here stands for each
+    ids: tuple = field(default=(), compare=False)
+
+    @property
+    def vllm_ids(self) -> tuple[str, ...]:
+        """The vLLM test ids the case stands for: `ids`, else its own id."""
+        return self.ids or (self.id,)
 
 
-def hermes(id, output, calls=(), content="", tool="hermes", **kw):
-    return Case(id, HERMES, tool, "", output, tuple(calls), content, **kw)
+def pid(value: str) -> str:
+    """A string parameter as pytest writes it in a test id (non-ASCII escaped)."""
+    return value.encode("unicode_escape").decode("ascii")
+
+
+def hermes(id, output, calls=(), content="", tool="hermes", ids=(), **kw):
+    return Case(id, HERMES, tool, "", output, tuple(calls), content, ids=tuple(ids), **kw)
+
+
+def every(test: str, *params) -> tuple[str, ...]:
+    """vLLM's ids of ``test`` run with each of ``params``."""
+    return tuple(f"{test}[{p}]" for p in params)
 
 
 TRIGGER = ("final_answer", {"trigger": True})
+SERIALIZED = '{"param": "max_connections"}'
+TRIGGER_TEXT = '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>'
+# test_hermes_parser_* run with each of CONFIGS' parsers: hermes ([llama]) and granite4
+# ([granite4], GRANITE4_CASES below); test_hermes_streaming_* with hermes only.
 HERMES_CASES = [
     hermes(
         "just_forward_text",
         "This is some prior text that has nothing to do with tool calling.",
         content="This is some prior text that has nothing to do with tool calling.",
+        ids=every("test_hermes_parser_streaming_just_forward_text", "llama"),
     ),
-    hermes("no_tool_call", "This is not a tool call.", content="This is not a tool call."),
+    hermes(
+        "just_forward_text_with_stream_interval",
+        "This is plain text with no tool calling involved.",
+        content="This is plain text with no tool calling involved.",
+        ids=every("test_hermes_streaming_just_forward_text_with_stream_interval", 2, 3, 5),
+    ),
+    hermes(
+        "no_tool_call",
+        "This is not a tool call.",
+        content="This is not a tool call.",
+        ids=every("test_hermes_parser_non_streaming_no_tool_call", "llama"),
+    ),
     hermes(
         "between_tags",
-        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
+        TRIGGER_TEXT,
         [TRIGGER],
-    ),
-    hermes(  # bug 19056
-        "streaming_failure_case_bug_19056",
-        '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}\n</tool_call>',
-        [TRIGGER],
+        ids=every("test_hermes_parser_non_streaming_tool_call_between_tags", "llama")
+        + every("test_hermes_parser_streaming_failure_case_bug_19056", "llama")
+        + every("test_hermes_streaming_boolean_args_with_stream_interval", 2, 5),
     ),
     hermes(
         "until_eos",
         '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}}',
         [TRIGGER],
+        ids=every("test_hermes_parser_non_streaming_tool_call_until_eos", "llama"),
     ),
     hermes(
         "streaming",
@@ -76,6 +127,14 @@ HERMES_CASES = [
                 {"location": "San Francisco, California, United States", "unit": "celsius"},
             )
         ],
+        ids=every("test_hermes_parser_streaming", "llama"),
+    ),
+    hermes(
+        "tool_call_with_stream_interval",
+        '<tool_call>{"name": "get_current_temperature", "arguments": {"location": '
+        '"San Francisco", "unit": "celsius"}}</tool_call>',
+        [("get_current_temperature", {"location": "San Francisco", "unit": "celsius"})],
+        ids=every("test_hermes_streaming_tool_call_with_stream_interval", 2, 3, 5, 8),
     ),
     hermes(
         "content_then_tool_call",
@@ -83,32 +142,59 @@ HERMES_CASES = [
         '"arguments": {"city": "NYC"}}</tool_call>',
         [("get_weather", {"city": "NYC"})],
         content="Sure, let me check the weather.",
+        ids=every("test_hermes_streaming_content_then_tool_call_with_stream_interval", 2, 3, 5, 8),
     ),
     hermes(
         "multiple_tool_calls",
         '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call>'
         '<tool_call>{"name": "search", "arguments": {"q": "dogs"}}</tool_call>',
         [("search", {"q": "cats"}), ("search", {"q": "dogs"})],
+        ids=every("test_hermes_streaming_multiple_tool_calls_with_stream_interval", 1, 2, 4),
     ),
     hermes(
         "serialized_arguments",
         '<tool_call>\n{"name": "get_db_config", '
         '"arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
         [("get_db_config", {"param": "max_connections"})],
+        ids=every("test_hermes_parser_non_streaming_serialized_arguments", "llama"),
     ),
     hermes(
         "streaming_serialized_arguments",
         '<tool_call>{"name": "get_db_config", '
         '"arguments": "{\\"param\\": \\"max_connections\\"}"}</tool_call>',
         [("get_db_config", {"param": "max_connections"})],
+        ids=every("test_hermes_streaming_serialized_arguments_with_stream_interval", 1, 2, 3, 5),
+    ),
+    hermes(
+        "string_arguments_match_non_streaming",
+        "<tool_call>" + json.dumps({"name": "f", "arguments": SERIALIZED}) + "</tool_call>",
+        [("f", {"param": "max_connections"})],
+        ids=every(
+            "test_hermes_streaming_string_arguments_match_non_streaming",
+            *[f"{i}-{pid(SERIALIZED)}" for i in (1, 3)],
+        ),
+    ),
+    hermes(
+        "content_and_tool_call_in_single_chunk",
+        'Hi!<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
+        [("f", {"x": 1})],
+        content="Hi!",
+        ids=("test_hermes_streaming_content_and_tool_call_in_single_chunk",),
     ),
 ]
-# vLLM runs the same file's cases through its granite4 parser (CONFIGS), except until_eos
-# ("The Granite4 tool parser enforces a complete response").
+# vLLM runs its test_hermes_parser_* tests through its granite4 parser too (CONFIGS), except
+# until_eos ("The Granite4 tool parser enforces a complete response").
 GRANITE4_CASES = [
-    Case(**{**c.__dict__, "id": "granite4_" + c.id, "tool": "granite4"})
+    Case(
+        **{
+            **c.__dict__,
+            "id": "granite4_" + c.id,
+            "tool": "granite4",
+            "ids": tuple(i.replace("[llama]", "[granite4]") for i in c.ids if "[llama]" in i),
+        }
+    )
     for c in HERMES_CASES
-    if c.id != "until_eos"
+    if any("[llama]" in i for i in c.ids) and c.id != "until_eos"
 ]
 
 
@@ -127,8 +213,11 @@ ANALYSIS_2 = (
 TOKYO = '{"location": "Tokyo"}'
 
 
-def openai(id, output, calls=(), content="", reasoning=""):
-    return Case(id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning)
+def openai(id, output, calls=(), content="", reasoning="", ids=None):
+    ids = (id,) if ids is None else ids
+    return Case(
+        id, OPENAI, "openai", "openai_gptoss", output, tuple(calls), content, reasoning, ids=ids
+    )
 
 
 def analysis(text: str) -> str:  # the first message: the prompt ends in <|start|>assistant
@@ -137,13 +226,13 @@ def analysis(text: str) -> str:  # the first message: the prompt ends in <|start
 
 OPENAI_CASES = [
     openai(
-        "no_tools",
+        "test_extract_tool_calls_no_tools",
         "<|channel|>final<|message|>This is a test<|end|>",
         content="This is a test",
     ),
     *[
         openai(
-            f"single_tool_{i}",
+            f"test_extract_tool_calls_single_tool[{pid(args)}]",
             analysis(ANALYSIS) + harmony_call("get_current_weather", args),
             [("get_current_weather", {"location": "Tokyo"})],
             reasoning=ANALYSIS,
@@ -164,9 +253,10 @@ OPENAI_CASES = [
             ("empty_args", {}),
         ],
         reasoning=ANALYSIS_2,
+        ids=("test_extract_tool_calls_multiple_tools",),
     ),
     openai(
-        "with_content",
+        "test_extract_tool_calls_with_content",
         analysis(ANALYSIS_2)
         + harmony_call("get_current_weather", TOKYO)
         + "<|start|>assistant<|channel|>final<|message|>This tool call will get the weather."
@@ -178,8 +268,9 @@ OPENAI_CASES = [
 ]
 
 
-def llama(id, output, calls=(), content=""):
-    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content)
+def llama(id, output, calls=(), content="", ids=None):
+    ids = (f"test_extract_tool_calls_{id}",) if ids is None else ids
+    return Case(id, LLAMA3, "llama3_json", "", output, tuple(calls), content, ids=ids)
 
 
 S1 = '{"name": "searchTool", "parameters": {"query": "test1"}}'
@@ -229,7 +320,7 @@ LLAMA3_CASES = [
         ],
     ),
     llama(
-        "quotes_and_brackets_in_string",
+        "with_quotes_and_brackets_in_string",
         '{"name": "searchTool", "parameters": {"query": "test {value} [complex]",'
         '"nested": {"inner": "more {brackets}"}}}',
         [
@@ -240,7 +331,7 @@ LLAMA3_CASES = [
         ],
     ),
     llama(
-        "escaped_quotes_in_nested_json",
+        "with_escaped_quotes_in_nested_json",
         '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
         [("parserTool", {"text": 'He said "Hello {world}"'})],
     ),
@@ -262,9 +353,21 @@ LLAMA3_CASES = [
         [("searchTool", {"query": "test"})],
     ),
     *[
-        llama(f"streaming_parallel_separators_{i}", S1 + sep + INC, THREE[:2])
+        llama(
+            f"streaming_parallel_separators_{i}",
+            S1 + sep + INC,
+            THREE[:2],
+            ids=(f"test_extract_tool_calls_streaming_parallel_separators[{pid(sep)}]",),
+        )
         for i, sep in enumerate(["; ", ";", ";\n", "\n"])
     ],
+    # vLLM's mocks its regex to time out: the output comes back as content
+    llama(
+        "regex_timeout_handling",
+        "{hello world[A(A=" + "\t)A(A=,\t" * 2,
+        content="{hello world[A(A=" + "\t)A(A=,\t" * 2,
+        ids=("test_regex_timeout_handling",),
+    ),
 ]
 
 
@@ -433,8 +536,8 @@ QWEN3_CASES = [
 ]
 
 
-DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py"
-DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py"
+DSV3 = "tests/tool_parsers/test_deepseekv3_tool_parser.py@0f17ee061e"
+DSV31 = "tests/tool_parsers/test_deepseekv31_tool_parser.py@100fe7e0c1"
 B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CB, SEP, CE = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
 
@@ -443,12 +546,54 @@ def v3_call(name: str, args: str) -> str:
     return f"{CB}function{SEP}{name}\n```json\n{args}\n```{CE}"
 
 
-def dsv3(id, output, calls=(), content=""):
-    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content)
+def dsv3(id, output, calls=(), content="", ids=()):
+    return Case(id, DSV3, "deepseek_v3", "", output, tuple(calls), content, ids=tuple(ids))
 
 
-def dsv31(id, output, calls=(), content=""):
-    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content)
+def dsv31(id, output, calls=(), content="", ids=None):
+    ids = (f"test_extract_tool_calls_{id}",) if ids is None else ids
+    return Case(id, DSV31, "deepseek_v31", "", output, tuple(calls), content, ids=ids)
+
+
+def _both(test: str) -> tuple[str, str]:
+    return (f"{test}[True]", f"{test}[False]")  # its `streaming` fixture's two runs
+
+
+# tests/tool_parsers/common_tests.py's ToolParserTests (@1b6b3ec182), which a parser's test
+# file runs with its own outputs (its ToolParserTestConfig): the ids each output stands for.
+COMMON_IDS = {
+    "no_tool_calls": _both("test_no_tool_calls"),
+    "single_tool_call": (
+        *_both("test_single_tool_call_simple_args"),
+        "test_streaming_reconstruction",
+        "test_streaming_split_invariance[single]",
+    ),
+    "parallel_tool_calls": (
+        *_both("test_parallel_tool_calls"),
+        "test_streaming_split_invariance[parallel]",
+    ),
+    "various_data_types": _both("test_various_data_types"),
+    "empty_arguments": _both("test_empty_arguments"),
+    "surrounding_text": _both("test_surrounding_text"),
+    "escaped_strings": _both("test_escaped_strings"),
+}
+
+
+def common(make, malformed=(), **tests) -> list[Case]:
+    """One case per output of a ToolParserTests config: tests maps COMMON_IDS' names to
+    (output, calls, content); malformed: test_malformed_input's outputs (vLLM asserts only
+    that they do not raise; here no call is made and each comes back as content). Outputs
+    that two tests share (InternLM2's parallel output is its single one) are one case."""
+    by_output: dict[str, list] = {}
+    for name, (output, calls, content) in tests.items():
+        entry = by_output.setdefault(output, [name, output, calls, content, ()])
+        entry[4] += COMMON_IDS[name]
+    cases = [make(n, o, c, t, ids=i) for n, o, c, t, i in by_output.values()]
+    for i, text in enumerate(malformed):
+        cases.append(
+            make(f"malformed_input_{i}", text, (), text, ids=_both("test_malformed_input"))
+        )
+    return cases
 
 
 VARIOUS = (
@@ -460,84 +605,81 @@ ESCAPED = (
     '{"text": "He said \\"hello\\"", "path": "C:\\\\Users\\\\file", "newline": "line1\\nline2"}'
 )
 DEEPSEEK_CASES = [
-    dsv3(
-        "no_tool_calls",
-        "How can I help you today? I can check weather for you.",
-        content="How can I help you today? I can check weather for you.",
-    ),
-    dsv3(
-        "single_tool_call",
-        B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
-        [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
-    ),
-    dsv3(
-        "parallel_tool_calls",
-        B
-        + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
-        + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
-        + E,
-        [
-            ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
-            ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+    *common(
+        dsv3,
+        no_tool_calls=(
+            "How can I help you today? I can check weather for you.",
+            (),
+            "How can I help you today? I can check weather for you.",
+        ),
+        single_tool_call=(
+            B + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}') + E,
+            [("get_weather", {"city": "Tokyo", "unit": "celsius"})],
+            "",
+        ),
+        parallel_tool_calls=(
+            B
+            + v3_call("get_weather", '{"city": "Tokyo", "unit": "celsius"}')
+            + v3_call("search_hotels", '{"location": "Tokyo", "check_in": "2025-01-15"}')
+            + E,
+            [
+                ("get_weather", {"city": "Tokyo", "unit": "celsius"}),
+                ("search_hotels", {"location": "Tokyo", "check_in": "2025-01-15"}),
+            ],
+            "",
+        ),
+        various_data_types=(
+            B + v3_call("test_function", VARIOUS) + E,
+            [("test_function", json.loads(VARIOUS))],
+            "",
+        ),
+        empty_arguments=(B + v3_call("get_current_time", "{}") + E, [("get_current_time", {})], ""),
+        surrounding_text=(
+            "Let me check the weather for you."
+            + B
+            + v3_call("get_weather", '{"city": "Paris"}')
+            + E,
+            [("get_weather", {"city": "Paris"})],
+            "Let me check the weather for you.",
+        ),
+        escaped_strings=(
+            B + v3_call("send_message", ESCAPED) + E,
+            [("send_message", json.loads(ESCAPED))],
+            "",
+        ),
+        malformed=[
+            B + v3_call("get_weather", '{"city": "Tokyo"') + E,
+            f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
         ],
     ),
-    dsv3(
-        "various_data_types",
-        B + v3_call("test_function", VARIOUS) + E,
-        [("test_function", json.loads(VARIOUS))],
-    ),
-    dsv3(
-        "empty_arguments",
-        B + v3_call("get_current_time", "{}") + E,
-        [("get_current_time", {})],
-    ),
-    dsv3(
-        "surrounding_text",
-        "Let me check the weather for you." + B + v3_call("get_weather", '{"city": "Paris"}') + E,
-        [("get_weather", {"city": "Paris"})],
-        content="Let me check the weather for you.",
-    ),
-    dsv3(
-        "escaped_strings",
-        B + v3_call("send_message", ESCAPED) + E,
-        [("send_message", json.loads(ESCAPED))],
-    ),
-    # vLLM asserts only that these do not raise (common_tests.py: "exact behavior varies");
-    # here no call is made and the text comes back as content.
-    *[
-        dsv3(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(
-            [
-                B + v3_call("get_weather", '{"city": "Tokyo"') + E,
-                f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}',
-            ]
-        )
-    ],
     dsv31(
         "with_tool",
         f'normal text{B}{CB}foo{SEP}{{"x":1}}{CE}{E}',
         [("foo", {"x": 1})],
         content="normal text",
     ),
-    dsv31(
-        "unparsable_block_cut_off",
-        f"Let me look that up.{B}get_weather",
-        content=f"Let me look that up.{B}get_weather",
-    ),
-    dsv31(
-        "unparsable_block_no_call_markers",
-        f'{B}foo{SEP}{{"x":1}}{E}',
-        content=f'{B}foo{SEP}{{"x":1}}{E}',
-    ),
+    *[
+        dsv31(
+            f"unparsable_block_{i}",
+            text,
+            content=text,
+            ids=(f"test_extract_tool_calls_unparsable_block[{pid(text)}]",),
+        )
+        for i, text in enumerate(
+            [f"Let me look that up.{B}get_weather", f'{B}foo{SEP}{{"x":1}}{E}']
+        )
+    ],
 ]
 
 
-PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py"
-JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py"
+PHI4 = "tests/tool_parsers/test_phi4mini_tool_parser.py@2471a1c143"
+JAMBA = "tests/tool_parsers/test_jamba_tool_parser.py@045d757550"
+INTERNLM = "tests/tool_parsers/test_internlm2_tool_parser.py@0661799351"
+LONGCAT = "tests/tool_parsers/test_longcat_tool_parser.py@41c5903d04"
 
 
-def phi4(id, output, calls=(), content=""):
-    return Case(id, PHI4, "phi4_mini_json", "", output, tuple(calls), content)
+def phi4(id, output, calls=(), content="", ids=()):
+    return Case(id, PHI4, "phi4_mini_json", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 PHI4_VARIOUS = """functools[{
@@ -563,56 +705,163 @@ PHI4_ESCAPED = """functools[{
     "unicode": "emoji: 🎉"
   }
 }]"""
-PHI4_CASES = [
-    phi4(
-        "no_tool_calls",
-        "This is a regular response without any tool calls.",
-        content="This is a regular response without any tool calls.",
-    ),
-    phi4(
-        "single_tool_call",
+VARIOUS_ARGS = json.loads(PHI4_VARIOUS[len("functools") :])[0]["arguments"]
+ESCAPED_ARGS = json.loads(PHI4_ESCAPED[len("functools") :])[0]["arguments"]
+NO_CALLS = "This is a regular response without any tool calls."
+TOKYO_CALL = ("get_weather", {"city": "Tokyo"})
+TWO_CALLS = [TOKYO_CALL, ("get_time", {"timezone": "Asia/Tokyo"})]
+# phi4's surrounding_text output is a known difference (KNOWN_DIFFERENCES)
+PHI4_CASES = common(
+    phi4,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(
         'functools[{"name": "get_weather", "arguments": {"city": "Tokyo"}}]',
-        [("get_weather", {"city": "Tokyo"})],
+        [TOKYO_CALL],
+        "",
     ),
-    phi4(
-        "parallel_tool_calls",
+    parallel_tool_calls=(
         """functools[
   {"name": "get_weather", "arguments": {"city": "Tokyo"}},
   {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}
 ]""",
-        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        TWO_CALLS,
+        "",
     ),
-    phi4(
-        "various_data_types",
-        PHI4_VARIOUS,
-        [("test_function", json.loads(PHI4_VARIOUS[len("functools") :])[0]["arguments"])],
-    ),
-    phi4(
-        "empty_arguments",
-        'functools[{"name": "refresh", "arguments": {}}]',
-        [("refresh", {})],
-    ),
-    phi4(
-        "escaped_strings",
-        PHI4_ESCAPED,
-        [("test_function", json.loads(PHI4_ESCAPED[len("functools") :])[0]["arguments"])],
-    ),
-    # vLLM asserts only that these do not raise ("exact behavior varies"); here no call is
-    # made and the text comes back as content.
-    *[
-        phi4(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(
-            [
-                'functools[{"name": "func", "arguments": {',
-                'functools[{"name": "func", "arguments": "not a dict"}]',
-                'functools{"name": "func"}',
-                'functools[{"name": "func"}]',
-                "functools[] This is just text",
-                "functools[ This is just text ]",
-            ]
-        )
+    various_data_types=(PHI4_VARIOUS, [("test_function", VARIOUS_ARGS)], ""),
+    empty_arguments=('functools[{"name": "refresh", "arguments": {}}]', [("refresh", {})], ""),
+    escaped_strings=(PHI4_ESCAPED, [("test_function", ESCAPED_ARGS)], ""),
+    malformed=[
+        'functools[{"name": "func", "arguments": {',
+        'functools[{"name": "func", "arguments": "not a dict"}]',
+        'functools{"name": "func"}',
+        'functools[{"name": "func"}]',
+        "functools[] This is just text",
+        "functools[ This is just text ]",
     ],
+)
+
+
+def internlm(id, output, calls=(), content="", ids=(), tools=()):
+    return Case(
+        id, INTERNLM, "internlm", "", output, tuple(calls), content, tools=tools, ids=tuple(ids)
+    )
+
+
+def action(body: str) -> str:
+    return f"<|action_start|><|plugin|>{body}<|action_end|>"
+
+
+INTERNLM_WEATHER_TOOLS = (  # the file's _GET_WEATHER_TOOL
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+)
+INTERNLM_TOKYO = action('{"name": "get_weather", "parameters": {"city": "Tokyo"}}')
+INTERNLM_CASES = [
+    *common(
+        internlm,
+        no_tool_calls=(NO_CALLS, (), NO_CALLS),
+        single_tool_call=(INTERNLM_TOKYO, [TOKYO_CALL], ""),
+        parallel_tool_calls=(INTERNLM_TOKYO, [TOKYO_CALL], ""),  # one call: no parallel calls
+        various_data_types=(
+            action(PHI4_VARIOUS[len("functools[") : -1].replace('"arguments"', '"parameters"')),
+            [("test_function", VARIOUS_ARGS)],
+            "",
+        ),
+        empty_arguments=(
+            action('{"name": "refresh", "parameters": {}}'),
+            [("refresh", {})],
+            "",
+        ),
+        surrounding_text=(
+            "Let me check the weather for you. " + INTERNLM_TOKYO,
+            [TOKYO_CALL],
+            "Let me check the weather for you. ",
+        ),
+        escaped_strings=(
+            action(PHI4_ESCAPED[len("functools[") : -1].replace('"arguments"', '"parameters"')),
+            [("test_function", ESCAPED_ARGS)],
+            "",
+        ),
+        malformed=[
+            '<|action_start|><|plugin|>{"name": "func", "parameters": {',
+            action('{"name": "func", "parameters": "not a dict"}'),
+            action("not json"),
+            "<|action_start|><|plugin|>",
+            '<|action_start|>{"name": "func"}',
+        ],
+    ),
+    # A name the request's tools do not offer is no call (vLLM asserts only that no call is
+    # made; here the block comes back as content as the model wrote it).
+    internlm(
+        "unknown_tool_name_not_emitted",
+        action('{"name": "delete_everything", "parameters": {"city": "Tokyo"}}'),
+        content=action('{"name": "delete_everything", "parameters": {"city": "Tokyo"}}'),
+        ids=("test_extract_unknown_tool_name_not_emitted",),
+        tools=INTERNLM_WEATHER_TOOLS,
+    ),
+    internlm(
+        "known_tool_name_emitted",
+        INTERNLM_TOKYO,
+        [TOKYO_CALL],
+        ids=("test_extract_known_tool_name_emitted",),
+        tools=INTERNLM_WEATHER_TOOLS,
+    ),
+    internlm(
+        "without_tools_not_over_rejected",
+        INTERNLM_TOKYO,
+        [TOKYO_CALL],
+        ids=("test_extract_without_tools_not_over_rejected",),
+    ),
 ]
+
+
+def longcat(id, output, calls=(), content="", ids=()):
+    return Case(id, LONGCAT, "longcat", "", output, tuple(calls), content, ids=tuple(ids))
+
+
+def lc(body: str) -> str:
+    return f"<longcat_tool_call>{body}</longcat_tool_call>"
+
+
+LC_TOKYO = lc('{"name": "get_weather", "arguments": {"city": "Tokyo"}}')
+LONGCAT_CASES = common(
+    longcat,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(LC_TOKYO, [TOKYO_CALL], ""),
+    parallel_tool_calls=(
+        LC_TOKYO + "\n" + lc('{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}'),
+        TWO_CALLS,
+        "",
+    ),
+    various_data_types=(
+        lc(PHI4_VARIOUS[len("functools[") : -1]),
+        [("test_function", VARIOUS_ARGS)],
+        "",
+    ),
+    empty_arguments=(lc('{"name": "refresh", "arguments": {}}'), [("refresh", {})], ""),
+    # vLLM asserts only the call; the text around it stays content here
+    surrounding_text=(
+        "Let me check the weather for you.\n" + LC_TOKYO + "\nHere is the result.",
+        [TOKYO_CALL],
+        "Let me check the weather for you.\n\nHere is the result.",
+    ),
+    escaped_strings=(
+        lc(PHI4_ESCAPED[len("functools[") : -1]),
+        [("test_function", ESCAPED_ARGS)],
+        "",
+    ),
+    malformed=[
+        '<longcat_tool_call>{"name": "func", "arguments": {',
+        lc('{"name": "func", "arguments": "not a dict"}'),
+        "Some text with <longcat_tool_call>invalid json",
+    ],
+)
 
 JAMBA_CALL = (
     '<tool_calls>[\n    {"name": "get_current_weather", "arguments": '
@@ -622,137 +871,259 @@ DALLAS = ("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahr
 ORLANDO = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})
 
 
-def jamba(id, output, calls=(), content=""):
-    return Case(id, JAMBA, "jamba", "", output, tuple(calls), content)
+def jamba(id, output, calls=(), content="", ids=()):
+    return Case(id, JAMBA, "jamba", "", output, tuple(calls), content, ids=tuple(ids))
 
 
+JAMBA_PARALLEL = (
+    ' <tool_calls>[\n    {"name": "get_current_weather", "arguments": {"city": "Dallas", '
+    '"state": "TX", "unit": "fahrenheit"}},\n    {"name": "get_current_weather", '
+    '"arguments": {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}}\n]</tool_calls>'
+)
+# vLLM's streaming result where its two paths differ (the leading space stays content; its
+# non-streaming path returns None there: KNOWN_DIFFERENCES)
 JAMBA_CASES = [
-    jamba("no_tools", "This is a test", content="This is a test"),
-    # vLLM's streaming result (test_extract_tool_calls_streaming): the leading space stays
-    # content; its non-streaming path returns None there.
-    jamba("single_tool", " " + JAMBA_CALL, [DALLAS], content=" "),
+    jamba(
+        "no_tools",
+        "This is a test",
+        content="This is a test",
+        ids=("test_extract_tool_calls_no_tools", "test_extract_tool_calls_streaming[no_tools]"),
+    ),
+    jamba(
+        "single_tool",
+        " " + JAMBA_CALL,
+        [DALLAS],
+        content=" ",
+        ids=("test_extract_tool_calls_streaming[single_tool]",),
+    ),
     jamba(
         "single_tool_with_content",
         " Sure! let me call the tool for you." + JAMBA_CALL,
         [DALLAS],
         content=" Sure! let me call the tool for you.",
+        ids=every("test_extract_tool_calls", "single_tool_with_content")
+        + every("test_extract_tool_calls_streaming", "single_tool_with_content"),
     ),
     jamba(
         "parallel_tools",
-        ' <tool_calls>[\n    {"name": "get_current_weather", "arguments": {"city": "Dallas", '
-        '"state": "TX", "unit": "fahrenheit"}},\n    {"name": "get_current_weather", '
-        '"arguments": {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}}\n]</tool_calls>',
+        JAMBA_PARALLEL,
         [DALLAS, ORLANDO],
         content=" ",
+        ids=("test_extract_tool_calls_streaming[parallel_tools]",),
     ),
     jamba(
         "streaming_arguments_in_single_delta",
         '<tool_calls>[{"name": "get_current_weather", "arguments": {"city": "Dallas", '
         '"state": "TX"}}]</tool_calls>',
         [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        ids=("test_extract_tool_calls_streaming_arguments_in_single_delta",),
     ),
 ]
 
 
-MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py"
+MISTRAL = "tests/tool_parsers/test_mistral_tool_parser.py@002d5731d3"
 
 
-def mistral(id, output, calls=(), content=""):
-    return Case(id, MISTRAL, "mistral", "", output, tuple(calls), content)
+def mistral(id, output, calls=(), content="", ids=()):
+    return Case(id, MISTRAL, "mistral", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 SF = ("get_current_weather", {"city": "San Francisco", "state": "CA", "unit": "celsius"})
 SF_JSON = '{"city": "San Francisco", "state": "CA", "unit": "celsius"}'
 BASH_CMD = '{"command": "print(\\"hello world!\\")\\nre.compile(r\'{}\')"}'
+PRE11 = "test_extract_tool_calls_pre_v11_tokenizer"
+PRE11_STREAM = "test_extract_tool_calls_streaming_pre_v11_tokenizer"
+ONE_CHUNK = "test_extract_tool_calls_streaming_one_chunk"
+# vLLM's pre-v11 tokenizer reads `[TOOL_CALLS] [{...}]`, its v11 one `[TOOL_CALLS]NAME{...}`;
+# here the one mistral format reads both (decoding/tool_formats/mistral.py).
 MISTRAL_CASES = [
-    mistral("no_tools", "This is a test", content="This is a test"),
-    # test_extract_tool_calls_pre_v11_tokenizer
+    mistral(
+        "no_tools",
+        "This is a test",
+        content="This is a test",
+        ids=every("test_extract_tool_calls_no_tools", "pre_v11", "v11")
+        + every(PRE11_STREAM, "no_tools")
+        + every(ONE_CHUNK, "pre_v11-no_tools")
+        + ("test_extract_tool_calls_streaming_v11_no_tools",),
+    ),
     mistral(
         "pre_v11_single_tool_add",
         '[TOOL_CALLS][{"name": "add", "arguments":{"a": 3.5, "b": 4}}]',
         [("add", {"a": 3.5, "b": 4})],
+        ids=every(PRE11, "single_tool_add"),
     ),
     mistral(
         "pre_v11_single_tool_weather",
         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
         [SF],
+        ids=every(PRE11, "single_tool_weather"),
+    ),
+    mistral(
+        "pre_v11_single_tool_weather_spaced",
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": ' + SF_JSON + "}]",
+        [SF],
+        ids=every(PRE11_STREAM, "single_tool_weather")
+        + every(ONE_CHUNK, "pre_v11-single_tool_weather"),
     ),
     mistral(
         "pre_v11_argument_before_name",
         '[TOOL_CALLS] [{"arguments":' + SF_JSON + ', "name": "get_current_weather"}]',
         [SF],
+        ids=every(PRE11, "argument_before_name"),
+    ),
+    mistral(
+        "pre_v11_argument_before_name_spaced",
+        '[TOOL_CALLS] [{"arguments": ' + SF_JSON + ', "name": "get_current_weather"}]',
+        [SF],
+        ids=every(PRE11_STREAM, "argument_before_name")
+        + every(ONE_CHUNK, "pre_v11-argument_before_name"),
     ),
     mistral(
         "pre_v11_argument_before_name_and_name_in_argument",
         '[TOOL_CALLS] [{"arguments":{"name": "John Doe"}, "name": "get_age"}]',
         [("get_age", {"name": "John Doe"})],
+        ids=every(PRE11, "argument_before_name_and_name_in_argument"),
+    ),
+    mistral(
+        "pre_v11_argument_before_name_and_name_in_argument_spaced",
+        '[TOOL_CALLS] [{"arguments": {"name": "John Doe"}, "name": "get_age"}]',
+        [("get_age", {"name": "John Doe"})],
+        ids=every(PRE11_STREAM, "argument_before_name_and_name_in_argument")
+        + every(ONE_CHUNK, "pre_v11-argument_before_name_and_name_in_argument"),
     ),
     mistral(
         "pre_v11_multiple_tools",
         '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, '
         '{"name": "get_current_weather", "arguments":' + SF_JSON + "}]",
         [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every(PRE11, "multiple_tools") + every(PRE11_STREAM, "multiple_tools"),
+    ),
+    mistral(
+        "pre_v11_multiple_tools_arguments_first",
+        '[TOOL_CALLS] [{"arguments": {"a": 3.5, "b": 4}, "name": "add"}, '
+        '{"arguments":' + SF_JSON + ', "name": "get_current_weather"}]',
+        [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every(ONE_CHUNK, "pre_v11-multiple_tools"),
     ),
     mistral(
         "pre_v11_content_before_tool",
         'Hello[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
         [("add", {"a": 1, "b": 2})],
         content="Hello",
+        ids=every(PRE11, "content_before_tool"),
     ),
-    mistral(  # vLLM's non-streaming result (its streaming one keeps the trailing text)
+    mistral(
+        "pre_v11_content_before_tool_some_text",
+        'Some text[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
+        [("add", {"a": 1, "b": 2})],
+        content="Some text",
+        ids=every(ONE_CHUNK, "pre_v11-content_before_tool"),
+    ),
+    mistral(  # vLLM's non-streaming result (its streaming one keeps the text: KNOWN_DIFFERENCES)
         "pre_v11_trailing_data_after_json",
         '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", '
         '"state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
         [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
+        ids=every(PRE11, "trailing_data_after_json"),
     ),
     mistral(
         "pre_v11_regex_fallback",
         '[TOOL_CALLS]  junk [{"name": "add", "arguments":{"a": 1, "b": 2}}] trail',
         [("add", {"a": 1, "b": 2})],
+        ids=("test_extract_tool_calls_pre_v11_regex_fallback",),
     ),
     mistral(
         "pre_v11_streaming_single_tool_add",
         '[TOOL_CALLS]  [ {"name":"add" , "arguments" : {"a": 3, "b": 4} } ]',
         [("add", {"a": 3, "b": 4})],
+        ids=every(PRE11_STREAM, "single_tool_add") + every(ONE_CHUNK, "pre_v11-single_tool_add"),
     ),
     mistral(
         "pre_v11_streaming_single_tool_add_strings",
         '[TOOL_CALLS] [{"name": "add", "arguments":{"a": "3", "b": "4"}}]',
         [("add", {"a": "3", "b": "4"})],
+        ids=every(PRE11_STREAM, "single_tool_add_strings")
+        + every(ONE_CHUNK, "pre_v11-single_tool_add_strings"),
+    ),
+    mistral(
+        "pre_v11_fast_detokenization",
+        '[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1, "b": 2}}]',
+        [("add", {"a": 1, "b": 2})],
+        ids=every("test_fast_detokenization_text_detection", "pre_v11"),
     ),
     # test_extract_tool_calls (v11 tokenizer: NAME{args})
     mistral(
         "v11_single_tool_add",
         '[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
         [("add_this_and_that", {"a": 3.5, "b": 4})],
+        ids=every("test_extract_tool_calls", "single_tool_add")
+        + every(ONE_CHUNK, "v11-single_tool_add"),
     ),
-    mistral("v11_single_tool_weather", "[TOOL_CALLS]get_current_weather" + SF_JSON, [SF]),
+    mistral(
+        "v11_single_tool_weather",
+        "[TOOL_CALLS]get_current_weather" + SF_JSON,
+        [SF],
+        ids=every("test_extract_tool_calls", "single_tool_weather")
+        + every(ONE_CHUNK, "v11-single_tool_weather"),
+    ),
     mistral(
         "v11_multiple_tool_calls",
         '[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]multiply{"a": 3, "b": 6}',
         [("add", {"a": 3.5, "b": 4}), ("multiply", {"a": 3, "b": 6})],
+        ids=every("test_extract_tool_calls", "multiple_tool_calls")
+        + every(ONE_CHUNK, "v11-multiple_tool_calls"),
     ),
     mistral(
         "v11_wrong_json",
         "hi{hi[TOOL_CALLS]bash" + BASH_CMD,
         [("bash", json.loads(BASH_CMD))],
         content="hi{hi",
+        ids=every("test_extract_tool_calls", "wrong_json") + every(ONE_CHUNK, "v11-complex"),
     ),
     mistral(
         "v11_content_before_tool",
         'bla[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}',
         [("add_this_and_that", {"a": 3.5, "b": 4})],
         content="bla",
+        ids=every(ONE_CHUNK, "v11-content_before_tool"),
+    ),
+    # test_extract_tool_calls_streaming: the v11 tokens mistral_common renders for its calls
+    mistral(
+        "v11_streaming_single_tool_add",
+        '[TOOL_CALLS]add{"a": 3, "b": 4}',
+        [("add", {"a": 3, "b": 4})],
+        ids=every("test_extract_tool_calls_streaming", "single_tool_add"),
+    ),
+    mistral(
+        "v11_streaming_single_tool_add_strings",
+        '[TOOL_CALLS]add_two_strings{"a": "3", "b": "4"}',
+        [("add_two_strings", {"a": "3", "b": "4"})],
+        ids=every("test_extract_tool_calls_streaming", "single_tool_add_strings"),
+    ),
+    mistral(
+        "v11_streaming_multiple_tools",
+        '[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]get_current_weather' + SF_JSON,
+        [("add", {"a": 3.5, "b": 4}), SF],
+        ids=every("test_extract_tool_calls_streaming", "multiple_tools"),
+    ),
+    mistral(
+        "v11_fast_detokenization",
+        'Hello[TOOL_CALLS]add{"a": 1, "b": 2}',
+        [("add", {"a": 1, "b": 2})],
+        content="Hello",
+        ids=every("test_fast_detokenization_text_detection", "v11"),
     ),
 ]
 
 
-OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py"
+OLMO3 = "tests/tool_parsers/test_olmo3_tool_parser.py@2aac44dc3f"
 
 
-def olmo3(id, body, calls=(), content=""):
+def olmo3(id, body, calls=(), content="", ids=None):
     output = f"<function_calls>{body}</function_calls>" if calls else body
-    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content)
+    if ids is None:  # test_tool_call's ids: each output streaming and not
+        ids = every("test_tool_call", f"{id}_streaming", f"{id}_nonstreaming")
+    return Case(id, OLMO3, "olmo3", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 OLMO_SIMPLE = "get_weather(city='San Francisco', metric='celsius')"
@@ -772,14 +1143,34 @@ OLMO_MORE_CALL = (
         "aliases": ["John", "Johnny"],
     },
 )
+OLMO_TIMEOUT = "hello world[A(A=" + "\t)A(A=,\t" * 2
+OLMO_BRACKETS = "<function_calls>foo(x=1])</function_calls>"
 OLMO3_CASES = [
-    olmo3("no_tool_call", "How can I help you today?", content="How can I help you today?"),
-    olmo3("simple", OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3(
+        "no_tool_call",
+        "How can I help you today?",
+        content="How can I help you today?",
+        ids=every("test_no_tool_call", "True", "False"),
+    ),
+    olmo3(
+        "simple",
+        OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+        ids=(
+            *every("test_tool_call", "simple_streaming", "simple_nonstreaming"),
+            "test_streaming_healthy_call_logs_nothing",
+        ),
+    ),
     olmo3("more_types", OLMO_MORE, [OLMO_MORE_CALL]),
     olmo3(
         "more_types_json_literals",
         OLMO_MORE.replace("None", "null").replace("True", "true"),
         [OLMO_MORE_CALL],
+        ids=every(
+            "test_tool_call",
+            "more_types_streaming_json_literals",
+            "more_types_nonstreaming_json_literals",
+        ),
     ),
     olmo3("parameterless", "get_weather()", [("get_weather", {})]),
     olmo3(
@@ -798,21 +1189,42 @@ OLMO3_CASES = [
         "streaming_tool_call_with_large_steps",
         OLMO_SIMPLE + "\nget_weather()\ndo_something_cool(steps=[])",
         [OLMO_SIMPLE_CALL, ("get_weather", {}), ("do_something_cool", {"steps": []})],
+        ids=("test_streaming_tool_call_with_large_steps",),
     ),
     olmo3(
         "bad_sibling_call_does_not_drop_good_calls",
         "bad(x=b'z')\n" + OLMO_SIMPLE,
         [OLMO_SIMPLE_CALL],
+        ids=every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
     ),
-    olmo3("non_finite_argument_rejected", "calc(x=1e999)\n" + OLMO_SIMPLE, [OLMO_SIMPLE_CALL]),
+    olmo3(
+        "non_finite_argument_rejected",
+        "calc(x=1e999)\n" + OLMO_SIMPLE,
+        [OLMO_SIMPLE_CALL],
+        ids=("test_non_finite_argument_rejected",),
+    ),
+    # vLLM mocks its regex to time out: the output comes back as content
+    olmo3(
+        "regex_timeout_handling",
+        OLMO_TIMEOUT,
+        content=OLMO_TIMEOUT,
+        ids=every("test_regex_timeout_handling", "False"),
+    ),
+    # vLLM asserts only that no call is made; here the block comes back as content
+    olmo3(
+        "mismatched_brackets",
+        OLMO_BRACKETS,
+        content=OLMO_BRACKETS,
+        ids=("test_streaming_mismatched_brackets_reported_once",),
+    ),
 ]
 
 
-QWEN3XML = "tests/tool_parsers/test_qwen3xml_tool_parser.py"
+QWEN3XML = "tests/tool_parsers/test_qwen3xml_tool_parser.py@1cbe721380"
 
 
-def qwen3xml(id, output, calls=(), content=""):
-    return Case(id, QWEN3XML, "qwen3_xml", "", output, tuple(calls), content)
+def qwen3xml(id, output, calls=(), content="", ids=()):
+    return Case(id, QWEN3XML, "qwen3_xml", "", output, tuple(calls), content, ids=tuple(ids))
 
 
 def xml_call(name: str, *params: tuple[str, str]) -> str:
@@ -820,27 +1232,19 @@ def xml_call(name: str, *params: tuple[str, str]) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
-QWEN3XML_CASES = [
-    qwen3xml(
-        "no_tool_calls",
-        "This is a regular response without any tool calls.",
-        content="This is a regular response without any tool calls.",
-    ),
-    qwen3xml(
-        "single_tool_call",
-        xml_call("get_weather", ("city", "Tokyo")),
-        [("get_weather", {"city": "Tokyo"})],
-    ),
-    qwen3xml(
-        "parallel_tool_calls",
+QWEN3XML_CASES = common(
+    qwen3xml,
+    no_tool_calls=(NO_CALLS, (), NO_CALLS),
+    single_tool_call=(xml_call("get_weather", ("city", "Tokyo")), [TOKYO_CALL], ""),
+    parallel_tool_calls=(
         xml_call("get_weather", ("city", "Tokyo"))
         + xml_call("get_time", ("timezone", "Asia/Tokyo")),
-        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        TWO_CALLS,
+        "",
     ),
     # vLLM's test checks the fields only (supports_typed_arguments=False): without a tool
     # schema the values stay text, null is None.
-    qwen3xml(
-        "various_data_types",
+    various_data_types=(
         xml_call(
             "test_function",
             ("string_field", "hello"),
@@ -865,20 +1269,19 @@ QWEN3XML_CASES = [
                 },
             )
         ],
+        "",
     ),
-    qwen3xml("empty_arguments", xml_call("refresh"), [("refresh", {})]),
+    empty_arguments=(xml_call("refresh"), [("refresh", {})], ""),
     # vLLM's test asserts at least one call (content unchecked); the text around the call
     # stays content here.
-    qwen3xml(
-        "surrounding_text",
+    surrounding_text=(
         "Let me check the weather for you.\n\n"
         + xml_call("get_weather", ("city", "Tokyo"))
         + "\n\nI will get that information.",
-        [("get_weather", {"city": "Tokyo"})],
-        content="Let me check the weather for you.\n\n\n\nI will get that information.",
+        [TOKYO_CALL],
+        "Let me check the weather for you.\n\n\n\nI will get that information.",
     ),
-    qwen3xml(
-        "escaped_strings",
+    escaped_strings=(
         xml_call(
             "test_function",
             ("quoted", 'He said "hello"'),
@@ -895,16 +1298,14 @@ QWEN3XML_CASES = [
                 },
             )
         ],
+        "",
     ),
-    # vLLM asserts only that these do not raise; here they are content.
-    *[
-        qwen3xml(f"malformed_input_{i}", text, content=text)
-        for i, text in enumerate(["<tool_call><function=></function></tool_call>"])
-    ],
-]
+    # the other malformed output (cut off) is a known difference
+    malformed=["<tool_call><function=></function></tool_call>"],
+)
 
 
-KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py"
+KIMI = "tests/tool_parsers/test_kimi_k2_tool_parser.py@0825a6c362"
 K_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 
 
@@ -974,7 +1375,7 @@ KIMI_CASES = [
 ]
 
 
-GLM45 = "tests/tool_parsers/test_glm4_moe_tool_parser.py"
+GLM45 = "tests/tool_parsers/test_glm4_moe_tool_parser.py@024364d669"
 
 
 def glm(id, output, calls=(), content=""):
@@ -1051,8 +1452,8 @@ GLM45_CASES = [
 ]
 
 
-PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py"
-LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py"
+PYTHONIC = "tests/tool_parsers/test_pythonic_tool_parser.py@0716d268c7"
+LLAMA4P = "tests/tool_parsers/test_llama4_pythonic_tool_parser.py@0716d268c7"
 
 
 def pythonic(id, output, calls=(), content="", tool="pythonic", source=PYTHONIC):
@@ -1215,7 +1616,41 @@ LLAMA4_PYTHONIC_CASES = [
 ]
 
 
-XLAM = "tests/tool_parsers/test_xlam_tool_parser.py"
+def _pythonic_ids(case: Case) -> Case:
+    """The vLLM test ids of a pythonic / llama4_pythonic case: "(non)streaming" stands for
+    both of test_tool_call's ids; tests run with `streaming` True and False name both."""
+    name = case.id
+    if "(non)streaming" in name:
+        ids = tuple(name.replace("(non)streaming", m) for m in ("streaming", "nonstreaming"))
+    elif name in ("test_no_tool_call", "test_bad_sibling_call_does_not_drop_good_calls"):
+        ids = every(name, "True", "False")
+    elif name == "test_regex_timeout_handling":
+        ids = every(name, "False")
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+PYTHONIC_CASES = [_pythonic_ids(c) for c in PYTHONIC_CASES]
+# test_tool_call's ids repeat there (parallel_calls_streaming twice): pytest numbers them 0, 1
+_L4_IDS = {
+    "test_tool_call[parallel_calls_(non)streaming]": every(
+        "test_tool_call", "parallel_calls_streaming0", "parallel_calls_nonstreaming0"
+    ),
+    "test_tool_call[parallel_calls_streaming, python_start]": (
+        "test_tool_call[parallel_calls_streaming1]",
+    ),
+    "test_tool_call[parallel_calls_nonstreaming, python_start]": (
+        "test_tool_call[parallel_calls_nonstreaming1]",
+    ),
+}
+LLAMA4_PYTHONIC_CASES = [
+    Case(**{**c.__dict__, "ids": _L4_IDS[c.id]}) if c.id in _L4_IDS else _pythonic_ids(c)
+    for c in LLAMA4_PYTHONIC_CASES
+]
+
+
+XLAM = "tests/tool_parsers/test_xlam_tool_parser.py@10a6751520"
 
 
 def xlam(id, output, calls=(), content=""):
@@ -1307,7 +1742,7 @@ XLAM_CASES = [
 ]
 
 
-SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py"
+SEED = "tests/tool_parsers/test_seed_oss_tool_parser.py@0f12075134"
 SEED_TOOLS = (
     {
         "type": "function",
@@ -1379,7 +1814,7 @@ SEED_OSS_CASES = [
 ]
 
 
-GEMMA4 = "tests/tool_parsers/test_gemma4_tool_parser.py"
+GEMMA4 = "tests/tool_parsers/test_gemma4_tool_parser.py@027004de37"
 Q = '<|"|>'
 
 
@@ -1393,7 +1828,7 @@ def g4(name: str, args: str) -> str:
 
 # TestParseGemma4Args / TestParseGemma4Array: the argument reader's cases, each as the one
 # call f{ARGS} (an array's as f{a:[ITEMS]}); their partial (streaming-internal) modes and
-# the two malformed-array timeouts have no call form and are left out.
+# the malformed-array ones have no call form (NOT_APPLICABLE).
 G4_ARGS = [
     ("test_empty_string", "", {}),
     ("test_whitespace_only", "   ", {}),
@@ -1430,6 +1865,7 @@ G4_ARGS = [
         {"outer": {"inner": {"3": "new text"}}},
     ),
     ("test_array_of_strings", f"items:[{Q}a{Q},{Q}b{Q}]", {"items": ["a", "b"]}),
+    ("test_unterminated_string", f"key:{Q}unterminated", {"key": "unterminated"}),
     ("test_empty_value", "key:", {"key": ""}),
     (
         "test_trailing_dot_float_partial_withheld (non-partial)",
@@ -1596,7 +2032,7 @@ GEMMA4_CASES = [
 ]
 
 
-QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py"
+QWEN3CODER = "tests/tool_parsers/test_qwen3coder_tool_parser.py@049d8df27d"
 
 
 def fn_tool(name: str, properties: dict, **extra) -> dict:
@@ -1882,7 +2318,7 @@ QWEN3CODER_CASES = [
 ]
 
 
-QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py"
+QSHARED = "tests/tool_parsers/test_qwen3_xml_coder_shared.py@00d0a333ba"
 
 
 def qshared(id, output, calls=(), content="", tools=QC_TOOLS):
@@ -2171,7 +2607,7 @@ QSHARED_CASES = [
 ]
 
 
-DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py"
+DSV32 = "tests/tool_parsers/test_deepseekv32_tool_parser.py@00816550e7"
 FC_START, FC_END = "<｜DSML｜function_calls>", "</｜DSML｜function_calls>"
 INV_START, INV_END = '<｜DSML｜invoke name="', "</｜DSML｜invoke>"
 PARAM_START, PARAM_END = '<｜DSML｜parameter name="', "</｜DSML｜parameter>"
@@ -2531,7 +2967,7 @@ DEEPSEEK_V32_CASES = [
 ]
 
 
-HUNYUAN = "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py"
+HUNYUAN = "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py@10a6751520"
 
 
 def hunyuan(id, output, calls=(), content=""):
@@ -2600,7 +3036,7 @@ HUNYUAN_CASES = [
 ]
 
 
-FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py"
+FUNCTIONGEMMA = "tests/tool_parsers/test_functiongemma_tool_parser.py@26c3628ca8"
 
 
 def fgemma(id, output, calls=(), content=""):
@@ -2672,7 +3108,7 @@ FUNCTIONGEMMA_CASES = [
 ]
 
 
-MINIMAX_M2 = "tests/tool_parsers/test_minimax_m2_tool_parser.py"
+MINIMAX_M2 = "tests/tool_parsers/test_minimax_m2_tool_parser.py@0c927c3451"
 
 
 def minimax(id, output, calls=(), content="", tools=()):
@@ -2792,7 +3228,7 @@ MINIMAX_M2_CASES = [
 ]
 
 
-GRANITE_T = "tests/tool_parsers/test_granite_tool_parser.py"
+GRANITE_T = "tests/tool_parsers/test_granite_tool_parser.py@2ab4733ef9"
 
 
 def granite(id, output, calls=(), content=""):
@@ -2840,7 +3276,7 @@ GRANITE_CASES = [
     ),
     granite(
         "test_various_data_types",
-        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_VARIOUS}], indent=2),
+        "<tool_call> " + PHI4_VARIOUS.removeprefix("functools"),  # the same JSON text there
         [("test_function", GR_VARIOUS)],
     ),
     granite(
@@ -2858,7 +3294,7 @@ GRANITE_CASES = [
     ),
     granite(
         "test_escaped_strings",
-        "<tool_call> " + json.dumps([{"name": "test_function", "arguments": GR_ESCAPED}], indent=2),
+        "<tool_call> " + PHI4_ESCAPED.removeprefix("functools"),
         [("test_function", GR_ESCAPED)],
     ),
     # vLLM asserts only that these do not raise; here they are content
@@ -2892,7 +3328,7 @@ GRANITE_CASES = [
 ]
 
 
-GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py"
+GRANITE4_T = "tests/tool_parsers/test_granite4_tool_parser.py@34f830e958"
 G4_COORD = {"coordinates": [[23.54, 43.1], [-12.2, 54.3], [4, 5]], "coordinate_type": "latlong"}
 G4_STOCK = {"symbol": "AAPL", "start_date": "2021-01-01", "end_date": "2021-12-31"}
 G4_TEXTS = [
@@ -2925,6 +3361,7 @@ GRANITE4_FILE_CASES = [
         G4_COMPLEX,
         (("find_bbox", G4_COORD), ("get_stock_price", G4_STOCK), ("find_bbox", G4_COORD)),
         "".join(G4_TEXTS),
+        ids=every("test_tool_call_parser_complex", "1-1", "1-2", "5-7", "6-20"),
     ),
     Case(  # vLLM asserts "some explanation" is in the content
         "test_streaming_preserves_content_between_complete_tool_calls",
@@ -2935,11 +3372,12 @@ GRANITE4_FILE_CASES = [
         '<tool_call> {"name": "get_stock_price", "arguments": {}} </tool_call>',
         (("find_bbox", {}), ("get_stock_price", {})),
         "some explanation ",
+        ids=("test_streaming_preserves_content_between_complete_tool_calls",),
     ),
 ]
 
 
-ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py"
+ERNIE45 = "tests/tool_parsers/test_ernie45_moe_tool_parser.py@0a26f84cc2"
 ER_BEIJING = (
     '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "Beijing"}}'
     "\n</tool_call>\n"
@@ -2992,7 +3430,7 @@ ERNIE45_CASES = [
 ]
 
 
-GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py"
+GLM47 = "tests/tool_parsers/test_glm47_moe_tool_parser.py@0ce879769d"
 GLM47_TOOLS = (
     {"type": "function", "function": {"name": "get_current_date", "parameters": {}}},
     fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
@@ -3521,8 +3959,89 @@ QSHARED_LITERAL_CASES = [
     ],
 ]
 
+GEMMA4_BARE = "tests/tool_parsers/test_gemma4_regex_and_bare_calls.py@33a7f0986a"
+G4_BARE = "<|channel>thought\nListing directory files.\n<channel|>" + g4(
+    "bash", f"command:{Q}ls -la /work{Q}"
+).removeprefix("<|tool_call>").removesuffix("<tool_call|>")
+# The file's other tests call vLLM's offline gemma4_utils.parse_tool_calls (NOT_APPLICABLE);
+# this one its gemma4 engine parser (vLLM asserts the call only).
+GEMMA4_BARE_CASES = [
+    Case(
+        "bare_call_after_channel",
+        GEMMA4_BARE,
+        "gemma4",
+        "",
+        G4_BARE,
+        (("bash", {"command": "ls -la /work"}),),
+        "<|channel>thought\nListing directory files.\n<channel|>",
+        ids=("TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",),
+    ),
+    Case(  # with LocalAI's gemma-4 pairing, the thought channel is reasoning
+        "bare_call_after_channel_with_reasoning_parser",
+        GEMMA4_BARE,
+        "gemma4",
+        "gemma4",
+        G4_BARE,
+        (("bash", {"command": "ls -la /work"}),),
+        "",
+        "Listing directory files.\n",
+        ids=("TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",),
+    ),
+]
+
+
+GEMMA4_REQUIRED = "tests/tool_parsers/test_gemma4_required_enforcement.py@98608a2379"
+GEMMA4_NAMED = "tests/tool_parsers/test_gemma4_named_tool_choice.py@17aad5e833"
+G4_PROSE = "I cannot call a tool right now, so here is a plain answer."
+G4_LONDON_CALL = (("get_weather", {"location": "London"}),)
+# Gemma4Parser (vLLM's path when the reasoning parser is gemma4 too, thinking off) and its
+# gemma4 tool parser alone; tool_choice "required" with prose only is NOT_APPLICABLE here.
+GEMMA4_REQUIRED_CASES = [
+    Case(
+        "required_tool_call",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "gemma4",
+        G4_LONDON,
+        G4_LONDON_CALL,
+        ids=(
+            "TestGemma4ParserParseRequiredEnforcement.test_required_tool_call_accepted",
+            "TestGemma4ParserStreamingRequiredEnforcement.test_required_tool_call_stream_accepted",
+        ),
+    ),
+    Case(
+        "auto_prose",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "gemma4",
+        G4_PROSE,
+        content=G4_PROSE,
+        ids=("TestGemma4ParserParseRequiredEnforcement.test_auto_prose_only_passes_through",),
+    ),
+    Case(
+        "required_tool_call_tool_parser_only",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "",
+        G4_LONDON,
+        G4_LONDON_CALL,
+        ids=("TestGemma4ToolParserRequiredEnforcement.test_required_tool_call_accepted",),
+    ),
+    Case(
+        "auto_prose_tool_parser_only",
+        GEMMA4_REQUIRED,
+        "gemma4",
+        "",
+        G4_PROSE,
+        content=G4_PROSE,
+        ids=("TestGemma4ToolParserRequiredEnforcement.test_auto_prose_only_passes_through",),
+    ),
+]
+
 CASES = (
-    QSHARED_LITERAL_CASES
+    GEMMA4_BARE_CASES
+    + GEMMA4_REQUIRED_CASES
+    + QSHARED_LITERAL_CASES
     + KIMI_MORE_CASES
     + GLM4_MORE_CASES
     + GLM47_CASES
@@ -3546,6 +4065,8 @@ CASES = (
     + LLAMA3_CASES
     + DEEPSEEK_CASES
     + PHI4_CASES
+    + INTERNLM_CASES
+    + LONGCAT_CASES
     + JAMBA_CASES
     + MISTRAL_CASES
     + OLMO3_CASES
@@ -3800,6 +4321,7 @@ KNOWN_DIFFERENCES = [
             "malformed_input_cut_off",
             "<tool_call><function=func>",
             content="<tool_call><function=func>",
+            ids=_both("test_malformed_input"),
         ),
         {"withdrawn": True},
         "same result as vLLM's non-streaming path, but the stream announced func before the "
@@ -3811,6 +4333,7 @@ KNOWN_DIFFERENCES = [
             "pre_v11_regex_fallback_fails",
             "[TOOL_CALLS] not json at all",
             content="not json at all",
+            ids=("test_extract_tool_calls_pre_v11_regex_fallback_fails",),
         ),
         {"content": "[TOOL_CALLS] not json at all"},
         "a block that holds no call comes back as content as the model wrote it, marker "
@@ -3822,6 +4345,7 @@ KNOWN_DIFFERENCES = [
             "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1],
             [("bash", json.dumps(json.loads(BASH_CMD))[:-2])],
             content="hi{hi",
+            ids=every("test_extract_tool_calls", "complex"),
         ),
         {"calls": [], "content": "hi{hi[TOOL_CALLS]bash" + BASH_CMD[:-1]},
         "the arguments were cut off; vLLM passes the truncated text on as arguments (no "
@@ -3833,6 +4357,7 @@ KNOWN_DIFFERENCES = [
             'Let me check the weather for you.\nfunctools[{"name": "get_weather", '
             '"arguments": {"city": "Tokyo"}}]\nWould you like to know more?',
             [("get_weather", {"city": "Tokyo"})],
+            ids=COMMON_IDS["surrounding_text"],
         ),
         {"content": "Let me check the weather for you.\n"},
         "vLLM's phi4_mini_json drops all content once it finds a call; here the text before "
@@ -3855,6 +4380,7 @@ KNOWN_DIFFERENCES = [
             "bare_string_arguments",
             '<tool_call>\n{"name": "do_thing", "arguments": "hello"}\n</tool_call>',
             [("do_thing", "hello")],
+            ids=every("test_hermes_parser_non_streaming_bare_string_arguments", "llama"),
         ),
         {
             "calls": [],
@@ -3872,6 +4398,7 @@ KNOWN_DIFFERENCES = [
             + harmony_call("no_args", ""),
             [("not_json_no_content_type", "foo"), ("no_args", "")],
             reasoning=ANALYSIS_2,
+            ids=("test_extract_tool_calls_multiple_tools",),
         ),
         {
             "calls": [("no_args", {})],
@@ -3918,6 +4445,7 @@ KNOWN_DIFFERENCES = [
             "invalid_json",
             '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
             content='<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
+            ids=every("test_hermes_parser_non_streaming_tool_call_invalid_json", "llama"),
         ),
         {
             "calls": [],
@@ -3930,6 +4458,1410 @@ KNOWN_DIFFERENCES = [
         "(vLLM's own streaming path announces it too)",
     ),
 ]
+
+
+# InternLM2's call streams as it is written: a block that proves no call at its end (cut
+# off, or a name the request does not declare) was announced on the stream already.
+_INTERNLM_STREAMED = ("malformed_input_0", "unknown_tool_name_not_emitted")
+KNOWN_DIFFERENCES += [
+    known(
+        c,
+        {"withdrawn": True},
+        "same result as vLLM's non-streaming path (the block is no call: "
+        + ("cut off" if c.id.startswith("malformed") else "a tool the request does not declare")
+        + "), but the stream had announced the call as it was written; LocalAI's proto "
+        "cannot withdraw a streamed call, so PredictStream shows it and Predict does not "
+        "(vLLM's streaming path does not check the name either)",
+    )
+    for c in INTERNLM_CASES
+    if c.id in _INTERNLM_STREAMED
+]
+CASES = [c for c in CASES if not (c.source == INTERNLM and c.id in _INTERNLM_STREAMED)]
+HERMES_KNOWN = [k for k in KNOWN_DIFFERENCES if k[0].source == HERMES]
+STRING_ARGUMENTS = ["hello", "{hello world}", "[oops", '{"a": 1} tail text']
+NO_OBJECT = (
+    "OpenAI's function.arguments is a JSON object's text (LocalAI and clients decode it into "
+    "a map): a call whose arguments are no object is malformed here and its text comes back "
+    "as content; vLLM passes json.dumps of the string on as the arguments"
+)
+KNOWN_DIFFERENCES += [
+    known(
+        hermes(
+            "bare_string_arguments_with_stream_interval",
+            '<tool_call>{"name": "do_thing", "arguments": "hello"}</tool_call>',
+            [("do_thing", "hello")],
+            ids=every("test_hermes_streaming_bare_string_arguments_with_stream_interval", 1, 3),
+        ),
+        {
+            "calls": [],
+            "content": '<tool_call>{"name": "do_thing", "arguments": "hello"}</tool_call>',
+        },
+        NO_OBJECT,
+    ),
+    *[
+        known(
+            hermes(
+                f"string_arguments_match_non_streaming_{i}",
+                "<tool_call>" + json.dumps({"name": "f", "arguments": value}) + "</tool_call>",
+                [("f", value)],
+                ids=every(
+                    "test_hermes_streaming_string_arguments_match_non_streaming",
+                    *[f"{n}-{pid(value)}" for n in (1, 3)],
+                ),
+            ),
+            {
+                "calls": [],
+                "content": "<tool_call>"
+                + json.dumps({"name": "f", "arguments": value})
+                + "</tool_call>",
+            },
+            NO_OBJECT,
+        )
+        for i, value in enumerate(STRING_ARGUMENTS)
+    ],
+    # the hermes differences through vLLM's granite4 parser too (its CONFIGS)
+    *[
+        (
+            Case(
+                **{
+                    **c.__dict__,
+                    "id": "granite4_" + c.id,
+                    "tool": "granite4",
+                    "ids": tuple(i.replace("[llama]", "[granite4]") for i in c.ids),
+                }
+            ),
+            ours,
+        )
+        for c, ours in HERMES_KNOWN
+    ],
+    known(
+        mistral(
+            "pre_v11_multiple_bot_tokens",
+            '[TOOL_CALLS] [{"name": "add", "arguments":{"a": 1}}]'
+            '[TOOL_CALLS] [{"name": "sub", "arguments":{"b": 2}}]',
+            ids=("test_extract_tool_calls_pre_v11_multiple_bot_tokens_raises",),
+        ),
+        {"calls": [("add", {"a": 1}), ("sub", {"b": 2})]},
+        "vLLM's pre-v11 mistral parser raises ValueError ('Only one BOT token') for a second "
+        "[TOOL_CALLS] list, failing the request; here each block's calls are read, as for "
+        "the v11 form where every call has its own [TOOL_CALLS]",
+    ),
+    known(
+        mistral(
+            "v11_without_args_skipped",
+            "[TOOL_CALLS]toolname_no_args",
+            ids=("test_extract_tool_calls_v11_without_args_skipped",),
+        ),
+        {"content": "[TOOL_CALLS]toolname_no_args"},
+        "a block that holds no call comes back as content as the model wrote it, marker "
+        "included, for every format here; vLLM's mistral drops it (no call, no content)",
+    ),
+    known(
+        mistral(
+            "pre_v11_streaming_trailing_data_after_json",
+            '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", '
+            '"state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
+            [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
+            content="\nextra trailing data",
+            ids=every(PRE11_STREAM, "trailing_data_after_json"),
+        ),
+        {"content": ""},
+        "vLLM's two paths disagree here (its non-streaming path drops the text after the "
+        "list: test_extract_tool_calls_pre_v11_tokenizer[trailing_data_after_json]); this "
+        "backend has one path and gives vLLM's non-streaming result",
+    ),
+    *[
+        known(
+            jamba(
+                f"nonstreaming_{name}",
+                output,
+                calls,
+                ids=every("test_extract_tool_calls", name),
+            ),
+            {"content": " "},
+            "vLLM's two paths disagree here (its streaming path keeps the leading space as "
+            "content: test_extract_tool_calls_streaming); this backend has one path and gives "
+            "vLLM's streaming result",
+        )
+        for name, output, calls in [
+            ("single_tool", " " + JAMBA_CALL, [DALLAS]),
+            ("parallel_tools", JAMBA_PARALLEL, [DALLAS, ORLANDO]),
+        ]
+    ],
+]
+
+
+_KIMI_PARAMS = (
+    "single_tool_call",
+    "parallel_tool_calls",
+    "three_tool_calls",
+    "angle_brackets_in_json",
+    "multiline_json",
+    "no_functions_prefix",
+    "empty_arguments",
+)
+
+
+def _kimi_ids(case: Case) -> Case:
+    """The vLLM test ids of a kimi_k2 case (its early cases have short names; the module-level
+    tests there are TestExtractToolCalls' methods)."""
+    name = case.id.split(" (")[0]
+    if name in _KIMI_PARAMS:
+        ids: tuple[str, ...] = (f"TestExtractToolCalls.test_extract_tool_calls[{name}]",)
+    elif name in ("no_tools", "invalid_json_still_extracted"):
+        ids = (f"TestExtractToolCalls.test_{name}",)
+    elif name.startswith("test_"):
+        ids = (f"TestExtractToolCalls.{name}",)
+    elif name.endswith("_at_interval"):
+        ids = every(name, 1, 2, 3, 5, 8)
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_kimi_ids(c) if c.source == KIMI else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_kimi_ids(c), o) if c.source == KIMI else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+_GLM45_PARAMS = (
+    "single_tool_call",
+    "multiple_tool_calls",
+    "tool_call_with_content_before",
+    "tool_call_with_mixed_args",
+    "tool_call_with_chinese_content",
+)
+_GLM45_INTERVALS = {
+    "test_stream_interval_single_tool_call": (1, 2, 3, 5, 8),
+    "test_stream_interval_multiple_tool_calls": (1, 2, 3, 5, 8),
+    "test_stream_interval_content_then_tool_call": (1, 2, 3, 5, 8),
+    "test_stream_interval_content_between_tool_calls": (1, 2, 5),
+}
+
+
+def _glm45_ids(case: Case) -> Case:
+    """The vLLM test ids of a glm45 case (its early cases have short names)."""
+    name = case.id
+    if name in _GLM45_PARAMS:
+        ids: tuple[str, ...] = (f"test_extract_tool_calls[{name}]",)
+    elif name in _GLM45_INTERVALS:
+        ids = every(name, *_GLM45_INTERVALS[name])
+    elif not name.startswith("test_"):
+        ids = (f"test_extract_tool_calls_{name}",)
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+KNOWN_DIFFERENCES.append(
+    known(
+        glm(
+            "test_extract_tool_calls_malformed_xml",
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seattle</arg_value>\n"
+            "<arg_key>incomplete_arg\n<arg_value>value</arg_value>\n</tool_call>",
+            [("get_weather", {"city": "Seattle"})],
+        ),
+        {"withdrawn": True},
+        "vLLM asserts only that it returns (its argument regex skips the pair whose "
+        "</arg_key> is missing, as the whole parse here does); the stream had sent the "
+        "broken pair as it came and re-sends the call whole: LocalAI's proto cannot "
+        "withdraw a streamed call",
+    )
+)
+CASES = [_glm45_ids(c) if c.source == GLM45 else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_glm45_ids(c), o) if c.source == GLM45 else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+def _gemma4_ids(case: Case) -> Case:
+    """The vLLM test id of a gemma4 case (its array reader's cases are TestParseGemma4Array's)."""
+    name = case.id.replace("TestParseGemma4Args.Array.", "TestParseGemma4Array.")
+    return Case(**{**case.__dict__, "ids": (name.removesuffix(" (non-partial)"),)})
+
+
+CASES = [_gemma4_ids(c) if c.source == GEMMA4 else c for c in CASES]
+
+
+_X_PARAMS = (
+    "parallel_tool_calls",
+    "single_tool_with_think_tag",
+    "single_tool_with_json_code_block",
+    "single_tool_with_tool_calls_tag",
+    "single_tool_with_tool_call_xml_tags",
+)
+_X_EMPTY = [
+    '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 42}}]-expected0',
+    '[{"name": "a", "arguments": {"x": 42}}, {"name": "b", "arguments": {}}]-expected1',
+]
+_XLAM_IDS = {
+    "test_extract_tool_calls[parallel_tool_calls]": every(
+        "test_extract_tool_calls", "parallel_tool_calls"
+    )
+    + every("test_extract_tool_calls_streaming_incremental", "parallel_tool_calls"),
+    "test_extract_tool_calls[single_tool_with_think_tag]": every(
+        "test_extract_tool_calls", "single_tool_with_think_tag"
+    )
+    + every("test_extract_tool_calls_streaming_incremental", "single_tool_with_think_tag"),
+    "test_preprocess_model_output[list]": (
+        "test_preprocess_model_output",
+        "test_streaming_with_list_structure",
+    ),
+    "test_extract_tool_calls_non_ascii": every(
+        "test_extract_tool_calls_non_ascii", "False", "True"
+    ),
+    "test_extract_tool_calls_streaming_one_empty_args_tool[first]": every(
+        "test_extract_tool_calls_streaming_one_empty_args_tool", _X_EMPTY[0]
+    ),
+    "test_extract_tool_calls_streaming_one_empty_args_tool[last]": every(
+        "test_extract_tool_calls_streaming_one_empty_args_tool", _X_EMPTY[1]
+    ),
+}
+CASES = [
+    Case(**{**c.__dict__, "ids": _XLAM_IDS[c.id]}) if c.source == XLAM and c.id in _XLAM_IDS else c
+    for c in CASES
+]
+
+
+_HY_EXTRACT = ("no_tool_call", "single", "multiple", "content_before", "content_after", "complex")
+
+
+def _hunyuan_ids(case: Case) -> Case:
+    """The pytest ids of a hunyuan_a13b case: its parameters are the output strings, the
+    expected lists numbered (`expected_tool_calls3`), None as "None"."""
+    name = case.id.removesuffix(" (xfail there)")
+    test, _, param = name.partition("[")
+    param = param.rstrip("]")
+    if test == "test_hunyuan_a13b_tool_parser_extract":
+        i = _HY_EXTRACT.index(param)
+        content = pid(case.content) if case.content and param != "content_after" else "None"
+        ids: tuple[str, ...] = (f"{test}[{pid(case.output)}-expected_tool_calls{i}-{content}]",)
+    elif test == "test_hunyuan_a13b_tool_parser_streaming":
+        ids = (f"{test}[model_deltas{param}-expected_tool_calls{param}]",)
+    elif test == "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool":
+        i = ("first", "last").index(param)
+        ids = (f"{test}[{pid(case.output)}-expected_tool_calls{i}]",)
+    else:
+        ids = (name,)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_hunyuan_ids(c) if c.source == HUNYUAN else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_hunyuan_ids(c), o) if c.source == HUNYUAN else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+# Its ids hold each output, so they are spelled from the cases; the file has 6 extraction
+# outputs, 4 streaming ones (numbered), one non-ASCII test and 2 empty-argument outputs.
+_HY_IDS = sorted(
+    {
+        i
+        for c in CASES + [k for k, _ in KNOWN_DIFFERENCES]
+        if c.source == HUNYUAN
+        for i in c.vllm_ids
+    }
+)
+assert [
+    sum(i.startswith(t + "[") or i == t for i in _HY_IDS)
+    for t in (
+        "test_hunyuan_a13b_tool_parser_extract",
+        "test_hunyuan_a13b_tool_parser_streaming",
+        "test_hunyuan_a13b_tool_parser_non_ascii",
+        "test_hunyuan_a13b_tool_parser_streaming_one_empty_args_tool",
+    )
+] == [6, 4, 1, 2], _HY_IDS
+
+
+_SEED_IDS = {
+    "test_extract_tool_calls_no_tools": (
+        "test_extract_tool_calls_no_tools",
+        "test_streaming_tool_calls_no_tools",
+    ),
+    "test_extract_tool_calls[tool_call_512_thinkg_budget] (reasoning shortened)": every(
+        "test_extract_tool_calls", "tool_call_512_thinkg_budget"
+    )
+    + every("test_streaming_tool_calls", "tool_call_512_thinkg_budget"),
+    "test_extract_tool_calls[tool_call_unlimited_thinking_budget] (reasoning shortened)": every(
+        "test_extract_tool_calls", "tool_call_unlimited_thinking_budget"
+    )
+    + every("test_streaming_tool_calls", "tool_call_unlimited_thinking_budget"),
+}
+CASES = [
+    Case(**{**c.__dict__, "ids": _SEED_IDS[c.id]}) if c.source == SEED and c.id in _SEED_IDS else c
+    for c in CASES
+]
+KNOWN_DIFFERENCES = [
+    (Case(**{**c.__dict__, "ids": _SEED_IDS[c.id]}), o)
+    if c.source == SEED and c.id in _SEED_IDS
+    else (c, o)
+    for c, o in KNOWN_DIFFERENCES
+]
+
+
+_GR_IDS = {
+    "test_single_tool_call_simple_args": (
+        *_both("test_single_tool_call_simple_args"),
+        "test_streaming_split_invariance[single]",
+    ),
+    "test_granite_token_prefix_format": _both("test_granite_token_prefix_format"),
+    "test_granite_string_prefix_format": _both("test_granite_string_prefix_format"),
+    "test_parallel_tool_calls": COMMON_IDS["parallel_tool_calls"],
+    "test_streaming_parallel_calls_batched_deltas": every(
+        "test_streaming_parallel_calls_batched_deltas", 2, 3, 4, 5
+    ),
+}
+
+
+def _granite_ids(case: Case) -> Case:
+    name = case.id
+    if name in _GR_IDS:
+        ids: tuple[str, ...] = _GR_IDS[name]
+    elif name.startswith("test_malformed_input["):
+        ids = _both("test_malformed_input")
+    elif name in ("test_streaming_reconstruction", "test_streaming_parallel_calls_single_delta"):
+        ids = (name,)
+    else:  # the other ToolParserTests, run streaming and not
+        ids = _both(name)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_granite_ids(c) if c.source == GRANITE_T else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_granite_ids(c), o) if c.source == GRANITE_T else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+def _dsv32_ids(case: Case) -> Case:
+    name = case.id.removesuffix(" (prefixed)")
+    ids: tuple[str, ...] = (name,)
+    if name == "TestExtractToolCalls.test_single_tool_no_params":  # the same output there
+        ids += ("TestExtractToolCallsStreaming.test_empty_arguments_streaming",)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_dsv32_ids(c) if c.source == DSV32 else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_dsv32_ids(c), o) if c.source == DSV32 else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+_QC_TOOLS_P = ("chat_completion", "responses_api")  # its sample_tools fixture
+_QC_P4 = tuple(f"{p}-{t}" for p in ("coder", "engine") for t in _QC_TOOLS_P)
+_QC_ONLY_CODER = (  # tests given the Qwen3Coder parser alone (sample_tools' two runs)
+    "test_malformed_xml_no_gt_delimiter",
+    "test_none_tool_calls_filtered",
+    "test_streaming_multi_param_single_chunk",
+    "test_no_double_serialization_string_args",
+)
+_QC_TOKENIZER_ONLY = (  # their own tools: one run each
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_anyof_type_conversion",
+    "test_extract_tool_calls_anyof_type_conversion_streaming",
+    "test_anyof_parameter_not_double_encoded",
+)
+_QC_EXTRACT = (
+    "single_tool",
+    "single_tool_with_content",
+    "single_tool_multiline_param",
+    "parallel_tools",
+    "tool_with_typed_params",
+)
+
+
+def _qc_runs(name: str, param: str = "") -> tuple[str, ...]:
+    """The pytest ids of a test_qwen3coder_tool_parser.py test: its parser fixtures'
+    runs (coder / engine parser x chat-completion / Responses tools), then its own param."""
+    tail = f"-{param}" if param else ""
+    if name in _QC_TOKENIZER_ONLY:
+        return (name,)
+    if name in _QC_ONLY_CODER:
+        return every(name, *_QC_TOOLS_P)
+    if name == "test_extract_tool_calls_streaming_missing_opening_tag":  # the engine parser
+        return every(name, *_QC_TOOLS_P)
+    return tuple(f"{name}[{r}{tail}]" for r in _QC_P4)
+
+
+def _qwen3coder_ids(case: Case) -> Case:
+    test, _, param = case.id.partition("[")
+    param = param.rstrip("]")
+    ids = _qc_runs(test, param)
+    if test == "test_extract_tool_calls" and param != "parallel_tools":  # the same outputs
+        ids += _qc_runs("test_extract_tool_calls_streaming", param)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_qwen3coder_ids(c) if c.source == QWEN3CODER else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_qwen3coder_ids(c), o) if c.source == QWEN3CODER else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+_QS_PARSER_TESTS = (  # given the `parser` fixture: xml / coder x chat-completion / Responses tools
+    "test_extract_tool_calls_no_tools",
+    "test_extract_tool_calls",
+    "test_extract_tool_calls_fallback_no_tags",
+    "test_extract_tool_calls_streaming",
+    "test_extract_tool_calls_missing_closing_parameter_tag",
+    "test_extract_tool_calls_streaming_missing_closing_tag",
+    "test_extract_tool_calls_streaming_incremental",
+    "test_malformed_xml_no_gt_delimiter",
+    "test_none_tool_calls_filtered",
+    "test_streaming_multi_param_single_chunk",
+    "test_extract_tool_calls_streaming_speculative_decode_loss",
+)
+_QS_CLS_TESTS = (  # given `parser_cls` (xml / coder) and their own tools
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_complex_type_with_single_quote",
+    "test_no_double_serialization_string_args",
+    "test_string_null_value_preserved",
+    "test_anyof_string_null_keeps_value_as_string",
+    "test_anyof_integer_null_parses_as_int",
+    "test_anyof_object_param_not_double_encoded_nonstreaming",
+    "test_anyof_object_param_not_double_encoded_streaming",
+    "test_double_encoded_object_param_nonstreaming",
+    "test_double_encoded_object_param_streaming",
+    "test_content_with_xml_structural_tags_nonstreaming",
+    "test_content_with_xml_structural_tags_streaming",
+    "test_content_with_param_like_lines_nonstreaming",
+    "test_content_with_param_like_lines_streaming",
+    "test_array_with_json_bool",
+    "test_two_tool_calls_in_one_streaming_chunk",
+    "test_python_none_value_for_nullable_int",
+    "test_streaming_two_tool_calls_plus_trailing_text_one_delta",
+    "test_streaming_trailing_text_with_final_close_in_same_delta",
+    "test_content_with_real_param_name_literal_nonstreaming",
+    "test_content_with_real_param_name_literal_streaming",
+    "test_content_with_full_nested_tool_call_nonstreaming",
+    "test_content_with_full_nested_tool_call_streaming",
+    "test_two_tools_second_with_out_of_schema_nested_literal_nonstreaming",
+    "test_two_tools_second_with_out_of_schema_nested_literal_streaming",
+    "test_jinja_template_phantom_tool_call_is_rejected_nonstreaming",
+    "test_inline_empty_tool_call_preserves_content_before_real_call",
+    "test_anyof_string_null_with_null_literal_returns_none",
+)
+
+
+def _qs_runs(test: str, tag: str, param: str = "") -> tuple[str, ...]:
+    """The pytest ids of a shared-file test for parser `tag` (xml / coder)."""
+    if test in _QS_CLS_TESTS:
+        return (f"{test}[{tag}]",)
+    tail = f"-{param}" if param else ""
+    return tuple(f"{test}[{tag}-{t}{tail}]" for t in _QC_TOOLS_P)
+
+
+def _qshared_ids(case: Case) -> Case:
+    name, _, tag = case.id.rpartition("[")
+    test, _, param = name.split(" (")[0].partition("[")
+    param, tag = param.rstrip("]"), tag.rstrip("]")
+    ids = _qs_runs(test, tag, param)
+    if test == "test_extract_tool_calls":  # its streaming test reads the same outputs
+        ids += _qs_runs("test_extract_tool_calls_streaming", tag, param)
+    return Case(**{**case.__dict__, "ids": ids})
+
+
+CASES = [_qshared_ids(c) if c.source == QSHARED else c for c in CASES]
+KNOWN_DIFFERENCES = [
+    (_qshared_ids(c), o) if c.source == QSHARED else (c, o) for c, o in KNOWN_DIFFERENCES
+]
+
+
+QWEN36 = "tests/tool_parsers/test_qwen36_bugs.py@c164555e41"
+# Its outputs are the shared file's (array with a JSON true; two calls in one delta), read
+# by the XML and the Coder parser.
+_QWEN36_FROM_SHARED = {
+    "test_array_with_json_bool[xml]": "test_xml_array_with_json_bool_nonstreaming",
+    "test_array_with_json_bool[coder]": "test_coder_array_with_json_bool_nonstreaming",
+    "test_two_tool_calls_in_one_streaming_chunk[coder]": (
+        "test_coder_two_tool_calls_in_one_streaming_chunk"
+    ),
+    "test_two_tool_calls_in_one_streaming_chunk[xml]": (
+        "test_xml_two_tool_calls_in_one_streaming_chunk"
+    ),
+}
+CASES += [
+    Case(**{**c.__dict__, "source": QWEN36, "ids": (_QWEN36_FROM_SHARED[c.id],)})
+    for c in CASES
+    if c.source == QSHARED and c.id in _QWEN36_FROM_SHARED
+]
+
+
+GLM47_DELTA = "tests/tool_parsers/test_glm47_final_delta_bug.py@5637b791b2"
+CASES.append(  # streamed byte by byte here, the argument pieces joining to the call
+    Case(
+        "final_delta_not_cumulative",
+        GLM47_DELTA,
+        "glm47",
+        "",
+        "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Beijing</arg_value>"
+        "<arg_key>date</arg_key><arg_value>2025-08-01</arg_value></tool_call>",
+        (("get_weather", {"city": "Beijing", "date": "2025-08-01"}),),
+        tools=(fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),),
+        ids=("test_streaming_final_delta_not_cumulative",),
+    )
+)
+
+
+# Every test id of each vLLM file re-read case for case (the file at the commit named), for
+# test_every_vllm_test_id_is_a_case (tests/fast/test_parser_references.py): each is a
+# case's id (`Case.ids`), a known difference's, or NOT_APPLICABLE with the reason.
+_MODES = ("streaming", "nonstreaming")
+_COMMON = [i for ids in COMMON_IDS.values() for i in ids] + list(_both("test_malformed_input"))
+_HERMES_SHARED = [  # run with both of CONFIGS' parsers
+    "test_hermes_parser_streaming_just_forward_text",
+    "test_hermes_parser_streaming_failure_case_bug_19056",
+    "test_hermes_parser_streaming",
+    "test_hermes_parser_non_streaming_no_tool_call",
+    "test_hermes_parser_non_streaming_tool_call_between_tags",
+    "test_hermes_parser_non_streaming_tool_call_until_eos",
+    "test_hermes_parser_non_streaming_tool_call_invalid_json",
+    "test_hermes_parser_non_streaming_serialized_arguments",
+    "test_hermes_parser_non_streaming_bare_string_arguments",
+]
+_MISTRAL_PRE11 = [
+    "single_tool_add",
+    "single_tool_weather",
+    "argument_before_name",
+    "argument_before_name_and_name_in_argument",
+    "multiple_tools",
+    "content_before_tool",
+    "trailing_data_after_json",
+]
+IDS: dict[str, list[str]] = {
+    HERMES: [
+        *[i for t in _HERMES_SHARED for i in every(t, "llama", "granite4")],
+        *every("test_hermes_streaming_tool_call_with_stream_interval", 2, 3, 5, 8),
+        *every("test_hermes_streaming_content_then_tool_call_with_stream_interval", 2, 3, 5, 8),
+        *every("test_hermes_streaming_multiple_tool_calls_with_stream_interval", 1, 2, 4),
+        *every("test_hermes_streaming_boolean_args_with_stream_interval", 2, 5),
+        *every("test_hermes_streaming_just_forward_text_with_stream_interval", 2, 3, 5),
+        *every("test_hermes_streaming_serialized_arguments_with_stream_interval", 1, 2, 3, 5),
+        *every("test_hermes_streaming_bare_string_arguments_with_stream_interval", 1, 3),
+        *every(
+            "test_hermes_streaming_string_arguments_match_non_streaming",
+            *[f"{n}-{pid(v)}" for v in [SERIALIZED, *STRING_ARGUMENTS] for n in (1, 3)],
+        ),
+        "test_hermes_streaming_content_and_tool_call_in_single_chunk",
+    ],
+    OPENAI: [
+        "test_extract_tool_calls_no_tools",
+        *every(
+            "test_extract_tool_calls_single_tool", *map(pid, [TOKYO, '{\n"location": "Tokyo"\n}'])
+        ),
+        "test_extract_tool_calls_multiple_tools",
+        "test_extract_tool_calls_with_content",
+        "test_get_xgrammar_builtin_structural_tag_returns_structural_tag",
+        *every("test_adjust_request_auto_structural_tag_is_json_string", "True", "False"),
+        "test_adjust_request_required_uses_json_schema_not_structural_tag",
+    ],
+    LLAMA3: [
+        *[
+            f"test_extract_tool_calls_{t}"
+            for t in (
+                "simple",
+                "with_arguments",
+                "no_json",
+                "invalid_json",
+                "with_arguments_key",
+                "multiple_json",
+                "multiple_json_with_whitespace",
+                "multiple_json_with_surrounding_text",
+                "deeply_nested_json",
+                "multiple_with_deep_nesting",
+                "with_quotes_and_brackets_in_string",
+                "with_escaped_quotes_in_nested_json",
+                "missing_name_key",
+                "missing_parameters_and_arguments_key",
+                "brace_in_trailing_text",
+                "json_fragment_in_trailing_text",
+            )
+        ],
+        *every(
+            "test_extract_tool_calls_streaming_parallel_separators",
+            *map(pid, ["; ", ";", ";\n", "\n"]),
+        ),
+        "test_regex_timeout_handling",
+    ],
+    DSV3: _COMMON,
+    DSV31: [
+        "test_extract_tool_calls_with_tool",
+        "test_extract_tool_calls_with_multiple_tools",
+        *every(
+            "test_extract_tool_calls_unparsable_block",
+            pid(f"Let me look that up.{B}get_weather"),
+            pid(f'{B}foo{SEP}{{"x":1}}{E}'),
+        ),
+    ],
+    PHI4: _COMMON,
+    INTERNLM: [
+        "test_extract_unknown_tool_name_not_emitted",
+        "test_extract_known_tool_name_emitted",
+        "test_extract_without_tools_not_over_rejected",
+        *_COMMON,
+    ],
+    LONGCAT: _COMMON,
+    JAMBA: [
+        "test_extract_tool_calls_no_tools",
+        *every(
+            "test_extract_tool_calls", "single_tool", "single_tool_with_content", "parallel_tools"
+        ),
+        *every(
+            "test_extract_tool_calls_streaming",
+            "no_tools",
+            "single_tool",
+            "single_tool_with_content",
+            "parallel_tools",
+        ),
+        "test_extract_tool_calls_streaming_arguments_in_single_delta",
+    ],
+    MISTRAL: [
+        *every("test_extract_tool_calls_no_tools", "pre_v11", "v11"),
+        *every(PRE11, *_MISTRAL_PRE11),
+        "test_extract_tool_calls_pre_v11_multiple_bot_tokens_raises",
+        "test_extract_tool_calls_pre_v11_regex_fallback",
+        "test_extract_tool_calls_pre_v11_regex_fallback_fails",
+        *every(
+            "test_extract_tool_calls",
+            "single_tool_add",
+            "single_tool_weather",
+            "multiple_tool_calls",
+            "complex",
+            "wrong_json",
+        ),
+        "test_extract_tool_calls_v11_without_args_skipped",
+        *every(
+            PRE11_STREAM,
+            "no_tools",
+            "single_tool_add",
+            "single_tool_add_strings",
+            *[t for t in _MISTRAL_PRE11 if t not in ("single_tool_add", "content_before_tool")],
+        ),
+        *every(
+            "test_extract_tool_calls_streaming",
+            "single_tool_add",
+            "single_tool_add_strings",
+            "multiple_tools",
+        ),
+        "test_extract_tool_calls_streaming_v11_no_tools",
+        *every(
+            ONE_CHUNK,
+            *[
+                f"v11-{t}"
+                for t in (
+                    "single_tool_add",
+                    "single_tool_weather",
+                    "multiple_tool_calls",
+                    "content_before_tool",
+                    "complex",
+                )
+            ],
+            "pre_v11-no_tools",
+            *[
+                f"pre_v11-{t}"
+                for t in (
+                    "single_tool_add",
+                    "single_tool_add_strings",
+                    "single_tool_weather",
+                    "argument_before_name",
+                    "argument_before_name_and_name_in_argument",
+                    "multiple_tools",
+                    "content_before_tool",
+                )
+            ],
+        ),
+        *every("test_fast_detokenization_text_detection", "v11", "pre_v11"),
+        *every("test_extract_tool_calls_streaming_exception_returns_none", "v11", "pre_v11"),
+        *every(
+            "test_adjust_request_grammar_factory",
+            "auto",
+            "none",
+            "required",
+            "null_tool_choice",
+            "named_tool_choice",
+            "parallel_false",
+            "response_format_text",
+        ),
+        "test_adjust_request_unsupported_grammar_for_tokenizer",
+        *every("test_adjust_request_non_mistral_tokenizer", "auto_skip_false", "none_skip_true"),
+        *every(
+            "test_adjust_request_unsupported_structured_outputs",
+            "regex",
+            "choice",
+            "structural_tag",
+            "grammar",
+        ),
+        "test_adjust_request_unsupported_response_format",
+        *every(
+            "test_adjust_request_structured_outputs_generates_grammar",
+            "json_object",
+            "json_str",
+            "json_dict",
+        ),
+        *every(
+            "test_adjust_request_response_format_generates_grammar",
+            "json_object",
+            "json_schema_with_schema",
+        ),
+        *every(
+            "test_adjust_request_tool_choice_with_json_schema_factory_routing",
+            "none_uses_json_schema_factory",
+            "auto_uses_jinja_factory",
+        ),
+        "test_grammar_from_tool_parser_default_false",
+        "test_grammar_from_tool_parser_set_by_adjust_request",
+        *every(
+            "test_build_non_streaming_tool_calls", "none", "empty", "with_id", "without_id", "mixed"
+        ),
+        *[
+            f"TestExtractMaybeReasoningAndToolStreaming.{t}"
+            for t in (
+                "test_no_reasoning_tools_called",
+                "test_no_reasoning_no_tools",
+                "test_mistral_reasoning_parser_no_think_token",
+                "test_mistral_reasoning_parser_with_think_token",
+                "test_non_mistral_reasoning_parser_always_expects_thinking",
+                "test_reasoning_already_ended_no_reset",
+                "test_pre_v15_ignores_prompt_reasoning_end",
+                "test_non_pre_v15_prompt_reasoning_end",
+                "test_reasoning_end_transition_with_content",
+                "test_reasoning_end_transition_without_content",
+            )
+        ],
+    ],
+    QWEN3XML: [
+        *_COMMON,
+        *every(
+            "test_convert_param_value_invalid_emits_warning",
+            *[f"not_a_number-{t}" for t in ("int", "integer", "uint", "long", "short", "unsigned")],
+            "not_a_float-num",
+            "not_a_float-float",
+        ),
+    ],
+    GRANITE4_T: [
+        *every("test_tool_call_parser_complex", "1-1", "1-2", "5-7", "6-20"),
+        "test_streaming_preserves_content_between_complete_tool_calls",
+    ],
+    ERNIE45: [
+        "test_extract_tool_calls_no_tools",
+        *[
+            f"{test}[{name}]"
+            for test in ("test_extract_tool_calls", "test_extract_tool_calls_streaming_incremental")
+            for name in ("single_tool_call", "multiple_tool_calls", "tool_call_with_content_before")
+        ],
+    ],
+    PYTHONIC: [
+        *every("test_no_tool_call", "True", "False"),
+        *every("test_tool_call", *[f"{f}_{m}" for f, _, _ in PY_FORMS for m in _MODES]),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_good_call_survives_unparsable_sibling",
+        "test_unrecoverable_block_still_reports_no_tool_call",
+        "test_streaming_mismatched_brackets_reported_once",
+    ],
+    LLAMA4P: [
+        *every("test_no_tool_call", "True", "False"),
+        *every(
+            "test_tool_call",
+            *[
+                f"{f}_{m}"
+                for f in (
+                    "simple",
+                    "more_types",
+                    "parameterless",
+                    "empty_dict",
+                    "empty_list",
+                    "escaped_string",
+                    "python_tag",
+                )
+                for m in _MODES
+            ],
+            *[f"parallel_calls_{m}{n}" for n in (0, 1) for m in _MODES],
+        ),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_streaming_mismatched_brackets_reported_once",
+    ],
+    MINIMAX_M2: [
+        f"{cls}.{t}"
+        for cls, tests in {
+            "TestContentStreaming": (
+                "test_plain_content",
+                "test_content_before_tool_call",
+                "test_empty_delta_no_crash",
+            ),
+            "TestSingleInvoke": (
+                "test_incremental_chunks",
+                "test_single_chunk_complete",
+                "test_multiple_params",
+            ),
+            "TestMultipleInvokes": (
+                "test_two_invokes_incremental",
+                "test_two_invokes_in_single_delta",
+                "test_different_functions",
+            ),
+            "TestInternalState": (
+                "test_prev_tool_call_arr_single",
+                "test_prev_tool_call_arr_multiple",
+            ),
+            "TestDeltaMessageFormat": ("test_tool_call_fields", "test_multi_invoke_indices"),
+            "TestEOSHandling": ("test_eos_after_tool_calls", "test_end_token_ignored"),
+            "TestSpecialTokenDetection": ("test_start_token_via_id",),
+            "TestLargeChunks": ("test_header_and_params_in_separate_chunks",),
+            "TestAnyOfNullableParam": (
+                "test_anyof_nullable_param_non_null_value",
+                "test_anyof_nullable_param_null_value",
+                "test_anyof_nullable_param_object_value",
+            ),
+        }.items()
+        for t in tests
+    ],
+    GLM47: [
+        *[
+            f"TestGlm47ExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_call",
+                "test_zero_arg_inline",
+                "test_zero_arg_newline",
+                "test_args_same_line",
+                "test_args_with_newlines",
+                "test_content_before",
+                "test_multiple",
+                "test_empty_content_none",
+                "test_whitespace_content_none",
+            )
+        ],
+        *[
+            f"TestGlm47Streaming.{t}"
+            for t in (
+                "test_no_args",
+                "test_with_args",
+                "test_delays_prefix_only_tool_name_until_exact_match",
+                "test_delays_prefix_only_tool_name_with_function_tools",
+            )
+        ],
+    ],
+    KIMI: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tools",
+                *[f"test_extract_tool_calls[{p}]" for p in _KIMI_PARAMS],
+                "test_invalid_json_still_extracted",
+                "test_invalid_funcall_id_skipped",
+                "test_native_id_extracted",
+                "test_multi_turn_native_id_continuity",
+                "test_bare_counter",
+                "test_bare_counter_single_tool_invalid_json_still_extracted",
+                "test_bare_counter_multiple_tools_infers_by_args",
+                "test_bare_counter_multiple_tools_skips_unsafe_inference[ambiguous]",
+                "test_bare_counter_multiple_tools_skips_unsafe_inference[malformed_json]",
+            )
+        ],
+        *[
+            f"TestStreamingHappyPath.{t}"
+            for t in (
+                "test_single_tool_call",
+                "test_multiple_tool_calls",
+                "test_bare_counter",
+                "test_bare_counter_multiple_tools_infers_by_args",
+                "test_content_before_tools",
+                "test_no_tool_calls",
+                "test_incremental_arguments",
+                "test_streaming_matches_nonstreaming[single_tool]",
+                "test_streaming_matches_nonstreaming[parallel_tools]",
+                "test_streaming_matches_nonstreaming[no_functions_prefix]",
+            )
+        ],
+        *[
+            f"TestStreamingEdgeCases.{t}"
+            for t in (
+                "test_marker_suppression",
+                "test_noise_between_markers_suppressed",
+                "test_empty_tool_section",
+                "test_three_different_tools",
+                "test_truncated_tool_call_no_end_marker",
+                "test_content_after_tool_section",
+            )
+        ],
+        *[
+            f"TestAdjustRequest.{t}"
+            for t in (
+                "test_sets_skip_special_tokens_false",
+                "test_no_change_when_tool_choice_none",
+                "test_no_change_when_no_tools",
+            )
+        ],
+        *[
+            f"TestStreamingIntervals.{t}[{n}]"
+            for t in (
+                "test_single_tool_call_at_interval",
+                "test_content_then_tool_call_at_interval",
+                "test_multiple_tool_calls_at_interval",
+                "test_plain_text_at_interval",
+            )
+            for n in (1, 2, 3, 5, 8)
+        ],
+        "TestStreamingIntervals.test_content_and_tool_call_in_single_chunk",
+    ],
+    GLM45: [
+        "test_extract_tool_calls_no_tools",
+        *every("test_extract_tool_calls", *_GLM45_PARAMS),
+        *[
+            f"test_extract_tool_calls_{t}"
+            for t in (
+                "with_thinking_tags",
+                "malformed_xml",
+                "empty_arguments",
+                "mixed_content",
+                "special_characters",
+                "incomplete_tool_call",
+                "numeric_deserialization",
+                "with_function_tool",
+                "with_function_tool_mixed_types",
+            )
+        ],
+        *[
+            f"test_streaming_{t}"
+            for t in (
+                "basic_functionality",
+                "no_tool_calls",
+                "with_content_before_tool_calls",
+                "incremental_string_value",
+                "empty_tool_call",
+                "prev_tool_call_arr_updates",
+                "multiple_tool_calls_sequential",
+                "json_escape_in_string",
+                "long_content_incremental",
+                "multi_token_chunks",
+                "entire_tool_call_at_once",
+                "content_between_tool_calls_multi_token",
+                "multi_token_with_multiple_args",
+                "with_function_tool",
+                "no_corruption_for_boolean_values",
+            )
+        ],
+        "test_whitespace_preserved_in_arg_values",
+        "test_zero_argument_tool_call",
+        "test_malformed_tool_call_no_regex_match",
+        "test_delimiter_preserved_transformers_5x",
+        "test_unicode_characters_preserved",
+        *[i for t, ns in _GLM45_INTERVALS.items() for i in every(t, *ns)],
+        "test_stream_interval_extreme_single_chunk",
+        "test_extract_tool_call_without_newline_after_name",
+        "test_string_type_detection_with_anyof",
+        "test_string_type_detection_with_list_types",
+        "test_format_nonstring_value_preserves_json",
+    ],
+    GEMMA4: [
+        *[
+            f"TestParseGemma4Args.{t}"
+            for t in (
+                "test_empty_string",
+                "test_whitespace_only",
+                "test_single_string_value",
+                "test_string_value_with_comma",
+                "test_multiple_string_values",
+                "test_integer_value",
+                "test_float_value",
+                "test_boolean_true",
+                "test_boolean_false",
+                "test_null_value",
+                "test_mixed_types",
+                "test_nested_object",
+                "test_string_delimited_dict_key",
+                "test_nested_string_delimited_dict_key",
+                "test_array_of_strings",
+                "test_unterminated_string",
+                "test_empty_value",
+                "test_empty_value_partial_withheld",
+                "test_empty_value_after_other_keys_partial_withheld",
+                "test_trailing_dot_float_partial_withheld",
+                "test_malformed_partial_array",
+            )
+        ],
+        *[
+            f"TestParseGemma4Array.{t}"
+            for t in (
+                "test_string_array",
+                "test_empty_array",
+                "test_bare_values",
+                "test_string_element_with_closing_bracket",
+                "test_stray_closing_bracket",
+                "test_trailing_dot_float_partial_withheld",
+            )
+        ],
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_calls",
+                "test_single_tool_call",
+                "test_multiple_arguments",
+                "test_text_before_tool_call",
+                "test_multiple_tool_calls",
+                "test_nested_arguments",
+                "test_tool_call_with_number_and_boolean",
+                "test_incomplete_tool_call",
+                "test_hyphenated_function_name",
+                "test_dotted_function_name",
+                "test_no_arguments",
+            )
+        ],
+        *[
+            f"TestStreamingExtraction.{t}"
+            for t in (
+                "test_basic_streaming_single_tool",
+                "test_streaming_multi_arg",
+                "test_streaming_no_extra_brace",
+                "test_streaming_no_unquoted_keys",
+                "test_streaming_name_no_call_prefix",
+                "test_streaming_text_before_tool_call",
+                "test_streaming_numeric_args",
+                "test_streaming_boolean_split_across_chunks",
+                "test_streaming_false_split_across_chunks",
+                "test_streaming_number_split_across_chunks",
+                "test_streaming_empty_args",
+                "test_streaming_split_delimiter_no_invalid_json",
+                "test_streaming_does_not_duplicate_plain_text_after_tool_call",
+                "test_streaming_html_argument_does_not_duplicate_tag_prefixes",
+                "test_streaming_trailing_bare_bool_not_duplicated",
+            )
+        ],
+    ],
+    GEMMA4_BARE: [
+        *[
+            f"TestGemma4CanonicalFormats.{t}"
+            for t in (
+                "test_canonical_tag_wrapped_call",
+                "test_turn_end_closure_instead_of_tool_call_end",
+                "test_multiple_sequential_canonical_calls",
+                "test_strict_mode_ignores_fallback_formats",
+            )
+        ],
+        *[
+            f"TestGemma4FallbackFormats.{t}"
+            for t in (
+                "test_bare_call_after_thought_channel",
+                "test_colon_prefixed_tool_call",
+                "test_bare_call_with_leading_whitespace",
+                "test_fragmented_call_tag_from_multimodal",
+                "test_hyphenated_tool_name",
+                "test_dotted_tool_name",
+                "test_no_tool_call_returns_empty",
+            )
+        ],
+        "TestGemma4EngineBareCallIntegration.test_offline_utils_bare_call_after_channel",
+        "TestGemma4EngineBareCallIntegration.test_engine_tool_parser_bare_call_extraction",
+    ],
+    GEMMA4_REQUIRED: [
+        "TestGemma4ParserParseRequiredEnforcement.test_required_prose_only_rejected",
+        "TestGemma4ParserParseRequiredEnforcement.test_required_tool_call_accepted",
+        "TestGemma4ParserParseRequiredEnforcement.test_auto_prose_only_passes_through",
+        "TestGemma4ParserStreamingRequiredEnforcement.test_required_prose_only_rejected_at_finish",
+        "TestGemma4ParserStreamingRequiredEnforcement.test_required_tool_call_stream_accepted",
+        "TestGemma4ToolParserRequiredEnforcement.test_required_prose_only_rejected",
+        "TestGemma4ToolParserRequiredEnforcement.test_required_tool_call_accepted",
+        "TestGemma4ToolParserRequiredEnforcement.test_auto_prose_only_passes_through",
+    ],
+    XLAM: [
+        "test_extract_tool_calls_no_tools",
+        *every("test_extract_tool_calls", *_X_PARAMS),
+        "test_extract_tool_calls_list_structure[list_structured_tool_call]",
+        "test_preprocess_model_output",
+        "test_streaming_with_list_structure",
+        *every("test_extract_tool_calls_streaming_incremental", *_X_PARAMS),
+        *every("test_extract_tool_calls_non_ascii", "False", "True"),
+        *every("test_extract_tool_calls_streaming_one_empty_args_tool", *_X_EMPTY),
+    ],
+    HUNYUAN: _HY_IDS,
+    SEED: [
+        "test_extract_tool_calls_no_tools",
+        "test_streaming_tool_calls_no_tools",
+        *[
+            f"{t}[{p}]"
+            for t in ("test_extract_tool_calls", "test_streaming_tool_calls")
+            for p in (
+                "tool_call_0_thinking_budget",
+                "tool_call_512_thinkg_budget",
+                "tool_call_unlimited_thinking_budget",
+            )
+        ],
+    ],
+    GRANITE_T: [
+        *_COMMON,
+        *_both("test_granite_token_prefix_format"),
+        *_both("test_granite_string_prefix_format"),
+        *every("test_streaming_parallel_calls_batched_deltas", 2, 3, 4, 5),
+        "test_streaming_parallel_calls_single_delta",
+    ],
+    FUNCTIONGEMMA: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_calls",
+                "test_single_tool_call",
+                "test_multiple_arguments",
+                "test_text_before_tool_call",
+                "test_multiple_tool_calls",
+            )
+        ],
+        *[
+            f"TestParseArguments.{t}"
+            for t in (
+                "test_empty_arguments",
+                "test_single_string_argument",
+                "test_multiple_arguments",
+                "test_numeric_argument",
+                "test_boolean_argument",
+                "test_argument_with_spaces",
+            )
+        ],
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_two_keys",
+        "TestExtractToolCallsStreaming.test_streamed_arguments_form_valid_json_with_three_keys",
+        "TestAdjustRequest.test_skip_special_tokens_disabled",
+        "TestAdjustRequest.test_skip_special_tokens_when_tool_choice_none",
+        "TestBufferDeltaText.test_regular_text_not_buffered",
+        "TestBufferDeltaText.test_complete_tag_flushed",
+    ],
+    DSV32: [
+        *[
+            f"TestExtractToolCalls.{t}"
+            for t in (
+                "test_no_tool_call",
+                "test_single_tool_no_params",
+                "test_single_tool_with_params",
+                "test_content_before_tool_call",
+                "test_no_content_prefix_returns_none",
+                "test_multiple_tools",
+                "test_type_conversion_in_non_streaming",
+                "test_string_attr_true_coerced_by_schema",
+                "test_string_attr_false_allows_schema_conversion",
+                "test_composed_schema_converts_object_and_array_params",
+                "test_string_attr_true_coerced_by_composed_schema",
+                "test_arguments_wrapper_repaired",
+                "test_input_wrapper_repaired",
+                "test_object_and_array_params",
+                "test_number_param",
+                "test_multi_typed_schema",
+                "test_multi_typed_null_value",
+                "test_null_coerced_back_to_string_by_schema",
+                "test_no_schema_parses_json",
+            )
+        ],
+        *[
+            f"TestExtractToolCallsStreaming.{t}"
+            for t in (
+                "test_plain_content_no_tool",
+                "test_single_tool_streaming",
+                "test_tool_name_emitted",
+                "test_content_before_tool_call_streaming",
+                "test_type_conversion_in_streaming",
+                "test_string_attr_true_coerced_by_schema_streaming",
+                "test_composed_schema_conversion_in_streaming",
+                "test_responses_function_tool_schema_in_streaming",
+                "test_streaming_matches_non_streaming_conversion_fallbacks",
+                "test_multiple_tools_streaming",
+                "test_state_reset_on_new_stream",
+                "test_empty_arguments_streaming",
+                "test_unique_tool_call_ids",
+                "test_streaming_matches_non_streaming",
+                "test_single_tool_chunked_stream_interval",
+                "test_content_before_tool_chunked",
+                "test_multiple_tools_chunked",
+                "test_emits_arguments_before_invoke_completes",
+                "test_long_string_argument_streams_before_close",
+                "test_no_marker_leak_chunked",
+                "test_no_marker_leak_with_prefix_chunked",
+                "test_no_marker_leak_char_by_char",
+                "test_no_marker_leak_all_split_points",
+                "test_false_partial_marker_emitted",
+                "test_object_and_array_params_streaming",
+                "test_multi_typed_schema_streaming",
+                "test_multi_typed_null_streaming",
+                "test_number_param_streaming",
+            )
+        ],
+        "TestDelimiterPreservation.test_delimiter_preserved_fast_detokenization",
+        "TestDelimiterPreservation.test_tool_detection_skip_special_tokens_false",
+    ],
+    QWEN3CODER: [
+        *_qc_runs("test_extract_tool_calls_no_tools"),
+        *[i for p in _QC_EXTRACT for i in _qc_runs("test_extract_tool_calls", p)],
+        *_qc_runs("test_extract_tool_calls_fallback_no_tags"),
+        *_QC_TOKENIZER_ONLY,
+        *[
+            i
+            for p in ("no_tools", *_QC_EXTRACT)
+            for i in _qc_runs("test_extract_tool_calls_streaming", p)
+        ],
+        *_qc_runs("test_extract_tool_calls_missing_closing_parameter_tag"),
+        *_qc_runs("test_extract_tool_calls_streaming_missing_closing_tag"),
+        *_qc_runs("test_extract_tool_calls_streaming_incremental"),
+        *_qc_runs("test_extract_tool_calls_streaming_missing_opening_tag"),
+        *[i for t in _QC_ONLY_CODER for i in _qc_runs(t)],
+        *every("test_get_vllm_registry_structural_tag_returns_structural_tag", *_QC_TOOLS_P),
+        *every(
+            "test_adjust_request_auto_uses_vllm_registry_structural_tag",
+            *[f"{t}-{r}" for t in _QC_TOOLS_P for r in ("True", "False")],
+        ),
+        *every("test_adjust_request_required_prefers_structural_tag", *_QC_TOOLS_P),
+    ],
+    QSHARED: [
+        *[
+            i
+            for tag in ("xml", "coder")
+            for test, params in (
+                ("test_extract_tool_calls_no_tools", ("",)),
+                ("test_extract_tool_calls", _QC_EXTRACT),
+                ("test_extract_tool_calls_fallback_no_tags", ("",)),
+                ("test_extract_tool_calls_streaming", ("no_tools", *_QC_EXTRACT)),
+                *[(t, ("",)) for t in _QS_PARSER_TESTS[4:]],
+                *[(t, ("",)) for t in _QS_CLS_TESTS],
+            )
+            for p in params
+            for i in _qs_runs(test, tag, p)
+        ],
+    ],
+    GEMMA4_NAMED: [
+        "test_named_choice_rejected",
+        "test_required_choice_still_skips_structured_outputs",
+    ],
+    QWEN36: list(_QWEN36_FROM_SHARED.values()),
+    GLM47_DELTA: ["test_streaming_final_delta_not_cumulative"],
+    OLMO3: [
+        *every("test_no_tool_call", "True", "False"),
+        *every(
+            "test_tool_call",
+            *[
+                f"{t}_{mode}"
+                for t in (
+                    "simple",
+                    "more_types",
+                    "parameterless",
+                    "empty_dict",
+                    "empty_list",
+                    "escaped_string",
+                    "parallel_calls",
+                )
+                for mode in ("streaming", "nonstreaming")
+            ],
+            "more_types_streaming_json_literals",
+            "more_types_nonstreaming_json_literals",
+        ),
+        "test_streaming_tool_call_with_large_steps",
+        *every("test_regex_timeout_handling", "False"),
+        *every("test_bad_sibling_call_does_not_drop_good_calls", "True", "False"),
+        "test_non_finite_argument_rejected",
+        "test_streaming_healthy_call_logs_nothing",
+        "test_streaming_mismatched_brackets_reported_once",
+    ],
+}
+# Tests with no model output to extract from (request adjustment, grammar building, mocked
+# internals): what they check has no counterpart in an output's extraction.
+_NO_OUTPUT = {
+    "test_delimiter_preserved_transformers_5x": "checks adjust_request's "
+    "skip_special_tokens (no model output)",
+    "test_format_nonstring_value_preserves_json": "calls the parser's value formatter "
+    "directly (no model output); the values it formats are typed here by "
+    "test_extract_tool_calls_numeric_deserialization and the schema cases",
+    "test_get_vllm_registry_structural_tag": "builds an xgrammar structural tag for a "
+    "request (no model output); this backend's tool grammars: tests/fast/test_tool_grammar.py",
+    "test_get_xgrammar": "builds an xgrammar structural tag for a request (no model output)",
+    "TestBufferDeltaText": "calls the parser's delta buffer directly (no model output); "
+    "markers split across tokens are the byte-by-byte run of every case here",
+    "TestAdjustRequest": "checks how the parser adjusts a request's skip_special_tokens "
+    "(no model output)",
+    "test_adjust_request": "checks how the parser adjusts a request's structured output / "
+    "special-token settings (no model output); this backend's tool grammars: "
+    "tests/fast/test_tool_grammar.py",
+    "test_grammar_from_tool_parser": "a request flag set by adjust_request (no model output)",
+    "test_build_non_streaming_tool_calls": "builds mistral_common call objects from given "
+    "calls (no model output)",
+    "test_convert_param_value_invalid_emits_warning": "the format of a warning vLLM's "
+    "StreamingXMLToolCallParser logs for a value it cannot convert, called directly (no "
+    "model output)",
+    "test_extract_tool_calls_streaming_exception_returns_none": "patches the parser's "
+    "internals to raise and checks the wrapper returns None (no model output)",
+    "TestExtractMaybeReasoningAndToolStreaming": "drives vLLM's reasoning/tool streaming "
+    "hand-off with mocked parsers and token ids (no model output); here the reasoning "
+    "and tool parsers share one router (tests/vllm_reasoning_cases.py has mistral's cases)",
+}
+NOT_APPLICABLE: dict[tuple[str, str], str] = {
+    (source, i): why
+    for source, ids in IDS.items()
+    for i in ids
+    for prefix, why in _NO_OUTPUT.items()
+    if i.startswith(prefix)
+}
+NOT_APPLICABLE[MINIMAX_M2, "TestContentStreaming.test_empty_delta_no_crash"] = (
+    "an empty delta with no token id handed to the streaming parser (no model output)"
+)
+NOT_APPLICABLE[MINIMAX_M2, "TestSpecialTokenDetection.test_start_token_via_id"] = (
+    "the start marker as a token id with empty text, checked in the parser's state; here "
+    "markers are found in the detokenized text (the toy tokenizers split them anywhere)"
+)
+_PARTIAL = (
+    "the argument reader's partial mode, which vLLM's streaming path calls on a cut-off "
+    "argument text (no call form: here a call streams from the text the model wrote)"
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4, "TestParseGemma4Args.test_empty_value_partial_withheld"): _PARTIAL,
+        (GEMMA4, "TestParseGemma4Args.test_empty_value_after_other_keys_partial_withheld"): (
+            _PARTIAL
+        ),
+        (GEMMA4, "TestParseGemma4Array.test_trailing_dot_float_partial_withheld"): _PARTIAL,
+        (GEMMA4, "TestParseGemma4Args.test_malformed_partial_array"): (
+            "a time limit on the argument reader given ':[t:[]' (it asserts only that a dict "
+            "comes back); no call form"
+        ),
+        (GEMMA4, "TestParseGemma4Array.test_stray_closing_bracket"): (
+            "the array reader given '42,]trailing' directly; inside a call that text is no "
+            "call here (the block comes back as content)"
+        ),
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_BARE, i): "vLLM's offline helper gemma4_utils.parse_tool_calls (for "
+        "LLM.generate output), not its gemma4 tool parser the name selects: the `<turn|>` "
+        "close, `<|tool_call>:call:`, `<call>` and a bare call after prose are its fallbacks "
+        "only; the gemma4 parser's canonical and bare-after-`<channel|>` calls are cases here"
+        for i in IDS[GEMMA4_BARE]
+        if "test_engine_tool_parser" not in i
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_REQUIRED, i): "tool_choice 'required' with a format that has no tool-call "
+        "grammar (gemma4) is refused before generation here: FAILED_PRECONDITION naming "
+        "PredictOptions.ToolChoice (decoding/tool_grammar.py; tests/fast/test_tool_grammar.py), "
+        "so no prose-only reply reaches the parser"
+        for i in IDS[GEMMA4_REQUIRED]
+        if "prose_only_rejected" in i
+    }
+)
+NOT_APPLICABLE[
+    DSV32, "TestExtractToolCallsStreaming.test_emits_arguments_before_invoke_completes"
+] = (
+    "checks that arguments stream before the invoke closes, on a text cut off there (no "
+    "final result); deepseek_v32's calls are sent whole here when the block closes "
+    "(ToolFormat.whole: values are typed by the schema then)"
+)
+NOT_APPLICABLE.update(
+    {
+        (GEMMA4_NAMED, i): "how vLLM adjusts a request whose tool_choice names a function or "
+        "requires a call (no model output); here either is refused before generation for "
+        "gemma4, which has no tool-call grammar: FAILED_PRECONDITION naming "
+        "PredictOptions.ToolChoice (decoding/tool_grammar.py)"
+        for i in IDS[GEMMA4_NAMED]
+    }
+)
+NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[granite4]"] = (
+    "vLLM skips it: 'The Granite4 tool parser enforces a complete response'"
+)
 
 
 def expected(case: Case) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 
 import regex
 
-from decoding.tool_formats import ToolFormat, register
+from decoding.tool_formats import Block, ToolFormat, register
 
 QUOTE = '<|"|>'
 _CALL = regex.compile(r"\s*call:(?P<name>[^{\s]+)\{(?P<args>.*)\}\s*", regex.S)
@@ -120,7 +120,8 @@ def parse_arguments(text: str) -> dict[str, Any]:
 
 
 def parse(text: str, tools: Any = None) -> dict[str, Any]:
-    """One call: the text between `<|tool_call>` and `<tool_call|>`."""
+    """One call: the text between `<|tool_call>` and `<tool_call|>`, or a bare
+    `call:NAME{...}` to the end of the output."""
     m = _CALL.fullmatch(text)
     if m is None:
         raise ValueError("no call:NAME{...} in the block")
@@ -133,6 +134,12 @@ GEMMA4 = register(
         parse,
         start="<|tool_call>",
         end="<tool_call|>",
+        # A bare `call:NAME{...}` where the content starts (right after the thought
+        # channel's `<channel|>`), as vLLM's gemma4 engine parser reads it
+        # (tests/tool_parsers/test_gemma4_regex_and_bare_calls.py,
+        # test_engine_tool_parser_bare_call_extraction).
+        more=(Block("call:", at_content_start=True, keep=True),),
+        content_start_after=("<channel|>",),
         trim_content=True,
         whole='its bare keys and `<|"|>` strings become JSON only when read whole',
     )

@@ -15,9 +15,25 @@ from decoding.tool_calls import JSON_LIST, JSON_OBJECT
 from decoding.tool_formats import ToolFormat, register
 
 
+def _declared_names(tools: Any) -> set[str]:
+    names = set()
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
 def _json_object_parser(text: str, tools: Any = None) -> Any:
-    """A JSON object or list of {"name", "arguments"|"parameters"} between markers."""
-    return json.loads(text.strip())
+    """InternLM2's one JSON call {"name", "parameters"|"arguments"} between markers; where
+    the request declares tools, a name it does not declare is no call (raises: the block
+    stays content), as vLLM's internlm2_tool_parser.py
+    (tests/tool_parsers/test_internlm2_tool_parser.py, unknown tool name not emitted)."""
+    call = json.loads(text.strip())
+    declared = _declared_names(tools)
+    if declared and isinstance(call, dict) and call.get("name") not in declared:
+        raise ValueError(f"tool {call.get('name')!r} is not among the request's tools")
+    return call
 
 
 def _json_list_parser(text: str, tools: Any = None) -> Any:

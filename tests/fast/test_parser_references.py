@@ -12,6 +12,8 @@ cannot be said on LocalAI's proto, so PredictStream would show what Predict leav
 Where this backend differs from vLLM for a reason, the case is in KNOWN_DIFFERENCES with
 vLLM's result, ours, and the reason; ours is asserted so that a change shows.
 Over real gRPC (Predict equals PredictStream): tests/fast/test_parser_references_grpc.py.
+Wholesale: each test id of each vLLM file in `IDS` is a case, a known difference or not
+applicable with a reason (test_every_vllm_test_id_is_a_case).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 from helpers import feed_output
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from toy_tokenizer import build_hf
-from vllm_parser_cases import CASES, KNOWN_DIFFERENCES, Case, expected
+from vllm_parser_cases import CASES, IDS, KNOWN_DIFFERENCES, NOT_APPLICABLE, Case, expected
 
 from decoding.output import OutputPipeline
 from decoding.parsers import apply_parser_overrides
@@ -70,3 +72,19 @@ def test_known_differences_from_vllm(hf, case, ours, whole):
     assert got == want, case.why
     if "withdrawn" in ours and not whole:
         assert withdrawn
+
+
+def test_every_vllm_test_id_is_a_case():
+    """Wholesale, for each vLLM file in IDS: each of its test ids is a case's, a known
+    difference's or not applicable with a reason, and no case names an id the file lacks."""
+    every_case = CASES + [c for c, _ in KNOWN_DIFFERENCES]
+    for source, ids in IDS.items():
+        assert len(ids) == len(set(ids)), source
+        cases = {i for c in every_case if c.source == source for i in c.vllm_ids}
+        not_applicable = {i for s, i in NOT_APPLICABLE if s == source}
+        missing = [i for i in ids if i not in cases | not_applicable]
+        assert not missing, (source, missing)
+        extra = (cases | not_applicable) - set(ids)  # a case's id the file does not have
+        assert not extra, (source, extra)
+        assert not cases & not_applicable, source
+    assert all(NOT_APPLICABLE.values())  # every one says why
