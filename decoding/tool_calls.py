@@ -8,9 +8,14 @@ this module checks its result and normalises it to OpenAI's shape, like mlx-lm's
 `ToolCallFormatter`, except that a malformed call raises instead of being dropped.
 
 Streaming (`BlockStreamer`): while a block is generated, calls are announced as soon as their
-name is known and their arguments open, then argument text follows in fragments (vLLM's and
-llama.cpp's shape: the first `ToolCallDelta` of a call has index, id and name with arguments
-"", later ones the same index and a fragment; LocalAI's Go side joins them by index).
+name is known and their arguments have started (JSON: the object's first key or its end
+follows its "{"; XML: the first parameter opens or the call ends), then argument text follows
+in fragments (vLLM's and llama.cpp's shape: the first `ToolCallDelta` of a call has index, id
+and name with arguments "", later ones the same index and a fragment; LocalAI's Go side joins
+them by index). The announcement waits that long (a token or two) because LocalAI's proto
+cannot withdraw a streamed call: a block cut off right after a call's head, or whose call
+names a tool the request does not declare where the format says that is no call
+(`JsonStream.declared_only`), is never announced, so PredictStream shows what Predict shows.
 
 How a format's arguments stream is its own: `ToolFormat.stream` (decoding/tool_formats/, a
 `JsonStream` or an `XmlStream` declared in the format's module; for a parser mlx-lm inferred
@@ -32,9 +37,14 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 Rules (what the final reply holds):
 - JSON formats stream the raw argument text; the final `arguments` is that raw text (valid JSON
   object text, checked at the end), not a re-serialisation, so it equals the concatenation.
+  Streaming stops at a character JSON cannot hold outside a string (a call's end marker
+  inside arguments never closed): none of it is sent.
 - XML-parameter formats stream JSON built the way `json.dumps(arguments, ensure_ascii=False)`
   writes it, each value converted by the format's parser when its parameter closes.
-- At the block's end the whole block is parsed by the format's parser. A streamed call whose name or
+- At the block's end the whole block is parsed by the format's parser. A call whose streaming
+  stopped inside its arguments (text the streaming parse cannot read, e.g. a GLM `<arg_key>`
+  never closed, which the whole parse skips) keeps its index when what was streamed is the
+  start of the parsed arguments: the rest follows as one fragment. A streamed call whose name or
   arguments disagree with that parse is *dropped* (a `ToolCallDelta(dropped=True)` for its
   index) and the parsed calls are emitted whole under new indices. If the block does not parse
   at all, every call streamed from it is dropped and the raw block (markers included) comes
@@ -194,12 +204,15 @@ class JsonStream:
     head giving the name (a format's `ToolFormat.stream`, decoding/tool_formats/).
 
     first / following: the head of the first / each later call, ending at the object's "{"
-    (None: one call per block). quoted: the name group is a JSON string.
+    (None: one call per block). quoted: the name group is a JSON string. declared_only:
+    where the request declares tools, a call naming another tool is no call (the format's
+    whole parse rejects it): the stream does not announce it.
     """
 
     first: str
     following: str | None = None
     quoted: bool = True
+    declared_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,6 +252,11 @@ JSON_OBJECT = JsonStream(_OBJ_HEAD)
 JSON_LIST = JsonStream(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD)
 
 
+# What JSON text holds outside its strings (structure, numbers, true / false / null): any
+# other character ends a call's streamed arguments.
+_JSON_OUTSIDE_STRINGS = frozenset(' \t\r\n{}[]:,"-+.0123456789eEtrufalsn')
+
+
 @dataclass
 class _Streamed:
     """A call as streamed so far: its global index, id, name and the arguments text sent."""
@@ -248,6 +266,17 @@ class _Streamed:
     name: str
     arguments: str = ""
     closed: bool = False
+
+
+def declared_names(tools: Sequence[dict] | None) -> set[str]:
+    """The function names the request's tool definitions declare (OpenAI's shape, or a bare
+    function object)."""
+    names = set()
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
 
 
 def _partial_suffix(text: str, literal: str) -> int:
@@ -297,6 +326,7 @@ class BlockStreamer:
         self._sent_value: str | None = None  # None: the value is not streamed char by char
         self._value_started = False
         self._call_keys: set[str] = set()  # the parameters the current call has opened
+        self._pending = ""  # an XML call's name, announced once its first parameter opens
 
     @property
     def text(self) -> str:
@@ -344,10 +374,19 @@ class BlockStreamer:
         calls: list[ToolCall] = []
         kept = 0
         for s, p in zip(self.calls, parsed, strict=False):
-            if not (s.closed and s.name == p.name and _same_json(s.arguments, p.arguments)):
-                break
-            calls.append(ToolCall(s.index, s.id, s.name, s.arguments))
-            kept += 1
+            if s.closed and s.name == p.name and _same_json(s.arguments, p.arguments):
+                calls.append(ToolCall(s.index, s.id, s.name, s.arguments))
+                kept += 1
+                continue
+            # streaming stopped inside this call's arguments (text the streaming parse cannot
+            # read, which the whole parse skips): where what was sent is the start of the
+            # parsed arguments, the rest completes them and the call stands
+            unfinished = s is self.calls[-1] and not s.closed and s.name == p.name
+            if unfinished and p.arguments.startswith(s.arguments):
+                self._args(out, p.arguments[len(s.arguments) :])
+                calls.append(ToolCall(s.index, s.id, s.name, p.arguments))
+                kept += 1
+            break
         if kept < len(self.calls):
             logger.warning("streamed tool call disagrees with the whole parse; re-sent whole")
         out += [ToolCallDelta(s.index, dropped=True) for s in self.calls[kept:]]
@@ -393,15 +432,28 @@ class BlockStreamer:
                 if not isinstance(name, str) or not name:
                     self._state = "off"
                     return
+                declared = declared_names(self._tools) if spec.declared_only else set()
+                if declared and name not in declared:
+                    self._state = "off"  # no call: the whole parse puts the block in content
+                    return
+                start = self._buf[m.end() :].lstrip()
+                if not start:
+                    return  # announced once the arguments' first key (or their end) shows
+                if start[0] not in '"}':
+                    self._state = "off"  # no JSON object: the whole parse decides
+                    return
                 self._open(out, name, m.groupdict().get("id"))
                 self._pos = m.end() - 1  # at the arguments' "{"
                 self._depth, self._in_str, self._esc = 0, False, False
                 self._state = "args"
             if self._state != "args":
                 return
-            i, end, done = self._pos, len(self._buf), False
+            i, end, done, bad = self._pos, len(self._buf), False, False
             while i < end:  # track strings and nesting only: the whole parse validates
                 c = self._buf[i]
+                if not self._in_str and c not in _JSON_OUTSIDE_STRINGS:
+                    bad = True  # no JSON (a call's end marker inside unclosed arguments)
+                    break
                 i += 1
                 if self._in_str:
                     if self._esc:
@@ -421,6 +473,8 @@ class BlockStreamer:
                         break
             self._args(out, self._buf[self._pos : i])
             self._pos = i
+            if bad:
+                self._state = "off"  # none of it is sent: the whole parse decides
             if not done:
                 return
             self.calls[-1].closed = True
@@ -437,7 +491,7 @@ class BlockStreamer:
                 self._call_start = self._pos
                 self._params = 0
                 self._call_keys = set()
-                self._open(out, _unquote(m.group("name").strip()), None)
+                self._pending = _unquote(m.group("name").strip())  # announced below
                 self._pos = m.end()
                 self._state = "between"
             elif self._state == "between":
@@ -445,6 +499,7 @@ class BlockStreamer:
                 m = self._match(pattern)
                 c = self._match(spec.call_close) if spec.call_close else None
                 if m not in (None, "partial"):
+                    self._announce(out)
                     self._pos = self._value_start = m.end()
                     self._begin_value(m.group("key"))
                     self._state = "value"
@@ -582,7 +637,15 @@ class BlockStreamer:
             self._args(out, sep + _dumps(key) + ": " + _dumps(value))
         self._sent_value, self._value_started = None, False
 
+    def _announce(self, out: list[ToolCallDelta]) -> None:
+        """Announce the XML call whose head was read (once its first parameter opens or it
+        ends: a block cut off after the head is no call, and is never shown)."""
+        if self._pending:
+            self._open(out, self._pending, None)
+            self._pending = ""
+
     def _end_xml_call(self, out: list[ToolCallDelta]) -> None:
+        self._announce(out)
         self._args(out, "}" if self._params else "{}")
         self.calls[-1].closed = True
 

@@ -1300,8 +1300,8 @@ QWEN3XML_CASES = common(
         ],
         "",
     ),
-    # the other malformed output (cut off) is a known difference
-    malformed=["<tool_call><function=></function></tool_call>"],
+    # the cut-off one is never announced on the stream: no parameter opened
+    malformed=["<tool_call><function=func>", "<tool_call><function=></function></tool_call>"],
 )
 
 
@@ -3297,11 +3297,13 @@ GRANITE_CASES = [
         "<tool_call> " + PHI4_ESCAPED.removeprefix("functools"),
         [("test_function", GR_ESCAPED)],
     ),
-    # vLLM asserts only that these do not raise; here they are content
+    # vLLM asserts only that these do not raise; here they are content (the cut-off one is
+    # never announced on the stream: its arguments show no first key)
     *[
-        granite(f"test_malformed_input[{i + 1}]", text, content=text)
+        granite(f"test_malformed_input[{i}]", text, content=text)
         for i, text in enumerate(
             [
+                '<|tool_call|> [{"name": "func", "arguments": {',
                 '<|tool_call|> {"name": "func", "arguments": {}}',
                 '[{"name": "func", "arguments": "not a dict"}]',
                 'Some text [{"name": "func"}]',
@@ -4105,17 +4107,6 @@ def known(case: Case, ours: dict, why: str) -> tuple[Case, dict]:
 
 
 KNOWN_DIFFERENCES = [
-    known(
-        granite(
-            "test_malformed_input[0]",
-            '<|tool_call|> [{"name": "func", "arguments": {',
-            content='<|tool_call|> [{"name": "func", "arguments": {',
-        ),
-        {"withdrawn": True},
-        "same result as vLLM's non-streaming path (vLLM asserts only that it does not "
-        "raise), but the stream announced func before the cut-off list proved malformed; "
-        "LocalAI's proto cannot withdraw a streamed call",
-    ),
     *[
         known(
             c,
@@ -4317,18 +4308,6 @@ KNOWN_DIFFERENCES = [
         "stream had announced the first call (LocalAI's proto cannot withdraw it)",
     ),
     known(
-        qwen3xml(
-            "malformed_input_cut_off",
-            "<tool_call><function=func>",
-            content="<tool_call><function=func>",
-            ids=_both("test_malformed_input"),
-        ),
-        {"withdrawn": True},
-        "same result as vLLM's non-streaming path, but the stream announced func before the "
-        "block (cut off at the end) proved malformed; LocalAI's proto cannot withdraw a "
-        "streamed call, so PredictStream shows it and Predict does not",
-    ),
-    known(
         mistral(
             "pre_v11_regex_fallback_fails",
             "[TOOL_CALLS] not json at all",
@@ -4460,23 +4439,6 @@ KNOWN_DIFFERENCES = [
 ]
 
 
-# InternLM2's call streams as it is written: a block that proves no call at its end (cut
-# off, or a name the request does not declare) was announced on the stream already.
-_INTERNLM_STREAMED = ("malformed_input_0", "unknown_tool_name_not_emitted")
-KNOWN_DIFFERENCES += [
-    known(
-        c,
-        {"withdrawn": True},
-        "same result as vLLM's non-streaming path (the block is no call: "
-        + ("cut off" if c.id.startswith("malformed") else "a tool the request does not declare")
-        + "), but the stream had announced the call as it was written; LocalAI's proto "
-        "cannot withdraw a streamed call, so PredictStream shows it and Predict does not "
-        "(vLLM's streaming path does not check the name either)",
-    )
-    for c in INTERNLM_CASES
-    if c.id in _INTERNLM_STREAMED
-]
-CASES = [c for c in CASES if not (c.source == INTERNLM and c.id in _INTERNLM_STREAMED)]
 HERMES_KNOWN = [k for k in KNOWN_DIFFERENCES if k[0].source == HERMES]
 STRING_ARGUMENTS = ["hello", "{hello world}", "[oops", '{"a": 1} tail text']
 NO_OBJECT = (
@@ -4654,19 +4616,13 @@ def _glm45_ids(case: Case) -> Case:
     return Case(**{**case.__dict__, "ids": ids})
 
 
-KNOWN_DIFFERENCES.append(
-    known(
-        glm(
-            "test_extract_tool_calls_malformed_xml",
-            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seattle</arg_value>\n"
-            "<arg_key>incomplete_arg\n<arg_value>value</arg_value>\n</tool_call>",
-            [("get_weather", {"city": "Seattle"})],
-        ),
-        {"withdrawn": True},
-        "vLLM asserts only that it returns (its argument regex skips the pair whose "
-        "</arg_key> is missing, as the whole parse here does); the stream had sent the "
-        "broken pair as it came and re-sends the call whole: LocalAI's proto cannot "
-        "withdraw a streamed call",
+CASES.append(  # vLLM asserts only that it returns; its argument regex skips the pair whose
+    # </arg_key> is missing, as the whole parse and the stream here do
+    glm(
+        "test_extract_tool_calls_malformed_xml",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Seattle</arg_value>\n"
+        "<arg_key>incomplete_arg\n<arg_value>value</arg_value>\n</tool_call>",
+        [("get_weather", {"city": "Seattle"})],
     )
 )
 CASES = [_glm45_ids(c) if c.source == GLM45 else c for c in CASES]

@@ -5,23 +5,15 @@ jamba (a JSON list between `<tool_calls>` and `</tool_calls>`): JSON calls betwe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from mlx_lm.tool_parsers import json_tools as _mlx_json_tools
 
 from decoding import call_formats
-from decoding.tool_calls import JSON_LIST, JSON_OBJECT
+from decoding.tool_calls import JSON_LIST, JSON_OBJECT, declared_names
 from decoding.tool_formats import ToolFormat, register
-
-
-def _declared_names(tools: Any) -> set[str]:
-    names = set()
-    for tool in tools or ():
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.add(function["name"])
-    return names
 
 
 def _json_object_parser(text: str, tools: Any = None) -> Any:
@@ -30,7 +22,7 @@ def _json_object_parser(text: str, tools: Any = None) -> Any:
     stays content), as vLLM's internlm2_tool_parser.py
     (tests/tool_parsers/test_internlm2_tool_parser.py, unknown tool name not emitted)."""
     call = json.loads(text.strip())
-    declared = _declared_names(tools)
+    declared = declared_names(tools)
     if declared and isinstance(call, dict) and call.get("name") not in declared:
         raise ValueError(f"tool {call.get('name')!r} is not among the request's tools")
     return call
@@ -67,7 +59,8 @@ INTERNLM = register(
         _json_object_parser,
         "<|action_start|><|plugin|>",
         "<|action_end|>",
-        stream=JSON_OBJECT,
+        # the stream leaves a call naming an undeclared tool unannounced, as the parse does
+        stream=dataclasses.replace(JSON_OBJECT, declared_only=True),
     )
 )
 JAMBA = register(

@@ -92,12 +92,16 @@ def test_declared_spec_streams_what_the_parser_reads(name):
     assert name in BLOCKS, f"{name} streams: add a block of its shape to BLOCKS"
     text = BLOCKS[name]
     streamer = BlockStreamer(fmt.parse, TOOLS, 0, fmt.stream)
-    pieces, early = [], False
+    pieces, early, named_at = [], False, None
     for i, ch in enumerate(text):
         out = streamer.push(ch)
         pieces += out
         early = early or (i < len(text) - 1 and any(p.arguments for p in out))
+        if named_at is None and any(p.name for p in out):
+            named_at = i
     assert early, "no argument text before the block ended"
+    # the announcement waits for the arguments' start only: it comes before the first value
+    assert named_at is not None and named_at < text.index("Paris")
     closing, calls, ok = streamer.close(True)
     assert ok and not any(p.dropped for p in closing)  # the stream agreed with the parse
     (call,) = calls
@@ -113,3 +117,21 @@ def test_the_mlx_lm_parser_in_effect_brings_its_stream(name):
     assert fmt is not None and fmt.name == name
     assert tool_formats.stream_of(tok) is fmt.stream
     assert (fmt.stream is None) == (name == "pythonic")
+
+
+def test_unclosed_json_arguments_stop_streaming_where_they_stop_being_json():
+    # vLLM's kimi_k2 invalid_json_still_extracted: the first call's arguments never close;
+    # the next call's markers are no part of them (before: streamed as its arguments)
+    fmt = tool_formats.get("kimi_k2")
+    text = (
+        '<|tool_call_begin|>functions.bad:0 <|tool_call_argument_begin|>{"city": "Beijing"'
+        "<|tool_call_end|><|tool_call_begin|>functions.good:1 <|tool_call_argument_begin|>"
+        '{"city": "Shanghai"}<|tool_call_end|>'
+    )
+    streamer = BlockStreamer(fmt.parse, None, 0, fmt.stream)
+    pieces = [p for ch in text for p in streamer.push(ch)]
+    assert [p.name for p in pieces if p.name] == ["bad"]
+    assert "".join(p.arguments for p in pieces) == '{"city": "Beijing"'
+    closing, calls, ok = streamer.close(True)
+    assert (calls, ok) == ([], False)  # the block is malformed: its text is content
+    assert closing == [tool_calls.ToolCallDelta(0, dropped=True)]
