@@ -98,6 +98,10 @@ class Row:
     context: Any = None  # TokenBuffer of its history, for its per-row logits processors
     held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
+    since: int = 0  # the batch's prompt tokens fed when it was inserted (`_pick`)
+    # The caller wants its KV where only the last prompt token is left (a segment of its
+    # own: a checkpoint or `cut` there): it then decodes from the next step, not this one.
+    boundary: bool = False
 
     def history(self, new: mx.array, fresh: bool = True) -> mx.array:
         """Its token context for a per-row logits processor: the tokens its KV holds,
@@ -139,6 +143,55 @@ def _filter_layers(cache: list, keep: list[int]) -> None:
             c.filter(keep)
 
 
+def _take_chunk(row: Row, size: int) -> tuple[list[int], bool]:
+    """The next prefill chunk of ``row`` (at most ``size`` tokens, never past the end of
+    its first segment), taken off its prompt; whether it ends that segment."""
+    seg = row.segments[0]
+    chunk, row.segments[0] = seg[:size], seg[size:]
+    end = not row.segments[0]
+    if end:
+        row.segments.pop(0)
+    row.done += len(chunk)
+    return chunk, end
+
+
+def _feed(model: Any, cache: list, chunks: list[list[int]], step: int) -> None:
+    """Run ``chunks`` (one per row of the batch ``cache``, right-padded when they differ
+    in length) through ``model``, at most ``step`` tokens a pass."""
+    lengths = [len(c) for c in chunks]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
+    ragged = max(padding) > 0
+    if ragged:
+        inputs = mx.array([c + [0] * (longest - len(c)) for c in chunks])
+        for c in cache:
+            c.prepare(lengths=lengths, right_padding=padding)
+    else:
+        inputs = mx.array(chunks)
+    while inputs.shape[1] > 0:
+        n = min(step, inputs.shape[1])
+        model(inputs[:, :n], cache=cache)
+        mx.eval([c.state for c in cache])
+        release_cache(generation_stream)
+        inputs = inputs[:, n:]
+    if ragged:
+        for c in cache:
+            c.finalize()
+        mx.eval([c.state for c in cache])
+        release_cache(generation_stream)
+
+
+def _split(cache: list, ready: list[int], keep: list[int]) -> tuple[list, list]:
+    """The batch ``cache``'s rows ``ready`` and rows ``keep`` (indices), each its own."""
+    if not keep:
+        _filter_layers(cache, ready)
+        return cache, []
+    out = copy.deepcopy(cache)
+    _filter_layers(out, ready)
+    _filter_layers(cache, keep)
+    return out, cache
+
+
 def _extend(a: list, b: list) -> list:
     if not a:
         return b
@@ -155,8 +208,58 @@ def _joining(n: int, limit: int | None, prefilling: list[Row]) -> int:
     others wait, in order. Rows down to their last token leave it in this step."""
     if limit is None:
         return n
-    leaving = sum(1 for r in prefilling if len(r.segments) == 1 == len(r.segments[0]))
-    return min(n, limit - len(prefilling) + leaving)
+    return min(n, limit - len(prefilling) + sum(1 for r in prefilling if _leaving(r)))
+
+
+def _leaving(row: Row) -> bool:
+    """Whether ``row``'s prompt is down to its last token (it leaves the prefill group)."""
+    return len(row.segments) == 1 == len(row.segments[0])
+
+
+def _left(row: Row) -> int:
+    """Prompt tokens ``row`` has left to prefill in chunks (its last one is the first
+    decode step's)."""
+    return sum(len(s) for s in row.segments) - 1
+
+
+#: How fast waiting raises a row's turn (`_pick`): its tokens left count less by this
+#: fraction of the prompt tokens the batch prefilled while it waited.
+AGING = 0.5
+
+
+def _pick(
+    waiting: deque[Row], n: int, budget: int, chunk: int, group: list[Row], fed: int
+) -> list[Row]:
+    """Take from ``waiting`` the rows that join the prefill group this step (at most
+    ``n``), within the step's ``budget`` of prompt tokens over all its rows (vLLM's
+    ``max_num_batched_tokens``), each row counting the chunk it takes this step (at most
+    ``chunk`` tokens). The rows with the fewest tokens left join first (a new turn of a
+    running session does not wait behind a long prompt), less `AGING` times the tokens
+    prefilled while they waited (``fed``: the batch's count; a long prompt is never
+    starved); rows down to their last token always join (one decode token each). The
+    first row joins whatever its chunk when the group is empty.
+
+    Own code: mlx-lm's `BatchGenerator` takes waiting prompts in arrival order, each with a
+    full chunk; vLLM's scheduler (vllm/v1/core/sched/scheduler.py, ``schedule``) shares a
+    token budget per step, in arrival order."""
+    staying = [r for r in group if not _leaving(r)]
+    left = budget - sum(min(chunk, len(r.segments[0])) for r in staying)
+    order = sorted(waiting, key=lambda r: _left(r) - AGING * (fed - r.since))
+    taken: list[Row] = []
+    for r in order:
+        if len(taken) >= n:
+            break
+        cost = 0 if _leaving(r) else min(chunk, len(r.segments[0]))
+        if cost > left and (taken or staying):
+            continue
+        taken.append(r)
+        left -= cost
+    if taken:
+        chosen = {id(r) for r in taken}
+        kept = [r for r in waiting if id(r) not in chosen]
+        waiting.clear()
+        waiting.extend(kept)
+    return taken
 
 
 class DecodeBatch:
@@ -167,7 +270,9 @@ class DecodeBatch:
         eos: token ids that end a row that stops at EOS.
         max_rows: most rows decoding, and most prefilling, at once.
         prefill_step_size: most prompt tokens per row per step (may change between steps),
-            ``prefill_rows`` the most rows prefilling together (`_joining`; None: any).
+            ``prefill_rows`` the most rows prefilling together (`_joining`; None: any),
+            ``prefill_tokens`` the most prompt tokens a step feeds over all rows (`_pick`,
+            shortest first; None: no bound, rows join in arrival order).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
@@ -194,6 +299,8 @@ class DecodeBatch:
         self.max_rows = max_rows
         self.prefill_step_size = prefill_step_size
         self.prefill_rows: int | None = None
+        self.prefill_tokens: int | None = None
+        self._fed = 0  # prompt tokens fed by prefill chunks so far
         self.max_kv_size = max_kv_size
         self.own_layers = own_layers
         self._uid = 0
@@ -248,6 +355,7 @@ class DecodeBatch:
             raise ValueError(f"Sequence {uid} has an empty prompt.")
         if max_tokens <= 0:
             raise ValueError(f"Sequence {uid}'s max_tokens must be > 0.")
+        boundary = len(segs) > 1 and len(segs[-1]) == 1
         if len(segs[-1]) != 1:  # the last token is fed by the first decode step
             segs.append(segs[-1][-1:])
             segs[-2] = segs[-2][:-1]
@@ -265,6 +373,8 @@ class DecodeBatch:
             logprobs,
             sum(len(s) for s in segs),
             draft,
+            boundary=boundary,
+            since=self._fed,
         )
         self._uid += 1
         self._waiting.append(row)
@@ -278,7 +388,11 @@ class DecodeBatch:
         for rows in (self._waiting, self._prefilling):
             for r in rows:
                 if r.uid == uid:
-                    return _cut(r.segments, position - len(r.tokens))
+                    offset = position - len(r.tokens)
+                    if not _cut(r.segments, offset):
+                        return False
+                    r.boundary |= offset == _left(r)
+                    return True
         return False
 
     def held(self, uid: int) -> tuple[int, int] | None:
@@ -345,6 +459,11 @@ class DecodeBatch:
     def rows(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self._rows)
 
+    @property
+    def prefills(self) -> bool:
+        """Whether a row waits to prefill or is prefilling."""
+        return bool(self._waiting or self._prefilling)
+
     def __len__(self) -> int:
         return self.rows
 
@@ -355,18 +474,21 @@ class DecodeBatch:
         return total + sum(_nbytes(c) for c in (*self._pcache, *self._cache))
 
     # -- stepping ----------------------------------------------------------------------
-    def next(self) -> tuple[list[Prefilled], list[Generated]]:
+    def next(
+        self, decode: bool = True, prefill: bool = True
+    ) -> tuple[list[Prefilled], list[Generated]]:
         """One step: a token for every decoding row, then a prefill chunk for each row
-        still prefilling (module doc)."""
+        still prefilling (module doc); ``decode`` / ``prefill`` False: without that part
+        (a caller that hands the tokens over before the prefill runs)."""
         with mx.stream(generation_stream):
-            out = self._next()
+            out = self._next(decode, prefill)
             if self.settle and self._next_tokens is not None:
                 mx.eval(self._next_tokens, [x for x in self._next_logprobs if x is not None])
             return out
 
-    def _next(self) -> tuple[list[Prefilled], list[Generated]]:
+    def _next(self, decode: bool, prefill: bool) -> tuple[list[Prefilled], list[Generated]]:
         generated: list[Generated] = []
-        if self._rows:
+        if self._rows and decode:
             generated = self._decode()
             self._steps += 1
             # Every 512 steps, at the first step after that in which no sequence finished.
@@ -375,7 +497,7 @@ class DecodeBatch:
                 release_cache(generation_stream)
                 self._release_due = False
         prefilled: list[Prefilled] = []
-        if len(self._rows) >= self.max_rows:
+        if len(self._rows) >= self.max_rows or not prefill:
             return prefilled, generated
         n = min(
             self.max_rows - len(self._prefilling),
@@ -383,70 +505,51 @@ class DecodeBatch:
             len(self._waiting),
         )
         n = _joining(n, self.prefill_rows, self._prefilling)
-        if n > 0:
+        if n <= 0:
+            rows = []
+        elif self.prefill_tokens is None:
             rows = [self._waiting.popleft() for _ in range(n)]
+        else:
+            budget, chunk = self.prefill_tokens, self.prefill_step_size
+            rows = _pick(self._waiting, n, budget, chunk, self._prefilling, self._fed)
+        if rows:
             cache = merge_rows([r.cache for r in rows], self.own_layers)
             for r in rows:
                 r.cache = []
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
-        ready = [
-            i
-            for i, r in enumerate(self._prefilling)
-            if len(r.segments) == 1 and len(r.segments[0]) == 1
+        prefilled += self._start_ready(lambda r: True)
+        chunks = [_take_chunk(r, self.prefill_step_size) for r in self._prefilling]
+        prefilled += [
+            Prefilled(r.uid, (r.done, r.total), e, False)
+            for r, (_, e) in zip(self._prefilling, chunks, strict=True)
         ]
-        if ready:
-            keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
-            rows = [self._prefilling[i] for i in ready]
-            cache = copy.deepcopy(self._pcache) if keep else self._pcache
-            _filter_layers(cache, ready)
-            self._prefilling = [self._prefilling[i] for i in keep]
-            if keep:
-                _filter_layers(self._pcache, keep)
-            else:
-                self._pcache = []
-            prefilled += [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
-            self._start(rows, cache)
-        chunks = []
-        for r in self._prefilling:
-            seg = r.segments[0]
-            chunk, r.segments[0] = seg[: self.prefill_step_size], seg[self.prefill_step_size :]
-            end = not r.segments[0]
-            if end:
-                r.segments.pop(0)
-            r.done += len(chunk)
-            chunks.append(chunk)
-            prefilled.append(Prefilled(r.uid, (r.done, r.total), end, False))
-        self._prefill(chunks)
+        self._prefill([c for c, _ in chunks])
+        # Rows whose prompt this chunk ended decode from now: their first token is read
+        # in the next step, not the one after (unless the caller wants their KV first).
+        if len(self._rows) < self.max_rows:
+            prefilled += self._start_ready(lambda r: not r.boundary)
         return prefilled, generated
 
+    def _start_ready(self, may: Callable[[Row], bool]) -> list[Prefilled]:
+        """Start the prefilling rows down to their last token that ``may`` start (`_start`)."""
+        ready = [i for i, r in enumerate(self._prefilling) if _leaving(r) and may(r)]
+        if not ready:
+            return []
+        keep = [i for i in range(len(self._prefilling)) if i not in set(ready)]
+        rows = [self._prefilling[i] for i in ready]
+        self._prefilling = [self._prefilling[i] for i in keep]
+        cache, self._pcache = _split(self._pcache, ready, keep)
+        self._start(rows, cache)
+        return [Prefilled(r.uid, (r.total, r.total), True, True) for r in rows]
+
     def _prefill(self, chunks: list[list[int]]) -> None:
-        """Feed each prefilling row its chunk (right-padded when they differ in length)."""
-        if not chunks:
-            return
-        for r, chunk in zip(self._prefilling, chunks, strict=True):
-            r.tokens += chunk
-        lengths = [len(c) for c in chunks]
-        longest = max(lengths)
-        padding = [longest - n for n in lengths]
-        ragged = max(padding) > 0
-        if ragged:
-            inputs = mx.array([c + [0] * (longest - len(c)) for c in chunks])
-            for c in self._pcache:
-                c.prepare(lengths=lengths, right_padding=padding)
-        else:
-            inputs = mx.array(chunks)
-        while inputs.shape[1] > 0:
-            n = min(self.prefill_step_size, inputs.shape[1])
-            self.model(inputs[:, :n], cache=self._pcache)
-            mx.eval([c.state for c in self._pcache])
-            release_cache(generation_stream)
-            inputs = inputs[:, n:]
-        if ragged:
-            for c in self._pcache:
-                c.finalize()
-            mx.eval([c.state for c in self._pcache])
-            release_cache(generation_stream)
+        """Feed each prefilling row its chunk (`_feed`)."""
+        if chunks:
+            for r, chunk in zip(self._prefilling, chunks, strict=True):
+                r.tokens += chunk
+                self._fed += len(chunk)
+            _feed(self.model, self._pcache, chunks, self.prefill_step_size)
 
     def _start(self, rows: list[Row], cache: list) -> None:
         """``rows`` (KV ``cache``) leave prefill: their last prompt token's forward pass is

@@ -276,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subagents", type=int, default=4)
     ap.add_argument("--seed", type=int, default=38)
     ap.add_argument("--vllm-mlx-python", help="a python with vllm-mlx installed")
+    ap.add_argument(
+        "--samples", help="write every request's timings here (JSON lines: system, level, ...)"
+    )
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     systems = [s for s in args.systems.split(",") if s]
@@ -352,6 +355,23 @@ def main(argv: list[str] | None = None) -> int:
             results[(name, level)] = (samples, makespan, computed)
             print(f"  {name} at {level}: makespan {makespan:.1f} s", flush=True)
 
+    if args.samples:
+        with open(args.samples, "w") as f:
+            for (name, level), (samples, _, _) in results.items():
+                for s in samples:
+                    f.write(
+                        json.dumps(
+                            dict(
+                                system=name,
+                                level=level,
+                                rid=s.rid,
+                                start=s.start,
+                                ttft=s.ttft,
+                                latency=s.latency,
+                            )
+                        )
+                        + "\n"
+                    )
     sent = sum(r.tokens for r in requests)
     rows = []
     for level in levels:

@@ -19,6 +19,8 @@ Scenarios, each with 8 concurrent greedy streams on unique prompts, EOS biased a
   grammar that never engages (its trigger gate decodes each token; no mask);
 * ``tool_required``: ToolChoice names ``take_notes`` (a call required): the call is
   constrained from the first token (its arguments an array of at least 500 short strings).
+  The token limit cuts the call, which ends the request RESOURCE_EXHAUSTED (a cut call is
+  refused); the call streams no token counts, so only its end-to-end figure is defined.
 
 Reported: end-to-end tok/s (all tokens over the wall time from the first request to the
 last token) and decode-window tok/s (tokens all streams received while every one was
@@ -34,9 +36,11 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import benchlib as bl
+import grpc
 from bench_concurrency import run_level
 
 sys.path.insert(0, str(bl.ROOT / "tests"))
@@ -105,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
 
             def stream(prompt: str, sc: str, stub=server.stub, model=model) -> bl.StreamResult:
                 req = bl.predict_options(prompt, args.new_tokens, **fields(sc))
-                result = bl.grpc_stream(stub, req)
+                # The required call never closes (at least 500 items): the token limit
+                # cuts it, which ends the request RESOURCE_EXHAUSTED once all the tokens
+                # are made; a call's tokens stream no counts, so its end is its last token
+                # and the decode window is undefined ("nan") for this scenario.
+                ends = (grpc.StatusCode.RESOURCE_EXHAUSTED,) if sc == "tool_required" else ()
+                result = bl.grpc_stream(stub, req, ends=ends)
+                if result.error:
+                    result.tokens, result.t_last = args.new_tokens, time.perf_counter()
                 samples.setdefault((model, sc), result.text)
                 return result
 

@@ -54,7 +54,11 @@ class Group(bl.Backend):
         cmd = [str(LAUNCHER), "-n", str(RANKS), "--backend", "ring", "-p", str(port)]
         cmd += [str(bl.ROOT / "run.sh"), "--addr", f"{bl.HOST}:0", "--distributed", "tensor"]
         bl._Proc.__init__(self, cmd, dict(os.environ), "group")  # run.sh adds MKL
-        self.address = self._wait_address()
+        try:
+            self.address = self._wait_for_address(120.0)  # clients/server_process.py
+        except BaseException:
+            self.stop()  # the launcher and its ranks go too
+            raise
         self.channel = grpc.insecure_channel(self.address)
         self.stub = backend_pb2_grpc.BackendStub(self.channel)
 
@@ -68,7 +72,8 @@ class Group(bl.Backend):
 
     def stop(self, timeout: float = 60.0) -> None:
         # SIGTERM to rank 0: it tells the other ranks to exit; mlx.launch then exits.
-        self.channel.close()
+        if hasattr(self, "channel"):  # not where the group never came up
+            self.channel.close()
         rank0 = self.pids().get(0)
         if rank0 is not None:
             with contextlib.suppress(ProcessLookupError):

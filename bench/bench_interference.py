@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     args = ap.parse_args(argv)
-    print(bl.header("M. long prefill beside running streams", argv))
+    print(bl.header("M. long prefill beside running streams", [__file__, *argv]))
     maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
     server = bl.Backend()
     rows = []

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args(argv)
-    print(bl.header("N. first request after LoadModel in a fresh TMPDIR", argv))
+    print(bl.header("N. first request after LoadModel in a fresh TMPDIR", [__file__, *argv]))
     maker = bl.PromptMaker(bl.converted_dir() / "tokenizer.json")
     rows = []
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}

@@ -42,6 +42,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+import grpc  # noqa: E402
+
 import backend_pb2  # noqa: E402
 from clients.server_process import ServerProcess  # noqa: E402  (the harness the tests use)
 from loading import cpu_fast_path  # noqa: E402  (standard library only: no MLX in the driver)
@@ -393,6 +395,7 @@ class StreamResult:
     text: str = ""
     extra: dict = field(default_factory=dict)
     marks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, running count)
+    error: str = ""  # the status code that ended the stream, where expected (`grpc_stream`)
 
     def count_at(self, t: float) -> int:
         """Tokens received by time ``t`` (0 before the first chunk)."""
@@ -425,22 +428,37 @@ def predict_options(prompt: str, max_tokens: int, **fields) -> backend_pb2.Predi
     )
 
 
-def grpc_stream(stub, req: backend_pb2.PredictOptions, timeout: float = 600.0) -> StreamResult:
-    """Run one PredictStream and time it from the client side."""
+def grpc_stream(
+    stub, req: backend_pb2.PredictOptions, timeout: float = 600.0, ends: Sequence = ()
+) -> StreamResult:
+    """Run one PredictStream and time it from the client side. ``ends``: gRPC status codes
+    that end the stream as expected (e.g. RESOURCE_EXHAUSTED for a tool call the token
+    limit cuts): what arrived before is returned, with ``error`` set to the code."""
     res = StreamResult(t_start=time.perf_counter())
     parts: list[str] = []
-    for reply in stub.PredictStream(req, timeout=timeout):
-        now = time.perf_counter()
-        if reply.tokens and not res.t_first:
-            res.t_first, res.k_first = now, reply.tokens
-        if reply.tokens:
-            res.t_last, res.k_last, res.tokens = now, reply.tokens, reply.tokens
-            res.marks.append((now, reply.tokens))
-        res.server_prompt_ms = reply.timing_prompt_processing
-        res.server_gen_ms = reply.timing_token_generation
-        parts.append(reply.message.decode("utf-8", errors="replace"))
+    replies = stub.PredictStream(req, timeout=timeout)
+    try:
+        for reply in replies:
+            _take(res, parts, reply)
+    except grpc.RpcError as exc:
+        if exc.code() not in ends:
+            raise
+        res.error = exc.code().name
     res.text = "".join(parts)
     return res
+
+
+def _take(res: StreamResult, parts: list[str], reply) -> None:
+    """One PredictStream reply into ``res`` (`grpc_stream`)."""
+    now = time.perf_counter()
+    if reply.tokens and not res.t_first:
+        res.t_first, res.k_first = now, reply.tokens
+    if reply.tokens:
+        res.t_last, res.k_last, res.tokens = now, reply.tokens, reply.tokens
+        res.marks.append((now, reply.tokens))
+    res.server_prompt_ms = reply.timing_prompt_processing
+    res.server_gen_ms = reply.timing_token_generation
+    parts.append(reply.message.decode("utf-8", errors="replace"))
 
 
 def memory_breakdown(stub) -> dict[str, int]:

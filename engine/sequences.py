@@ -155,6 +155,7 @@ class BatchRunner:
         # In-flight prefix sharing: the copies made since last asked (`take_shared`).
         self._shared: list[tuple[int, int | None]] = []
         self.budget = PrefillBudget(loaded.params.step_budget_ms, loaded.params.prefill_step_size)
+        self._decode_next = True  # the part of a split step that comes next (`step`)
         self._batch = self._new_batch()
 
     def reset(self) -> None:
@@ -326,16 +327,27 @@ class BatchRunner:
         if not self._rows:
             return []
         decoding = any(s.decoding for s in self._rows.values())
+        # While rows decode and others prefill, a step is two: the decode, whose tokens
+        # the engine hands over (and whose new requests it admits) before the prefill
+        # chunk runs, then the chunk; alone, a step is both (`DecodeBatch.next`). A
+        # distributed group's ranks take whole steps.
+        decode = prefill = True
+        if decoding and self._batch.prefills and self.checkpoints.single_process:
+            decode = self._decode_next
+            prefill = not decode
+            self._decode_next = not decode
+        else:
+            self._decode_next = True  # a whole step: a split one starts with its decode
         # The budget's chunk for this step; the batch reads it on every step.
         self._plan_chunk(decoding)
         start = time.perf_counter()
-        prompt_responses, responses = self._batch.next()
+        prompt_responses, responses = self._batch.next(decode, prefill)
         prefilled = 0
         for r in prompt_responses:
             seq = self._rows.get(r.uid)
             if seq is not None:
                 prefilled += seq.prefill_progress(r.progress[0], r.end_of_prompt)
-        self.budget.observe(time.perf_counter() - start, prefilled, decoding)
+        self.budget.observe(time.perf_counter() - start, prefilled, decoding and decode)
         self._at_boundaries(prompt_responses, jobs)
         out = []
         for g in responses:
@@ -347,22 +359,24 @@ class BatchRunner:
         return out
 
     def _plan_chunk(self, decoding: bool) -> None:
-        """The step's prefill chunk (`PrefillBudget.chunk`); the batch reads it every step.
-        A distributed follower plans the same (its budget has no time part there)."""
-        rows = [self._batch.held(u) or (0, 0) for u, s in self._rows.items() if not s.decoding]
-        grouped = sum(1 for _, stage in rows if stage == 1)
-        context = max((n for n, _ in rows), default=0)
-        chunk, most = self.budget.plan(len(rows) - grouped, grouped, decoding, context, self.nbytes)
-        self._batch.prefill_step_size, self._batch.prefill_rows = chunk, most
+        """The step's prompt tokens (`PrefillBudget.plan`): each row's chunk and the
+        step's budget over its rows; the batch reads them every step. A distributed
+        follower plans the same (its budget has no time part there)."""
+        held = [self._batch.held(u) for u, s in self._rows.items() if not s.decoding]
+        context = max((h[0] for h in held if h is not None), default=0)
+        tokens = self.budget.plan(decoding, context, self.nbytes)
+        self._batch.prefill_step_size = self._batch.prefill_tokens = tokens
 
     def _at_boundaries(self, prompt_responses: list, jobs: dict[int, Sequence]) -> None:
         """Store the KV of rows whose prefill just stopped at one of their checkpoints
         (``jobs``: by uid) or `share` positions."""
+        started = {r.uid for r in prompt_responses if r.end_of_prompt}
         boundaries = [
             r.uid
             for r in prompt_responses
             if r.end_of_segment
             and not r.end_of_prompt
+            and r.uid not in started  # it decodes now: no KV of its prompt alone wanted
             and r.uid in self._rows
             and (self._rows[r.uid].snapshots or self._rows[r.uid].shares)
         ]

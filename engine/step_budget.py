@@ -10,14 +10,15 @@ between a 2-core CPU and a GPU: while rows decode, the chunk is what the measure
 speed fits into ``budget_ms`` after the decode step; with nobody decoding, the full chunk
 (the fastest prefill).
 
-How the step's prefill tokens are shared (issue 38): in arrival order, as vLLM's scheduler
-gives its token budget to the oldest requests first (vllm/v1/core/sched/scheduler.py,
-``schedule``: running requests, then waiting ones, each taking what is left of
-``max_num_batched_tokens``), not in equal slices to every prefilling row. With 16 agents'
-turns of 500 tokens arriving together and room for 4,000 tokens a step, equal slices end
-every prefill in the second step; in order, half end in the first. `plan` says how many
-rows the batch's prefill group may hold (the others wait to enter it, in order) and their
-chunk.
+How the step's prefill tokens are shared (issue 38): the chunk one row could take is the
+budget of the whole step, shared by the rows that prefill in it (vLLM's token budget per
+step, ``max_num_batched_tokens``: vllm/v1/core/sched/scheduler.py, ``schedule``), the rows
+with the fewest tokens left first (`batch.decode._pick`). Measured on the agent replay
+(BENCHMARKS.md U): the turns of 16 sessions arrived together, all 14-16 prefilled in one
+step of 16 full chunks (1.2 s), every row's first token at its end, 2.5x fewer prompt
+tokens per second than one session at a time (each row's cached context padded to the
+longest). In turns, shortest first, the first of them decodes after one chunk's time,
+the next while the others prefill, and no step pads rows to another's context.
 """
 
 from __future__ import annotations
@@ -85,30 +86,11 @@ class PrefillBudget:
         tokens = int(room) // CHUNK_QUANTUM * CHUNK_QUANTUM
         return max(MIN_CHUNK, min(largest, tokens))
 
-    def plan(
-        self, waiting: int, grouped: int, decoding: bool, context: int = 0, kv: int = 0
-    ) -> tuple[int, int | None]:
-        """(chunk, most rows in the prefill group; None: every row) for the next step:
-        ``grouped`` rows prefill now, ``waiting`` more would join (module doc). Rows take
-        about a full chunk each, in order, within the time budget; rows in the group stay
-        (their KV is merged there). Where the time part is off (nobody decodes, budget
-        0, no speed measured yet), every row joins and shares the chunk (`chunk`)."""
-        rows = waiting + grouped
-        tokens = self._tokens(decoding)
-        if tokens is None or rows == 0:
-            return self.chunk(rows, decoding, context, kv), None
-        full = for_context(context, self.max_chunk)
-        most = max(grouped, 1, int(tokens) // full)
-        if most >= rows:
-            return self.chunk(rows, decoding, context, kv), None
-        return self.chunk(most, decoding, context, kv), most
-
-    def _tokens(self, decoding: bool) -> float | None:
-        """Prompt tokens the time budget leaves a step beside the decode (all rows
-        together); None where no time budget applies."""
-        if not decoding or self.budget_s <= 0 or self.rate is None:
-            return None
-        return max(self.budget_s - self.decode_s, 0.0) * self.rate
+    def plan(self, decoding: bool, context: int = 0, kv: int = 0) -> int:
+        """The prompt tokens of the next step, over all its prefilling rows (module doc):
+        the chunk one row may take (`chunk`: the full chunk, or what the time budget
+        leaves beside the decode, within the memory budget's room)."""
+        return self.chunk(1, decoding, context, kv)
 
     def observe(self, seconds: float, prefill_tokens: int, decoding: bool) -> None:
         """One step took ``seconds``, prefilling ``prefill_tokens`` tokens (all rows), with

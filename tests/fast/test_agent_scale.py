@@ -18,7 +18,7 @@ from scripted import ScriptedModel
 import backend_pb2
 from batch.decode import DecodeBatch
 from caches.prompt_tiers import entry_bound
-from engine.step_budget import PrefillBudget
+from engine.step_budget import FIRST_CHUNK, PrefillBudget
 from parsing.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CACHE_ENTRIES
 from parsing.tokens import common_prefix
 from prompt_cache import PromptCache, _Entry, _ids, _Prefixes
@@ -121,19 +121,52 @@ def _measured(decode_s: float, rate: float) -> PrefillBudget:
     return budget
 
 
-def test_the_step_prefill_goes_to_the_oldest_rows_in_full_chunks() -> None:
-    # (0.75 s - 0.05 s) * 4,000 tok/s = 2,800 tokens a step: five full 512-token chunks.
-    budget = _measured(0.05, 4000)
-    assert budget.plan(waiting=16, grouped=0, decoding=True) == (512, 5)
-    # Equal slices (before) would have given every one of 16 rows 2,800 / 16 -> 160 tokens.
-    assert budget.chunk(16, decoding=True) == 160
-    # Rows already prefilling stay; none joins until some leave.
-    assert budget.plan(waiting=4, grouped=7, decoding=True) == (budget.chunk(7, True), 7)
-    # What fits joins at once; nobody decoding, or nothing measured: every row, full chunks.
-    assert budget.plan(waiting=3, grouped=1, decoding=True) == (512, None)
-    assert budget.plan(waiting=16, grouped=0, decoding=False) == (512, None)
-    assert PrefillBudget(750, 512).plan(16, 0, decoding=True)[1] is None
-    assert PrefillBudget(0, 512).plan(16, 0, decoding=True) == (512, None)  # budget off
+def test_the_step_prefill_is_one_budget_for_all_its_rows() -> None:
+    # (0.75 s - 0.05 s) * 400 tok/s = 280 tokens beside the decode: 272 in quanta of 16.
+    assert _measured(0.05, 400).plan(decoding=True) == 272
+    assert _measured(0.05, 4000).plan(decoding=True) == 512  # at most the full chunk
+    assert _measured(0.05, 400).plan(decoding=False) == 512  # nobody decodes: full
+    assert PrefillBudget(0, 512).plan(decoding=True) == 512  # time budget off
+    assert PrefillBudget(750, 512).plan(decoding=True) == FIRST_CHUNK  # nothing measured
+
+
+def _joined_order(tok, prompts: list[tuple[int, int]], budget: int) -> list[list[int]]:
+    """Per step, the uids whose first token came, for prompts (step inserted, length) and
+    ``budget`` prompt tokens a step."""
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=64, prefill_step_size=budget)
+    batch.prefill_tokens = budget
+    out: list[list[int]] = []
+    seen: set[int] = set()
+    for step in range(200):
+        for at, n in prompts:
+            if at == step:
+                batch.insert([list(range(1, n + 1))], max_tokens=2, stops=False)
+        _, generated = batch.next()
+        out.append(sorted(g.uid for g in generated if g.uid not in seen))
+        seen |= {g.uid for g in generated}
+    return [x for x in out if x]
+
+
+def test_the_turns_with_the_fewest_tokens_left_prefill_first_within_the_budget(tok) -> None:
+    # A long prompt first, then three short turns: the short ones (9+9 fit in 20 tokens,
+    # one step; 17 the next) decode before the long one, which prefills 20 a step after.
+    order = _joined_order(tok, [(0, 100), (0, 10), (0, 18), (0, 10)], budget=20)
+    assert order[:3] == [[1, 3], [2], [0]]
+    # What fits in the budget prefills together.
+    assert _joined_order(tok, [(0, 10), (0, 10), (0, 10)], budget=512) == [[0, 1, 2]]
+
+
+def test_a_long_prompt_is_not_starved_by_a_stream_of_shorter_ones(tok) -> None:
+    # A 60-token prompt, then a 5-token one every step (4 tokens fed a step, budget 8):
+    # shortest first alone would keep the long one waiting as long as they come. Aged by
+    # half the 4 tokens fed each step, its 59 tokens left rank below a fresh 4 after
+    # (59 - 4) / 2 -> 28 steps: it then takes the budget (8 a step) and decodes before
+    # the shorter prompts stop coming.
+    order = _joined_order(tok, [(0, 60)] + [(k, 5) for k in range(60)], budget=8)
+    flat = [u for step in order for u in step]
+    assert 25 <= flat.index(0) <= 32
+    assert sorted(flat) == list(range(61))
 
 
 def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:

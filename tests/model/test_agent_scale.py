@@ -1,6 +1,7 @@
-"""Issue 38 with a real model: rows that wait to join the prefill group (the step's token
-budget goes to the oldest rows first, engine/step_budget.py) decode exactly what they
-decode alone (greedy, mlx-lm's `generate_step`), whether the group holds one row or all."""
+"""Issue 38 with a real model: rows that wait to join the prefill group (a bound on its
+rows, or the step's token budget shared shortest first: batch/decode.py `_pick`) decode
+exactly what they decode alone (greedy, mlx-lm's `generate_step`), whether the group
+holds one row or all."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ def _ids(n: int, seed: int) -> list[int]:
 PLAN = [(0, _ids(9, 1), 12), (2, _ids(45, 2), 6), (2, _ids(30, 3), 6), (3, _ids(12, 4), 6)]
 
 
-@pytest.mark.parametrize("prefill_rows", [1, 2, None])
-def test_rows_waiting_for_the_prefill_group_decode_their_solo_tokens(tiny, prefill_rows):
+@pytest.mark.parametrize(
+    ("prefill_rows", "prefill_tokens"), [(1, None), (2, None), (None, None), (None, 8), (None, 24)]
+)
+def test_rows_waiting_for_the_prefill_group_decode_their_solo_tokens(
+    tiny, prefill_rows, prefill_tokens
+):
     batch = DecodeBatch(tiny, max_rows=8, prefill_step_size=8)
-    batch.prefill_rows = prefill_rows
+    batch.prefill_rows, batch.prefill_tokens = prefill_rows, prefill_tokens
     uids: dict[int, int] = {}
     got: dict[int, list[int]] = {}
     for step in range(80):

@@ -89,6 +89,26 @@ def _drive(model, eos: list[int], ours: bool, step_size: int):
     return [out[u] for u in order], prompts, [finished[u] for u in order]
 
 
+def _started_early(prompts: list[list[tuple]]) -> list[list[tuple]]:
+    """mlx-lm's prompt responses per step as ours come: a row whose chunk ended its prompt
+    (all but the last token) starts decoding in that step (`DecodeBatch._start_ready`),
+    not the next, so its end-of-prompt response comes with that chunk's."""
+    out = [list(step) for step in prompts]
+    for i in range(1, len(out)):
+        for entry in [e for e in out[i] if e[3]]:
+            uid, (_, total) = entry[0], entry[1]
+            if any(e[0] == uid and e[1][0] == total - 1 and e[2] for e in out[i - 1]):
+                out[i].remove(entry)
+                out[i - 1].append(entry)
+    return out
+
+
+def _trimmed(prompts: list[list[tuple]]) -> list[list[tuple]]:
+    while prompts and not prompts[-1]:
+        prompts = prompts[:-1]
+    return prompts
+
+
 @pytest.fixture(scope="module")
 def tiny(model_root):
     model, _ = model_loader.load_model(str(tiny_models.build("llama", model_root)))
@@ -107,7 +127,7 @@ def test_same_greedy_tokens_and_progress_as_mlx_lm_batch_generator(which, step_s
     want_tokens, want_prompts, want_done = _drive(model, eos, False, step_size)
     got_tokens, got_prompts, got_done = _drive(model, eos, True, step_size)
     assert got_tokens == want_tokens
-    assert got_prompts == want_prompts
+    assert _trimmed(got_prompts) == _trimmed(_started_early(want_prompts))
     for tokens, (reason, _, _), (*_, n) in zip(got_tokens, got_done, PLAN, strict=True):
         assert len(tokens) == n if reason == "length" else tokens[-1] in eos
     for (reason, kv, tokens), (w_reason, _, w_tokens) in zip(got_done, want_done, strict=True):
