@@ -112,7 +112,7 @@ DEFAULT_NGRAM_SIZE = 3  # longest n-gram looked up for drafts (option ngram_size
 # step's time and the batch's host work per row; 256 is vLLM's default ``max_num_seqs``.
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_QUEUE = 64  # requests waiting for a batch slot (option ``max_queue``)
-DEFAULT_PREFILL_STEP = 512  # prompt tokens per prefill chunk (option ``prefill_step_size``)
+DEFAULT_PREFILL_STEP = 512  # prompt tokens of one step, all rows (``prefill_step_size``)
 # Milliseconds one batch step may take while others decode (option ``step_budget_ms``): the
 # bound of their inter-token latency while a long prompt prefills (issue: a 3,000-token
 # prompt froze running streams for 6-8 s on 2 CPU cores with full 512-token chunks).
@@ -251,8 +251,9 @@ OPTIONS: tuple[Option, ...] = (
            default=DEFAULT_MAX_BATCH_SIZE, group=_BATCH),
     Option("max_queue", "int", "requests waiting for a batch slot", lo=0,
            default=DEFAULT_MAX_QUEUE, group=_BATCH),
-    Option("prefill_step_size", "int", "prompt tokens per prefill chunk (or the field "
-           "`NBatch`)", lo=1, default=DEFAULT_PREFILL_STEP, group=_BATCH),
+    Option("prefill_step_size", "int", "prompt tokens one step prefills, over all the rows "
+           "in prefill (or the field `NBatch`)", lo=1, default=DEFAULT_PREFILL_STEP,
+           group=_BATCH),
     Option("step_budget_ms", "int", "while others decode, a step prefills only what the "
            "measured speed fits into this many ms (their inter-token latency); 0 = one "
            "full chunk", lo=0, default=DEFAULT_STEP_BUDGET_MS, group=_BATCH),
