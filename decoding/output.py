@@ -41,6 +41,7 @@ from decoding.finish import FinishReason, settled
 from decoding.reasoning_formats import ReasoningFormat, ReasoningStream
 from decoding.text_router import Segment, TextRouter
 from decoding.tool_calls import BlockStreamer, ToolCall, ToolCallDelta, merge_tool_call_deltas
+from parsing.fields import MAX_TOP_LOGPROBS
 from seam import tokenizer as seam_tokenizer
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
 _NO_BLOCK = tool_formats.Block("")
