@@ -51,11 +51,16 @@ logger = logging.getLogger("localai.mlx." + __name__)
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
 TOOL_PARSERS: dict[str, None] = {
+    "cohere_command3": None,
+    "cohere_command4": None,
     "gigachat3": None,
-    "granite_20b_fc": None,
+    "hy_v3": None,
+    "inkling": None,
+    "kimi_k3": None,
+    "minicpm5": None,
     "minimax": None,
-    "step3": None,
-    "step3p5": None,
+    "minimax_m3": None,
+    "solar_open2": None,
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's

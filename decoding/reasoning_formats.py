@@ -19,7 +19,7 @@ warns too; neither fails the load.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from decoding.text_router import Segment, TextRouter
@@ -82,6 +82,8 @@ class ReasoningFormat:
     reasoning_label: a label the model writes at the start of each block, dropped.
     content_prefix: text put before the content (vLLM's minimax_m2_append_think hands the
     whole output on as content with `<think>` before it).
+    trim_newline: one newline right before the end marker (or the output's end) is no
+    reasoning, and one right after the end marker no content (vLLM's step3p5).
     split: False when reasoning is not split from content at all.
     channels: an mlx-lm response format (Harmony) instead of a marker pair.
     shown: the (start, end) ModelMetadata shows; (start, end) when not given.
@@ -100,6 +102,7 @@ class ReasoningFormat:
     newlines_after: tuple[str, ...] = ()
     reasoning_label: str = ""
     content_prefix: str = ""
+    trim_newline: bool = False
     split: bool = True
     channels: Mapping[str, Any] | None = None
     shown: tuple[str, str] | None = None
@@ -161,8 +164,10 @@ class ReasoningFormat:
 
 class ReasoningStream:
     """The per-request text filters of a format, applied after routing: the block label
-    dropped at each block start (held while it may still be the label) and the content
-    prefix put before the first content."""
+    dropped at each block start (held while it may still be the label), the content
+    prefix put before the first content, and the newlines around the end marker a format
+    trims (`trim_newline`: a reasoning's last newline is held until more reasoning
+    follows)."""
 
     def __init__(self, fmt: ReasoningFormat) -> None:
         self._label = fmt.reasoning_label
@@ -170,12 +175,25 @@ class ReasoningStream:
         self._prefix = fmt.content_prefix
         self._newlines_after = fmt.newlines_after
         self._eat_newlines = False
+        self._trim_newline = fmt.trim_newline
+        self._held_newline = False  # the reasoning's last "\n", held (trim_newline)
+        self._skip_newline = False  # drop one "\n" at the content's next text
 
     def open_block(self) -> None:
         if self._label:
             self._held = ""
 
     def reasoning(self, text: str) -> str:
+        text = self._labelled(text)
+        if not self._trim_newline or not text:
+            return text
+        if self._held_newline:
+            text, self._held_newline = "\n" + text, False
+        if text.endswith("\n"):
+            text, self._held_newline = text[:-1], True
+        return text
+
+    def _labelled(self, text: str) -> str:
         if self._held is None or not text:
             return text
         held = self._held + text
@@ -191,6 +209,7 @@ class ReasoningStream:
     def close_block(self) -> str:
         """Text held at the block's end (a label cut short is the model's text)."""
         held, self._held = self._held or "", None
+        self._held_newline = False  # the newline before the end marker (trim_newline)
         return held
 
     def route(self, seg: Segment, content: list[str], reasoning: list[str]) -> None:
@@ -199,6 +218,9 @@ class ReasoningStream:
         if seg.state == NORMAL:
             text = seg.text.lstrip("\n") if self._eat_newlines else seg.text
             self._eat_newlines = self._eat_newlines and not text
+            if self._skip_newline and text:
+                text = text.removeprefix("\n")
+                self._skip_newline = False
             content.append(text)
         elif seg.state == REASONING:
             reasoning.append(self.reasoning(seg.text))
@@ -208,6 +230,7 @@ class ReasoningStream:
         self._eat_newlines = seg.marker in self._newlines_after and seg.next_state == NORMAL
         if seg.state == REASONING and seg.next_state != REASONING:
             reasoning.append(self.close_block())
+            self._skip_newline = self._trim_newline and seg.next_state == NORMAL
         elif seg.state != REASONING and seg.next_state == REASONING:
             self.open_block()
 
@@ -245,6 +268,11 @@ FORMATS: dict[str, ReasoningFormat] = {
         # GLM-4.7's template opens <think> itself: vLLM reads it as deepseek_r1 does.
         _think("glm47", _R + "glm47_moe_reasoning_parser.py", implicit_start=True),
         _think("step3", _R + "step3_reasoning_parser.py", implicit_start=True),
+        # Step-3.5 writes a newline before and after </think>: one each is no text
+        # (vLLM's step3p5_reasoning_parser.py).
+        _think(
+            "step3p5", _R + "step3p5_reasoning_parser.py", implicit_start=True, trim_newline=True
+        ),
         # ERNIE 4.5 writes `abc\n</think>\n\n<response>\ndef\n</response>\n` (or
         # `abc\n</think>\ndef`): the <response> wrapper and the newlines after </think>
         # and </response> are no content (vLLM's ernie45_reasoning_parser.py).
@@ -319,8 +347,49 @@ FORMATS: dict[str, ReasoningFormat] = {
     )
 }
 
+# vLLM names whose parser is an entry's above (vllm/reasoning/__init__.py @0064cc9cb1): the
+# same class (mimo: Qwen3ParserReasoningAdapter, qwen3's), or one that differs only in what
+# here the prompt decides: holo2 (DeepSeekV3ReasoningWithThinkingParser) is deepseek_v3
+# thinking by default; poolside_v1 (poolside_v1_reasoning_parser.py) is deepseek_v3 that
+# reads only the current assistant turn of the prompt for a </think>.
+FORMATS.update(
+    {
+        "mimo": replace(FORMATS["qwen3"], name="mimo"),
+        "holo2": replace(
+            FORMATS["deepseek_v3"],
+            name="holo2",
+            source=_R + "deepseek_v3_reasoning_parser.py (DeepSeekV3ReasoningWithThinkingParser)",
+        ),
+        "poolside_v1": replace(
+            FORMATS["deepseek_v3"],
+            name="poolside_v1",
+            source=_R + "poolside_v1_reasoning_parser.py",
+        ),
+        # Hy3 (hy_v3_reasoning_parser.py): <think> opened by the prompt when its
+        # reasoning_effort thinks, none (identity) with no_think: the prompt says which.
+        "hy_v3": _think("hy_v3", _R + "hy_v3_reasoning_parser.py", implicit_start=True),
+        # DeepSeek-V4: deepseek_v3's (the prompt says whether it thinks), and a DSML tool-call
+        # block ends reasoning without </think>; the deepseek_v4 tool parser reads it
+        # (tests/reasoning/test_deepseekv4_reasoning_parser.py).
+        "deepseek_v4": _think(
+            "deepseek_v4",
+            _R + "deepseek_v4_reasoning_parser.py",
+            ends_reasoning=("<｜DSML｜tool_calls>",),
+        ),
+    }
+)
+
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
-NO_FORMAT = frozenset({"step3p5"})
+NO_FORMAT = frozenset(
+    {
+        "cohere_command3",
+        "cohere_command4",
+        "inkling",
+        "kimi_k3",
+        "minimax_m3",
+        "solar_open2",
+    }
+)
 
 
 def normal_name(name: str) -> str:

@@ -11,8 +11,9 @@ phi4_mini_json, openai; reasoning parsers qwen3, deepseek_r1, mistral, deepseek_
 gemma4, granite, minimax_m2, kimi_k2, nemotron_v3, olmo3, ernie45, openai_gptoss. Beside
 them, from vLLM's registries (vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py
 @0064cc9cb1): pythonic, xlam, seed_oss, deepseek_v31, deepseek_v32, hunyuan_a13b,
-functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat; the reasoning
-names in tests/vllm_reasoning_cases.py.
+functiongemma, qwen3_coder, granite, jamba, internlm (InternLM2), longcat, step3p5, mimo
+(qwen3_coder's class: no file of its own), deepseek_v4, poolside_v1, granite-20b-fc, step3,
+apertus (appended at the end); the reasoning names in tests/vllm_reasoning_cases.py.
 
 Wholesale: every test id of each file in `IDS` (its commit in the source constant) is a case,
 a known difference or `NOT_APPLICABLE` with the reason
@@ -5822,3 +5823,800 @@ NOT_APPLICABLE[HERMES, "test_hermes_parser_non_streaming_tool_call_until_eos[gra
 
 def expected(case: Case) -> dict:
     return {"calls": list(case.calls), "content": case.content, "reasoning": case.reasoning}
+
+
+# --- step3p5 (vLLM's Step3p5ToolParser: its own copy of the streaming XML parser) ---
+# Qwen3-Coder's XML; the text between calls is content only where it is more than
+# whitespace (decoding/tool_formats/step3p5.py). Where vLLM asserts only that a text is
+# `in` the content, the content here is the whole text outside the calls.
+STEP3P5 = "tests/tool_parsers/test_step3p5_tool_parser.py@0847a95f7f"
+
+
+def step3p5(id, output, calls=(), content="", tools=QC_TOOLS, ids=()):
+    return Case(
+        id, STEP3P5, "step3p5", "", output, tuple(calls), content, tools=tuple(tools), ids=ids
+    )
+
+
+_S35_HELLO_HI = (
+    "hello"
+    + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX"))
+    + "hi"
+    + qc_call(
+        "calculate_area", ("shape", "rectangle"), ("dimensions", '{"width": 10, "height": 5}')
+    )
+)
+_S35_HELLO_HI_CALLS = [
+    ("get_current_weather", {"city": "Dallas", "state": "TX"}),
+    ("calculate_area", {"shape": "rectangle", "dimensions": {"width": 10, "height": 5}}),
+]
+_S35_ORLANDO = qc_call(
+    "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "celsius")
+)
+_S35_ORLANDO_CALL = ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "celsius"})
+
+
+def _s35_both(param: str) -> tuple[str, ...]:
+    """test_extract_tool_calls and its streaming twin read the same output."""
+    return every("test_extract_tool_calls", param) + every(
+        "test_extract_tool_calls_streaming", param
+    )
+
+
+STEP3P5_CASES = [
+    step3p5(
+        "no_tools",
+        "This is a test response without any tool calls",
+        content="This is a test response without any tool calls",
+        ids=("test_extract_tool_calls_no_tools",),
+    ),
+    step3p5(
+        "streaming_no_tools",
+        "This is a test without tools",
+        content="This is a test without tools",
+        ids=every("test_extract_tool_calls_streaming", "no_tools"),
+    ),
+    step3p5("single_tool", QC_DALLAS, [QC_DALLAS_CALL], ids=_s35_both("single_tool")),
+    step3p5(
+        "single_tool_with_content",
+        "Sure! Let me check the weather for you." + QC_DALLAS,
+        [QC_DALLAS_CALL],
+        content="Sure! Let me check the weather for you.",
+        ids=_s35_both("single_tool_with_content"),
+    ),
+    step3p5(
+        "single_tool_multiline_param",
+        QC_RECT,
+        [QC_RECT_CALL],
+        ids=_s35_both("single_tool_multiline_param"),
+    ),
+    step3p5(  # the newline between the calls is no content (vLLM's None)
+        "parallel_tools",
+        QC_DALLAS
+        + "\n"
+        + qc_call(
+            "get_current_weather", ("city", "Orlando"), ("state", "FL"), ("unit", "fahrenheit")
+        ),
+        [
+            QC_DALLAS_CALL,
+            ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"}),
+        ],
+        ids=every("test_extract_tool_calls", "parallel_tools"),
+    ),
+    step3p5(  # the streaming test's second call says celsius; the MTP test streams it too
+        "streaming_parallel_tools",
+        QC_DALLAS + "\n" + _S35_ORLANDO,
+        [QC_DALLAS_CALL, _S35_ORLANDO_CALL],
+        ids=(
+            *every("test_extract_tool_calls_streaming", "parallel_tools"),
+            "test_streaming_multi_token_per_step",
+        ),
+    ),
+    step3p5(
+        "tool_with_typed_params",
+        "Let me calculate that area for you." + QC_CIRCLE,
+        [QC_CIRCLE_CALL],
+        content="Let me calculate that area for you.",
+        ids=_s35_both("tool_with_typed_params"),
+    ),
+    step3p5(
+        "fallback_no_tags",
+        "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+        "<parameter=state>\nTX\n</parameter>\n</function>",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        ids=("test_extract_tool_calls_fallback_no_tags",),
+    ),
+    step3p5(
+        "type_conversion",
+        qc_call(
+            "test_types",
+            ("int_param", "42"),
+            ("float_param", "3.14"),
+            ("bool_param", "true"),
+            ("str_param", "hello world"),
+            ("obj_param", '{"key": "value"}'),
+        ),
+        [
+            (
+                "test_types",
+                {
+                    "int_param": 42,
+                    "float_param": 3.14,
+                    "bool_param": True,
+                    "str_param": "hello world",
+                    "obj_param": {"key": "value"},
+                },
+            )
+        ],
+        tools=QC_TYPES_TOOLS,
+        ids=("test_extract_tool_calls_type_conversion",),
+    ),
+    step3p5(
+        "complex_type_with_single_quote",
+        qc_call("test_types", ("obj_param", "{'key': 'value'}")),
+        [("test_types", {"obj_param": {"key": "value"}})],
+        tools=QC_TYPES_TOOLS,
+        ids=("test_extract_tool_calls_complex_type_with_single_quote",),
+    ),
+    step3p5(  # an unclosed parameter ends at the next one
+        "missing_closing_parameter_tag",
+        QC_MISSING_CLOSE,
+        [QC_DALLAS_CALL],
+        content="Let me check the weather for you:\n",
+        ids=(
+            "test_extract_tool_calls_missing_closing_parameter_tag",
+            "test_extract_tool_calls_streaming_missing_closing_tag",
+        ),
+    ),
+    step3p5(
+        "streaming_incremental",
+        "I'll check the weather."
+        + qc_call("get_current_weather", ("city", "Dallas"), ("state", "TX")),
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+        content="I'll check the weather.",
+        ids=("test_extract_tool_calls_streaming_incremental",),
+    ),
+    step3p5(  # "hi" between the calls is content (more than whitespace)
+        "mixed_content_and_multiple_tool_calls",
+        _S35_HELLO_HI,
+        _S35_HELLO_HI_CALLS,
+        content="hellohi",
+        ids=(
+            "test_extract_tool_calls_streaming_mixed_content_and_multiple_tool_calls",
+            "test_extract_tool_calls_non_streaming_mixed_content_and_multiple_tool_calls",
+            "test_extract_tool_calls_streaming_full_input_mixed_content_and_multiple_tool_calls",
+        ),
+    ),
+    step3p5(
+        "multiple_tool_calls_no_content_between",
+        _S35_HELLO_HI.replace("</tool_call>hi<tool_call>", "</tool_call><tool_call>"),
+        _S35_HELLO_HI_CALLS,
+        content="hello",
+        ids=(
+            "test_extract_tool_calls_streaming_multiple_tool_calls_no_content_between",
+            "test_extract_tool_calls_non_streaming_multiple_tool_calls_no_content_between",
+        ),
+    ),
+    step3p5(  # vLLM's chunks joined; here it streams byte by byte and whole
+        "multi_token_chunk_boundary",
+        "<tool_call>\n<function=get_current_weather>\n<parameter=city>\nSys\n</parameter>\n"
+        "</function>\n</tool_call><tool_call>\n<function=calculate_area>\n"
+        "<parameter=shape>\nrectangle</parameter>\n</function>\n</tool_call>",
+        [("get_current_weather", {"city": "Sys"}), ("calculate_area", {"shape": "rectangle"})],
+        ids=("test_extract_tool_calls_streaming_multi_token_chunk_boundary",),
+    ),
+    step3p5(  # vLLM's MTP chunks joined: the Dallas call
+        "mtp_variable_chunks",
+        QC_DALLAS,
+        [QC_DALLAS_CALL],
+        ids=("test_streaming_mtp_variable_chunks",),
+    ),
+]
+CASES += STEP3P5_CASES
+IDS[STEP3P5] = [
+    "test_extract_tool_calls_no_tools",
+    *(
+        f"{t}[{p}]"
+        for t in ("test_extract_tool_calls", "test_extract_tool_calls_streaming")
+        for p in (
+            *(("no_tools",) if t.endswith("streaming") else ()),
+            "single_tool",
+            "single_tool_with_content",
+            "single_tool_multiline_param",
+            "parallel_tools",
+            "tool_with_typed_params",
+        )
+    ),
+    "test_extract_tool_calls_fallback_no_tags",
+    "test_extract_tool_calls_type_conversion",
+    "test_extract_tool_calls_missing_closing_parameter_tag",
+    "test_extract_tool_calls_streaming_missing_closing_tag",
+    "test_extract_tool_calls_streaming_incremental",
+    "test_extract_tool_calls_complex_type_with_single_quote",
+    "test_extract_tool_calls_streaming_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_non_streaming_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_streaming_full_input_mixed_content_and_multiple_tool_calls",
+    "test_extract_tool_calls_streaming_multiple_tool_calls_no_content_between",
+    "test_extract_tool_calls_streaming_multi_token_chunk_boundary",
+    "test_extract_tool_calls_non_streaming_multiple_tool_calls_no_content_between",
+    "test_streaming_mtp_variable_chunks",
+    "test_streaming_multi_token_per_step",
+]
+
+
+# --- deepseek_v4: DeepSeek V3.2's DSML invokes in a `<｜DSML｜tool_calls>` block ---
+DSV4 = "tests/tool_parsers/test_deepseekv4_tool_parser.py@023f36c62e"
+
+
+def dsv4_call(name: str, params: dict[str, str]) -> str:
+    """The file's build_tool_call: string="true" parameters, one invoke."""
+    body = "".join(
+        f'<｜DSML｜parameter name="{k}" string="true">{v}</｜DSML｜parameter>\n'
+        for k, v in params.items()
+    )
+    return (
+        f'<｜DSML｜tool_calls>\n<｜DSML｜invoke name="{name}">\n{body}</｜DSML｜invoke>\n'
+        "</｜DSML｜tool_calls>"
+    )
+
+
+_DSV4_FUNCTION_CALLS = dsv4_call("search", {"query": "vllm"}).replace(
+    "tool_calls", "function_calls"
+)
+CASES += [
+    Case(
+        "extract_tool_calls",
+        DSV4,
+        "deepseek_v4",
+        "",
+        "Let me check. " + dsv4_call("get_weather", {"location": "Beijing", "unit": "celsius"}),
+        (("get_weather", {"location": "Beijing", "unit": "celsius"}),),
+        "Let me check. ",
+        ids=("test_extract_tool_calls",),
+    ),
+    Case(  # V3.2's function_calls block is no call for V4: content, as it came
+        "function_calls_block_is_not_accepted",
+        DSV4,
+        "deepseek_v4",
+        "",
+        _DSV4_FUNCTION_CALLS,
+        (),
+        _DSV4_FUNCTION_CALLS,
+        ids=("test_function_calls_block_is_not_accepted",),
+    ),
+    Case(
+        "streaming_extracts_complete_invokes",
+        DSV4,
+        "deepseek_v4",
+        "",
+        dsv4_call("search", {"query": "deepseek v4"}),
+        (("search", {"query": "deepseek v4"}),),
+        ids=("test_streaming_extracts_complete_invokes",),
+    ),
+]
+IDS[DSV4] = [
+    "test_registered",
+    "test_extract_tool_calls",
+    "test_function_calls_block_is_not_accepted",
+    "test_streaming_extracts_complete_invokes",
+    "test_get_vllm_registry_structural_tag_returns_structural_tag",
+]
+NOT_APPLICABLE[DSV4, "test_registered"] = (
+    "checks vLLM's registry maps the name to its class (no model output); the name is "
+    "registered here: decoding/tool_formats/deepseek_v4.py"
+)
+
+
+# The ids of the files appended above that a _NO_OUTPUT test stands for (request adjustment,
+# grammar building: no model output), as NOT_APPLICABLE for the files before them.
+NOT_APPLICABLE.update(
+    {
+        (source, i): why
+        for source in (STEP3P5, DSV4)
+        for i in IDS[source]
+        for prefix, why in _NO_OUTPUT.items()
+        if i.startswith(prefix)
+    }
+)
+
+
+# --- poolside_v1: GLM-4's arg_key / arg_value calls (vLLM's PoolsideV1ToolParser) ---
+POOLSIDE = "tests/tool_parsers/test_poolside_v1_tool_parser.py@2a8137f637"
+_PS_WRITE = (fn_tool("write_file", {"content": {"type": "string"}, "mode": {"type": "integer"}}),)
+_PS_WEATHER = (fn_tool("get_weather", {"city": {"type": "string"}}),)
+_PS_INDENTED = "    def f():\n        return 1\n"
+_PS_PADDED = "<tool_call>" + " " * 4096 + "<x</tool_call>"
+
+
+def poolside(id, output, calls=(), content="", tools=_PS_WEATHER, ids=None):
+    return Case(
+        id,
+        POOLSIDE,
+        "poolside_v1",
+        "",
+        output,
+        tuple(calls),
+        content,
+        tools=tuple(tools),
+        ids=ids or (f"test_{id}",),
+    )
+
+
+def _ps_write(value: str) -> str:
+    return (
+        f"<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{value}</arg_value>\n"
+        "</tool_call>"
+    )
+
+
+_PS_PARIS = "<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+CASES += [
+    poolside(
+        "string_arg_preserves_whitespace",
+        _ps_write(_PS_INDENTED),
+        [("write_file", {"content": _PS_INDENTED})],
+        tools=_PS_WRITE,
+    ),
+    poolside(
+        "non_string_arg_still_deserialized",
+        "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>hi</arg_value>\n"
+        "<arg_key>mode</arg_key>\n<arg_value> 420 </arg_value>\n</tool_call>",
+        [("write_file", {"content": "hi", "mode": 420})],
+        tools=_PS_WRITE,
+    ),
+    poolside(  # vLLM's Responses tool is flat ({"name", "parameters"}); LocalAI sends the
+        # chat-completions shape, which holds the same declaration
+        "responses_extract_tool_calls_with_flat_tools",
+        _ps_write("  x = 1\n"),
+        [("write_file", {"content": "  x = 1\n"})],
+        tools=_PS_WRITE,
+    ),
+    poolside(
+        "no_newline_after_name",
+        "<tool_call>get_weather" + _PS_PARIS,
+        [("get_weather", {"city": "Paris"})],
+        ids=(
+            "test_no_newline_after_name_non_streaming",
+            "test_no_newline_after_name_streaming",
+        ),
+    ),
+    poolside(
+        "newline_after_name_still_parses_non_streaming",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "</tool_call>",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    poolside(  # no call: the block comes back as the content it was
+        "whitespace_padded_tool_call_is_not_quadratic", _PS_PADDED, content=_PS_PADDED
+    ),
+    poolside(
+        "whitespace_only_tool_call_name_is_rejected",
+        "<tool_call>   </tool_call>",
+        content="<tool_call>   </tool_call>",
+    ),
+    poolside(
+        "function_name_with_internal_whitespace_still_parses",
+        "<tool_call>  get weather  " + _PS_PARIS,
+        [("get weather", {"city": "Paris"})],
+    ),
+]
+IDS[POOLSIDE] = [
+    "test_required_skips_structured_outputs_chatcompletion",
+    "test_named_skips_structured_outputs_chatcompletion",
+    "test_required_skips_structured_outputs_responses",
+    "test_named_skips_structured_outputs_responses",
+    "test_auto_still_keeps_special_tokens",
+    "test_string_arg_preserves_whitespace",
+    "test_non_string_arg_still_deserialized",
+    "test_responses_extract_tool_calls_with_flat_tools",
+    "test_no_newline_after_name_non_streaming",
+    "test_newline_after_name_still_parses_non_streaming",
+    "test_no_newline_after_name_streaming",
+    "test_streaming_responses_request_without_logprobs",
+    "test_streaming_responses_request_with_logprobs_emits_empty_delta",
+    "test_whitespace_padded_tool_call_is_not_quadratic",
+    "test_whitespace_only_tool_call_name_is_rejected",
+    "test_function_name_with_internal_whitespace_still_parses",
+]
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, i): "how vLLM adjusts a request for tool_choice required / named / auto "
+        "(structured outputs, skip_special_tokens; no model output); here tool_choice is "
+        "PredictOptions.ToolChoice and markers are matched on the decoded text"
+        for i in IDS[POOLSIDE][:5]
+    }
+)
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, i): "what vLLM's streaming parser returns for a lone '<' delta of a "
+        "Responses request, with and without logprobs (an empty delta or None; no model "
+        "output to extract): a marker cut at any byte is the byte-by-byte run of every "
+        "case here"
+        for i in IDS[POOLSIDE][11:13]
+    }
+)
+
+
+# --- granite-20b-fc: `<function_call>` and a JSON object per call, to the output's end.
+# Run under the name's `_` spelling (LocalAI's `granite-20b-fc` resolves to it) ---
+GRANITE20B = "tests/tool_parsers/test_granite_20b_fc_tool_parser.py@41c5903d04"
+
+
+def granite20b(id, output, calls=(), content="", ids=()):
+    return Case(id, GRANITE20B, "granite_20b_fc", "", output, tuple(calls), content, ids=ids)
+
+
+_G20_TOKYO = '<function_call> {"name": "get_weather", "arguments": {"city": "Tokyo"}}'
+_G20_ESCAPED = (
+    '<function_call> {\n  "name": "test_function",\n  "arguments": {\n'
+    '    "quoted": "He said \\"hello\\"",\n    "path": "C:\\\\Users\\\\file.txt",\n'
+    '    "newline": "line1\\nline2",\n    "unicode": "emoji: 🎉"\n  }\n}'
+)
+CASES += common(
+    granite20b,
+    malformed=(
+        '<function_call> {"name": "func", "arguments": {',
+        '<function_call> [{"name": "func", "arguments": {}}]',
+        '{"name": "func", "arguments": {}}',
+        '<function_call> {"name": 123}',
+    ),
+    no_tool_calls=(
+        "This is a regular response without any tool calls.",
+        (),
+        "This is a regular response without any tool calls.",
+    ),
+    single_tool_call=(_G20_TOKYO, [("get_weather", {"city": "Tokyo"})], ""),
+    parallel_tool_calls=(
+        _G20_TOKYO
+        + '\n<function_call> {"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}',
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        "",
+    ),
+    various_data_types=(
+        '<function_call> {\n  "name": "test_function",\n  "arguments": ' + VARIOUS + "\n}",
+        [("test_function", json.loads(VARIOUS))],
+        "",
+    ),
+    empty_arguments=(
+        '<function_call> {"name": "refresh", "arguments": {}}',
+        [("refresh", {})],
+        "",
+    ),
+    # vLLM's non-streaming result (its streaming test is an xfail: "requires
+    # <function_call> at start"); the content keeps its newline, as vLLM's
+    surrounding_text=(
+        "Let me check the weather for you.\n" + _G20_TOKYO,
+        [("get_weather", {"city": "Tokyo"})],
+        "Let me check the weather for you.\n",
+    ),
+    escaped_strings=(
+        _G20_ESCAPED,
+        [
+            (
+                "test_function",
+                {
+                    "quoted": 'He said "hello"',
+                    "path": "C:\\Users\\file.txt",
+                    "newline": "line1\nline2",
+                    "unicode": "emoji: 🎉",
+                },
+            )
+        ],
+        "",
+    ),
+)
+IDS[GRANITE20B] = _COMMON
+
+
+# --- step3: steptml invokes in a `<｜tool_calls_begin｜>` block; vLLM's streaming results
+# (its non-streaming path is an xfail for these outputs: "Step3 parser non-streaming has
+# bugs"); vLLM asserts the calls' names and arguments, the content is ours: the text
+# around the block as written, as vLLM's streaming path gives it ---
+STEP3 = "tests/tool_parsers/test_step3_tool_parser.py@04b590e613"
+_S3B, _S3E = "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>"
+_S3CB, _S3CE = "<｜tool_call_begin｜>", "<｜tool_call_end｜>"
+
+
+def step3(id, output, calls=(), content="", ids=(), tools=()):
+    return Case(id, STEP3, "step3", "", output, tuple(calls), content, tools=tools, ids=ids)
+
+
+def s3_call(name: str, *params: tuple[str, str], prefix: str = "") -> str:
+    body = "".join(f'<steptml:parameter name="{k}">{v}</steptml:parameter>' for k, v in params)
+    return f'{_S3CB}{prefix}<steptml:invoke name="{name}">{body}</steptml:invoke>{_S3CE}'
+
+
+_S3_TOKYO = s3_call("get_weather", ("city", "Tokyo"))
+CASES += common(
+    step3,
+    malformed=(
+        # cut off before its <｜tool_call_end｜>: no call (vLLM's non-streaming result)
+        f'{_S3B}{_S3CB}<steptml:invoke name="func">',
+        f'{_S3CB}<steptml:invoke name="func"></steptml:invoke>{_S3CE}',
+    ),
+    no_tool_calls=(
+        "This is a regular response without any tool calls.",
+        (),
+        "This is a regular response without any tool calls.",
+    ),
+    single_tool_call=(_S3B + _S3_TOKYO + _S3E, [("get_weather", {"city": "Tokyo"})], ""),
+    parallel_tool_calls=(
+        _S3B
+        + _S3_TOKYO
+        + "<｜tool_sep｜>"
+        + s3_call("get_time", ("timezone", "Asia/Tokyo"))
+        + _S3E,
+        [("get_weather", {"city": "Tokyo"}), ("get_time", {"timezone": "Asia/Tokyo"})],
+        "",
+    ),
+    # no tools declared: every value stays text (supports_typed_arguments=False)
+    various_data_types=(
+        _S3B
+        + s3_call(
+            "test_function",
+            ("string_field", "hello"),
+            ("int_field", "42"),
+            ("float_field", "3.14"),
+            ("bool_field", "true"),
+            ("null_field", "null"),
+            ("array_field", '["a", "b", "c"]'),
+            ("object_field", '{"nested": "value"}'),
+        )
+        + _S3E,
+        [
+            (
+                "test_function",
+                {
+                    "string_field": "hello",
+                    "int_field": "42",
+                    "float_field": "3.14",
+                    "bool_field": "true",
+                    "null_field": "null",
+                    "array_field": '["a", "b", "c"]',
+                    "object_field": '{"nested": "value"}',
+                },
+            )
+        ],
+        "",
+    ),
+    empty_arguments=(_S3B + s3_call("refresh") + _S3E, [("refresh", {})], ""),
+    surrounding_text=(
+        "Let me check the weather for you.\n\n"
+        + _S3B
+        + _S3_TOKYO
+        + _S3E
+        + "\n\nI'll get that information.",
+        [("get_weather", {"city": "Tokyo"})],
+        "Let me check the weather for you.\n\n\n\nI'll get that information.",
+    ),
+    escaped_strings=(
+        _S3B
+        + s3_call(
+            "test_function",
+            ("quoted", 'He said "hello"'),
+            ("path", "C:\\Users\\file.txt"),
+            ("newline", "line1\nline2"),
+        )
+        + _S3E,
+        [
+            (
+                "test_function",
+                {
+                    "quoted": 'He said "hello"',
+                    "path": "C:\\Users\\file.txt",
+                    "newline": "line1\nline2",
+                },
+            )
+        ],
+        "",
+    ),
+)
+_S3_WS_TOOLS = (
+    fn_tool(
+        "edit_file",
+        {
+            "old_string": {"type": "string"},
+            "indent": {"type": "integer"},
+            "enabled": {"type": "boolean"},
+        },
+    ),
+)
+_S3_WS_VALUES = (
+    "    if x:",
+    "return 1\n",
+    "    if x:\n        return 1\n",
+    "hello ",
+    "hello\u00a0",
+    "hello",
+)
+CASES += [
+    step3(
+        f"string_value_preserved_{i}",
+        _S3B
+        + s3_call(
+            "edit_file",
+            ("old_string", v),
+            ("indent", " 4 "),
+            ("enabled", " true "),
+            prefix="function<｜tool_sep｜>edit_file\n",
+        )
+        + _S3E,
+        [("edit_file", {"old_string": v, "indent": 4, "enabled": True})],
+        ids=(f"TestStep3ParameterWhitespace.test_string_value_preserved[{pid(v)}]",),
+        tools=_S3_WS_TOOLS,
+    )
+    for i, v in enumerate(_S3_WS_VALUES)
+]
+IDS[STEP3] = [
+    *_COMMON,
+    *(f"TestStep3ParameterWhitespace.test_string_value_preserved[{pid(v)}]" for v in _S3_WS_VALUES),
+]
+
+
+# --- apertus: a JSON list of one-key objects between <|tools_prefix|> and <|tools_suffix|>
+# (vLLM's ApertusToolParser); the text around the list is content as written ---
+APERTUS = "tests/tool_parsers/test_apertus_tool_parser.py@266c3ccc1d"
+_AP_B, _AP_E = "<|tools_prefix|>", "<|tools_suffix|>"
+
+
+def apertus(id, output, calls=(), content="", ids=None):
+    return Case(id, APERTUS, "apertus", "", output, tuple(calls), content, ids=ids or (id,))
+
+
+_AP_LONDON = ("get_weather", {"location": "London"})
+_AP_SF = '[{"get_weather": {"location": "San Francisco", "unit": "celsius"}}]'
+_AP_SF_CALL = ("get_weather", {"location": "San Francisco", "unit": "celsius"})
+_AP_PARIS_CHUNKS = '[{"get_weather": {"location": "Paris, France"}}]'
+_AP_TC = "TestExtractToolCalls."
+_AP_TS = "TestStreamingExtraction."
+CASES += [
+    apertus(
+        _AP_TC + "test_no_tool_calls",
+        "Hello, how can I help you today?",
+        content="Hello, how can I help you today?",
+    ),
+    apertus(
+        _AP_TC + "test_single_tool_call",
+        _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+    ),
+    apertus(_AP_TC + "test_multiple_arguments", _AP_B + _AP_SF + _AP_E, [_AP_SF_CALL]),
+    apertus(
+        _AP_TC + "test_multiple_tool_calls",
+        _AP_B
+        + '[{"get_weather": {"location": "London"}}, {"get_time": {"location": "London"}}]'
+        + _AP_E,
+        [_AP_LONDON, ("get_time", {"location": "London"})],
+    ),
+    apertus(
+        _AP_TC + "test_nested_arguments",
+        _AP_B
+        + '[{"complex_function": {"nested": {"inner": "value"}, "list": ["a", "b"]}}]'
+        + _AP_E,
+        [("complex_function", {"nested": {"inner": "value"}, "list": ["a", "b"]})],
+    ),
+    apertus(  # cut off: its open brackets closed
+        _AP_TC + "test_incomplete_tool_call",
+        _AP_B + '[{"get_weather": {"location": "London"}',
+        [_AP_LONDON],
+    ),
+    apertus(_AP_TC + "test_missing_tool_suffix", _AP_B + _AP_SF, [_AP_SF_CALL]),
+    apertus(
+        _AP_TS + "test_basic_streaming_single_tool",
+        _AP_B + _AP_PARIS_CHUNKS + _AP_E,
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    apertus(
+        _AP_TS + "test_streaming_missing_tool_suffix",
+        _AP_B + _AP_PARIS_CHUNKS,
+        [("get_weather", {"location": "Paris, France"})],
+    ),
+    apertus(
+        _AP_TS + "test_streaming_partial_tag_buffering_missing_tool_suffix",
+        "Content" + _AP_B + '[{"f": {"a": 1}}]',
+        [("f", {"a": 1})],
+        "Content",
+    ),
+    apertus(
+        _AP_TS + "test_streaming_multi_tool",
+        _AP_B
+        + '[{"get_weather": {"location": "Tokyo"}}, {"get_time": {"location": "Tokyo"}}]'
+        + _AP_E,
+        [("get_weather", {"location": "Tokyo"}), ("get_time", {"location": "Tokyo"})],
+    ),
+    apertus(  # the streaming result: the space before the list is content
+        _AP_TS + "test_streaming_text_before_tool_call",
+        "Let me check the weather. " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Let me check the weather. ",
+    ),
+    apertus(
+        _AP_TS + "test_streaming_partial_tag_buffering",
+        "Content" + _AP_B + '[{"f": {"a": 1}}]' + _AP_E,
+        [("f", {"a": 1})],
+        "Content",
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_massive_chunk",
+        "Sure! " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Sure! ",
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_multiple_tools_burst",
+        _AP_B
+        + '[{"get_weather": {"location": "London"}}, {"get_time": {"location": "Paris"}}]'
+        + _AP_E,
+        [_AP_LONDON, ("get_time", {"location": "Paris"})],
+    ),
+    apertus(
+        _AP_TS + "test_mtp_streaming_skip_and_catch_up",
+        _AP_B + '[{"t1": {"a": 1}}, {"t2": {"b": 2}}, {"t3": {"c": 3}}]' + _AP_E,
+        [("t1", {"a": 1}), ("t2", {"b": 2}), ("t3", {"c": 3})],
+    ),
+    apertus(
+        _AP_TS + "test_vllm_streaming_character_by_character",
+        "Hi " + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E + " ",
+        [_AP_LONDON],
+        "Hi  ",
+    ),
+    apertus(
+        _AP_TS + "test_vllm_streaming_empty_deltas",
+        "Wait" + _AP_B + '[{"get_weather": {"location": "London"}}]' + _AP_E,
+        [_AP_LONDON],
+        "Wait",
+    ),
+]
+KNOWN_DIFFERENCES.append(
+    (
+        Case(
+            "TestExtractToolCalls.test_text_before_tool_call",
+            APERTUS,
+            "apertus",
+            "",
+            "Let me check the weather for you. "
+            + _AP_B
+            + '[{"get_weather": {"location": "Paris"}}]'
+            + _AP_E,
+            (("get_weather", {"location": "Paris"}),),
+            "Let me check the weather for you.",
+            why="vLLM's non-streaming path strips the text before the list, its streaming "
+            "path keeps it (test_streaming_text_before_tool_call, "
+            "test_mtp_streaming_massive_chunk: 'Sure! '); Predict and PredictStream give "
+            "the streaming result",
+            ids=("TestExtractToolCalls.test_text_before_tool_call",),
+        ),
+        {"content": "Let me check the weather for you. "},
+    )
+)
+IDS[APERTUS] = [
+    *(
+        _AP_TC + t
+        for t in (
+            "test_no_tool_calls",
+            "test_single_tool_call",
+            "test_multiple_arguments",
+            "test_text_before_tool_call",
+            "test_multiple_tool_calls",
+            "test_nested_arguments",
+            "test_incomplete_tool_call",
+            "test_missing_tool_suffix",
+        )
+    ),
+    *(
+        _AP_TS + t
+        for t in (
+            "test_basic_streaming_single_tool",
+            "test_streaming_missing_tool_suffix",
+            "test_streaming_partial_tag_buffering_missing_tool_suffix",
+            "test_streaming_multi_tool",
+            "test_streaming_text_before_tool_call",
+            "test_streaming_partial_tag_buffering",
+            "test_mtp_streaming_massive_chunk",
+            "test_mtp_streaming_multiple_tools_burst",
+            "test_mtp_streaming_skip_and_catch_up",
+            "test_vllm_streaming_character_by_character",
+            "test_vllm_streaming_empty_deltas",
+        )
+    ),
+]

@@ -1236,3 +1236,363 @@ IDS[STEP3] = [
 
 def expected(c: Case) -> dict:
     return {"calls": list(c.calls), "content": c.content, "reasoning": c.reasoning}
+
+
+# --- holo2: deepseek_v3 thinking by default (vLLM's DeepSeekV3ReasoningWithThinkingParser);
+# here the prompt decides: a thinking prompt opens <think>, one without closes it ---
+HOLO2 = T + "test_holo2_reasoning_parser.py@045d757550"
+CASES += [
+    case(
+        ("with_think", "with_think_stream", "with_think_enabled", "with_think_stream_enabled"),
+        HOLO2,
+        "holo2",
+        f"{RS}</think>{REST}",
+        RS,
+        REST,
+        prompt="open",
+    ),
+    case(
+        ("thinking_disabled", "thinking_disabled_stream"),
+        HOLO2,
+        "holo2",
+        REST,
+        content=REST,
+        prompt="closed",
+    ),
+    case(both("complete_reasoning", "_stream"), HOLO2, "holo2", f"{RS}</think>", RS, prompt="open"),
+]
+STRAY_END = (
+    "vLLM's identity parser (thinking off) hands a stray </think> on as content; here a "
+    "format's marker is never shown as text: one outside its block is dropped "
+    "(ReasoningFormat.edges), as vLLM's minimax_m2 drops a second </think>"
+)
+KNOWN += [
+    known(
+        case(
+            "thinking_disabled_with_close_tag",
+            HOLO2,
+            "holo2",
+            f"</think>{REST}",
+            content=f"</think>{REST}",
+            prompt="closed",
+        ),
+        {"content": REST},
+        STRAY_END,
+    ),
+    known(
+        case(
+            "thinking_disabled_with_close_tag_stream",
+            HOLO2,
+            "holo2",
+            f"some text</think>{REST}",
+            content=f"some text</think>{REST}",
+            prompt="closed",
+        ),
+        {"content": f"some text{REST}"},
+        STRAY_END,
+    ),
+]
+PROMPT_CASES += [
+    PromptCase(
+        ("test_parser_selection[True-DeepSeekR1ReasoningParser]",
+         "test_holo2_default_parser_is_deepseekr1"),
+        HOLO2,
+        "holo2",
+        "<think>",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_parser_selection[False-IdentityReasoningParser]",),
+        HOLO2,
+        "holo2",
+        "<think></think>",
+        "normal",
+    ),
+]  # fmt: skip
+IDS[HOLO2] = [
+    "test_parser_selection[True-DeepSeekR1ReasoningParser]",
+    "test_parser_selection[False-IdentityReasoningParser]",
+    "test_holo2_default_parser_is_deepseekr1",
+    "test_holo2_supports_structured_output",
+    "with_think", "with_think_stream", "with_think_enabled", "with_think_stream_enabled",
+    *_ids("thinking_disabled", "thinking_disabled_with_close_tag", "complete_reasoning",
+          streaming="_stream"),
+]  # fmt: skip
+NOT_APPLICABLE[HOLO2, "test_holo2_supports_structured_output"] = _IS_END
+
+# --- poolside_v1: deepseek_v3 reading only the current assistant turn of the prompt for
+# its </think>; the file tests that gate alone (token ids, a fake tokenizer) ---
+POOLSIDE = T + "test_poolside_v1_reasoning_parser.py@37283f4149"
+PROMPT_CASES += [
+    PromptCase(
+        ("test_is_reasoning_end_true_when_end_after_assistant",),
+        POOLSIDE,
+        "poolside_v1",
+        "a<assistant><think>b</think>",
+        "normal",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_false_when_start_after_end_in_current_turn",),
+        POOLSIDE,
+        "poolside_v1",
+        "<assistant></think><think>",
+        "reasoning",
+    ),
+]
+IDS[POOLSIDE] = [
+    "test_registered_name_is_poolside_v1",
+    "test_constructor_requires_assistant_token",
+    "test_thinking_kwarg_selects_deepseek_r1_inner_parser",
+    "test_no_thinking_selects_identity_inner_parser",
+    "test_is_reasoning_end_true_when_end_after_assistant",
+    "test_is_reasoning_end_false_when_start_after_end_in_current_turn",
+    "test_is_reasoning_end_false_when_no_tokens_after_assistant",
+    "test_is_reasoning_end_false_on_empty_input",
+    "test_scoping_prevents_prior_turn_false_positive",
+    "test_is_reasoning_end_with_identity_parser_returns_true",
+]
+_NO_THINK_MARKER = (
+    _IS_END + "; its prompt holds no <think> of the current turn, where vLLM's thinking "
+    "parser reads on as reasoning and here the output starts in content (the prompt "
+    "decides: a thinking template opens <think>)"
+)
+NOT_APPLICABLE.update(
+    {
+        (POOLSIDE, "test_registered_name_is_poolside_v1"): "vLLM's registry class lookup "
+        "(no model output); the name is a format here (decoding/reasoning_formats.py)",
+        (POOLSIDE, "test_constructor_requires_assistant_token"): "vLLM's constructor "
+        "refusing a tokenizer without <assistant> (no model output)",
+        (POOLSIDE, "test_thinking_kwarg_selects_deepseek_r1_inner_parser"): "vLLM's inner "
+        "parser chosen by chat_template_kwargs (no model output); here the prompt decides",
+        (POOLSIDE, "test_no_thinking_selects_identity_inner_parser"): "as "
+        "test_thinking_kwarg_selects_deepseek_r1_inner_parser",
+        (POOLSIDE, "test_is_reasoning_end_false_when_no_tokens_after_assistant"): (
+            _NO_THINK_MARKER
+        ),
+        (POOLSIDE, "test_is_reasoning_end_false_on_empty_input"): _NO_THINK_MARKER,
+        (POOLSIDE, "test_scoping_prevents_prior_turn_false_positive"): _NO_THINK_MARKER,
+        (POOLSIDE, "test_is_reasoning_end_with_identity_parser_returns_true"): _IS_END
+        + " (thinking off: vLLM's identity parser; here a prompt that opens <think> "
+        "thinks whatever the kwargs say)",
+    }
+)
+
+# --- deepseek_v4: deepseek_v3's, and a DSML tool-call block ends reasoning ---
+DSV4 = T + "test_deepseekv4_reasoning_parser.py@3e10d2f243"
+_DSV4_CALL = (
+    "<｜DSML｜tool_calls>\n"
+    '<｜DSML｜invoke name="read_file">\n'
+    '<｜DSML｜parameter name="path" string="true">/tmp/example.lean</｜DSML｜parameter>\n'
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>"
+)
+CASES += [
+    case(  # the reasoning parser alone hands the block on as content
+        "test_tool_call_start_implicitly_ends_reasoning",
+        DSV4,
+        "deepseek_v4",
+        f"Let me search.\n\n{_DSV4_CALL}",
+        "Let me search.\n\n",
+        _DSV4_CALL,
+        prompt="open",
+    ),
+    case(  # and the deepseek_v4 tool parser reads the call in it
+        "test_implicit_content_is_parseable_as_tool_call",
+        DSV4,
+        "deepseek_v4",
+        f"Let me search.\n\n{_DSV4_CALL}",
+        "Let me search.\n\n",
+        prompt="open",
+        tool="deepseek_v4",
+        calls=(("read_file", {"path": "/tmp/example.lean"}),),
+    ),
+]
+IDS[DSV4] = [
+    "test_tool_call_start_implicitly_ends_reasoning",
+    "test_implicit_content_is_parseable_as_tool_call",
+]
+
+# --- step3p5: <think> opened by the prompt; one newline before and one after </think>
+# are no text. vLLM's non-streaming path reads text before a <think> the model writes as
+# content (the block was not open), its streaming path as reasoning (the prompt opened
+# it): each such case runs with the prompt that gives the reading its id asserts ---
+STEP3P5 = T + "test_step3p5_reasoning_parser.py@265c96671c"
+S35 = "step3p5"
+CASES += [
+    case(both("simple_reasoning"), STEP3P5, S35, f"{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning"), STEP3P5, S35, f"{RS}</think>", RS),
+    case(
+        ("no_content_token", "no_reasoning_token_streaming"),
+        STEP3P5,
+        S35,
+        "This is a reasoning section",
+        RS,
+    ),
+    case(
+        both("multiple_lines"),
+        STEP3P5,
+        S35,
+        "This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(
+        ("shortest", "shortest_streaming", "shortest_with_think", "shortest_with_think_streaming"),
+        STEP3P5,
+        S35,
+        f"</think>{REST}",
+        content=REST,
+    ),
+    case(both("reasoning_with_think"), STEP3P5, S35, f"<think>{RS}</think>{REST}", RS, REST),
+    case(both("complete_reasoning_with_think"), STEP3P5, S35, f"<think>{RS}</think>", RS),
+    case(
+        both("multiple_lines_with_think"),
+        STEP3P5,
+        S35,
+        "<think>This\nThat</think>This is the rest\nThat",
+        "This\nThat",
+        "This is the rest\nThat",
+    ),
+    case(both("think_no_end"), STEP3P5, S35, f"<think>{RS}", RS),
+    case(both("empty"), STEP3P5, S35, ""),
+    case(  # non-streaming: the newline before <think> is content
+        "new_line", STEP3P5, S35, f"\n<think>{RS}</think>\n{REST}", RS, f"\n{REST}", prompt="none"
+    ),
+    case(  # streaming: it is reasoning, as the block was open
+        "new_line_streaming", STEP3P5, S35, f"\n<think>{RS}\n</think>\n{REST}", f"\n{RS}", REST
+    ),
+    case(
+        "new_line_streaming_complex_content",
+        STEP3P5,
+        S35,
+        "\n This is a \n reasoning section\n\n\n</think>\n\nThis is the rest",
+        "\n This is a \n reasoning section\n\n",
+        "\nThis is the rest",
+    ),
+]
+_S35_PREFIX = [  # test_step3p5_preserves_prefix_before_think: (output, reasoning, content)
+    ("\nIntro<think>reasoning</think>\nAnswer", "reasoning", "\nIntroAnswer"),
+    ("<think>calc</think>\nAnswer", "calc", "Answer"),
+    ("<think>reasoning\n</think>\nAnswer", "reasoning", "Answer"),
+    ("before<think>still thinking", "still thinking", "before"),
+    ("before<think>still thinking\n", "still thinking", "before"),
+    ("Intro\n<think>reasoning</think>\nAnswer", "reasoning", "Intro\nAnswer"),
+    ("Intro<think>reasoning</think>Answer", "reasoning", "IntroAnswer"),
+    ("Intro<think>reasoning</think>\n", "reasoning", "Intro"),
+    ("<think>reasoning</think>\n\nAnswer", "reasoning", "\nAnswer"),
+]
+
+
+def _s35_prefix_id(output: str, reasoning: str, content: str) -> str:
+    return (
+        "test_step3p5_preserves_prefix_before_think["
+        + "-".join(v.encode("unicode_escape").decode("ascii") for v in (output, reasoning, content))
+        + "]"
+    )
+
+
+CASES += [
+    case(  # a non-streaming test: the model's own <think> opens the block
+        (_s35_prefix_id(o, r, c),)
+        + (
+            ("test_step3p5_streaming_drops_leading_newline",) if o.startswith("<think>calc") else ()
+        ),
+        STEP3P5,
+        S35,
+        o,
+        r,
+        c,
+        prompt="none",
+    )
+    for o, r, c in _S35_PREFIX
+]
+IDS[STEP3P5] = [
+    *_ids("simple_reasoning", "complete_reasoning"),
+    "no_content_token", "no_reasoning_token_streaming",
+    *_ids("multiple_lines"), "shortest", "shortest_streaming",
+    *_ids("reasoning_with_think", "complete_reasoning_with_think", "multiple_lines_with_think",
+          "shortest_with_think", "think_no_end", "empty", "new_line"),
+    "new_line_streaming_complex_content", "multi_turn_prompt_content",
+    *(_s35_prefix_id(*p) for p in _S35_PREFIX),
+    "test_step3p5_streaming_drops_leading_newline",
+]  # fmt: skip
+NOT_APPLICABLE[STEP3P5, "multi_turn_prompt_content"] = (
+    "vLLM's test skips the reasoning / content check for this id and asserts only "
+    "is_reasoning_end and extract_content_ids over token ids"
+)
+
+# --- hy_v3: <think> opened by the prompt when reasoning_effort thinks; with no_think (the
+# template closes it) or no effort given (no marker) the output is content ---
+HYV3 = T + "test_hy_v3_reasoning_parser.py@41c5903d04"
+CASES += [
+    case(both("with_think", "_stream"), HYV3, "hy_v3", f"{RS}</think>{REST}", RS, REST),
+    case(both("without_think", "_stream"), HYV3, "hy_v3", REST, content=REST, prompt="closed"),
+    case(
+        both("with_reasoning_effort_none", "_stream"),
+        HYV3,
+        "hy_v3",
+        REST,
+        content=REST,
+        prompt="none",
+    ),
+    case(both("complete_reasoning", "_stream"), HYV3, "hy_v3", f"{RS}</think>", RS),
+    case(
+        both("multiline_reasoning", "_stream"),
+        HYV3,
+        "hy_v3",
+        "This is a reasoning\nsection</think>This is the rest\nThat",
+        "This is a reasoning\nsection",
+        "This is the rest\nThat",
+    ),
+    case(both("only_open_tag", "_stream"), HYV3, "hy_v3", RS, RS),
+]
+_HY_HEAD = (
+    "<｜hy_begin▁of▁sentence｜>\nYou are a helpful assistant.\n"
+    "<｜reasoning_mode｜>reasoning_effort:high<｜hy_User｜>\n"
+    "What is the capital of France?<｜hy_Assistant｜"
+)
+_HY_TURN = "\n><think></think>The capital of France is Paris.<eos:6124c78e>\n<｜hy_User｜>What about Chile?<｜hy_Assistant｜>\n<think>"  # noqa: E501
+PROMPT_CASES += [
+    PromptCase((f"test_is_reasoning_end_full_prompt[{n}]",), HYV3, "hy_v3", prompt, state)
+    for n, prompt, state in (
+        (
+            "still_reasoning",
+            _HY_HEAD + ">\n<think>The user is asking for the capital of",
+            "reasoning",
+        ),
+        (
+            "done_reasoning",
+            _HY_HEAD + ">\n<think>The user is asking for the capital of France.</think>\n"
+            "The capital of France is Paris.",
+            "normal",
+        ),
+        (
+            "multi_turn_still_reasoning",
+            _HY_HEAD + _HY_TURN + "The user is asking for the capital of",
+            "reasoning",
+        ),
+        (
+            "multi_turn_done_reasoning",
+            _HY_HEAD + _HY_TURN + "The user is asking for the capital of Chile.</think>\n"
+            "The capital of Chile is Santiago.",
+            "normal",
+        ),
+    )
+]
+IDS[HYV3] = [
+    *_ids("with_think", "without_think", "with_reasoning_effort_none", "complete_reasoning",
+          "multiline_reasoning", "only_open_tag", streaming="_stream"),
+    *(f"test_is_reasoning_end_full_prompt[{n}]" for n in (
+        "still_reasoning", "done_reasoning", "multi_turn_still_reasoning",
+        "multi_turn_done_reasoning")),
+    "test_constructor_does_not_mutate_shared_chat_template_kwargs",
+    "test_constructor_falls_back_to_outer_reasoning_effort",
+]  # fmt: skip
+NOT_APPLICABLE.update(
+    {
+        (HYV3, "test_constructor_does_not_mutate_shared_chat_template_kwargs"): "vLLM's "
+        "constructor and its chat_template_kwargs (no model output); here the prompt decides",
+        (HYV3, "test_constructor_falls_back_to_outer_reasoning_effort"): "as "
+        "test_constructor_does_not_mutate_shared_chat_template_kwargs",
+    }
+)

@@ -295,9 +295,9 @@ def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> 
     ("tool", "reasoning", "why"),
     [
         ("no_such_parser", "", "unknown tool_parser 'no_such_parser'"),
-        ("step3", "", "tool_parser 'step3' (a vLLM name) has no MLX equivalent"),
+        ("kimi_k3", "", "tool_parser 'kimi_k3' (a vLLM name) has no MLX equivalent"),
         ("", "no_such_parser", "unknown reasoning_parser 'no_such_parser'"),
-        ("", "step3p5", "reasoning_parser 'step3p5' (a vLLM name) has no MLX equivalent"),
+        ("", "kimi_k3", "reasoning_parser 'kimi_k3' (a vLLM name) has no MLX equivalent"),
     ],
 )
 def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasoning, why) -> None:

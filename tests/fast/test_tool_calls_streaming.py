@@ -55,9 +55,12 @@ BLOCKS = {
     "qwen3_coder": _QWEN,
     "qwen3_xml": _QWEN,
     "seed_oss": _QWEN,
+    "step3p5": _QWEN,
+    "mimo": _QWEN,
     "minimax_m2": '<invoke name="get_weather"><parameter name="city">Paris</parameter>'
     '<parameter name="days">3</parameter></invoke>',
     "glm45": _GLM,
+    "poolside_v1": _GLM,
     "glm47": _GLM,
 }
 
