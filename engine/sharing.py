@@ -26,6 +26,7 @@ Runs on the engine thread (the scheduler's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
 from caches.prompt_tiers import PromptTiers
@@ -45,6 +46,16 @@ class Parked:
     job: Sequence
     leader: int | None
     position: int
+
+
+def _reaches(a: SequenceOf[int], b: SequenceOf[int], n: int) -> bool:
+    """Whether ``a`` and ``b`` may share a prefix of ``n`` tokens with a token of each
+    left after it: both are long enough and their ``MIN_SHARED_PREFIX`` tokens before
+    position ``n`` are equal (False is exact; True is checked by `common_prefix`)."""
+    if min(len(a), len(b)) <= n:
+        return False
+    start = max(0, n - MIN_SHARED_PREFIX)
+    return tuple(a[start:n]) == tuple(b[start:n])
 
 
 class SharedPrefixes:
@@ -79,16 +90,33 @@ class SharedPrefixes:
         if not self.enabled or job.vision is not None or not self.batch.holds(job.params):
             return False
         ids = job.prompt_ids
+        # Only the rows sharing at least MIN_SHARED_PREFIX tokens could be worth waiting
+        # for; then only those sharing MIN_SHARED_PREFIX more than the prompt cache holds.
+        # Each bound is checked first on the MIN_SHARED_PREFIX tokens before it (a slice
+        # each): sessions of one application share a system prompt with every running
+        # row, but a running row of another session differs right after it, and the cache
+        # holds the session's own history, so the exact common prefix (`common_prefix`,
+        # ~25 us for a 5k-token prompt) is computed for few rows if any, instead of every
+        # running prompt at every admission.
+        rows = [
+            other
+            for other in running
+            # image rows (another runner), or a request that keeps its KV, are not asked
+            if other.runner is self.batch
+            and other.params.cache_write
+            and _reaches(other.prompt_ids, ids, MIN_SHARED_PREFIX)
+        ]
+        if not rows:
+            return False  # then the cache scan below could not make it worth waiting
+        need = self.cache.longest_common_prefix(self.cache_key, ids) + MIN_SHARED_PREFIX
         best, leader = 0, None
-        for other in running:
-            if other.runner is not self.batch or not other.params.cache_write:
-                continue  # image rows (another runner), or a request that keeps its KV
+        for other in rows:
+            if not _reaches(other.prompt_ids, ids, need):
+                continue
             n = min(common_prefix(other.prompt_ids, ids), len(other.prompt_ids) - 1, len(ids) - 1)
             if n > best:
                 best, leader = n, other
-        if leader is None or leader.uid is None or best < MIN_SHARED_PREFIX:
-            return False  # then the cache scan below could not make it worth waiting
-        if best - self.cache.longest_common_prefix(self.cache_key, ids) < MIN_SHARED_PREFIX:
+        if leader is None or leader.uid is None or best < need:
             return False
         if share(leader, best) != "later":
             return False  # stored now (its lookup hits) or not possible: it starts

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 from helpers import counts, wait_idle
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from inprocess import InProcessServer
 from mlx_lm.models.cache import KVCache
 from scripted import ScriptedModel
@@ -112,6 +114,34 @@ def test_the_vectorised_common_prefix_equals_the_tuple_one(stored, prompt) -> No
     entry = _Entry(kv=[], nbytes=0, trimmable=True, ids=_ids(stored))
     got = _Prefixes(tuple(prompt)).common(tuple(stored), entry)
     assert got == common_prefix(tuple(stored), tuple(prompt))
+
+
+def _naive_common_prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.integers(0, 5000),
+    tails=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    kind=st.sampled_from([tuple, list]),
+)
+def test_common_prefix_at_every_length_and_chunk_boundary(shared, tails, kind) -> None:
+    # Agent prompts share thousands of tokens: the chunked scan must find the first
+    # difference wherever it falls (inside a chunk, on a chunk's first or last token, at
+    # the end of the shorter sequence).
+    base = [i % 97 + 1 for i in range(shared)]
+    a = kind(base + [1000 + i for i in range(tails[0])])
+    b = kind(base + [2000 + i for i in range(tails[1])])
+    assert (
+        common_prefix(a, b)
+        == _naive_common_prefix(a, b)
+        == (shared if tails[0] and tails[1] else min(len(a), len(b)))
+    )
+    assert common_prefix(tuple(a), list(b)) == _naive_common_prefix(a, b)
 
 
 def _measured(decode_s: float, rate: float) -> PrefillBudget:

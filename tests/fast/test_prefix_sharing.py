@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from batch.decode import _cut
 from engine.sharing import MIN_SHARED_PREFIX, SharedPrefixes
+from parsing.tokens import common_prefix
 
 
 def test_cut_splits_a_segment_or_keeps_an_existing_end() -> None:
@@ -111,3 +115,78 @@ def test_no_parking_when_it_saves_too_little_or_cannot() -> None:
     assert not sharing.park(new, [leader], batch.share) and len(sharing) == 0
     batch.answer = ""
     assert not sharing.park(new, [leader], batch.share) and len(sharing) == 0
+
+
+def _decision(new, running, batch, cached: int) -> tuple[int, int] | None:
+    """The decision as first written: the exact common prefix with every running prompt,
+    then the cache: (leader uid, position) to park on, or None."""
+    best, leader = 0, None
+    for other in running:
+        if other.runner is not batch or not other.params.cache_write:
+            continue
+        a, b = other.prompt_ids, new.prompt_ids
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        n = min(n, len(a) - 1, len(b) - 1)
+        if n > best:
+            best, leader = n, other
+    if leader is None or leader.uid is None or best < MIN_SHARED_PREFIX:
+        return None
+    if best - cached < MIN_SHARED_PREFIX:
+        return None
+    return leader.uid, best
+
+
+class CountingCache(FakeCache):
+    def __init__(self, cached: int = 0) -> None:
+        super().__init__(cached)
+        self.scans = 0
+
+    def longest_common_prefix(self, key, ids) -> int:
+        self.scans += 1
+        return self.cached
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompts=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 4 * MIN_SHARED_PREFIX), st.integers(0, 3)),
+        min_size=1,
+        max_size=6,
+    ),
+    new=st.tuples(st.integers(0, 3), st.integers(0, 4 * MIN_SHARED_PREFIX)),
+    cached=st.integers(0, 5 * MIN_SHARED_PREFIX),
+)
+def test_the_bounded_check_parks_as_the_exact_comparison_with_every_row(
+    prompts, new, cached
+) -> None:
+    # Sessions share a system prompt, then each has its own history: the check on the 32
+    # tokens before each bound must reach the same leader and position as comparing the
+    # whole prompts, and scan the cache only when some row shares 32 tokens.
+    system = list(range(100, 100 + 5 * MIN_SHARED_PREFIX))
+
+    def prompt(kind: int, shared: int, tail: int) -> list[int]:
+        # kind 0: the system prompt; 1: its first token only; 2: another; 3: a duplicate
+        # of another row's start (ties).
+        head = {0: system, 1: system[:1], 2: [7] * len(system), 3: system}[kind]
+        return [*head[:shared], *[5000 + 31 * kind + i for i in range(tail + 1)]]
+
+    batch = FakeBatch()
+    rows = [
+        job(prompt(k, s, t), uid=i if i % 5 else None, runner=batch, cache_write=i % 4 != 3)
+        for i, (k, s, t) in enumerate(prompts)
+    ]
+    incoming = job(prompt(new[0], new[1], 2))
+    cache = CountingCache(cached)
+    sharing = SharedPrefixes(batch, cache, "m", enabled=True)
+    expected = _decision(incoming, rows, batch, cached)
+    assert sharing.park(incoming, rows, batch.share) == (expected is not None)
+    assert batch.shares == ([] if expected is None else [expected])
+    some = any(
+        r.params.cache_write
+        and common_prefix(r.prompt_ids, incoming.prompt_ids) >= 32
+        and min(len(r.prompt_ids), len(incoming.prompt_ids)) > 32
+        for r in rows
+    )
+    assert cache.scans == int(some)
