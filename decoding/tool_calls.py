@@ -25,7 +25,7 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 | `ToolFormat.stream`                     | formats (vLLM names)          | arguments stream   |
 |-----------------------------------------|-------------------------------|--------------------|
 | `JSON_OBJECT` (`{"name", "arguments"}`) | hermes, granite4, ernie45,    | raw JSON text as   |
-|                                         | internlm                      | generated          |
+|                                         | internlm, gigachat3           | generated          |
 | `JSON_LIST` (a list of those)           | jamba, granite, hunyuan_a13b  | raw JSON, by call  |
 | `JsonStream` of its own                 | mistral `NAME[ARGS]{...}`,    | raw JSON, by call  |
 |                                         | kimi_k2                       |                    |

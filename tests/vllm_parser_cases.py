@@ -6620,3 +6620,101 @@ IDS[APERTUS] = [
         )
     ),
 ]
+
+
+# --- gigachat3: one JSON call after `<|message_sep|>\n\nfunction call<|role_sep|>\n`
+# (GigaChat 3) or `<|function_call|>` (3.1), a trailing `</s>` left out; the content is the
+# text before the marker. test_streaming_tool_call_with_large_steps and
+# test_streaming_split_special_tokens split the same outputs into larger deltas than the
+# byte-by-byte stream here ---
+GIGACHAT3 = "tests/tool_parsers/test_gigachat3_tool_parser.py@9188f3f458"
+_G3_HEAD = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+_G31_HEAD = "<|function_call|>"
+_G3_SIMPLE = {"action": "create", "id": "preferences"}
+_G3_COMPLEX = {
+    "action": "create",
+    "id": "preferences",
+    "content": {
+        "short_answers": True,
+        "hate_emojis": True,
+        "english_ui": False,
+        "russian_math_explanations": True,
+    },
+}
+_G3_TEXT = "I'll check that for you."
+
+
+def gigachat3(id, output, calls=(), content="", ids=()):
+    return Case(id, GIGACHAT3, "gigachat3", "", output, tuple(calls), content, ids=ids)
+
+
+def _g3_json(args: dict) -> str:
+    return json.dumps({"name": "manage_user_memory", "arguments": args}, ensure_ascii=False)
+
+
+_G3_SPLIT = {  # test_streaming_split_special_tokens's ids by (version, kind)
+    ("gigachat3", "mixed_content"): "gigachat3",
+    ("gigachat31", "mixed_content"): "gigachat31",
+    ("gigachat3", "simple"): "gigachat3_no_content",
+    ("gigachat31", "simple"): "gigachat31_no_content",
+    ("gigachat31", "mixed_content_with_eos"): "gigachat31_eos",
+    ("gigachat31", "parameterless"): "gigachat31_parameterless",
+}
+CASES.append(
+    gigachat3(
+        "no_tool_call",
+        "How can I help you today?",
+        content="How can I help you today?",
+        ids=("test_no_tool_call[True]", "test_no_tool_call[False]"),
+    )
+)
+for _version, _head in (("gigachat3", _G3_HEAD), ("gigachat31", _G31_HEAD)):
+    for _kind, _args, _prefix, _suffix in (
+        ("simple", _G3_SIMPLE, "", ""),
+        ("parameterless", {}, "", ""),
+        ("complex", _G3_COMPLEX, "", ""),
+        ("mixed_content", _G3_SIMPLE, _G3_TEXT, ""),
+        ("mixed_content_with_eos", _G3_SIMPLE, _G3_TEXT, "</s>"),
+    ):
+        _split = _G3_SPLIT.get((_version, _kind))
+        _base = _kind.removesuffix("_with_eos")
+        _tail = "_with_eos" if _kind.endswith("_with_eos") else ""
+        CASES.append(
+            gigachat3(
+                f"{_kind}_{_version}",
+                _prefix + _head + _g3_json(_args) + _suffix,
+                [("manage_user_memory", _args)],
+                _prefix,
+                ids=tuple(
+                    f"test_tool_call[{_base}_{mode}{_tail}_{_version}]"
+                    for mode in ("streaming", "nonstreaming")
+                )
+                + ((f"test_streaming_split_special_tokens[{_split}]",) if _split else ()),
+            )
+        )
+    CASES.append(
+        gigachat3(
+            f"large_steps_{_version}",
+            _G3_TEXT + _head + _g3_json(_G3_COMPLEX),
+            [("manage_user_memory", _G3_COMPLEX)],
+            _G3_TEXT,
+            ids=(f"test_streaming_tool_call_with_large_steps[{_version}]",),
+        )
+    )
+IDS[GIGACHAT3] = [
+    "test_no_tool_call[True]",
+    "test_no_tool_call[False]",
+    *(
+        f"test_tool_call[{kind}_{mode}_{version}]"
+        for version in ("gigachat3", "gigachat31")
+        for kind in ("simple", "parameterless", "complex", "mixed_content")
+        for mode in ("streaming", "nonstreaming")
+    ),
+    *(
+        f"test_tool_call[mixed_content_{mode}_with_eos_{version}]"
+        for version in ("gigachat3", "gigachat31")
+        for mode in ("streaming", "nonstreaming")
+    ),
+    *every("test_streaming_tool_call_with_large_steps", "gigachat3", "gigachat31"),
+    *(f"test_streaming_split_special_tokens[{i}]" for i in _G3_SPLIT.values()),
+]
