@@ -46,6 +46,7 @@ BLOCKS = {
     "granite4": _OBJ,
     "ernie45": _OBJ,
     "internlm": _OBJ,
+    "gigachat3": _OBJ,
     "jamba": f"[{_OBJ}]",
     "granite": f"[{_OBJ}]",
     "hunyuan_a13b": f"[{_OBJ}]",
