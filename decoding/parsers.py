@@ -53,7 +53,6 @@ logger = logging.getLogger("localai.mlx." + __name__)
 TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
-    "hy_v3": None,
     "inkling": None,
     "kimi_k3": None,
     "minicpm5": None,

@@ -32,7 +32,7 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 | `XmlStream`                             | qwen3_coder, qwen3_xml,       | string values char |
 |                                         | seed_oss, minimax_m2, glm45,  | by char, others    |
 |                                         | glm47, step3p5, mimo,         | per parameter      |
-|                                         | poolside_v1                   |                    |
+|                                         | poolside_v1, hy_v3            |                    |
 | None (`ToolFormat.whole` says why)      | pythonic, gemma4, openai, ... | whole, at the end  |
 
 Rules (what the final reply holds):

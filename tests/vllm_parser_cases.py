@@ -6718,3 +6718,111 @@ IDS[GIGACHAT3] = [
     *every("test_streaming_tool_call_with_large_steps", "gigachat3", "gigachat31"),
     *(f"test_streaming_split_special_tokens[{i}]" for i in _G3_SPLIT.values()),
 ]
+
+
+# --- hy_v3: `<tool_call>NAME<tool_sep><arg_key>K</arg_key><arg_value>V</arg_value>
+# </tool_call>` calls in a `<tool_calls>` block, values typed by the declared schema; the
+# content is the text before the block. The streaming tests feed the same outputs in
+# larger deltas than the byte-by-byte stream here ---
+HY_V3 = "tests/tool_parsers/test_hy_v3_tool_parser.py@41c5903d04"
+_HY_TOOLS = (
+    fn_tool("get_current_date", {}),
+    fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
+)
+_HY_EXTRACT, _HY_STREAM = "TestHYV3ExtractToolCalls.", "TestHYV3ExtractToolCallsStreaming."
+
+
+def hy_v3(id, output, calls=(), content="", ids=()):
+    return Case(id, HY_V3, "hy_v3", "", output, tuple(calls), content, tools=_HY_TOOLS, ids=ids)
+
+
+def _hy_call(name: str, *args: tuple[str, str], nl: str = "\n") -> str:
+    pairs = "".join(f"{nl}<arg_key>{k}</arg_key>{nl}<arg_value>{v}</arg_value>" for k, v in args)
+    return f"{nl}<tool_call>{name}<tool_sep>{pairs}{nl}</tool_call>"
+
+
+_HY_DATE = "<tool_calls>" + _hy_call("get_current_date") + "\n</tool_calls>"
+_HY_BEIJING = ("get_weather", {"city": "Beijing", "date": "2026-03-30"})
+_HY_BEIJING_XML = _hy_call("get_weather", ("city", "Beijing"), ("date", "2026-03-30"))
+CASES += [
+    hy_v3(
+        "no_tool_call",
+        "This is a plain response.",
+        content="This is a plain response.",
+        ids=(_HY_EXTRACT + "test_no_tool_call", _HY_STREAM + "test_no_tool_call_streaming"),
+    ),
+    hy_v3(
+        "zero_arg_inline",
+        "<tool_calls>" + _hy_call("get_current_date", nl="") + "</tool_calls>",
+        [("get_current_date", {})],
+        ids=(_HY_EXTRACT + "test_zero_arg_inline",),
+    ),
+    hy_v3(
+        "zero_arg_newline",
+        _HY_DATE,
+        [("get_current_date", {})],
+        ids=(
+            _HY_EXTRACT + "test_zero_arg_newline",
+            _HY_EXTRACT + "test_empty_content_none",
+            _HY_STREAM + "test_zero_arg_streaming",
+            _HY_STREAM + "test_all_in_one_delta_streaming",
+        ),
+    ),
+    hy_v3(
+        "args_same_line",
+        "<tool_calls>"
+        + _hy_call("get_weather", ("city", "Beijing"), ("date", "2026-03-30"), nl="")
+        + "</tool_calls>",
+        [_HY_BEIJING],
+        ids=(_HY_EXTRACT + "test_args_same_line",),
+    ),
+    hy_v3(
+        "args_with_newlines",
+        "<tool_calls>" + _HY_BEIJING_XML + "\n</tool_calls>",
+        [_HY_BEIJING],
+        ids=(_HY_EXTRACT + "test_args_with_newlines", _HY_STREAM + "test_args_streaming"),
+    ),
+    hy_v3(
+        "content_before",
+        "Checking." + _HY_DATE,
+        [("get_current_date", {})],
+        "Checking.",
+        ids=(_HY_EXTRACT + "test_content_before", _HY_STREAM + "test_content_before_streaming"),
+    ),
+    # vLLM's non-streaming test asserts two calls; its streaming one, their cities
+    hy_v3(
+        "multiple",
+        "<tool_calls>"
+        + _HY_BEIJING_XML
+        + _hy_call("get_weather", ("city", "Hangzhou"), ("date", "2026-03-30"))
+        + "\n</tool_calls>",
+        [_HY_BEIJING, ("get_weather", {"city": "Hangzhou", "date": "2026-03-30"})],
+        ids=(_HY_EXTRACT + "test_multiple", _HY_STREAM + "test_multiple_streaming"),
+    ),
+]
+IDS[HY_V3] = [
+    *(
+        _HY_EXTRACT + t
+        for t in (
+            "test_no_tool_call",
+            "test_zero_arg_inline",
+            "test_zero_arg_newline",
+            "test_args_same_line",
+            "test_args_with_newlines",
+            "test_content_before",
+            "test_multiple",
+            "test_empty_content_none",
+        )
+    ),
+    *(
+        _HY_STREAM + t
+        for t in (
+            "test_no_tool_call_streaming",
+            "test_zero_arg_streaming",
+            "test_args_streaming",
+            "test_content_before_streaming",
+            "test_multiple_streaming",
+            "test_all_in_one_delta_streaming",
+        )
+    ),
+]
