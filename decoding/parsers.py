@@ -54,7 +54,6 @@ TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
     "inkling": None,
-    "kimi_k3": None,
     "minicpm5": None,
     "minimax": None,
     "minimax_m3": None,

@@ -6826,3 +6826,43 @@ IDS[HY_V3] = [
         )
     ),
 ]
+
+
+# --- kimi_k3: XTML channels; vLLM's test file checks the content only (the end-of-turn
+# `<|close|>message<|sep|>` left out, whole and split at 1, 3 and 7 characters); the calls
+# are the example of vLLM's parser docstring (vllm/tool_parsers/kimi_k3_tool_parser.py) ---
+KIMI_K3 = "tests/tool_parsers/test_kimi_k3_tool_parser.py@b635426178"
+KIMI_K3_DOC = "vllm/tool_parsers/kimi_k3_tool_parser.py@2d9567486f (its docstring)"
+CASES += [
+    Case(
+        "content_stops_at_message_close",
+        KIMI_K3,
+        "kimi_k3",
+        "",
+        "Hello<|close|>message<|sep|>",
+        content="Hello",
+        ids=(
+            "test_streaming_content_stops_at_message_close",
+            "test_streaming_content_holds_split_message_close",
+        ),
+    ),
+    Case(
+        "docstring_tools_channel",
+        KIMI_K3_DOC,
+        "kimi_k3",
+        "",
+        "<|open|>response<|sep|>Running it.<|close|>response<|sep|>"
+        "<|open|>tools<|sep|>\n"
+        '  <|open|>call tool="python" index="1"<|sep|>\n'
+        '    <|open|>argument key="code" type="string"<|sep|>print(1)<|close|>argument<|sep|>\n'
+        '    <|open|>argument key="opts" type="object"<|sep|>{"a":1}<|close|>argument<|sep|>\n'
+        "  <|close|>call<|sep|>\n"
+        "<|close|>tools<|sep|>",
+        (("python", {"code": "print(1)", "opts": {"a": 1}}),),
+        "Running it.",
+    ),
+]
+IDS[KIMI_K3] = [
+    "test_streaming_content_stops_at_message_close",
+    "test_streaming_content_holds_split_message_close",
+]
