@@ -56,7 +56,6 @@ TOOL_PARSERS: dict[str, None] = {
     "inkling": None,
     "minicpm5": None,
     "minimax": None,
-    "minimax_m3": None,
     "solar_open2": None,
 }
 

@@ -6866,3 +6866,162 @@ IDS[KIMI_K3] = [
     "test_streaming_content_stops_at_message_close",
     "test_streaming_content_holds_split_message_close",
 ]
+
+
+# --- minimax_m3: `]<]minimax[>[`-prefixed tags, nested parameters typed by the schema ---
+MINIMAX_M3 = "tests/tool_parsers/test_minimax_m3_tool_parser.py@06726266c0"
+_M3 = "]<]minimax[>["
+_M3_TOOLS = (
+    fn_tool(
+        "create_order",
+        {
+            "user_id": {"type": "integer"},
+            "urgent": {"type": "boolean"},
+            "note": {"type": "string"},
+            "shipping": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+            },
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                },
+            },
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+            "duplicate_demo": {"type": "object"},
+        },
+    ),
+)
+
+
+def minimax_m3(id, output, calls=(), content="", ids=(), **kw):
+    return Case(
+        id, MINIMAX_M3, "minimax_m3", "", output, tuple(calls), content, tools=_M3_TOOLS,
+        ids=ids, **kw,
+    )  # fmt: skip
+
+
+def _m3(key: str, value: str) -> str:
+    return f"{_M3}<{key}>{value}{_M3}</{key}>"
+
+
+def _m3_invoke(body: str) -> str:
+    return f'{_M3}<invoke name="create_order">{body}{_M3}</invoke>'
+
+
+_M3_ORDER = (
+    f"{_M3}<tool_call>\n"
+    + _m3_invoke(
+        _m3("user_id", "42")
+        + _m3("urgent", "true")
+        + _m3("note", "Please leave at front desk.")
+        + _m3("shipping", _m3("city", "Singapore") + _m3("zip", "018956"))
+        + _m3(
+            "items",
+            _m3("item", _m3("sku", "book-001") + _m3("qty", "2"))
+            + _m3("item", _m3("sku", "pen-007") + _m3("qty", "5")),
+        )
+        + _m3("metadata", _m3("source", "mobile") + _m3("campaign", "may-launch"))
+        + _m3("duplicate_demo", _m3("tag", "a") + _m3("tag", "b"))
+    )
+    + f"\n{_M3}</tool_call>"
+)
+_M3_ORDER_ARGS = {
+    "user_id": 42,
+    "urgent": True,
+    "note": "Please leave at front desk.",
+    "shipping": {"city": "Singapore", "zip": 18956},
+    "items": [{"sku": "book-001", "qty": 2}, {"sku": "pen-007", "qty": 5}],
+    "metadata": {"source": "mobile", "campaign": "may-launch"},
+    "duplicate_demo": {"tag": ["a", "b"]},
+}
+_M3_PARTIAL = f"plain {_M3}<tool_ca"
+_M3_SECOND = f'\n{_M3}<invoke name="create_order">{_M3}<user_id>2'
+CASES += [
+    minimax_m3(
+        "nested_tool_call",
+        "I will create it.\n" + _M3_ORDER,
+        [("create_order", _M3_ORDER_ARGS)],
+        "I will create it.\n",
+        ids=("test_non_streaming_nested_tool_call", "test_streaming_nested_tool_call"),
+    ),
+    minimax_m3(
+        "without_tool_call",
+        "plain response",
+        content="plain response",
+        ids=(
+            "test_non_streaming_without_tool_call_keeps_content",
+            "test_streaming_without_tool_call_emits_text",
+        ),
+    ),
+    minimax_m3(
+        "multiple_tool_calls",
+        f"{_M3}<tool_call>\n"
+        + _m3_invoke(_m3("user_id", "1"))
+        + "\n"
+        + _m3_invoke(_m3("user_id", "2"))
+        + f"\n{_M3}</tool_call>",
+        [("create_order", {"user_id": 1}), ("create_order", {"user_id": 2})],
+        ids=("test_non_streaming_multiple_tool_calls",),
+    ),
+    minimax_m3(
+        "partial_tool_start",
+        _M3_PARTIAL,
+        content=_M3_PARTIAL,
+        ids=(
+            "test_streaming_flushes_partial_tool_start_as_text",
+            "test_delegating_parser_flushes_partial_tool_start_on_finish",
+        ),
+    ),
+    minimax_m3(
+        "reuse_after_parse_error",
+        "next request text",
+        content="next request text",
+        ids=("test_streaming_parser_reuse_after_parse_error",),
+    ),
+]
+KNOWN_DIFFERENCES += [
+    known(
+        minimax_m3(
+            "error_recovery_keeps_committed_tool_call",
+            f"plain {_M3}<tool_call>\n" + _m3_invoke(_m3("user_id", "1")) + _M3_SECOND,
+            [("create_order", {"user_id": 1})],
+            "plain " + _M3_SECOND,
+            ids=("test_streaming_error_recovery_keeps_committed_tool_call_structured",),
+        ),
+        {"content": "plain "},
+        "a block cut off is read as it stands: its closed calls are calls, and the rest "
+        "of the block is dropped, not handed back as content (vLLM's stream sends the "
+        "unclosed invoke as text)",
+    ),
+    known(
+        minimax_m3(
+            "parse_error_emits_buffer",
+            f"{_M3}<tool_call>\n{_M3}</user_id> after error",
+            (),
+            f"\n{_M3}</user_id> after error",
+            ids=("test_streaming_parse_error_emits_buffer_and_later_deltas",),
+        ),
+        {"content": f"{_M3}<tool_call>\n{_M3}</user_id> after error"},
+        "a block that holds no call comes back as content as the model wrote it, its "
+        "opening marker included (vLLM's stream drops the marker)",
+    ),
+]
+IDS[MINIMAX_M3] = [
+    "test_minimax_m3_parser_registered",
+    "test_non_streaming_nested_tool_call",
+    "test_non_streaming_without_tool_call_keeps_content",
+    "test_non_streaming_multiple_tool_calls",
+    "test_streaming_without_tool_call_emits_text",
+    "test_streaming_flushes_partial_tool_start_as_text",
+    "test_streaming_error_recovery_keeps_committed_tool_call_structured",
+    "test_streaming_parse_error_emits_buffer_and_later_deltas",
+    "test_streaming_parser_reuse_after_parse_error",
+    "test_delegating_parser_flushes_partial_tool_start_on_finish",
+    "test_streaming_nested_tool_call",
+]
+NOT_APPLICABLE[MINIMAX_M3, "test_minimax_m3_parser_registered"] = (
+    "vLLM's ToolParserManager class lookup (no model output)"
+)
