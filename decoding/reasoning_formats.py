@@ -380,6 +380,14 @@ FORMATS.update(
         # vllm/parser/kimi_k3.py unwraps the response channel): a `think` channel opened by
         # the prompt when thinking, the answer in a `response` channel whose markers and
         # the end-of-turn `<|close|>message<|sep|>` are no content.
+        # MiniMax-M3 (minimax_m3_reasoning_parser.py): <mm:think> blocks; the output starts
+        # in reasoning when thinking_mode opens the block in the prompt.
+        "minimax_m3": ReasoningFormat(
+            "minimax_m3",
+            "<mm:think>",
+            "</mm:think>",
+            source=_R + "minimax_m3_reasoning_parser.py",
+        ),
         "kimi_k3": ReasoningFormat(
             "kimi_k3",
             "<|open|>think<|sep|>",
@@ -401,7 +409,6 @@ NO_FORMAT = frozenset(
         "cohere_command3",
         "cohere_command4",
         "inkling",
-        "minimax_m3",
         "solar_open2",
     }
 )

@@ -1716,3 +1716,164 @@ NOT_APPLICABLE.update(
         "are matched on the decoded text, special tokens included and never spaced",
     }
 )
+
+# --- minimax_m3: <mm:think> blocks; thinking_mode "enabled" opens the block in the prompt
+# (prompt "open" here); a leading </mm:think> is dropped ---
+MM3 = T + "test_minimax_m3_reasoning_parser.py@0429c5c02c"
+MM3_RC = "<mm:think>Reasoning content</mm:think>"
+CASES += [
+    case(
+        (
+            "test_nonstreaming_extracts_explicit_reasoning_block",
+            "test_streaming_reasoning_tags_are_not_returned",
+            "test_streaming_boundary_can_emit_reasoning_and_content",
+        ),
+        MM3,
+        "minimax_m3",
+        "<mm:think>plan</mm:think>answer",
+        "plan",
+        "answer",
+    ),
+    case(
+        (
+            "test_nonstreaming_without_start_tag_is_content",
+            "test_streaming_plain_content_ends_reasoning_phase",
+        ),
+        MM3,
+        "minimax_m3",
+        "plain answer",
+        content="plain answer",
+    ),
+    case(
+        ("test_nonstreaming_drops_leading_end_tag", "test_streaming_drops_leading_end_tag"),
+        MM3,
+        "minimax_m3",
+        "</mm:think>answer",
+        content="answer",
+    ),
+    case(
+        "test_streaming_split_leading_end_marker_text_across_deltas",
+        MM3,
+        "minimax_m3",
+        "</mm:think>content",
+        content="content",
+    ),
+    case(
+        (
+            "test_nonstreaming_enabled_mode_starts_in_reasoning",
+            "test_streaming_enabled_mode_starts_in_reasoning",
+        ),
+        MM3,
+        "minimax_m3",
+        "plan</mm:think>answer",
+        "plan",
+        "answer",
+        prompt="open",
+    ),
+    case(
+        "test_streaming_split_marker_tokens_enabled_mode",
+        MM3,
+        "minimax_m3",
+        "Reasoning content</mm:think>content",
+        "Reasoning content",
+        "content",
+        prompt="open",
+    ),
+    case(
+        "test_nonstreaming_open_reasoning_block",
+        MM3,
+        "minimax_m3",
+        "<mm:think>still thinking",
+        "still thinking",
+    ),
+    case(
+        (
+            "test_streaming_split_marker_tokens_are_not_returned",
+            "test_streaming_split_marker_text_across_deltas",
+            "test_streaming_split_end_marker_content_ids_are_stripped",
+        ),
+        MM3,
+        "minimax_m3",
+        MM3_RC + "content",
+        "Reasoning content",
+        "content",
+    ),
+    case(
+        "test_streaming_split_marker_text_drives_end_state",
+        MM3,
+        "minimax_m3",
+        MM3_RC,
+        "Reasoning content",
+    ),
+    # the token-id helpers' outputs: what is reasoning and what content
+    case(
+        ("test_token_id_helpers", "test_token_id_helpers_with_split_marker_tokens"),
+        MM3,
+        "minimax_m3",
+        "<mm:think>abc</mm:think>def",
+        "abc",
+        "def",
+    ),
+    case(
+        "test_token_id_helpers_enabled_mode",
+        MM3,
+        "minimax_m3",
+        "abc</mm:think>def",
+        "abc",
+        "def",
+        prompt="open",
+    ),
+]
+KNOWN += [
+    known(
+        case(
+            (
+                "test_nonstreaming_non_leading_end_tag_is_content",
+                "test_streaming_non_leading_end_tag_is_content",
+            ),
+            MM3,
+            "minimax_m3",
+            "XXX</mm:think>YYY",
+            content="XXX</mm:think>YYY",
+        ),
+        {"content": "XXXYYY"},
+        "an end marker with no block open is dropped wherever it stands (a stray </think> "
+        "with thinking off, as for the other names); vLLM's minimax_m3 drops it only at "
+        "the output's start and keeps a later one as content",
+    )
+]
+IDS[MM3] = [
+    "test_parser_registration",
+    "test_nonstreaming_extracts_explicit_reasoning_block",
+    "test_nonstreaming_without_start_tag_is_content",
+    "test_nonstreaming_drops_leading_end_tag",
+    "test_nonstreaming_non_leading_end_tag_is_content",
+    "test_nonstreaming_enabled_mode_starts_in_reasoning",
+    "test_nonstreaming_open_reasoning_block",
+    "test_streaming_reasoning_tags_are_not_returned",
+    "test_streaming_boundary_can_emit_reasoning_and_content",
+    "test_streaming_drops_leading_end_tag",
+    "test_streaming_non_leading_end_tag_is_content",
+    "test_streaming_enabled_mode_starts_in_reasoning",
+    "test_streaming_plain_content_ends_reasoning_phase",
+    "test_streaming_split_marker_tokens_are_not_returned",
+    "test_streaming_split_marker_text_drives_end_state",
+    "test_streaming_split_end_marker_content_ids_are_stripped",
+    "test_streaming_split_marker_tokens_enabled_mode",
+    "test_streaming_split_marker_text_across_deltas",
+    "test_streaming_split_leading_end_marker_text_across_deltas",
+    "test_token_id_helpers_with_split_marker_tokens",
+    "test_token_id_helpers",
+    "test_token_id_helpers_enabled_mode",
+    "test_is_reasoning_end_ignores_paired_prompt_examples_with_thinking_enabled",
+]
+NOT_APPLICABLE.update(
+    {
+        (MM3, "test_parser_registration"): "vLLM's ReasoningParserManager class lookup "
+        "(no model output)",
+        (MM3, "test_is_reasoning_end_ignores_paired_prompt_examples_with_thinking_enabled"): (
+            "vLLM's thinking_mode chat_template_kwarg over a prompt with no open block; "
+            "here the prompt decides, and a thinking template ends it with <mm:think>"
+        ),
+    }
+)
