@@ -100,7 +100,8 @@ def _value(text: str, schema: Any) -> Any:
 
 
 def _object(children: list[tuple[str, str]], schema: dict[str, Any]) -> dict[str, Any]:
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
     extra = schema.get("additionalProperties")
     out: dict[str, Any] = {}
     for key, body in children:
