@@ -7025,3 +7025,331 @@ IDS[MINIMAX_M3] = [
 NOT_APPLICABLE[MINIMAX_M3, "test_minimax_m3_parser_registered"] = (
     "vLLM's ToolParserManager class lookup (no model output)"
 )
+
+
+# --- minicpm5: `<function name="NAME"><param name="K">V</param></function>` calls checked
+# against the request's tools. vLLM's non-streaming path gives no content once a call is
+# read, its stream the text around the calls (test_extract_tool_calls_streaming_single /
+# _multiple): the content here is the stream's (vLLM's tests assert it only where named) ---
+MINICPM5 = "tests/tool_parsers/test_minicpm5xml_tool_parser.py@08eaf4cf00"
+_MC_WEATHER = fn_tool(
+    "get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}, required=["city"]
+)
+_MC_SUM = fn_tool(
+    "sum_values", {"nums": {"type": "array"}, "exact": {"type": "boolean"}}, required=["nums"]
+)
+_MC_NOOP = fn_tool("noop", {"note": {"type": "string"}}, required=[])
+_MC_CURRENT = fn_tool(
+    "get_current_weather",
+    {"city": {"type": "string"}, "state": {"type": "string"}, "unit": {"type": "string"}},
+    required=["city", "state", "unit"],
+)
+_MC_PHONE = fn_tool(
+    "get_customer_by_phone", {"phone_number": {"type": "string"}}, required=["phone_number"]
+)
+_MC_SH = {"city": "上海", "date": "2024-06-27"}
+_MC_DALLAS = {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}
+
+
+def minicpm5(id, output, calls=(), content="", ids=(), tools=(_MC_WEATHER,), **kw):
+    return Case(
+        id, MINICPM5, "minicpm5", "", output, tuple(calls), content, tools=tools,
+        ids=ids, **kw,
+    )  # fmt: skip
+
+
+def _mc(name: str, *params: tuple[str, str], sp: str = " ", end: str = "</function>\n") -> str:
+    body = "".join(f'<param{sp}name="{k}">{v}</param>' for k, v in params)
+    return f'<function{sp}name="{name}">{body}{end}'
+
+
+_MC_SH_PARAMS = (("city", "上海"), ("date", "2024-06-27"))
+_MC_TWO = (
+    "Head\n"
+    + _mc("get_weather", ("city", "北京"))
+    + "TXT\n"
+    + _mc("sum_values", ("nums", "[7,8,9]"), ("exact", "false"))
+    + "Tail\n"
+)
+_MC_INCOMPLETE = '<function name="get_weather"><param name="city">北京</param>'
+_MC_NO_NAME = '<function name="get_weather"><param>北京</param><param name="date">2024-06-27</param></function>\n'  # noqa: E501
+_MC_DUPLICATE = _mc("get_weather", ("city", "北京"), ("city", "上海"))
+_MC_CASE = _mc("get_weather", ("City", "北京"))
+_MC_WRAPPED_BAD = _mc("get_weather", ("properties", '{"unknown": "x"}'), end="</function>")
+_MC_EXTRA_ONLY = _mc("get_weather", ("unknown", "ignored"), end="</function>")
+_MC_UNKNOWN = _mc("unknown", ("x", "1"))
+_MC_SP = "\u010aFirst,\u0120I\u0120need\u0120to\u0120check\u0120the\u0120weather."
+_MC_XXE = '<!DOCTYPE test [ <!ENTITY xxe SYSTEM "file:///etc/passwd"> ]>'
+CASES += [
+    minicpm5(
+        "no_tool_call",
+        "How can I help you?",
+        content="How can I help you?",
+        ids=("test_no_tool_call",),
+    ),
+    minicpm5(
+        "single_call_with_surrounding_text",
+        "Intro before.\n" + _mc("get_weather", *_MC_SH_PARAMS) + "Outro after.\n",
+        [("get_weather", _MC_SH)],
+        "Intro before.\n\nOutro after.\n",
+        ids=("test_single_call_with_surrounding_text", "test_extract_tool_calls_streaming_single"),
+    ),
+    minicpm5(
+        "cdata_multiline",
+        _mc("get_weather", ("city", "<![CDATA[北\n京]]>"), ("date", "2024-06-27")),
+        [("get_weather", {"city": "北\n京", "date": "2024-06-27"})],
+        "\n",
+        ids=("test_cdata_multiline",),
+    ),
+    minicpm5(
+        "tokenizer_space_marker",
+        _mc("get_weather", *_MC_SH_PARAMS, sp="\u0120"),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=(
+            "test_tokenizer_space_marker",
+            "test_extract_tool_calls_streaming_tokenizer_space_marker",
+        ),
+    ),
+    minicpm5(
+        "collapsed_function_and_param_tags",
+        _mc("get_weather", *_MC_SH_PARAMS, sp=""),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=(
+            "test_collapsed_function_and_param_tags",
+            "test_extract_tool_calls_streaming_collapsed_tags_weather",
+        ),
+    ),
+    minicpm5(
+        "collapsed_param_tags_with_tokenizer_space_function",
+        '<function\u0120name="get_weather"><paramname="city">上海</param>'
+        '<paramname="date">2024-06-27</param></function>\n',
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=("test_collapsed_param_tags_with_tokenizer_space_function",),
+    ),
+    minicpm5(
+        "streaming_partial_chunks",
+        _mc("get_weather", *_MC_SH_PARAMS),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=("test_extract_tool_calls_streaming_partial_chunks",),
+    ),
+    minicpm5(
+        "collapsed_tags_current_weather",
+        _mc("get_current_weather", *_MC_DALLAS.items(), sp="", end="</function>"),
+        [("get_current_weather", _MC_DALLAS)],
+        tools=(_MC_CURRENT,),
+        ids=("test_collapsed_tags_current_weather",),
+    ),
+    minicpm5(
+        "streaming_incremental_arguments",
+        _mc("get_current_weather", *_MC_DALLAS.items(), end="</function>"),
+        [("get_current_weather", _MC_DALLAS)],
+        tools=(_MC_CURRENT,),
+        ids=("test_extract_tool_calls_streaming_incremental_arguments",),
+    ),
+    # an undeclared tool, a cut-off block and invalid parameters: no call, the text stays
+    minicpm5(
+        "unknown_tool_block_preserved",
+        _MC_UNKNOWN,
+        content=_MC_UNKNOWN,
+        ids=("test_unknown_tool_block_preserved",),
+    ),
+    minicpm5(
+        "incomplete_missing_function_end",
+        _MC_INCOMPLETE,
+        content=_MC_INCOMPLETE,
+        ids=("test_incomplete_missing_function_end",),
+    ),
+    minicpm5(
+        "param_missing_name_invalid",
+        _MC_NO_NAME,
+        content=_MC_NO_NAME,
+        ids=("test_param_missing_name_invalid",),
+    ),
+    minicpm5(
+        "duplicate_param_names_invalid",
+        _MC_DUPLICATE,
+        content=_MC_DUPLICATE,
+        ids=("test_duplicate_param_names_invalid",),
+    ),
+    minicpm5(
+        "case_sensitive_param_name_invalid",
+        _MC_CASE,
+        content=_MC_CASE,
+        ids=("test_case_sensitive_param_name_invalid",),
+    ),
+    minicpm5(
+        "wrapped_arguments_still_validate_schema",
+        _MC_WRAPPED_BAD,
+        content=_MC_WRAPPED_BAD,
+        ids=("test_wrapped_arguments_still_validate_schema",),
+    ),
+    minicpm5(
+        "extra_arguments_do_not_satisfy_required",
+        _MC_EXTRA_ONLY,
+        content=_MC_EXTRA_ONLY,
+        ids=("test_extra_arguments_do_not_satisfy_required",),
+    ),
+    minicpm5(
+        "non_string_types",
+        _mc("sum_values", ("nums", "[1, 2, 3]"), ("exact", "true")),
+        [("sum_values", {"nums": [1, 2, 3], "exact": True})],
+        "\n",
+        tools=(_MC_SUM,),
+        ids=("test_non_string_types",),
+    ),
+    minicpm5(
+        "multiple_calls_interleaved_text",
+        _MC_TWO,
+        [("get_weather", {"city": "北京"}), ("sum_values", {"nums": [7, 8, 9], "exact": False})],
+        "Head\n\nTXT\n\nTail\n",
+        tools=(_MC_WEATHER, _MC_SUM),
+        ids=("test_multiple_calls_interleaved_text", "test_extract_tool_calls_streaming_multiple"),
+    ),
+    minicpm5(
+        "no_required_and_zero_param_valid",
+        '<function name="noop"></function>\n',
+        [("noop", {})],
+        "\n",
+        tools=(_MC_NOOP,),
+        ids=("test_no_required_and_zero_param_valid",),
+    ),
+    minicpm5(
+        "properties_wrapped_arguments",
+        _mc(
+            "get_customer_by_phone",
+            ("properties", "{'phone_number': '555-123-2002'}"),
+            end="</function>",
+        ),
+        [("get_customer_by_phone", {"phone_number": "555-123-2002"})],
+        tools=(_MC_PHONE,),
+        ids=("test_properties_wrapped_arguments",),
+    ),
+    minicpm5(
+        "arguments_wrapped_arguments",
+        _mc(
+            "get_weather",
+            ("arguments", '{"city": "上海", "date": "2024-06-27"}'),
+            end="</function>",
+        ),
+        [("get_weather", _MC_SH)],
+        ids=("test_arguments_wrapped_arguments",),
+    ),
+    minicpm5(
+        "extra_arguments_ignored_when_required_present",
+        _mc("get_weather", ("city", "上海"), ("unknown", "ignored"), end="</function>"),
+        [("get_weather", {"city": "上海"})],
+        ids=("test_extra_arguments_ignored_when_required_present",),
+    ),
+    minicpm5(
+        "zero_arg_tool_ignores_extra_arguments",
+        _mc("noop", ("note", "ignored"), ("extra", "ignored"), end="</function>"),
+        [("noop", {"note": "ignored"})],
+        tools=(_MC_NOOP,),
+        ids=("test_zero_arg_tool_ignores_extra_arguments",),
+    ),
+    minicpm5(
+        "alias_get_details_by_phone",
+        _mc("get_details_by_phone", ("phone_number", "555-123-2002"), end="</function>"),
+        [("get_customer_by_phone", {"phone_number": "555-123-2002"})],
+        tools=(_MC_PHONE,),
+        ids=("test_alias_get_details_by_phone",),
+    ),
+    minicpm5(
+        "alias_get_line_details",
+        _mc("get_line_details", ("customer_id", "C1001"), ("line_id", "L1001"), end="</function>"),
+        [("get_details_by_id", {"id": "L1001"})],
+        tools=(fn_tool("get_details_by_id", {"id": {"type": "string"}}, required=["id"]),),
+        ids=("test_alias_get_line_details",),
+    ),
+    minicpm5(
+        "alias_enable_roaming",
+        _mc("enable_roaming", ("line_id", "L1001"), end="</function>"),
+        [("toggle_roaming", {"line_id": "L1001", "enabled": True})],
+        tools=(
+            fn_tool(
+                "toggle_roaming",
+                {"line_id": {"type": "string"}, "enabled": {"type": "boolean"}},
+                required=["line_id", "enabled"],
+            ),
+        ),
+        ids=("test_alias_enable_roaming",),
+    ),
+    # vLLM asserts only that the entity is not resolved ("&xxe;" kept)
+    minicpm5(
+        "xml_external_entity_prevention",
+        _MC_XXE + _mc("get_weather", ("city", "&xxe;"), ("date", "2024-06-27")),
+        [("get_weather", {"city": "&xxe;", "date": "2024-06-27"})],
+        _MC_XXE + "\n",
+        ids=("test_xml_external_entity_prevention",),
+    ),
+]
+KNOWN_DIFFERENCES += [
+    known(
+        minicpm5(
+            "thinking_only_sentencepiece_normalized_in_content",
+            _MC_SP,
+            content="\nFirst, I need to check the weather.",
+            ids=("test_thinking_only_sentencepiece_normalized_in_content",),
+        ),
+        {"content": _MC_SP},
+        "content is the text as decoded: this backend's detokenizer maps byte-level "
+        "tokens back to their bytes, so a Ġ / Ċ left in the text is one the model wrote "
+        "as a character, and it stays (vLLM replaces them in content when no call is read)",
+    ),
+]
+IDS[MINICPM5] = [
+    "test_registered_in_tool_parser_manager",
+    "test_adjust_request_skip_special_tokens",
+    "test_adjust_request_tool_choice_none",
+    *(
+        f"test_{t}"
+        for t in (
+            "no_tool_call",
+            "single_call_with_surrounding_text",
+            "cdata_multiline",
+            "tokenizer_space_marker",
+            "collapsed_function_and_param_tags",
+            "collapsed_param_tags_with_tokenizer_space_function",
+            "extract_tool_calls_streaming_partial_chunks",
+            "extract_tool_calls_streaming_tokenizer_space_marker",
+            "extract_tool_calls_streaming_collapsed_tags_weather",
+            "collapsed_tags_current_weather",
+            "extract_tool_calls_streaming_incremental_arguments",
+            "unknown_tool_block_preserved",
+            "non_string_types",
+            "multiple_calls_interleaved_text",
+            "incomplete_missing_function_end",
+            "param_missing_name_invalid",
+            "duplicate_param_names_invalid",
+            "case_sensitive_param_name_invalid",
+            "no_required_and_zero_param_valid",
+            "thinking_only_sentencepiece_normalized_in_content",
+            "properties_wrapped_arguments",
+            "arguments_wrapped_arguments",
+            "wrapped_arguments_still_validate_schema",
+            "extra_arguments_ignored_when_required_present",
+            "extra_arguments_do_not_satisfy_required",
+            "zero_arg_tool_ignores_extra_arguments",
+            "alias_get_details_by_phone",
+            "alias_get_line_details",
+            "alias_enable_roaming",
+            "extract_tool_calls_streaming_single",
+            "extract_tool_calls_streaming_multiple",
+            "xml_external_entity_prevention",
+        )
+    ),
+]
+NOT_APPLICABLE.update(
+    {
+        (MINICPM5, "test_registered_in_tool_parser_manager"): "vLLM's ToolParserManager "
+        "class lookup (no model output)",
+        (MINICPM5, "test_adjust_request_skip_special_tokens"): "vLLM's skip_special_tokens "
+        "request flag: here markers are matched on the decoded text, special tokens included",
+        (MINICPM5, "test_adjust_request_tool_choice_none"): "as "
+        "test_adjust_request_skip_special_tokens",
+    }
+)
