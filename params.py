@@ -5,92 +5,18 @@ Turns protobuf messages into frozen dataclasses (`GenerationParams`, `LoadParams
 validates them; every bad value raises `ValueError` whose message names the field or
 option and the allowed range. Holds no state, seeds no RNG, never calls MLX.
 
-proto3 cannot tell "unset" from zero, so zero means "not set" for every numeric
-request field below; the load-time option default then applies, else the built-in one.
-A request's non-zero value always wins over the option default.
+proto3 cannot tell "unset" from zero, so zero means "not set" for every numeric request
+field; the load-time option default then applies, else the built-in one. A request's
+non-zero value always wins over the option default.
 
-Field (number)        | zero means (else built-in)      | built-in          | valid
-----------------------|---------------------------------|-------------------|-----------------
-Tokens (4)            | option max_tokens               | 512 tokens        | >= 0, > 32768 capped;
-                      |                                 |                   | -1 = until EOS, a full
-                      |                                 |                   | context or 32768
-Temperature (9)       | option temperature / temp       | 0.0 = greedy      | finite, >= 0
-TopP (32)             | option top_p                    | 1.0 (off)         | [0, 1]
-TopK (5)              | option top_k                    | 0 (off)           | any; < 0 = off
-MinP (53)             | option min_p                    | 0.0 (off)         | [0, 1]
-Penalty (10)          | option repetition_penalty       | 0.0 (off)         | >= 0; 1.0 = off
-Repeat (6)            | option repetition_context_size  | 20 tokens         | [0, context]
-PresencePenalty (18)  | option presence_penalty         | 0.0 (off)         | finite
-FrequencyPenalty (17) | option frequency_penalty        | 0.0 (off)         | finite
-Seed (2)              | option seed when > 0            | None = random     | < 0 = random
-StopPrompts (13)      | no stop strings                 | ()                | "" dropped; <= 64 of
-                      |                                 |                   | <= 1024 characters
-Logprobs (50)         | no logprobs                     | False             | >= 0; a 0/1 flag
-TopLogprobs (51)      | no alternatives                 | 0                 | [0, 20]; > 0 sets it
-IgnoreEOS (14)        | stop at EOS                     | False             |
-LogitBias (23)        | no bias                         | None              | {"id": [-100, 100]}
-Tools (48)            | no tools (prompt.py renders)    | None              | JSON array / "null";
-                      |                                 |                   | <= 128 tools
-ToolChoice (49)       | "auto"                          | "auto"            | never an error
-                      |                                 |                   | (parsing/tool_choice)
-CorrelationId (47)    | none                            | ""                |
-ModelIdentity (54)    | no identity check               | ""                |
-NDraft (41)           | option num_draft_tokens         | 3 tokens          | [0, 64]
-NKeep (8)             | mlx-lm's 4 (rotating KV only)   | 0                 | [0, context]
-PromptCacheRO (28)    | the KV of the request is cached | write             | true = read only
-PromptCachePath (33)  | no disk tier (memory only)      | ""                | inside ModelPath
-Images (42)           | no images (parsing/images.py)   | ()                | base64 PNG/JPEG/WebP;
-                      |                                 |                   | options max_images,
-                      |                                 |                   | max_image_bytes
-Videos (45)           | no videos (parsing/videos.py)   | ()                | base64 animated
-                      |                                 |                   | GIF/WebP/PNG; options
-                      |                                 |                   | max_videos,
-                      |                                 |                   | max_video_bytes
-(no field: XTC)       | options xtc_probability / _threshold | 0.0 (off) / 0.1 |
-
-Metadata["reasoning_budget"] (a string holding an integer >= -1; unset: option
-reasoning_budget, else -1 = unlimited) caps the reasoning tokens; 0 also sets the chat
-template's enable_thinking false unless the request sets enable_thinking itself.
-
-Texts are measured before they are tokenized or rendered (`parsing/bounds.py`): a Prompt,
-or the Messages' content together, longer than context x the longest token's characters
-is refused; "context" is the loaded model's (ContextSize, else its own; 131072 tokens
-where it states none or the KV cache rotates).
-
-The same window (Repeat) bounds the repetition, presence and frequency penalties, as
-llama.cpp's repeat_last_n does. The window counts prompt and generated tokens.
-
-Metadata["reasoning_effort"] (none | minimal | low | medium | high | xhigh | max, any case)
-is the chat template's variable reasoning_effort (gpt-oss reads it); unless the request sets
-enable_thinking, "none" sets it false and a level true. chat_template_kwargs wins over both.
-
-Metadata["tool_grammar"] (required | on | off; unset: option tool_grammar, else required)
-decides when tool calls are held to the request's Tools (decoding/tool_grammar.py).
-
-ModelOptions field    | zero means                       | valid
-----------------------|----------------------------------|-----------------
-Model (1)             | (strings; the model loader resolves Model, ModelFile (21), ModelPath (59))
-ContextSize (2)       | the model's own context length   | >= 0
-TrustRemoteCode (51)  | off; option trust_remote_code may turn it on
-LoraAdapter (36)      | no adapter; or the one entry of LoraAdapters (60) | one adapter dir
-LoraScale (42)        | as trained (1.0); or LoraScales (61) | finite, >= 0
-LoraBase (35)         | must be empty: not supported on MLX
-CacheTypeKey (63)     | KV not quantized                 | f32 f16 bf16 q8_0 q6_k q5_0 q5_1
-CacheTypeValue (64)   |   (same; both must agree)        |   q4_0 q4_1
-DraftModel (39)       | no speculative decoding          | a model the loader resolves
-Options (62)          | none; "key:value", see `parsing/options.py`
-EngineArgs (73)       | none; a JSON object of the same options (wins over Options;
-                      | unknown keys fail the load), `parsing.options.read_engine_args`
-
-Load options (`ModelOptions.Options`, "key:value"): the one list is the table `OPTIONS` in
-`parsing/options.py` (key, kind, bounds, default, doc, environment variable); the README's
-list is generated from it. `load_params` reads them once per LoadModel
-(`parsing.options.read_options`) into `LoadParams` fields; nothing reads them again.
-
-Prompt cache on disk (`prompt_tiers`): the directory is option prompt_cache_dir when set (it
-wins, the request's PromptCachePath is then ignored), else PromptCachePath, which LocalAI
-sends as ModelPath joined with the model YAML's prompt_cache_path and which must resolve
-inside ModelPath (else INVALID_ARGUMENT). PromptCacheRO reads both tiers and writes neither.
+What each field means is documented once, in the tables of `parsing/fields.py` (a row per
+field of both messages, and the Metadata keys: what unset means, what is accepted,
+refused or ignored; the refusals below come from there) and the load options' table
+`OPTIONS` in
+`parsing/options.py` (key, kind, bounds, default, doc, environment variable);
+docs/FIELDS.md is generated from both (``python -m parsing.fields docs/FIELDS.md``).
+`load_params` reads the options once per LoadModel (`parsing.options.read_options`) into
+`LoadParams` fields; nothing reads them again.
 
 Bugs of the original LocalAI MLX backend not copied: Temperature 0 was turned into 0.6
 (here: greedy); the repetition penalty was read from a field that does not exist
@@ -108,11 +34,23 @@ from types import MappingProxyType
 from typing import Any
 
 from parsing import bounds as bounds_mod
+from parsing import fields as fields_mod
 from parsing import images as images_mod
 from parsing import jsonfield
 from parsing import videos as videos_mod
 from parsing.bounds import Bounds
 from parsing.constraint import Constraint, read_constraint
+from parsing.fields import (  # re-exported: prompting/fit.py, tests
+    DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS,
+)
+from parsing.fields import (
+    DEFAULT_REPETITION_CONTEXT_SIZE,
+    KV_CACHE_TYPES,
+    LOGIT_BIAS_LIMIT,
+    MAX_NDRAFT,
+    MAX_TOP_LOGPROBS,
+)
+from parsing.fields import MAX_TOKENS_CAP as MAX_TOKENS_CAP  # re-exported: prompting/fit.py
 from parsing.options import (
     DEFAULT_MAX_BATCH_SIZE as DEFAULT_MAX_BATCH_SIZE,  # re-exported: engine/status.py
 )
@@ -149,23 +87,13 @@ from parsing.tool_choice import ToolChoice, read_tool_choice
 from parsing.volatile_spans import VolatileSpans
 from parsing.volatile_spans import read as read_volatile_spans
 
-DEFAULT_MAX_TOKENS = 512  # one default for Predict and PredictStream
-MAX_TOKENS_CAP = 32768  # larger Tokens values are capped here, and to the context (prompting.fit)
 UNTIL_CONTEXT_FULL = 2**31 - 1  # Tokens -1: capped to the context left and MAX_TOKENS_CAP
-MAX_TOP_LOGPROBS = 20  # OpenAI's cap; larger TopLogprobs is an error, as at OpenAI
-DEFAULT_REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default window, in tokens
 DEFAULT_XTC_THRESHOLD = 0.1  # mlx-lm's default
-LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range is [-100, 100]
-# llama.cpp cache type names -> MLX KV quantization bits (None = not quantized).
-KV_CACHE_TYPES = {
-    "": None, "f32": None, "f16": None, "bf16": None,
-    "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Resolved sampling and stopping settings of one request (see the module table).
+    """Resolved sampling and stopping settings of one request (the fields: `parsing.fields`).
 
     `temperature` 0.0 means greedy. `top_p` 1.0, `top_k` 0, `min_p` 0.0,
     `repetition_penalty` 0.0 or 1.0, presence/frequency 0.0 and `xtc_probability` 0.0
@@ -319,14 +247,9 @@ def _lora_params(req: Any) -> tuple[str, float]:
     LocalAI sends both spellings; together they may name one adapter. The scale
     multiplies the adapter's trained scale, as llama.cpp's does (0 = as trained).
     """
-    if req.LoraBase:
-        # llama.cpp applies a LoRA onto a separate higher-precision base; mlx-lm keeps
-        # the adapter as full-precision layers beside the loaded (even quantized) weights.
-        raise ValueError(
-            "ModelOptions.LoraBase is not supported on MLX: the adapter is applied to the "
-            "loaded model itself (kept in full precision beside quantized weights); leave "
-            "lora_base empty, or fuse offline with `mlx_lm.fuse --dequantize`"
-        )
+    # LoraBase is refused before (`_refuse`): llama.cpp applies a LoRA onto a separate
+    # higher-precision base; mlx-lm keeps the adapter as full-precision layers beside the
+    # loaded (even quantized) weights.
     adapters = list(dict.fromkeys(a for a in (req.LoraAdapter, *req.LoraAdapters) if a))
     if len(adapters) > 1:
         raise ValueError(
@@ -469,46 +392,20 @@ def _kv_bits(req: Any, bits: int | None) -> int | None:
 # --- fields this backend refuses ---------------------------------------------------
 # Fields with a meaning for text generation that MLX / mlx-lm cannot honour: a request or
 # load that sets them gets INVALID_ARGUMENT / a failed LoadModel naming the field, never
-# silence. "Set" means: differs from proto3's zero (and, for the samplers below, from
-# their own "disabled" value 1.0, which LocalAI sends by default).
-_ROPE = "RoPE is fixed by the model's config; convert the model with the RoPE you want"
-_REFUSED_PREDICT = {
-    "Mirostat": "Mirostat sampling is not available in mlx-lm; use Temperature, TopP or MinP",
-    "TypicalP": "locally typical sampling is not available in mlx-lm; use TopP or MinP",
-    "TailFreeSamplingZ": "tail-free sampling is not available in mlx-lm; use TopP or MinP",
-    "NegativePrompt": "negative prompts (classifier-free guidance) are not supported",
-    "NegativePromptScale": "negative prompts (classifier-free guidance) are not supported",
-    "RopeFreqBase": _ROPE,
-    "RopeFreqScale": _ROPE,
-    # Images and Videos are read with the prompt (`prompt_spec`); audio input is not.
-    "Audios": "there is no audio input in this backend",
-}
-_REFUSED_LOAD = {
-    "RopeFreqBase": _ROPE,
-    "RopeFreqScale": _ROPE,
-    "RopeScaling": "RoPE scaling is fixed by the model's config",
-    "YarnExtFactor": "YaRN parameters are fixed by the model's config",
-    "YarnAttnFactor": "YaRN parameters are fixed by the model's config",
-    "YarnBetaFast": "YaRN parameters are fixed by the model's config",
-    "YarnBetaSlow": "YaRN parameters are fixed by the model's config",
-    "RMSNormEps": "the norm epsilon is fixed by the model's config",
-    "NGQA": "grouped-query attention is fixed by the model's config",
-    "Tokenizer": "the tokenizer is read from the model directory or GGUF file",
-    "MMProj": "MLX vision models carry their vision tower in the model directory (no "
-    "separate projector file)",
-    "Quantization": "load a quantized MLX model or GGUF instead (vLLM's quantization option)",
-    "Overrides": "GGUF metadata overrides are not supported",
-}
-_DISABLED_AT_ONE = {"TypicalP", "TailFreeSamplingZ"}
+# silence. The refused rows of `parsing/fields.py`'s tables, with their reasons. "Set"
+# means: differs from proto3's zero (and, for the samplers of `DISABLED_AT_ONE`, from their
+# own "disabled" value 1.0, which LocalAI sends by default).
+_REFUSED_PREDICT = fields_mod.REFUSED_PREDICT
+_REFUSED_LOAD = fields_mod.REFUSED_LOAD
 
 
 def _refuse(req: Any, refused: dict[str, str], message: str) -> None:
     for name, reason in refused.items():
         value = getattr(req, name)
-        if name in _DISABLED_AT_ONE and value == 1.0:
+        if name in fields_mod.DISABLED_AT_ONE and value == 1.0:
             continue
         if value if not hasattr(value, "__len__") else len(value):
-            raise ValueError(f"{message}.{name} is not supported: {reason}")
+            raise ValueError(f"{message}.{name} is not supported on MLX: {reason}")
 
 
 # --- per-request parameters ---------------------------------------------------------
@@ -673,7 +570,7 @@ def generation_params(
         logit_bias=parse_logit_bias(req.LogitBias),
         correlation_id=req.CorrelationId,
         model_identity=req.ModelIdentity,
-        num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, 64),
+        num_draft_tokens=_check_int("PredictOptions.NDraft", req.NDraft, 0, MAX_NDRAFT),
         keep=_window(req, "NKeep", "", 0, defaults, bounds),
         cache_write=not req.PromptCacheRO,
         prompt_cache_dir=_prompt_cache_path(req.PromptCachePath, load),

@@ -241,16 +241,33 @@ def budget_for(need: int) -> int:
     return small if small // CACHE_SHARE <= CACHE_MAX else need + CACHE_MAX
 
 
+# MLX's own memory and buffer-cache limits, as they were before the first budget set them.
+_MLX_LIMITS: tuple[int, int] | None = None
+
+
 def apply_limits(budget: int) -> None:
     """Set MLX's own limits from the budget: the memory limit, the buffer cache (what MLX
     keeps of freed buffers: `cache_limit`) and, on Metal, the wired limit (as
-    `mlx_lm.server` does at start)."""
-    mx.set_memory_limit(budget)
-    mx.set_cache_limit(cache_limit(budget))
+    `mlx_lm.server` does at start). `reset_limits` puts MLX's own back."""
+    global _MLX_LIMITS
+    limits = (mx.set_memory_limit(budget), mx.set_cache_limit(cache_limit(budget)))
+    if _MLX_LIMITS is None:
+        _MLX_LIMITS = limits
     if mx.metal.is_available():
         mx.set_wired_limit(
             min(budget, int(mx.device_info().get("max_recommended_working_set_size", budget)))
         )
+
+
+def reset_limits() -> None:
+    """MLX's own limits again, for a model served without a budget after one with (else
+    the earlier model's budget would still cap it); nothing where no budget set them."""
+    if _MLX_LIMITS is None:
+        return
+    mx.set_memory_limit(_MLX_LIMITS[0])
+    mx.set_cache_limit(_MLX_LIMITS[1])
+    if mx.metal.is_available():
+        mx.set_wired_limit(0)  # MLX's default: nothing wired
 
 
 def _mib(n: int) -> str:

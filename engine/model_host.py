@@ -124,6 +124,8 @@ class ModelHost:
         self.unload(Unavailable(_REPLACED))
         if budget.budget:
             memory.apply_limits(budget.budget)
+        else:
+            memory.reset_limits()
         if cache is None:  # after unload: the previous model's disk tiers are closed
             cache = prompt_tiers.for_model(
                 loaded, fingerprint, budget.enabled and self.group.single_process

@@ -7,8 +7,8 @@ entries reads and checks every known key and lists the unknown ones (a warning a
 never an error: LocalAI passes options meant for other backends too).
 ``ModelOptions.EngineArgs`` (a JSON object) names the same options with JSON values
 (`read_engine_args`): there an unknown key is an error, as LocalAI documents, and a key
-both set takes the EngineArgs value. The README's
-option list is generated from it too (``python -m parsing.options --readme README.md``;
+both set takes the EngineArgs value. The option list
+of docs/FIELDS.md is generated from it too (``python -m parsing.fields docs/FIELDS.md``;
 tests/fast/test_options.py fails when the two drift). ``params.load_params`` turns the
 result into ``LoadParams``; options that interact (``temp``/``temperature``, ``kv_bits``
 with ``CacheTypeKey``, ``num_draft_tokens`` with ``speculative``) are resolved there.
@@ -171,7 +171,7 @@ _EMBED = "embeddings"
 _PARSE = "output parsing and reasoning"
 _DIST = "distributed"
 _VISION = "vision-language models"
-_RERANK = 'reranking (the Rerank RPC, README "Rerank")'
+_RERANK = "reranking (the Rerank RPC, docs/RERANK.md)"
 
 
 def _token(key: str) -> Option:
@@ -221,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_kv_size", "int", "a rotating KV cache of this many tokens", lo=1,
            shown="unbounded", group=_CACHE),
     Option("prompt_cache_dir", "text", "the prompt cache's disk tier directory (relative: "
-           "to `ModelPath`); wins over `PromptCachePath` (README \"Prompt cache on disk\")",
+           "to `ModelPath`); wins over `PromptCachePath` (docs/PROMPT_CACHE.md)",
            default="", shown="none", group=_CACHE, field=False),
     Option("prompt_cache_disk_bytes", "size", "the disk tier's budget per directory",
            default=DEFAULT_PROMPT_CACHE_DISK_BYTES, shown="10GiB", group=_CACHE),
@@ -237,16 +237,17 @@ OPTIONS: tuple[Option, ...] = (
            "it outside the batch)", lo=0, default=0, group=_CACHE),
     Option("volatile_spans", "patterns", "text removed from every prompt before it is "
            "tokenized, so a per-request nonce does not end the prompt-cache prefix "
-           "(README \"Volatile spans\"): a regular expression, a JSON array of them (the name "
+           "(docs/PROMPT_CACHE.md, \"Volatile spans\"): a regular expression, a JSON array "
+           "of them (the name "
            "`claude_code` stands for the built-in pattern), or `none`",
            default=volatile_spans.read(None), shown="`claude_code`: Claude Code's "
            "`x-anthropic-billing-header: ...; cch=...;`", group=_CACHE),
     Option("memory_budget", "size", "bytes of MLX memory for weights, KV, prompt cache "
-           "and prefill (README \"Memory budget\")", lo=0,
+           "and prefill (docs/MEMORY.md)", lo=0,
            shown="the platform's (0 = off)", group=_CACHE),
     # batching and scheduling
     Option("max_batch_size", "int", "most sequences decoded together (below it the "
-           "memory budget decides: README \"Memory budget\")", lo=1,
+           "memory budget decides: docs/MEMORY.md)", lo=1,
            default=DEFAULT_MAX_BATCH_SIZE, group=_BATCH),
     Option("max_queue", "int", "requests waiting for a batch slot", lo=0,
            default=DEFAULT_MAX_QUEUE, group=_BATCH),
@@ -305,8 +306,9 @@ OPTIONS: tuple[Option, ...] = (
            "overrides it per request", choices=GRAMMAR_SCOPES, default="after_reasoning",
            group=_PARSE),
     Option("tool_grammar", "choice", "hold tool calls to the request's `Tools` once the "
-           "model's tool-call marker appears (every format of \"Tool-call grammars\": "
-           "a declared name, arguments held to its JSON schema, the closing marker): "
+           "model's tool-call marker appears (every format of docs/DECODING.md, "
+           "\"Tool-call grammars\": a declared name, arguments held to its JSON schema, "
+           "the closing marker): "
            "`required` only when `ToolChoice` requires a call or names a function (then "
            "from the first token on), `on` for every request with tools, `off` never; an "
            "explicit `Grammar` / JSON schema wins; `Metadata` `tool_grammar` overrides it "
@@ -624,7 +626,7 @@ def read_engine_args(raw: str) -> dict[str, str]:
             named.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
         raise ValueError(
             f"{ENGINE_ARGS_FIELD} has keys this backend does not know: {', '.join(named)}; "
-            "EngineArgs takes this backend's load options (the README's options table): "
+            "EngineArgs takes this backend's load options (docs/FIELDS.md's options table): "
             f"{', '.join(sorted(SPELLINGS))}"
         )
     return {
@@ -634,7 +636,7 @@ def read_engine_args(raw: str) -> dict[str, str]:
     }
 
 
-# --- the README's list ------------------------------------------------------------------
+# --- docs/FIELDS.md's list ----------------------------------------------------------------
 def _accepts(o: Option) -> str:
     def bound(x: float | None) -> str:
         return f"{x:g}" if isinstance(x, float) else str(x)
@@ -677,7 +679,7 @@ def _default(o: Option) -> str:
 
 
 def options_markdown() -> str:
-    """The README's table of load options, generated from `OPTIONS`."""
+    """docs/FIELDS.md's table of load options, generated from `OPTIONS`."""
     lines = [
         "| option | accepts | default | what it does |",
         "|---|---|---|---|",
@@ -694,17 +696,17 @@ def options_markdown() -> str:
 
 README_BEGIN = (
     "<!-- options table: generated from parsing/options.py; edit the table there, then run\n"
-    "     python -m parsing.options --readme README.md -->\n"
+    "     python -m parsing.fields docs/FIELDS.md -->\n"
 )
 README_END = "<!-- end of the options table -->\n"
 
 
 def readme_with_table(text: str) -> str:
-    """``text`` (the README) with the part between its two markers replaced by
+    """``text`` (docs/FIELDS.md) with the part between its two markers replaced by
     `options_markdown` (blank lines around it). ValueError when the markers are missing."""
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < start:
-        raise ValueError("the README lacks the markers of the options table")
+        raise ValueError("the text lacks the markers of the options table")
     start += len(README_BEGIN)
     return text[:start] + "\n" + options_markdown() + "\n" + text[end:]
 
@@ -719,7 +721,7 @@ def main(argv: list[str]) -> int:
         with open(argv[1], "w", encoding="utf-8") as f:
             f.write(readme_with_table(text))
         return 0
-    print("usage: python -m parsing.options --markdown | --readme README.md", file=sys.stderr)
+    print("usage: python -m parsing.options --markdown | --readme docs/FIELDS.md", file=sys.stderr)
     return 2
 
 

@@ -61,7 +61,7 @@ def version_problems() -> list[str]:
         if not supported:
             problems.append(
                 f"{distribution} {version} is installed; this backend supports {spec} "
-                f"(README: supported versions)"
+                '(docs/DEVELOPING.md, "Supported versions")'
             )
     return problems
 

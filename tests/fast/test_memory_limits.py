@@ -114,3 +114,39 @@ def test_no_other_module_reads_the_machine_memory() -> None:
         if "SC_PHYS_PAGES" in text or "/sys/fs/cgroup" in text:
             readers.append(str(rel))
     assert readers == []
+
+
+def _mlx_limits() -> tuple[int, int]:
+    """MLX's memory and buffer-cache limits now (MLX reads them back only by setting them)."""
+    memory_limit, cache = mx.set_memory_limit(1 << 30), mx.set_cache_limit(1 << 20)
+    mx.set_memory_limit(memory_limit)
+    mx.set_cache_limit(cache)
+    return memory_limit, cache
+
+
+def test_a_model_without_a_budget_after_one_with_gets_mlx_limits_back(tok) -> None:
+    """LoadModel with memory_budget:0 after a budgeted one: MLX's own limits, not the last
+    budget's (that budget no longer holds anything, and would cap the new model)."""
+    from scripted import ScriptedModel
+
+    import backend_pb2
+    from engine.core import Engine
+    from params import load_params
+    from seam.tokenizer import vocab_size
+
+    def serve(option: str) -> None:
+        params = load_params(backend_pb2.ModelOptions(Model="scripted", Options=[option]))
+        engine.host.install_built(ScriptedModel(vocab_size(tok), tok.eos_token_id), tok, params)
+
+    before = _mlx_limits()  # an earlier test's budget may have set them
+    engine = Engine()  # not started: its host serves what is installed
+    try:
+        serve("memory_budget:3GiB")
+        assert _mlx_limits() == (3 << 30, cache_limit(3 << 30))
+        serve("memory_budget:0")
+        # MLX's own: as they were before the process's first budget set them
+        assert _mlx_limits() == memory._MLX_LIMITS != (3 << 30, cache_limit(3 << 30))
+    finally:
+        engine.shutdown()
+        mx.set_memory_limit(before[0])
+        mx.set_cache_limit(before[1])

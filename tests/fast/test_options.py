@@ -28,11 +28,11 @@ def load(*options: str, **fields) -> params.LoadParams:
 
 
 def test_readme_option_list_is_the_table():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "FIELDS.md").read_text(encoding="utf-8")
     assert readme.count(opts.README_BEGIN) == 1 and readme.count(opts.README_END) == 1
     assert opts.readme_with_table(readme) == readme, (
-        "README's option list differs from parsing/options.py OPTIONS: run "
-        "`python -m parsing.options --readme README.md`"
+        "docs/FIELDS.md's option list differs from parsing/options.py OPTIONS: run "
+        "`python -m parsing.fields docs/FIELDS.md`"
     )
     # Every key has its row, with its accepted values, default and doc.
     part = readme[readme.index(opts.README_BEGIN) : readme.index(opts.README_END)]
@@ -51,7 +51,9 @@ def test_readme_table_is_regenerated_between_the_markers():
         opts.readme_with_table("no markers here")
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/LOCALAI.md"])
+@pytest.mark.parametrize(
+    "doc", ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+)
 def test_options_the_docs_name_are_in_the_table(doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
     named = set(re.findall(r"options? `([a-z_]+)`", text))

@@ -1,7 +1,7 @@
 """`seam.quantized_kv` quantizes the same float keys and values to the same codes on every
 path: however a prompt is chunked, whatever rows share the batch (ragged prefill rolled
 left, merge, extend, filter), and when its prefix comes from the prompt cache (extract,
-trim, merge, continue). What can still differ, and why (README "Quantized KV and batch
+trim, merge, continue). What can still differ, and why (docs/DECODING.md, "Quantized KV and batch
 invariance"): the float K/V themselves, in their last bits, because the model's matmuls
 round differently for different batch and chunk shapes; one such bit moves a value across
 a rounding boundary, and its code by a whole quantization step.

@@ -7,7 +7,7 @@ A real Engine behind real gRPC, in this process, with the tiny llama of tests/ti
 (2 layers, head dim 32: group size 32), small enough that its float K/V agree to the last
 bit however the batch is shaped. On a larger model the float K/V of a row can differ in
 their last bits with the batch's and the chunk's shapes, and quantization turns such a bit
-into a whole step (README "Quantized KV and batch invariance",
+into a whole step (docs/DECODING.md, "Quantized KV and batch invariance",
 tests/fast/test_quantized_kv.py); what this test holds is every path of the batch
 quantizing the same K/V the same way.
 """
