@@ -53,13 +53,8 @@ logger = logging.getLogger("localai.mlx." + __name__)
 TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
-    "gigachat3": None,
-    "hy_v3": None,
     "inkling": None,
-    "kimi_k3": None,
-    "minicpm5": None,
     "minimax": None,
-    "minimax_m3": None,
     "solar_open2": None,
 }
 

@@ -376,6 +376,30 @@ FORMATS.update(
             _R + "deepseek_v4_reasoning_parser.py",
             ends_reasoning=("<｜DSML｜tool_calls>",),
         ),
+        # Kimi K3's XTML channels (kimi_k3_reasoning_parser.py; its DelegatingParser
+        # vllm/parser/kimi_k3.py unwraps the response channel): a `think` channel opened by
+        # the prompt when thinking, the answer in a `response` channel whose markers and
+        # the end-of-turn `<|close|>message<|sep|>` are no content.
+        # MiniMax-M3 (minimax_m3_reasoning_parser.py): <mm:think> blocks; the output starts
+        # in reasoning when thinking_mode opens the block in the prompt.
+        "minimax_m3": ReasoningFormat(
+            "minimax_m3",
+            "<mm:think>",
+            "</mm:think>",
+            source=_R + "minimax_m3_reasoning_parser.py",
+        ),
+        "kimi_k3": ReasoningFormat(
+            "kimi_k3",
+            "<|open|>think<|sep|>",
+            "<|close|>think<|sep|>",
+            source=_R + "kimi_k3_reasoning_parser.py",
+            implicit_start=True,
+            content_markers=(
+                "<|open|>response<|sep|>",
+                "<|close|>response<|sep|>",
+                "<|close|>message<|sep|>",
+            ),
+        ),
     }
 )
 
@@ -385,8 +409,6 @@ NO_FORMAT = frozenset(
         "cohere_command3",
         "cohere_command4",
         "inkling",
-        "kimi_k3",
-        "minimax_m3",
         "solar_open2",
     }
 )

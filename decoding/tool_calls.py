@@ -25,14 +25,14 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 | `ToolFormat.stream`                     | formats (vLLM names)          | arguments stream   |
 |-----------------------------------------|-------------------------------|--------------------|
 | `JSON_OBJECT` (`{"name", "arguments"}`) | hermes, granite4, ernie45,    | raw JSON text as   |
-|                                         | internlm                      | generated          |
+|                                         | internlm, gigachat3           | generated          |
 | `JSON_LIST` (a list of those)           | jamba, granite, hunyuan_a13b  | raw JSON, by call  |
 | `JsonStream` of its own                 | mistral `NAME[ARGS]{...}`,    | raw JSON, by call  |
 |                                         | kimi_k2                       |                    |
 | `XmlStream`                             | qwen3_coder, qwen3_xml,       | string values char |
 |                                         | seed_oss, minimax_m2, glm45,  | by char, others    |
 |                                         | glm47, step3p5, mimo,         | per parameter      |
-|                                         | poolside_v1                   |                    |
+|                                         | poolside_v1, hy_v3            |                    |
 | None (`ToolFormat.whole` says why)      | pythonic, gemma4, openai, ... | whole, at the end  |
 
 Rules (what the final reply holds):

@@ -6620,3 +6620,736 @@ IDS[APERTUS] = [
         )
     ),
 ]
+
+
+# --- gigachat3: one JSON call after `<|message_sep|>\n\nfunction call<|role_sep|>\n`
+# (GigaChat 3) or `<|function_call|>` (3.1), a trailing `</s>` left out; the content is the
+# text before the marker. test_streaming_tool_call_with_large_steps and
+# test_streaming_split_special_tokens split the same outputs into larger deltas than the
+# byte-by-byte stream here ---
+GIGACHAT3 = "tests/tool_parsers/test_gigachat3_tool_parser.py@9188f3f458"
+_G3_HEAD = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+_G31_HEAD = "<|function_call|>"
+_G3_SIMPLE = {"action": "create", "id": "preferences"}
+_G3_COMPLEX = {
+    "action": "create",
+    "id": "preferences",
+    "content": {
+        "short_answers": True,
+        "hate_emojis": True,
+        "english_ui": False,
+        "russian_math_explanations": True,
+    },
+}
+_G3_TEXT = "I'll check that for you."
+
+
+def gigachat3(id, output, calls=(), content="", ids=()):
+    return Case(id, GIGACHAT3, "gigachat3", "", output, tuple(calls), content, ids=ids)
+
+
+def _g3_json(args: dict) -> str:
+    return json.dumps({"name": "manage_user_memory", "arguments": args}, ensure_ascii=False)
+
+
+_G3_SPLIT = {  # test_streaming_split_special_tokens's ids by (version, kind)
+    ("gigachat3", "mixed_content"): "gigachat3",
+    ("gigachat31", "mixed_content"): "gigachat31",
+    ("gigachat3", "simple"): "gigachat3_no_content",
+    ("gigachat31", "simple"): "gigachat31_no_content",
+    ("gigachat31", "mixed_content_with_eos"): "gigachat31_eos",
+    ("gigachat31", "parameterless"): "gigachat31_parameterless",
+}
+CASES.append(
+    gigachat3(
+        "no_tool_call",
+        "How can I help you today?",
+        content="How can I help you today?",
+        ids=("test_no_tool_call[True]", "test_no_tool_call[False]"),
+    )
+)
+for _version, _head in (("gigachat3", _G3_HEAD), ("gigachat31", _G31_HEAD)):
+    for _kind, _args, _prefix, _suffix in (
+        ("simple", _G3_SIMPLE, "", ""),
+        ("parameterless", {}, "", ""),
+        ("complex", _G3_COMPLEX, "", ""),
+        ("mixed_content", _G3_SIMPLE, _G3_TEXT, ""),
+        ("mixed_content_with_eos", _G3_SIMPLE, _G3_TEXT, "</s>"),
+    ):
+        _split = _G3_SPLIT.get((_version, _kind))
+        _base = _kind.removesuffix("_with_eos")
+        _tail = "_with_eos" if _kind.endswith("_with_eos") else ""
+        CASES.append(
+            gigachat3(
+                f"{_kind}_{_version}",
+                _prefix + _head + _g3_json(_args) + _suffix,
+                [("manage_user_memory", _args)],
+                _prefix,
+                ids=tuple(
+                    f"test_tool_call[{_base}_{mode}{_tail}_{_version}]"
+                    for mode in ("streaming", "nonstreaming")
+                )
+                + ((f"test_streaming_split_special_tokens[{_split}]",) if _split else ()),
+            )
+        )
+    CASES.append(
+        gigachat3(
+            f"large_steps_{_version}",
+            _G3_TEXT + _head + _g3_json(_G3_COMPLEX),
+            [("manage_user_memory", _G3_COMPLEX)],
+            _G3_TEXT,
+            ids=(f"test_streaming_tool_call_with_large_steps[{_version}]",),
+        )
+    )
+IDS[GIGACHAT3] = [
+    "test_no_tool_call[True]",
+    "test_no_tool_call[False]",
+    *(
+        f"test_tool_call[{kind}_{mode}_{version}]"
+        for version in ("gigachat3", "gigachat31")
+        for kind in ("simple", "parameterless", "complex", "mixed_content")
+        for mode in ("streaming", "nonstreaming")
+    ),
+    *(
+        f"test_tool_call[mixed_content_{mode}_with_eos_{version}]"
+        for version in ("gigachat3", "gigachat31")
+        for mode in ("streaming", "nonstreaming")
+    ),
+    *every("test_streaming_tool_call_with_large_steps", "gigachat3", "gigachat31"),
+    *(f"test_streaming_split_special_tokens[{i}]" for i in _G3_SPLIT.values()),
+]
+
+
+# --- hy_v3: `<tool_call>NAME<tool_sep><arg_key>K</arg_key><arg_value>V</arg_value>
+# </tool_call>` calls in a `<tool_calls>` block, values typed by the declared schema; the
+# content is the text before the block. The streaming tests feed the same outputs in
+# larger deltas than the byte-by-byte stream here ---
+HY_V3 = "tests/tool_parsers/test_hy_v3_tool_parser.py@41c5903d04"
+_HY_TOOLS = (
+    fn_tool("get_current_date", {}),
+    fn_tool("get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}),
+)
+_HY_EXTRACT, _HY_STREAM = "TestHYV3ExtractToolCalls.", "TestHYV3ExtractToolCallsStreaming."
+
+
+def hy_v3(id, output, calls=(), content="", ids=()):
+    return Case(id, HY_V3, "hy_v3", "", output, tuple(calls), content, tools=_HY_TOOLS, ids=ids)
+
+
+def _hy_call(name: str, *args: tuple[str, str], nl: str = "\n") -> str:
+    pairs = "".join(f"{nl}<arg_key>{k}</arg_key>{nl}<arg_value>{v}</arg_value>" for k, v in args)
+    return f"{nl}<tool_call>{name}<tool_sep>{pairs}{nl}</tool_call>"
+
+
+_HY_DATE = "<tool_calls>" + _hy_call("get_current_date") + "\n</tool_calls>"
+_HY_BEIJING = ("get_weather", {"city": "Beijing", "date": "2026-03-30"})
+_HY_BEIJING_XML = _hy_call("get_weather", ("city", "Beijing"), ("date", "2026-03-30"))
+CASES += [
+    hy_v3(
+        "no_tool_call",
+        "This is a plain response.",
+        content="This is a plain response.",
+        ids=(_HY_EXTRACT + "test_no_tool_call", _HY_STREAM + "test_no_tool_call_streaming"),
+    ),
+    hy_v3(
+        "zero_arg_inline",
+        "<tool_calls>" + _hy_call("get_current_date", nl="") + "</tool_calls>",
+        [("get_current_date", {})],
+        ids=(_HY_EXTRACT + "test_zero_arg_inline",),
+    ),
+    hy_v3(
+        "zero_arg_newline",
+        _HY_DATE,
+        [("get_current_date", {})],
+        ids=(
+            _HY_EXTRACT + "test_zero_arg_newline",
+            _HY_EXTRACT + "test_empty_content_none",
+            _HY_STREAM + "test_zero_arg_streaming",
+            _HY_STREAM + "test_all_in_one_delta_streaming",
+        ),
+    ),
+    hy_v3(
+        "args_same_line",
+        "<tool_calls>"
+        + _hy_call("get_weather", ("city", "Beijing"), ("date", "2026-03-30"), nl="")
+        + "</tool_calls>",
+        [_HY_BEIJING],
+        ids=(_HY_EXTRACT + "test_args_same_line",),
+    ),
+    hy_v3(
+        "args_with_newlines",
+        "<tool_calls>" + _HY_BEIJING_XML + "\n</tool_calls>",
+        [_HY_BEIJING],
+        ids=(_HY_EXTRACT + "test_args_with_newlines", _HY_STREAM + "test_args_streaming"),
+    ),
+    hy_v3(
+        "content_before",
+        "Checking." + _HY_DATE,
+        [("get_current_date", {})],
+        "Checking.",
+        ids=(_HY_EXTRACT + "test_content_before", _HY_STREAM + "test_content_before_streaming"),
+    ),
+    # vLLM's non-streaming test asserts two calls; its streaming one, their cities
+    hy_v3(
+        "multiple",
+        "<tool_calls>"
+        + _HY_BEIJING_XML
+        + _hy_call("get_weather", ("city", "Hangzhou"), ("date", "2026-03-30"))
+        + "\n</tool_calls>",
+        [_HY_BEIJING, ("get_weather", {"city": "Hangzhou", "date": "2026-03-30"})],
+        ids=(_HY_EXTRACT + "test_multiple", _HY_STREAM + "test_multiple_streaming"),
+    ),
+]
+IDS[HY_V3] = [
+    *(
+        _HY_EXTRACT + t
+        for t in (
+            "test_no_tool_call",
+            "test_zero_arg_inline",
+            "test_zero_arg_newline",
+            "test_args_same_line",
+            "test_args_with_newlines",
+            "test_content_before",
+            "test_multiple",
+            "test_empty_content_none",
+        )
+    ),
+    *(
+        _HY_STREAM + t
+        for t in (
+            "test_no_tool_call_streaming",
+            "test_zero_arg_streaming",
+            "test_args_streaming",
+            "test_content_before_streaming",
+            "test_multiple_streaming",
+            "test_all_in_one_delta_streaming",
+        )
+    ),
+]
+
+
+# --- kimi_k3: XTML channels; vLLM's test file checks the content only (the end-of-turn
+# `<|close|>message<|sep|>` left out, whole and split at 1, 3 and 7 characters); the calls
+# are the example of vLLM's parser docstring (vllm/tool_parsers/kimi_k3_tool_parser.py) ---
+KIMI_K3 = "tests/tool_parsers/test_kimi_k3_tool_parser.py@b635426178"
+KIMI_K3_DOC = "vllm/tool_parsers/kimi_k3_tool_parser.py@2d9567486f (its docstring)"
+CASES += [
+    Case(
+        "content_stops_at_message_close",
+        KIMI_K3,
+        "kimi_k3",
+        "",
+        "Hello<|close|>message<|sep|>",
+        content="Hello",
+        ids=(
+            "test_streaming_content_stops_at_message_close",
+            "test_streaming_content_holds_split_message_close",
+        ),
+    ),
+    Case(
+        "docstring_tools_channel",
+        KIMI_K3_DOC,
+        "kimi_k3",
+        "",
+        "<|open|>response<|sep|>Running it.<|close|>response<|sep|>"
+        "<|open|>tools<|sep|>\n"
+        '  <|open|>call tool="python" index="1"<|sep|>\n'
+        '    <|open|>argument key="code" type="string"<|sep|>print(1)<|close|>argument<|sep|>\n'
+        '    <|open|>argument key="opts" type="object"<|sep|>{"a":1}<|close|>argument<|sep|>\n'
+        "  <|close|>call<|sep|>\n"
+        "<|close|>tools<|sep|>",
+        (("python", {"code": "print(1)", "opts": {"a": 1}}),),
+        "Running it.",
+    ),
+]
+IDS[KIMI_K3] = [
+    "test_streaming_content_stops_at_message_close",
+    "test_streaming_content_holds_split_message_close",
+]
+
+
+# --- minimax_m3: `]<]minimax[>[`-prefixed tags, nested parameters typed by the schema ---
+MINIMAX_M3 = "tests/tool_parsers/test_minimax_m3_tool_parser.py@06726266c0"
+_M3 = "]<]minimax[>["
+_M3_TOOLS = (
+    fn_tool(
+        "create_order",
+        {
+            "user_id": {"type": "integer"},
+            "urgent": {"type": "boolean"},
+            "note": {"type": "string"},
+            "shipping": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+            },
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                },
+            },
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+            "duplicate_demo": {"type": "object"},
+        },
+    ),
+)
+
+
+def minimax_m3(id, output, calls=(), content="", ids=(), **kw):
+    return Case(
+        id, MINIMAX_M3, "minimax_m3", "", output, tuple(calls), content, tools=_M3_TOOLS,
+        ids=ids, **kw,
+    )  # fmt: skip
+
+
+def _m3(key: str, value: str) -> str:
+    return f"{_M3}<{key}>{value}{_M3}</{key}>"
+
+
+def _m3_invoke(body: str) -> str:
+    return f'{_M3}<invoke name="create_order">{body}{_M3}</invoke>'
+
+
+_M3_ORDER = (
+    f"{_M3}<tool_call>\n"
+    + _m3_invoke(
+        _m3("user_id", "42")
+        + _m3("urgent", "true")
+        + _m3("note", "Please leave at front desk.")
+        + _m3("shipping", _m3("city", "Singapore") + _m3("zip", "018956"))
+        + _m3(
+            "items",
+            _m3("item", _m3("sku", "book-001") + _m3("qty", "2"))
+            + _m3("item", _m3("sku", "pen-007") + _m3("qty", "5")),
+        )
+        + _m3("metadata", _m3("source", "mobile") + _m3("campaign", "may-launch"))
+        + _m3("duplicate_demo", _m3("tag", "a") + _m3("tag", "b"))
+    )
+    + f"\n{_M3}</tool_call>"
+)
+_M3_ORDER_ARGS = {
+    "user_id": 42,
+    "urgent": True,
+    "note": "Please leave at front desk.",
+    "shipping": {"city": "Singapore", "zip": 18956},
+    "items": [{"sku": "book-001", "qty": 2}, {"sku": "pen-007", "qty": 5}],
+    "metadata": {"source": "mobile", "campaign": "may-launch"},
+    "duplicate_demo": {"tag": ["a", "b"]},
+}
+_M3_PARTIAL = f"plain {_M3}<tool_ca"
+_M3_SECOND = f'\n{_M3}<invoke name="create_order">{_M3}<user_id>2'
+CASES += [
+    minimax_m3(
+        "nested_tool_call",
+        "I will create it.\n" + _M3_ORDER,
+        [("create_order", _M3_ORDER_ARGS)],
+        "I will create it.\n",
+        ids=("test_non_streaming_nested_tool_call", "test_streaming_nested_tool_call"),
+    ),
+    minimax_m3(
+        "without_tool_call",
+        "plain response",
+        content="plain response",
+        ids=(
+            "test_non_streaming_without_tool_call_keeps_content",
+            "test_streaming_without_tool_call_emits_text",
+        ),
+    ),
+    minimax_m3(
+        "multiple_tool_calls",
+        f"{_M3}<tool_call>\n"
+        + _m3_invoke(_m3("user_id", "1"))
+        + "\n"
+        + _m3_invoke(_m3("user_id", "2"))
+        + f"\n{_M3}</tool_call>",
+        [("create_order", {"user_id": 1}), ("create_order", {"user_id": 2})],
+        ids=("test_non_streaming_multiple_tool_calls",),
+    ),
+    minimax_m3(
+        "partial_tool_start",
+        _M3_PARTIAL,
+        content=_M3_PARTIAL,
+        ids=(
+            "test_streaming_flushes_partial_tool_start_as_text",
+            "test_delegating_parser_flushes_partial_tool_start_on_finish",
+        ),
+    ),
+    minimax_m3(
+        "reuse_after_parse_error",
+        "next request text",
+        content="next request text",
+        ids=("test_streaming_parser_reuse_after_parse_error",),
+    ),
+]
+KNOWN_DIFFERENCES += [
+    known(
+        minimax_m3(
+            "error_recovery_keeps_committed_tool_call",
+            f"plain {_M3}<tool_call>\n" + _m3_invoke(_m3("user_id", "1")) + _M3_SECOND,
+            [("create_order", {"user_id": 1})],
+            "plain " + _M3_SECOND,
+            ids=("test_streaming_error_recovery_keeps_committed_tool_call_structured",),
+        ),
+        {"content": "plain "},
+        "a block cut off is read as it stands: its closed calls are calls, and the rest "
+        "of the block is dropped, not handed back as content (vLLM's stream sends the "
+        "unclosed invoke as text)",
+    ),
+    known(
+        minimax_m3(
+            "parse_error_emits_buffer",
+            f"{_M3}<tool_call>\n{_M3}</user_id> after error",
+            (),
+            f"\n{_M3}</user_id> after error",
+            ids=("test_streaming_parse_error_emits_buffer_and_later_deltas",),
+        ),
+        {"content": f"{_M3}<tool_call>\n{_M3}</user_id> after error"},
+        "a block that holds no call comes back as content as the model wrote it, its "
+        "opening marker included (vLLM's stream drops the marker)",
+    ),
+]
+IDS[MINIMAX_M3] = [
+    "test_minimax_m3_parser_registered",
+    "test_non_streaming_nested_tool_call",
+    "test_non_streaming_without_tool_call_keeps_content",
+    "test_non_streaming_multiple_tool_calls",
+    "test_streaming_without_tool_call_emits_text",
+    "test_streaming_flushes_partial_tool_start_as_text",
+    "test_streaming_error_recovery_keeps_committed_tool_call_structured",
+    "test_streaming_parse_error_emits_buffer_and_later_deltas",
+    "test_streaming_parser_reuse_after_parse_error",
+    "test_delegating_parser_flushes_partial_tool_start_on_finish",
+    "test_streaming_nested_tool_call",
+]
+NOT_APPLICABLE[MINIMAX_M3, "test_minimax_m3_parser_registered"] = (
+    "vLLM's ToolParserManager class lookup (no model output)"
+)
+
+
+# --- minicpm5: `<function name="NAME"><param name="K">V</param></function>` calls checked
+# against the request's tools. vLLM's non-streaming path gives no content once a call is
+# read, its stream the text around the calls (test_extract_tool_calls_streaming_single /
+# _multiple): the content here is the stream's (vLLM's tests assert it only where named) ---
+MINICPM5 = "tests/tool_parsers/test_minicpm5xml_tool_parser.py@08eaf4cf00"
+_MC_WEATHER = fn_tool(
+    "get_weather", {"city": {"type": "string"}, "date": {"type": "string"}}, required=["city"]
+)
+_MC_SUM = fn_tool(
+    "sum_values", {"nums": {"type": "array"}, "exact": {"type": "boolean"}}, required=["nums"]
+)
+_MC_NOOP = fn_tool("noop", {"note": {"type": "string"}}, required=[])
+_MC_CURRENT = fn_tool(
+    "get_current_weather",
+    {"city": {"type": "string"}, "state": {"type": "string"}, "unit": {"type": "string"}},
+    required=["city", "state", "unit"],
+)
+_MC_PHONE = fn_tool(
+    "get_customer_by_phone", {"phone_number": {"type": "string"}}, required=["phone_number"]
+)
+_MC_SH = {"city": "上海", "date": "2024-06-27"}
+_MC_DALLAS = {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}
+
+
+def minicpm5(id, output, calls=(), content="", ids=(), tools=(_MC_WEATHER,), **kw):
+    return Case(
+        id, MINICPM5, "minicpm5", "", output, tuple(calls), content, tools=tools,
+        ids=ids, **kw,
+    )  # fmt: skip
+
+
+def _mc(name: str, *params: tuple[str, str], sp: str = " ", end: str = "</function>\n") -> str:
+    body = "".join(f'<param{sp}name="{k}">{v}</param>' for k, v in params)
+    return f'<function{sp}name="{name}">{body}{end}'
+
+
+_MC_SH_PARAMS = (("city", "上海"), ("date", "2024-06-27"))
+_MC_TWO = (
+    "Head\n"
+    + _mc("get_weather", ("city", "北京"))
+    + "TXT\n"
+    + _mc("sum_values", ("nums", "[7,8,9]"), ("exact", "false"))
+    + "Tail\n"
+)
+_MC_INCOMPLETE = '<function name="get_weather"><param name="city">北京</param>'
+_MC_NO_NAME = '<function name="get_weather"><param>北京</param><param name="date">2024-06-27</param></function>\n'  # noqa: E501
+_MC_DUPLICATE = _mc("get_weather", ("city", "北京"), ("city", "上海"))
+_MC_CASE = _mc("get_weather", ("City", "北京"))
+_MC_WRAPPED_BAD = _mc("get_weather", ("properties", '{"unknown": "x"}'), end="</function>")
+_MC_EXTRA_ONLY = _mc("get_weather", ("unknown", "ignored"), end="</function>")
+_MC_UNKNOWN = _mc("unknown", ("x", "1"))
+_MC_SP = "\u010aFirst,\u0120I\u0120need\u0120to\u0120check\u0120the\u0120weather."
+_MC_XXE = '<!DOCTYPE test [ <!ENTITY xxe SYSTEM "file:///etc/passwd"> ]>'
+CASES += [
+    minicpm5(
+        "no_tool_call",
+        "How can I help you?",
+        content="How can I help you?",
+        ids=("test_no_tool_call",),
+    ),
+    minicpm5(
+        "single_call_with_surrounding_text",
+        "Intro before.\n" + _mc("get_weather", *_MC_SH_PARAMS) + "Outro after.\n",
+        [("get_weather", _MC_SH)],
+        "Intro before.\n\nOutro after.\n",
+        ids=("test_single_call_with_surrounding_text", "test_extract_tool_calls_streaming_single"),
+    ),
+    minicpm5(
+        "cdata_multiline",
+        _mc("get_weather", ("city", "<![CDATA[北\n京]]>"), ("date", "2024-06-27")),
+        [("get_weather", {"city": "北\n京", "date": "2024-06-27"})],
+        "\n",
+        ids=("test_cdata_multiline",),
+    ),
+    minicpm5(
+        "tokenizer_space_marker",
+        _mc("get_weather", *_MC_SH_PARAMS, sp="\u0120"),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=(
+            "test_tokenizer_space_marker",
+            "test_extract_tool_calls_streaming_tokenizer_space_marker",
+        ),
+    ),
+    minicpm5(
+        "collapsed_function_and_param_tags",
+        _mc("get_weather", *_MC_SH_PARAMS, sp=""),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=(
+            "test_collapsed_function_and_param_tags",
+            "test_extract_tool_calls_streaming_collapsed_tags_weather",
+        ),
+    ),
+    minicpm5(
+        "collapsed_param_tags_with_tokenizer_space_function",
+        '<function\u0120name="get_weather"><paramname="city">上海</param>'
+        '<paramname="date">2024-06-27</param></function>\n',
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=("test_collapsed_param_tags_with_tokenizer_space_function",),
+    ),
+    minicpm5(
+        "streaming_partial_chunks",
+        _mc("get_weather", *_MC_SH_PARAMS),
+        [("get_weather", _MC_SH)],
+        "\n",
+        ids=("test_extract_tool_calls_streaming_partial_chunks",),
+    ),
+    minicpm5(
+        "collapsed_tags_current_weather",
+        _mc("get_current_weather", *_MC_DALLAS.items(), sp="", end="</function>"),
+        [("get_current_weather", _MC_DALLAS)],
+        tools=(_MC_CURRENT,),
+        ids=("test_collapsed_tags_current_weather",),
+    ),
+    minicpm5(
+        "streaming_incremental_arguments",
+        _mc("get_current_weather", *_MC_DALLAS.items(), end="</function>"),
+        [("get_current_weather", _MC_DALLAS)],
+        tools=(_MC_CURRENT,),
+        ids=("test_extract_tool_calls_streaming_incremental_arguments",),
+    ),
+    # an undeclared tool, a cut-off block and invalid parameters: no call, the text stays
+    minicpm5(
+        "unknown_tool_block_preserved",
+        _MC_UNKNOWN,
+        content=_MC_UNKNOWN,
+        ids=("test_unknown_tool_block_preserved",),
+    ),
+    minicpm5(
+        "incomplete_missing_function_end",
+        _MC_INCOMPLETE,
+        content=_MC_INCOMPLETE,
+        ids=("test_incomplete_missing_function_end",),
+    ),
+    minicpm5(
+        "param_missing_name_invalid",
+        _MC_NO_NAME,
+        content=_MC_NO_NAME,
+        ids=("test_param_missing_name_invalid",),
+    ),
+    minicpm5(
+        "duplicate_param_names_invalid",
+        _MC_DUPLICATE,
+        content=_MC_DUPLICATE,
+        ids=("test_duplicate_param_names_invalid",),
+    ),
+    minicpm5(
+        "case_sensitive_param_name_invalid",
+        _MC_CASE,
+        content=_MC_CASE,
+        ids=("test_case_sensitive_param_name_invalid",),
+    ),
+    minicpm5(
+        "wrapped_arguments_still_validate_schema",
+        _MC_WRAPPED_BAD,
+        content=_MC_WRAPPED_BAD,
+        ids=("test_wrapped_arguments_still_validate_schema",),
+    ),
+    minicpm5(
+        "extra_arguments_do_not_satisfy_required",
+        _MC_EXTRA_ONLY,
+        content=_MC_EXTRA_ONLY,
+        ids=("test_extra_arguments_do_not_satisfy_required",),
+    ),
+    minicpm5(
+        "non_string_types",
+        _mc("sum_values", ("nums", "[1, 2, 3]"), ("exact", "true")),
+        [("sum_values", {"nums": [1, 2, 3], "exact": True})],
+        "\n",
+        tools=(_MC_SUM,),
+        ids=("test_non_string_types",),
+    ),
+    minicpm5(
+        "multiple_calls_interleaved_text",
+        _MC_TWO,
+        [("get_weather", {"city": "北京"}), ("sum_values", {"nums": [7, 8, 9], "exact": False})],
+        "Head\n\nTXT\n\nTail\n",
+        tools=(_MC_WEATHER, _MC_SUM),
+        ids=("test_multiple_calls_interleaved_text", "test_extract_tool_calls_streaming_multiple"),
+    ),
+    minicpm5(
+        "no_required_and_zero_param_valid",
+        '<function name="noop"></function>\n',
+        [("noop", {})],
+        "\n",
+        tools=(_MC_NOOP,),
+        ids=("test_no_required_and_zero_param_valid",),
+    ),
+    minicpm5(
+        "properties_wrapped_arguments",
+        _mc(
+            "get_customer_by_phone",
+            ("properties", "{'phone_number': '555-123-2002'}"),
+            end="</function>",
+        ),
+        [("get_customer_by_phone", {"phone_number": "555-123-2002"})],
+        tools=(_MC_PHONE,),
+        ids=("test_properties_wrapped_arguments",),
+    ),
+    minicpm5(
+        "arguments_wrapped_arguments",
+        _mc(
+            "get_weather",
+            ("arguments", '{"city": "上海", "date": "2024-06-27"}'),
+            end="</function>",
+        ),
+        [("get_weather", _MC_SH)],
+        ids=("test_arguments_wrapped_arguments",),
+    ),
+    minicpm5(
+        "extra_arguments_ignored_when_required_present",
+        _mc("get_weather", ("city", "上海"), ("unknown", "ignored"), end="</function>"),
+        [("get_weather", {"city": "上海"})],
+        ids=("test_extra_arguments_ignored_when_required_present",),
+    ),
+    minicpm5(
+        "zero_arg_tool_ignores_extra_arguments",
+        _mc("noop", ("note", "ignored"), ("extra", "ignored"), end="</function>"),
+        [("noop", {"note": "ignored"})],
+        tools=(_MC_NOOP,),
+        ids=("test_zero_arg_tool_ignores_extra_arguments",),
+    ),
+    minicpm5(
+        "alias_get_details_by_phone",
+        _mc("get_details_by_phone", ("phone_number", "555-123-2002"), end="</function>"),
+        [("get_customer_by_phone", {"phone_number": "555-123-2002"})],
+        tools=(_MC_PHONE,),
+        ids=("test_alias_get_details_by_phone",),
+    ),
+    minicpm5(
+        "alias_get_line_details",
+        _mc("get_line_details", ("customer_id", "C1001"), ("line_id", "L1001"), end="</function>"),
+        [("get_details_by_id", {"id": "L1001"})],
+        tools=(fn_tool("get_details_by_id", {"id": {"type": "string"}}, required=["id"]),),
+        ids=("test_alias_get_line_details",),
+    ),
+    minicpm5(
+        "alias_enable_roaming",
+        _mc("enable_roaming", ("line_id", "L1001"), end="</function>"),
+        [("toggle_roaming", {"line_id": "L1001", "enabled": True})],
+        tools=(
+            fn_tool(
+                "toggle_roaming",
+                {"line_id": {"type": "string"}, "enabled": {"type": "boolean"}},
+                required=["line_id", "enabled"],
+            ),
+        ),
+        ids=("test_alias_enable_roaming",),
+    ),
+    # vLLM asserts only that the entity is not resolved ("&xxe;" kept)
+    minicpm5(
+        "xml_external_entity_prevention",
+        _MC_XXE + _mc("get_weather", ("city", "&xxe;"), ("date", "2024-06-27")),
+        [("get_weather", {"city": "&xxe;", "date": "2024-06-27"})],
+        _MC_XXE + "\n",
+        ids=("test_xml_external_entity_prevention",),
+    ),
+]
+KNOWN_DIFFERENCES += [
+    known(
+        minicpm5(
+            "thinking_only_sentencepiece_normalized_in_content",
+            _MC_SP,
+            content="\nFirst, I need to check the weather.",
+            ids=("test_thinking_only_sentencepiece_normalized_in_content",),
+        ),
+        {"content": _MC_SP},
+        "content is the text as decoded: this backend's detokenizer maps byte-level "
+        "tokens back to their bytes, so a Ġ / Ċ left in the text is one the model wrote "
+        "as a character, and it stays (vLLM replaces them in content when no call is read)",
+    ),
+]
+IDS[MINICPM5] = [
+    "test_registered_in_tool_parser_manager",
+    "test_adjust_request_skip_special_tokens",
+    "test_adjust_request_tool_choice_none",
+    *(
+        f"test_{t}"
+        for t in (
+            "no_tool_call",
+            "single_call_with_surrounding_text",
+            "cdata_multiline",
+            "tokenizer_space_marker",
+            "collapsed_function_and_param_tags",
+            "collapsed_param_tags_with_tokenizer_space_function",
+            "extract_tool_calls_streaming_partial_chunks",
+            "extract_tool_calls_streaming_tokenizer_space_marker",
+            "extract_tool_calls_streaming_collapsed_tags_weather",
+            "collapsed_tags_current_weather",
+            "extract_tool_calls_streaming_incremental_arguments",
+            "unknown_tool_block_preserved",
+            "non_string_types",
+            "multiple_calls_interleaved_text",
+            "incomplete_missing_function_end",
+            "param_missing_name_invalid",
+            "duplicate_param_names_invalid",
+            "case_sensitive_param_name_invalid",
+            "no_required_and_zero_param_valid",
+            "thinking_only_sentencepiece_normalized_in_content",
+            "properties_wrapped_arguments",
+            "arguments_wrapped_arguments",
+            "wrapped_arguments_still_validate_schema",
+            "extra_arguments_ignored_when_required_present",
+            "extra_arguments_do_not_satisfy_required",
+            "zero_arg_tool_ignores_extra_arguments",
+            "alias_get_details_by_phone",
+            "alias_get_line_details",
+            "alias_enable_roaming",
+            "extract_tool_calls_streaming_single",
+            "extract_tool_calls_streaming_multiple",
+            "xml_external_entity_prevention",
+        )
+    ),
+]
+NOT_APPLICABLE.update(
+    {
+        (MINICPM5, "test_registered_in_tool_parser_manager"): "vLLM's ToolParserManager "
+        "class lookup (no model output)",
+        (MINICPM5, "test_adjust_request_skip_special_tokens"): "vLLM's skip_special_tokens "
+        "request flag: here markers are matched on the decoded text, special tokens included",
+        (MINICPM5, "test_adjust_request_tool_choice_none"): "as "
+        "test_adjust_request_skip_special_tokens",
+    }
+)

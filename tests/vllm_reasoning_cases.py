@@ -1596,3 +1596,284 @@ NOT_APPLICABLE.update(
         "test_constructor_does_not_mutate_shared_chat_template_kwargs",
     }
 )
+
+# --- kimi_k3: XTML `think` / `response` channels; the think channel opened by the prompt
+# when thinking; the response channel's markers and the end-of-turn marker are no content
+# (vLLM's DelegatingParser, vllm/parser/kimi_k3.py, unwraps them) ---
+K3 = T + "test_kimi_k3_reasoning_parser.py@0ad0a4635e"
+K3_THINK, K3_THINK_END = "<|open|>think<|sep|>", "<|close|>think<|sep|>"
+K3_RESPONSE = "<|open|>response<|sep|>"
+CASES += [
+    # the model's own think channel after a prompt with none open
+    case(
+        (
+            "test_extract_reasoning_with_xtml_tags",
+            "test_delegating_parser_strips_response_wrapper_without_tool_parser",
+            "test_streaming_split_open_marker_is_held_back",
+            "test_streaming_split_close_marker_hands_content_downstream",
+        ),
+        K3,
+        "kimi_k3",
+        f"{K3_THINK}step{K3_THINK_END}{K3_RESPONSE}answer",
+        "step",
+        "answer",
+        prompt="none",
+    ),
+    case(
+        "test_extract_reasoning_with_generation_prefix_consumed",
+        K3,
+        "kimi_k3",
+        f"step{K3_THINK_END}{K3_RESPONSE}answer",
+        "step",
+        "answer",
+    ),
+    case(
+        (
+            "test_extract_reasoning_truncated_before_close_marker",
+            "test_streaming_truncated_before_close_marker",
+        ),
+        K3,
+        "kimi_k3",
+        "unfinished reasoning",
+        "unfinished reasoning",
+    ),
+    case(
+        "test_extract_markerless_output_with_thinking_disabled",
+        K3,
+        "kimi_k3",
+        "answer",
+        content="answer",
+        prompt="closed",
+    ),
+    case(
+        "test_delegating_parser_thinking_false_streams_response_content",
+        K3,
+        "kimi_k3",
+        "OK<|close|>response<|sep|>",
+        content="OK",
+        prompt="closed",
+    ),
+]
+KNOWN += [
+    known(
+        case(
+            "test_thinking_disabled_streams_content",
+            K3,
+            "kimi_k3",
+            f"{K3_RESPONSE}answer",
+            content=f"{K3_RESPONSE}answer",
+            prompt="closed",
+        ),
+        {"content": "answer"},
+        "vLLM's reasoning parser alone hands the response channel's marker on as content "
+        "for its DelegatingParser to strip (test_delegating_parser_strips_response_wrapper_"
+        "without_tool_parser); this backend has one pipeline, and its content is what vLLM "
+        "serves: the marker left out",
+    ),
+]
+PROMPT_CASES += [
+    # a prior turn's closed think channel, then the current turn's open one
+    PromptCase(
+        ("test_is_reasoning_end_ignores_stale_close_from_prior_turn",),
+        K3,
+        "kimi_k3",
+        f"{K3_THINK}a{K3_THINK_END}{K3_RESPONSE}b<|close|>response<|sep|>{K3_THINK}",
+        "reasoning",
+    ),
+    PromptCase(
+        ("test_is_reasoning_end_uses_full_input_ids",),
+        K3,
+        "kimi_k3",
+        f"{K3_THINK}step{K3_THINK_END}",
+        "normal",
+    ),
+]
+IDS[K3] = [
+    "test_parser_manager_selects_kimi_k3_parser_for_reasoning_only",
+    "test_parser_selection_thinking_disabled",
+    "test_extract_reasoning_with_xtml_tags",
+    "test_extract_reasoning_with_generation_prefix_consumed",
+    "test_extract_reasoning_truncated_before_close_marker",
+    "test_extract_markerless_output_with_thinking_disabled",
+    "test_delegating_parser_strips_response_wrapper_without_tool_parser",
+    "test_is_reasoning_end_uses_full_input_ids",
+    "test_is_reasoning_end_ignores_stale_close_from_prior_turn",
+    "test_streaming_split_open_marker_is_held_back",
+    "test_streaming_split_close_marker_hands_content_downstream",
+    "test_streaming_truncated_before_close_marker",
+    "test_thinking_disabled_streams_content",
+    "test_delegating_parser_thinking_false_streams_response_content",
+    "test_adjust_request_keeps_xtml_markers_contiguous",
+]
+NOT_APPLICABLE.update(
+    {
+        (K3, "test_parser_manager_selects_kimi_k3_parser_for_reasoning_only"): "vLLM's "
+        "ParserManager class selection (no model output)",
+        (K3, "test_parser_selection_thinking_disabled"): "vLLM's constructor reading "
+        "chat_template_kwargs (no model output); here the prompt decides",
+        (K3, "test_adjust_request_keeps_xtml_markers_contiguous"): "vLLM's "
+        "skip_special_tokens / spaces_between_special_tokens request flags: here markers "
+        "are matched on the decoded text, special tokens included and never spaced",
+    }
+)
+
+# --- minimax_m3: <mm:think> blocks; thinking_mode "enabled" opens the block in the prompt
+# (prompt "open" here); a leading </mm:think> is dropped ---
+MM3 = T + "test_minimax_m3_reasoning_parser.py@0429c5c02c"
+MM3_RC = "<mm:think>Reasoning content</mm:think>"
+CASES += [
+    case(
+        (
+            "test_nonstreaming_extracts_explicit_reasoning_block",
+            "test_streaming_reasoning_tags_are_not_returned",
+            "test_streaming_boundary_can_emit_reasoning_and_content",
+        ),
+        MM3,
+        "minimax_m3",
+        "<mm:think>plan</mm:think>answer",
+        "plan",
+        "answer",
+    ),
+    case(
+        (
+            "test_nonstreaming_without_start_tag_is_content",
+            "test_streaming_plain_content_ends_reasoning_phase",
+        ),
+        MM3,
+        "minimax_m3",
+        "plain answer",
+        content="plain answer",
+    ),
+    case(
+        ("test_nonstreaming_drops_leading_end_tag", "test_streaming_drops_leading_end_tag"),
+        MM3,
+        "minimax_m3",
+        "</mm:think>answer",
+        content="answer",
+    ),
+    case(
+        "test_streaming_split_leading_end_marker_text_across_deltas",
+        MM3,
+        "minimax_m3",
+        "</mm:think>content",
+        content="content",
+    ),
+    case(
+        (
+            "test_nonstreaming_enabled_mode_starts_in_reasoning",
+            "test_streaming_enabled_mode_starts_in_reasoning",
+        ),
+        MM3,
+        "minimax_m3",
+        "plan</mm:think>answer",
+        "plan",
+        "answer",
+        prompt="open",
+    ),
+    case(
+        "test_streaming_split_marker_tokens_enabled_mode",
+        MM3,
+        "minimax_m3",
+        "Reasoning content</mm:think>content",
+        "Reasoning content",
+        "content",
+        prompt="open",
+    ),
+    case(
+        "test_nonstreaming_open_reasoning_block",
+        MM3,
+        "minimax_m3",
+        "<mm:think>still thinking",
+        "still thinking",
+    ),
+    case(
+        (
+            "test_streaming_split_marker_tokens_are_not_returned",
+            "test_streaming_split_marker_text_across_deltas",
+            "test_streaming_split_end_marker_content_ids_are_stripped",
+        ),
+        MM3,
+        "minimax_m3",
+        MM3_RC + "content",
+        "Reasoning content",
+        "content",
+    ),
+    case(
+        "test_streaming_split_marker_text_drives_end_state",
+        MM3,
+        "minimax_m3",
+        MM3_RC,
+        "Reasoning content",
+    ),
+    # the token-id helpers' outputs: what is reasoning and what content
+    case(
+        ("test_token_id_helpers", "test_token_id_helpers_with_split_marker_tokens"),
+        MM3,
+        "minimax_m3",
+        "<mm:think>abc</mm:think>def",
+        "abc",
+        "def",
+    ),
+    case(
+        "test_token_id_helpers_enabled_mode",
+        MM3,
+        "minimax_m3",
+        "abc</mm:think>def",
+        "abc",
+        "def",
+        prompt="open",
+    ),
+]
+KNOWN += [
+    known(
+        case(
+            (
+                "test_nonstreaming_non_leading_end_tag_is_content",
+                "test_streaming_non_leading_end_tag_is_content",
+            ),
+            MM3,
+            "minimax_m3",
+            "XXX</mm:think>YYY",
+            content="XXX</mm:think>YYY",
+        ),
+        {"content": "XXXYYY"},
+        "an end marker with no block open is dropped wherever it stands (a stray </think> "
+        "with thinking off, as for the other names); vLLM's minimax_m3 drops it only at "
+        "the output's start and keeps a later one as content",
+    )
+]
+IDS[MM3] = [
+    "test_parser_registration",
+    "test_nonstreaming_extracts_explicit_reasoning_block",
+    "test_nonstreaming_without_start_tag_is_content",
+    "test_nonstreaming_drops_leading_end_tag",
+    "test_nonstreaming_non_leading_end_tag_is_content",
+    "test_nonstreaming_enabled_mode_starts_in_reasoning",
+    "test_nonstreaming_open_reasoning_block",
+    "test_streaming_reasoning_tags_are_not_returned",
+    "test_streaming_boundary_can_emit_reasoning_and_content",
+    "test_streaming_drops_leading_end_tag",
+    "test_streaming_non_leading_end_tag_is_content",
+    "test_streaming_enabled_mode_starts_in_reasoning",
+    "test_streaming_plain_content_ends_reasoning_phase",
+    "test_streaming_split_marker_tokens_are_not_returned",
+    "test_streaming_split_marker_text_drives_end_state",
+    "test_streaming_split_end_marker_content_ids_are_stripped",
+    "test_streaming_split_marker_tokens_enabled_mode",
+    "test_streaming_split_marker_text_across_deltas",
+    "test_streaming_split_leading_end_marker_text_across_deltas",
+    "test_token_id_helpers_with_split_marker_tokens",
+    "test_token_id_helpers",
+    "test_token_id_helpers_enabled_mode",
+    "test_is_reasoning_end_ignores_paired_prompt_examples_with_thinking_enabled",
+]
+NOT_APPLICABLE.update(
+    {
+        (MM3, "test_parser_registration"): "vLLM's ReasoningParserManager class lookup "
+        "(no model output)",
+        (MM3, "test_is_reasoning_end_ignores_paired_prompt_examples_with_thinking_enabled"): (
+            "vLLM's thinking_mode chat_template_kwarg over a prompt with no open block; "
+            "here the prompt decides, and a thinking template ends it with <mm:think>"
+        ),
+    }
+)

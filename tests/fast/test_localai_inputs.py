@@ -295,9 +295,13 @@ def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> 
     ("tool", "reasoning", "why"),
     [
         ("no_such_parser", "", "unknown tool_parser 'no_such_parser'"),
-        ("kimi_k3", "", "tool_parser 'kimi_k3' (a vLLM name) has no MLX equivalent"),
+        (
+            "cohere_command3",
+            "",
+            "tool_parser 'cohere_command3' (a vLLM name) has no MLX equivalent",
+        ),
         ("", "no_such_parser", "unknown reasoning_parser 'no_such_parser'"),
-        ("", "kimi_k3", "reasoning_parser 'kimi_k3' (a vLLM name) has no MLX equivalent"),
+        ("", "solar_open2", "reasoning_parser 'solar_open2' (a vLLM name) has no MLX equivalent"),
     ],
 )
 def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasoning, why) -> None:

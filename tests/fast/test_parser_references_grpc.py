@@ -42,6 +42,11 @@ GRPC_CASES = sorted(
             or resolve_reasoning_markers(c.reasoning_parser)[0] == "<think>"
         )
         and (c.reasoning_parser or "think>" not in c.output)
+        # the toy tokenizer's byte-level vocabulary reads a literal Ġ / Ċ in a piece as the
+        # space / newline byte, so such an output cannot be scripted here (minicpm5's
+        # tokenizer-marker cases); tests/fast/test_parser_references.py runs them
+        and "\u0120" not in c.output
+        and "\u010a" not in c.output
     ),
     key=lambda c: (c.tool, c.reasoning_parser),
 )

@@ -46,6 +46,7 @@ BLOCKS = {
     "granite4": _OBJ,
     "ernie45": _OBJ,
     "internlm": _OBJ,
+    "gigachat3": _OBJ,
     "jamba": f"[{_OBJ}]",
     "granite": f"[{_OBJ}]",
     "hunyuan_a13b": f"[{_OBJ}]",
@@ -61,6 +62,8 @@ BLOCKS = {
     '<parameter name="days">3</parameter></invoke>',
     "glm45": _GLM,
     "poolside_v1": _GLM,
+    "hy_v3": "<tool_call>get_weather<tool_sep><arg_key>city</arg_key><arg_value>Paris</arg_value>"
+    "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
     "glm47": _GLM,
 }
 
