@@ -211,3 +211,29 @@ def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:
         stages = [(batch.held(u) or (0, -1))[1] for u in uids]
         assert stages.count(1) <= 1  # one row prefills at a time
     assert order == uids  # each prefilled in turn, in arrival order
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="batch/decode.py _next: every row of the prefill group takes a full "
+    "prefill_step_size chunk (_take_chunk), so rows that joined on short first segments "
+    "feed k x prefill_tokens a step (and the memory room was priced for one row)",
+)
+def test_rows_in_the_prefill_group_keep_within_the_step_budget(tok) -> None:
+    # Two turns whose first segment (a checkpoint 4 tokens in) is short both join a
+    # 16-token step (4 + 4); in the steps after, their rows together still feed at most
+    # the step's budget, not a full chunk each.
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=8, prefill_step_size=16)
+    batch.prefill_tokens = 16
+    for base in (100, 200):
+        head = list(range(base, base + 4))
+        batch.insert([head, list(range(base + 4, base + 60))], max_tokens=2, stops=False)
+    fed = []
+    for _ in range(12):
+        before = batch._fed
+        batch.next()
+        fed.append(batch._fed - before)
+    assert fed[0] == 8
+    assert max(fed) <= 16, fed
+    assert sum(fed) == 2 * 59
