@@ -237,3 +237,26 @@ def test_rows_in_the_prefill_group_keep_within_the_step_budget(tok) -> None:
     assert fed[0] == 8
     assert max(fed) <= 16, fed
     assert sum(fed) == 2 * 59
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="batch/decode.py _pick counts each row's own chunk, but _feed right-pads every "
+    "row to the longest: a 40-token chunk beside four 2-token ones runs 5 x 40 positions",
+)
+def test_a_step_runs_at_most_its_budget_of_positions_through_the_model(tok) -> None:
+    # The budget bounds what the forward pass computes (time and working set), and the
+    # batch pads each prefilling row's chunk to the longest one of the step.
+    class Counting(ScriptedModel):
+        def __call__(self, inputs, cache=None, **kwargs):
+            self.positions.append(inputs.shape[0] * inputs.shape[1])
+            return super().__call__(inputs, cache=cache, **kwargs)
+
+    model = Counting(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=8, prefill_step_size=64)
+    batch.prefill_tokens = 64
+    for n in (41, 3, 3, 3, 3):
+        batch.insert([list(range(1, n + 1))], max_tokens=2, stops=False)
+    model.positions = []
+    batch.next()
+    assert model.positions[0] <= 64, model.positions
