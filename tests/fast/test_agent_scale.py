@@ -213,12 +213,6 @@ def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:
     assert order == uids  # each prefilled in turn, in arrival order
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="batch/decode.py _next: every row of the prefill group takes a full "
-    "prefill_step_size chunk (_take_chunk), so rows that joined on short first segments "
-    "feed k x prefill_tokens a step (and the memory room was priced for one row)",
-)
 def test_rows_in_the_prefill_group_keep_within_the_step_budget(tok) -> None:
     # Two turns whose first segment (a checkpoint 4 tokens in) is short both join a
     # 16-token step (4 + 4); in the steps after, their rows together still feed at most
@@ -239,11 +233,6 @@ def test_rows_in_the_prefill_group_keep_within_the_step_budget(tok) -> None:
     assert sum(fed) == 2 * 59
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="batch/decode.py _pick counts each row's own chunk, but _feed right-pads every "
-    "row to the longest: a 40-token chunk beside four 2-token ones runs 5 x 40 positions",
-)
 def test_a_step_runs_at_most_its_budget_of_positions_through_the_model(tok) -> None:
     # The budget bounds what the forward pass computes (time and working set), and the
     # batch pads each prefilling row's chunk to the longest one of the step.
