@@ -54,7 +54,6 @@ TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
     "inkling": None,
-    "minimax": None,
     "solar_open2": None,
 }
 
