@@ -54,8 +54,6 @@ TOOL_PARSERS: dict[str, None] = {
     "cohere_command3": None,
     "cohere_command4": None,
     "inkling": None,
-    "minimax": None,
-    "solar_open2": None,
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
