@@ -155,6 +155,15 @@ def _take_chunk(row: Row, size: int) -> tuple[list[int], bool]:
     return chunk, end
 
 
+def _take_chunks(rows: list[Row], chunk: int, budget: int | None) -> list[tuple[list[int], bool]]:
+    """The next chunk of each prefilling row (`_take_chunk`): at most ``chunk`` tokens,
+    within an equal share of the step's ``budget`` (None: no bound), as the forward pass
+    pads every row to the longest chunk (`_pick`)."""
+    if budget is not None and rows:
+        chunk = max(1, min(chunk, budget // len(rows)))
+    return [_take_chunk(r, chunk) for r in rows]
+
+
 def _feed(model: Any, cache: list, chunks: list[list[int]], step: int) -> None:
     """Run ``chunks`` (one per row of the batch ``cache``, right-padded when they differ
     in length) through ``model``, at most ``step`` tokens a pass."""
@@ -278,9 +287,8 @@ class DecodeBatch:
         max_rows: most rows decoding, and most prefilling, at once.
         prefill_step_size: most prompt tokens per row per step (may change between steps),
             ``prefill_rows`` the most rows prefilling together (`_joining`; None: any),
-            ``prefill_tokens`` the most prompt positions a step feeds over all rows,
-            right-padding included (`_pick` chooses who joins, shortest first; the rows
-            then take equal shares; None: no bound, rows join in arrival order).
+            ``prefill_tokens`` the most prompt positions a step feeds, padding included
+            (`_pick`, `_take_chunks`; None: no bound, rows join in arrival order).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
@@ -527,11 +535,7 @@ class DecodeBatch:
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
         prefilled += self._start_ready(lambda r: True)
-        size = self.prefill_step_size
-        if self.prefill_tokens is not None and self._prefilling:
-            # The step's budget over its rows, each padded to the longest chunk (`_pick`).
-            size = max(1, min(size, self.prefill_tokens // len(self._prefilling)))
-        chunks = [_take_chunk(r, size) for r in self._prefilling]
+        chunks = _take_chunks(self._prefilling, self.prefill_step_size, self.prefill_tokens)
         prefilled += [
             Prefilled(r.uid, (r.done, r.total), e, False)
             for r, (_, e) in zip(self._prefilling, chunks, strict=True)
