@@ -7353,3 +7353,95 @@ NOT_APPLICABLE.update(
         "test_adjust_request_skip_special_tokens",
     }
 )
+
+
+# --- cohere_command3 / cohere_command4: a JSON list of {"tool_call_id", "tool_name",
+# "parameters"} in <|START_ACTION|> ... <|END_ACTION|>; vLLM's tool parser also splits the
+# THINKING / RESPONSE blocks and drops `<co>` citations, which here is the reasoning format
+# of the same name, applied with the tool parser's name alone. Each output runs through
+# vLLM's five TestExtractToolCalls tests (one byte per delta, as the stream here). vLLM
+# also checks the call id ("0", "1"); ids here are the backend's own (no part of a Case) ---
+COHERE = "tests/tool_parsers/test_cohere_command_tool_parser.py@6bcd488866"
+_CO_FOO = ("foo", {"query": "query1"})
+_CO_ONE = (
+    "<|START_THINKING|> i will call foo with query1<|END_THINKING|><|START_ACTION|>\n[\n"
+    '    {"tool_call_id": "0", "tool_name": "foo", "parameters": {"query": "query1"}}\n]\n'
+    "<|END_ACTION|>"
+)
+_CO_TWO = (
+    "<|START_THINKING|>first I think about foo<|END_THINKING|><|START_ACTION|>\n[\n"
+    '    {"tool_call_id": "0", "tool_name": "foo", "parameters": {"query": "query1"}},\n'
+    '    {"tool_call_id": "1", "tool_name": "bar", "parameters": {"x": 42}}\n]\n'
+    "<|END_ACTION|>"
+)
+_CO_CITE = (
+    "<|START_THINKING|>This is a rainbow <co>emoji: 🌈</co: 0:[1]><|END_THINKING|>\n"
+    "<|START_RESPONSE|>foo <co>bar</co: 0:[1,2],1:[3,4]><|END_RESPONSE|>"
+)
+_CO_TESTS = (
+    "test_streaming",
+    "test_streaming_reasoning",
+    "test_streaming_content",
+    "test_nonstreaming",
+    "test_streaming_nonstreaming_agree",
+)
+_CO_SPLIT = (
+    "TestSpeculativeDecodingMultiTokenDelta.test_no_special_token_leak_in_streaming_deltas",
+    "TestSpeculativeDecodingMultiTokenDelta.test_multi_token_chunks_still_produce_correct_tool_call",
+)
+for _v, _name in (("cmd3", "cohere_command3"), ("cmd4", "cohere_command4")):
+    for _kind, _output, _calls, _content, _reasoning in (
+        ("single_tool_call", _CO_ONE, [_CO_FOO], "", "i will call foo with query1"),
+        ("citations_no_tool_calls", _CO_CITE, [], "foo bar", "This is a rainbow emoji: 🌈"),
+        (
+            "multiple_tool_calls",
+            _CO_TWO,
+            [_CO_FOO, ("bar", {"x": 42})],
+            "",
+            "first I think about foo",
+        ),
+        (
+            "reasoning_only",
+            "<|START_THINKING|>just think, no response<|END_THINKING|>",
+            [],
+            "",
+            "just think, no response",
+        ),
+    ):
+        _ids = tuple(f"TestExtractToolCalls.{t}[{_v}-{_kind}]" for t in _CO_TESTS)
+        if _kind == "single_tool_call":  # the same output split 2, 3, 4 and 6 bytes a delta
+            _ids = (
+                *_ids,
+                *(f"{t}[{n}-{_v}]" for t in _CO_SPLIT for n in (2, 3, 4, 6)),
+                f"TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas[{_v}]",
+            )
+        CASES.append(
+            Case(
+                f"cohere_{_v}_{_kind}",
+                COHERE,
+                _name,
+                "",  # the tool parser's name brings its reasoning format (TOOL_REASONING)
+                _output,
+                tuple(_calls),
+                _content,
+                _reasoning,
+                ids=_ids,
+            )
+        )
+IDS[COHERE] = [
+    *(
+        f"TestExtractToolCalls.{t}[{v}-{kind}]"
+        for kind in (
+            "single_tool_call",
+            "citations_no_tool_calls",
+            "multiple_tool_calls",
+            "reasoning_only",
+        )
+        for v in ("cmd3", "cmd4")
+        for t in _CO_TESTS
+    ),
+    *(f"{t}[{n}-{v}]" for t in _CO_SPLIT for n in (2, 3, 4, 6) for v in ("cmd3", "cmd4")),
+    *every(
+        "TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas", "cmd3", "cmd4"
+    ),
+]
