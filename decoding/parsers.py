@@ -51,7 +51,6 @@ logger = logging.getLogger("localai.mlx." + __name__)
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
 TOOL_PARSERS: dict[str, None] = {
-    "inkling": None,
     "minimax": None,
     "solar_open2": None,
 }
@@ -63,6 +62,7 @@ TOOL_PARSERS: dict[str, None] = {
 TOOL_REASONING: dict[str, str] = {
     "cohere_command3": "cohere_command3",
     "cohere_command4": "cohere_command4",
+    "inkling": "inkling",  # vllm/parser/inkling.py reads both
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's

@@ -432,6 +432,25 @@ FORMATS.update(
             )
             for name in ("cohere_command3", "cohere_command4")
         },
+        # Inkling (vllm/parser/inkling.py, tests/parser/engine/test_inkling.py): typed blocks,
+        # each closed by <|end_message|> (or <|content_model_end_sampling|>), later ones after
+        # <|message_model|>; a thinking block is reasoning, text / tool-text / tool-error
+        # blocks are content without their markers.
+        "inkling": ReasoningFormat(
+            "inkling",
+            "<|content_thinking|>",
+            "<|end_message|>",
+            source="vllm/parser/inkling.py",
+            other_ends=("<|content_model_end_sampling|>",),
+            content_markers=(
+                "<|message_model|>",
+                "<|content_text|>",
+                "<|content_invoke_tool_text|>",
+                "<|content_tool_error|>",
+                "<|end_message|>",
+                "<|content_model_end_sampling|>",
+            ),
+        ),
         "kimi_k3": ReasoningFormat(
             "kimi_k3",
             "<|open|>think<|sep|>",
@@ -450,7 +469,6 @@ FORMATS.update(
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
 NO_FORMAT = frozenset(
     {
-        "inkling",
         "solar_open2",
     }
 )
