@@ -432,7 +432,8 @@ FORMATS.update(
             )
             for name in ("cohere_command3", "cohere_command4")
         },
-        # Inkling (vllm/parser/inkling.py, tests/parser/engine/test_inkling.py): typed blocks,
+        # Inkling (inkling_reasoning_parser.py, on vllm/parser/inkling.py; cases in
+        # tests/parser/engine/test_inkling.py): typed blocks,
         # each closed by <|end_message|> (or <|content_model_end_sampling|>), later ones after
         # <|message_model|>; a thinking block is reasoning, text / tool-text / tool-error
         # blocks are content without their markers.
@@ -440,7 +441,7 @@ FORMATS.update(
             "inkling",
             "<|content_thinking|>",
             "<|end_message|>",
-            source="vllm/parser/inkling.py",
+            source=_R + "inkling_reasoning_parser.py",
             other_ends=("<|content_model_end_sampling|>",),
             content_markers=(
                 "<|message_model|>",

@@ -7861,3 +7861,79 @@ NOT_APPLICABLE.update(
         },
     }
 )
+
+
+# --- cohere_command3 / cohere_command4 through vLLM's unified Cohere parser: the same
+# outputs as test_cohere_command_tool_parser.py's, Command 4's answer framed in
+# <|START_TEXT|> ... <|END_TEXT|> (Command 3's in RESPONSE) ---
+COHERE_UNIFIED = "tests/parser/cohere/test_tool_calls.py@57eabfad17"
+for _name, _tag in (("cohere_command3", "RESPONSE"), ("cohere_command4", "TEXT")):
+    for _kind, _output, _calls, _content, _reasoning in (
+        ("single_tool_call", _CO_ONE, [_CO_FOO], "", "i will call foo with query1"),
+        (
+            "citations_no_tool_calls",
+            _CO_CITE.replace("RESPONSE|>", _tag + "|>"),
+            [],
+            "foo bar",
+            "This is a rainbow emoji: 🌈",
+        ),
+        (
+            "multiple_tool_calls",
+            _CO_TWO,
+            [_CO_FOO, ("bar", {"x": 42})],
+            "",
+            "first I think about foo",
+        ),
+        (
+            "reasoning_only",
+            "<|START_THINKING|>just think, no response<|END_THINKING|>",
+            [],
+            "",
+            "just think, no response",
+        ),
+    ):
+        _ids = tuple(f"TestExtractToolCalls.{t}[{_name}-{_kind}]" for t in _CO_TESTS)
+        if _kind == "single_tool_call":
+            _ids = (
+                *_ids,
+                *(f"{t}[{n}-{_name}]" for t in _CO_SPLIT for n in (2, 3, 4, 6)),
+                f"TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas"
+                f"[{_name}]",
+            )
+        CASES.append(
+            Case(
+                f"cohere_unified_{_name}_{_kind}",
+                COHERE_UNIFIED,
+                _name,
+                "",
+                _output,
+                tuple(_calls),
+                _content,
+                _reasoning,
+                ids=_ids,
+            )
+        )
+IDS[COHERE_UNIFIED] = [
+    *(
+        f"TestExtractToolCalls.{t}[{name}-{kind}]"
+        for name in ("cohere_command3", "cohere_command4")
+        for kind in (
+            "single_tool_call",
+            "citations_no_tool_calls",
+            "multiple_tool_calls",
+            "reasoning_only",
+        )
+        for t in _CO_TESTS
+    ),
+    *(
+        f"{t}[{n}-{name}]"
+        for t in _CO_SPLIT
+        for n in (2, 3, 4, 6)
+        for name in ("cohere_command3", "cohere_command4")
+    ),
+    *every(
+        "TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas",
+        "cohere_command3",
+        "cohere_command4",
+    ),
+]

@@ -1997,3 +1997,136 @@ NOT_APPLICABLE.update(
         if not i.startswith("TestExtractReasoning")
     }
 )
+
+# --- cohere_command3 / cohere_command4 through vLLM's unified Cohere parser
+# (tests/parser/cohere/): the same outputs; Command 4 frames its answer in <|START_TEXT|> ---
+COHERE_UNIFIED = T.replace("reasoning", "parser/cohere") + "test_reasoning.py@a3e23fa059"
+COHERE_CITATIONS = T.replace("reasoning", "parser/cohere") + "test_citations.py@756794a9a7"
+for _v in ("cmd3", "cmd4"):
+    _name = {"cmd3": "cohere_command3", "cmd4": "cohere_command4"}[_v]
+    CASES.append(
+        case(
+            (
+                f"TestExtractReasoning.test_nonstreaming[{_v}-citations_with_emoji]",
+                f"TestExtractReasoning.test_streaming[{_v}-citations_with_emoji]",
+            ),
+            COHERE_UNIFIED,
+            _name,
+            _CO_CITE,
+            "This is a rainbow emoji: 🌈",
+            "foo bar",
+        )
+    )
+    KNOWN.append(
+        known(
+            case(
+                (
+                    f"TestExtractReasoning.test_nonstreaming[{_v}-single_tool_call]",
+                    f"TestExtractReasoning.test_streaming[{_v}-single_tool_call]",
+                ),
+                COHERE_UNIFIED,
+                _name,
+                "<|START_THINKING|> i will call foo with query1<|END_THINKING|>" + _CO_ACTION,
+                "i will call foo with query1",
+            ),
+            {"content": _CO_ACTION},
+            "with the reasoning parser alone the action block is content as written, as "
+            "vLLM's own tests/reasoning/test_cohere_command_reasoning_parser.py expects; "
+            "vLLM's unified parser drops it when the request declares no tools (with "
+            "tool_parser set, or this tool-parser name alone, it is the calls here)",
+        )
+    )
+for _v, _name, _tags in (
+    ("cmd4", "cohere_command4", ("<|START_TEXT|>", "<|END_TEXT|>")),
+    ("cmd3", "cohere_command3", ("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
+):
+    CASES.append(
+        case(
+            tuple(
+                f"TestFramingTokensStripped.test_content_framing_tokens_stripped[{w}-{c}-{_v}]"
+                for w in ("no_tools", "tools")
+                for c in ("per_token", "batched")
+            ),
+            COHERE_UNIFIED,
+            _name,
+            "<|START_THINKING|>Think deeply. The user greets us.<|END_THINKING|>"
+            f"{_tags[0]}I'm doing well, thank you{_tags[1]}",
+            "Think deeply. The user greets us.",
+            "I'm doing well, thank you",
+        )
+    )
+IDS[COHERE_UNIFIED] = [
+    *(
+        f"TestExtractReasoning.{t}[{v}-{kind}]"
+        for kind in ("single_tool_call", "citations_with_emoji")
+        for v in ("cmd3", "cmd4")
+        for t in ("test_nonstreaming", "test_streaming")
+    ),
+    *(
+        f"TestFramingTokensStripped.test_content_framing_tokens_stripped[{w}-{c}-{v}]"
+        for w in ("no_tools", "tools")
+        for c in ("per_token", "batched")
+        for v in ("cmd4", "cmd3")
+    ),
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd3]",
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd4]",
+    "test_count_reasoning_tokens[cohere_command3]",
+    "test_count_reasoning_tokens[cohere_command4]",
+    "TestParserSelection.test_adjust_request_keeps_framing_tokens[True]",
+    "TestParserSelection.test_adjust_request_keeps_framing_tokens[False]",
+    "TestParserSelection.test_non_cohere_selection_does_not_import_melody_parser",
+]
+NOT_APPLICABLE.update(
+    {
+        (COHERE_UNIFIED, "TestIsReasoningEnd.test_is_reasoning_end[cmd3]"): _IS_END,
+        (COHERE_UNIFIED, "TestIsReasoningEnd.test_is_reasoning_end[cmd4]"): _IS_END,
+        **{
+            (COHERE_UNIFIED, f"test_count_reasoning_tokens[{n}]"): "vLLM's "
+            "count_reasoning_tokens over token ids (usage.reasoning_tokens); the reasoning "
+            "text is in the cases"
+            for n in ("cohere_command3", "cohere_command4")
+        },
+        **{
+            (
+                COHERE_UNIFIED,
+                f"TestParserSelection.test_adjust_request_keeps_framing_tokens[{b}]",
+            ): (
+                "vLLM's skip_special_tokens request flag: here markers are matched on the "
+                "decoded text, special tokens included"
+            )
+            for b in ("True", "False")
+        },
+        (
+            COHERE_UNIFIED,
+            "TestParserSelection.test_non_cohere_selection_does_not_import_melody_parser",
+        ): "vLLM's optional import of its Cohere package (no model output)",
+    }
+)
+# vLLM's Cohere serving layer also streams the citation (offsets 15-20, its source resolved
+# from the request's documents): LocalAI's proto has no citations, so the tags are dropped
+# and the reasoning and content are what this case checks (docs/LOCALAI.md)
+CASES.append(
+    case(
+        "TestParserStreamingEndToEnd.test_full_wire_stream_shape",
+        COHERE_CITATIONS,
+        "cohere_command3",
+        "<|START_THINKING|>Let me check.<|END_THINKING|>"
+        "<|START_RESPONSE|>The capital is <co>Paris</co: 0:[1]>.<|END_RESPONSE|>",
+        "Let me check.",
+        "The capital is Paris.",
+    )
+)
+IDS[COHERE_CITATIONS] = [
+    "TestMelodySourceResolution.test_multi_index_source_fans_out",
+    "TestMelodySourceResolution.test_unresolvable_position_skipped",
+    "TestMelodySourceResolution.test_missing_position_map_drops_all_sources",
+    "TestMelodySourceResolution.test_citations_pass_through_is_thinking_tag",
+    "TestParserStreamingEndToEnd.test_full_wire_stream_shape",
+]
+NOT_APPLICABLE.update(
+    {
+        (COHERE_CITATIONS, i): "vLLM's Cohere serving layer's citation sources (numeric "
+        "positions resolved to documents; no model output)"
+        for i in IDS[COHERE_CITATIONS][:4]
+    }
+)
