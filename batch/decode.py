@@ -232,28 +232,35 @@ def _pick(
 ) -> list[Row]:
     """Take from ``waiting`` the rows that join the prefill group this step (at most
     ``n``), within the step's ``budget`` of prompt tokens over all its rows (vLLM's
-    ``max_num_batched_tokens``), each row counting the chunk it takes this step (at most
-    ``chunk`` tokens). The rows with the fewest tokens left join first (a new turn of a
-    running session does not wait behind a long prompt), less `AGING` times the tokens
-    prefilled while they waited (``fed``: the batch's count; a long prompt is never
-    starved); rows down to their last token always join (one decode token each). The
-    first row joins whatever its chunk when the group is empty.
+    ``max_num_batched_tokens``), counting every row's chunk (at most ``chunk`` tokens) as
+    the longest one's, as the forward pass pads them. The rows with the fewest tokens left
+    join first (a new turn of a running session does not wait behind a long prompt),
+    less `AGING` times the tokens prefilled while they waited (``fed``: the batch's count;
+    a long prompt is never starved); rows down to their last token always join (one
+    decode token each). The first row joins whatever its chunk when the group is empty.
 
     Own code: mlx-lm's `BatchGenerator` takes waiting prompts in arrival order, each with a
     full chunk; vLLM's scheduler (vllm/v1/core/sched/scheduler.py, ``schedule``) shares a
     token budget per step, in arrival order."""
+
+    def cost(r: Row) -> int:
+        return 0 if _leaving(r) else min(chunk, len(r.segments[0]))
+
+    # The forward pass right-pads every row to the longest chunk (`_feed`): the step runs
+    # rows x longest positions, which the budget bounds.
     staying = [r for r in group if not _leaving(r)]
-    left = budget - sum(min(chunk, len(r.segments[0])) for r in staying)
+    rows, longest = len(staying), max(map(cost, staying), default=0)
     order = sorted(waiting, key=lambda r: _left(r) - AGING * (fed - r.since))
     taken: list[Row] = []
     for r in order:
         if len(taken) >= n:
             break
-        cost = 0 if _leaving(r) else min(chunk, len(r.segments[0]))
-        if cost > left and (taken or staying):
+        c = cost(r)
+        k, top = (rows + 1, max(longest, c)) if c else (rows, longest)
+        if k * top > budget and (taken or staying):
             continue
         taken.append(r)
-        left -= cost
+        rows, longest = k, top
     if taken:
         chosen = {id(r) for r in taken}
         kept = [r for r in waiting if id(r) not in chosen]
@@ -271,8 +278,9 @@ class DecodeBatch:
         max_rows: most rows decoding, and most prefilling, at once.
         prefill_step_size: most prompt tokens per row per step (may change between steps),
             ``prefill_rows`` the most rows prefilling together (`_joining`; None: any),
-            ``prefill_tokens`` the most prompt tokens a step feeds over all rows (`_pick`,
-            shortest first; None: no bound, rows join in arrival order).
+            ``prefill_tokens`` the most prompt positions a step feeds over all rows,
+            right-padding included (`_pick` chooses who joins, shortest first; the rows
+            then take equal shares; None: no bound, rows join in arrival order).
         max_kv_size: passed to ``make_prompt_cache`` for rows inserted without a cache.
         own_layers: rows' quantized and rotating layers merge into `batch.rows`'s batch
             classes (``kv_bits``, NKeep), not mlx-lm's.
@@ -519,7 +527,11 @@ class DecodeBatch:
             self._prefilling.extend(rows)
             self._pcache = _extend(self._pcache, cache)
         prefilled += self._start_ready(lambda r: True)
-        chunks = [_take_chunk(r, self.prefill_step_size) for r in self._prefilling]
+        size = self.prefill_step_size
+        if self.prefill_tokens is not None and self._prefilling:
+            # The step's budget over its rows, each padded to the longest chunk (`_pick`).
+            size = max(1, min(size, self.prefill_tokens // len(self._prefilling)))
+        chunks = [_take_chunk(r, size) for r in self._prefilling]
         prefilled += [
             Prefilled(r.uid, (r.done, r.total), e, False)
             for r, (_, e) in zip(self._prefilling, chunks, strict=True)

@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 MIN_LOGPROB = -9999.0  # stands in for -inf, which JSON cannot carry (OpenAI and vLLM do the same)
 NORMAL, REASONING, TOOL = "normal", "reasoning", "tool"
+INERT = "inert"  # a tool format's region where it reads no calls (`ToolFormat.inert`)
 _NO_BLOCK = tool_formats.Block("")
 
 
@@ -133,6 +134,10 @@ def _edges(
             if block.end:  # Mistral has none: the call runs to the end
                 edges[state].append((block.end, NORMAL))
         edges[NORMAL].extend((m, NORMAL) for m in (tool_fmt.strip if tool_fmt else ()))
+        if tool_fmt is not None and not thinking:  # a reasoning format takes them if any
+            for opening, closing in tool_fmt.inert:
+                edges[NORMAL].append((opening, INERT))
+                edges.setdefault(INERT, []).append((closing, NORMAL))
     if fmt is not None:
         for state, extra in fmt.edges().items():
             known = edges.setdefault(state, [])
@@ -141,7 +146,8 @@ def _edges(
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():
         edges.setdefault(state, []).extend(extra)
-    edges[NORMAL].extend((s, None) for s in dict.fromkeys(stop) if s)  # ours: content only
+    for state in (NORMAL, INERT) if INERT in edges else (NORMAL,):  # ours: content only
+        edges[state].extend((s, None) for s in dict.fromkeys(stop) if s)
     return edges
 
 
@@ -295,8 +301,12 @@ class OutputPipeline:
                 routed: list[str] = []
                 self._text.route(seg, routed, reasoning)
                 content.append(self._held_space(seg, "".join(routed), final))
+            elif seg.state == INERT:  # content as written, markers included
+                content.append(seg.text + (seg.marker or ""))
             else:
                 self._text.route(seg, content, reasoning)
+            if seg.next_state == INERT and seg.state != INERT:
+                content.append(seg.marker or "")
             if _is_tool(seg.state) and self._streamer is not None:
                 pieces += self._streamer.push(seg.text)
             # Text of other states (a response format's header) is dropped, as mlx-lm does.

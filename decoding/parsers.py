@@ -50,10 +50,7 @@ logger = logging.getLogger("localai.mlx." + __name__)
 
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
-TOOL_PARSERS: dict[str, None] = {
-    "minimax": None,
-    "solar_open2": None,
-}
+TOOL_PARSERS: dict[str, None] = {}
 
 # Tool-parser names whose vLLM parser also splits the reasoning (and strips the answer's
 # markers): with no reasoning_parser the reasoning format of this name applies (vLLM's

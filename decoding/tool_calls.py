@@ -27,6 +27,7 @@ to the streamer (`tool_formats.stream_of`). The shapes:
 | `JSON_OBJECT` (`{"name", "arguments"}`) | hermes, granite4, ernie45,    | raw JSON text as   |
 |                                         | internlm, gigachat3           | generated          |
 | `JSON_LIST` (a list of those)           | jamba, granite, hunyuan_a13b  | raw JSON, by call  |
+| `JSON_LINES` (one of those a line)      | minimax                       | raw JSON, by call  |
 | `JsonStream` of its own                 | mistral `NAME[ARGS]{...}`,    | raw JSON, by call  |
 |                                         | kimi_k2                       |                    |
 | `XmlStream`                             | qwen3_coder, qwen3_xml,       | string values char |
@@ -251,6 +252,8 @@ StreamSpec = JsonStream | XmlStream
 # (jamba, granite, hunyuan_a13b).
 JSON_OBJECT = JsonStream(_OBJ_HEAD)
 JSON_LIST = JsonStream(r"\s*\[" + _OBJ_HEAD, r"\s*\}\s*," + _OBJ_HEAD)
+# one object a line, no list (minimax)
+JSON_LINES = JsonStream(_OBJ_HEAD, r"\s*\}" + _OBJ_HEAD)
 
 
 # What JSON text holds outside its strings (structure, numbers, true / false / null): any

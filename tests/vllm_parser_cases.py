@@ -7937,3 +7937,1210 @@ IDS[COHERE_UNIFIED] = [
         "cohere_command4",
     ),
 ]
+# --- minimax (MiniMax-M1): JSON objects one a line in `<tool_calls>` ... `</tool_calls>`; a
+# block inside `<think>` ... `</think>` stays content. vLLM's streaming tests feed deltas
+# to the parser and check a few of its results; here each is the whole output, streamed
+# byte by byte ---
+MINIMAX = "tests/tool_parsers/test_minimax_tool_parser.py@41c5903d04"
+_MM_W = "get_current_weather"
+_MM_AREA = ("calculate_area", {"shape": "rectangle", "dimensions": {"width": 10, "height": 5}})
+
+
+def minimax(id, output, calls=(), content="", ids=()):
+    return Case(id, MINIMAX, "minimax", "", output, tuple(calls), content, ids=tuple(ids))
+
+
+def _mm(name: str, args: dict) -> str:
+    return json.dumps({"name": name, "arguments": args})
+
+
+def _mm_w(city: str, state: str, unit: str | None = None) -> tuple[str, dict]:
+    return (_MM_W, {"city": city, "state": state, **({"unit": unit} if unit else {})})
+
+
+_MM_THINK = (
+    f"<think>I should use a tool. <tool_calls>\n{_mm('ignored_tool', {'should': 'ignore'})}"
+    "\n</tool_calls></think>\n\nLet me help you with the weather."
+)
+_MM_COMPLEX_HEAD = (
+    "Let me help you with this task.<think>I need to analyze this situation first."
+    f"<tool_calls>\n{_mm('internal_analysis', {'query': 'analyze situation'})}\n</tool_calls>"
+    "</think>\nNow I need to get weather information and calculate area."
+)
+_MM_CHARS_HEAD = (
+    "I'll help you with the weather analysis. <think>Let me think about this. <tool_calls>\n"
+    f"{_mm('internal_analysis', {'type': 'thinking'})}\n</tool_calls>This tool should be "
+    "ignored.</think>\n\nNow I'll get the weather information for you."
+)
+_MM_TBUF = (
+    "<think>I need to use a tool. <tool_calls>\n"
+    f"{_mm('ignored_tool', {'param': 'value'})}\n</tool_calls></think>\n"
+)
+CASES += [
+    minimax(
+        "no_tools",
+        "This is a test",
+        content="This is a test",
+        ids=("test_extract_tool_calls_no_tools",),
+    ),
+    minimax(
+        "single_tool_call",
+        f"<tool_calls>\n{_mm(*_mm_w('Dallas', 'TX', 'fahrenheit'))}\n</tool_calls>",
+        [_mm_w("Dallas", "TX", "fahrenheit")],
+        ids=("test_extract_tool_calls[single_tool_call]",),
+    ),
+    minimax(
+        "multiple_tool_calls",
+        f"<tool_calls>\n{_mm(*_mm_w('Dallas', 'TX', 'fahrenheit'))}\n"
+        f"{_mm(*_mm_w('Orlando', 'FL', 'fahrenheit'))}\n</tool_calls>",
+        [_mm_w("Dallas", "TX", "fahrenheit"), _mm_w("Orlando", "FL", "fahrenheit")],
+        ids=("test_extract_tool_calls[multiple_tool_calls]",),
+    ),
+    minimax(
+        "tool_call_with_content_before",
+        "I'll help you check the weather. <tool_calls>\n"
+        f"{_mm(*_mm_w('Seattle', 'WA', 'celsius'))}\n</tool_calls>",
+        [_mm_w("Seattle", "WA", "celsius")],
+        "I'll help you check the weather.",
+        ids=("test_extract_tool_calls[tool_call_with_content_before]",),
+    ),
+    minimax(
+        "tool_call_with_single_line_json",
+        f"<tool_calls>\n{_mm(*_mm_w('New York', 'NY', 'celsius'))}\n</tool_calls>",
+        [_mm_w("New York", "NY", "celsius")],
+        ids=("test_extract_tool_calls[tool_call_with_single_line_json]",),
+    ),
+    minimax(
+        "tool_call_incomplete_tag",
+        f"<tool_calls>\n{_mm(*_mm_w('Boston', 'MA'))}",
+        [_mm_w("Boston", "MA")],
+        ids=("test_extract_tool_calls[tool_call_incomplete_tag]",),
+    ),
+    minimax(
+        "preprocess_thinking_tags",
+        "<think>Let me think about this. <tool_calls>\n"
+        f"{_mm('fake_tool', {'param': 'value'})}\n</tool_calls> This should be removed."
+        "</think>\n\nI'll help you with that. <tool_calls>\n"
+        f"{_mm(*_mm_w('Seattle', 'WA'))}\n</tool_calls>",
+        [_mm_w("Seattle", "WA")],
+        "<think>Let me think about this. <tool_calls>\n"
+        f"{_mm('fake_tool', {'param': 'value'})}\n</tool_calls> This should be removed."
+        "</think>\n\nI'll help you with that.",
+        ids=("test_preprocess_model_output_with_thinking_tags",),
+    ),
+    minimax(
+        "with_thinking_tags",
+        f"{_MM_THINK} <tool_calls>\n{_mm(*_mm_w('Miami', 'FL', 'fahrenheit'))}\n</tool_calls>",
+        [_mm_w("Miami", "FL", "fahrenheit")],
+        _MM_THINK,
+        ids=("test_extract_tool_calls_with_thinking_tags",),
+    ),
+    minimax(
+        "invalid_json",
+        f"<tool_calls>\n{_mm('valid_tool', {'city': 'Seattle'})}\n{{invalid json here}}\n"
+        f"{_mm('another_valid_tool', {'param': 'value'})}\n</tool_calls>",
+        [("valid_tool", {"city": "Seattle"}), ("another_valid_tool", {"param": "value"})],
+        ids=("test_extract_tool_calls_invalid_json",),
+    ),
+    minimax(
+        "missing_name_or_arguments",
+        f'<tool_calls>\n{_mm("valid_tool", {"city": "Seattle"})}\n{{"name": "missing_args"}}\n'
+        '{"arguments": {"city": "Portland"}}\n'
+        f"{_mm('another_valid_tool', {'param': 'value'})}\n</tool_calls>",
+        [("valid_tool", {"city": "Seattle"}), ("another_valid_tool", {"param": "value"})],
+        ids=("test_extract_tool_calls_missing_name_or_arguments",),
+    ),
+    minimax(
+        "streaming_basic",
+        f"<tool_calls>\n{_mm(_MM_W, {'city': 'Seattle'})}\n</tool_calls>",
+        [(_MM_W, {"city": "Seattle"})],
+        ids=("test_streaming_basic_functionality",),
+    ),
+    minimax(
+        "streaming_no_tool_calls",
+        "This is just regular text without any tool calls.",
+        content="This is just regular text without any tool calls.",
+        ids=("test_streaming_no_tool_calls",),
+    ),
+    minimax(
+        "streaming_with_thinking_tags",
+        '<think><tool_calls>{"name": "ignored", "arguments": {}}</tool_calls></think>'
+        f"<tool_calls>{_mm('real_tool', {'param': 'value'})}</tool_calls>",
+        [("real_tool", {"param": "value"})],
+        '<think><tool_calls>{"name": "ignored", "arguments": {}}</tool_calls></think>',
+        ids=("test_streaming_with_thinking_tags",),
+    ),
+    minimax(
+        "arguments_incremental_output",
+        f"<tool_calls>\n{_mm(*_mm_w('Seattle', 'WA', 'celsius'))}\n</tool_calls>",
+        [_mm_w("Seattle", "WA", "celsius")],
+        ids=("test_streaming_arguments_incremental_output",),
+    ),
+    minimax(
+        "arguments_delta_only",
+        f"<tool_calls>\n{_mm('test_tool', {'param1': 'value1', 'param2': 'value2'})}",
+        [("test_tool", {"param1": "value1", "param2": "value2"})],
+        ids=("test_streaming_arguments_delta_only",),
+    ),
+    minimax(
+        "complex_scenario_with_multiple_tools",
+        f"{_MM_COMPLEX_HEAD}<tool_calls>\n{_mm(*_mm_w('Seattle', 'WA', 'celsius'))}\n"
+        f"{_mm(*_MM_AREA)}</tool_calls>",
+        [_mm_w("Seattle", "WA", "celsius"), _MM_AREA],
+        _MM_COMPLEX_HEAD,
+        ids=("test_streaming_complex_scenario_with_multiple_tools",),
+    ),
+    minimax(
+        "character_by_character_output",
+        f"{_MM_CHARS_HEAD} <tool_calls>\n{_mm(*_mm_w('Seattle', 'WA', 'celsius'))}\n"
+        f"{_mm(*_MM_AREA)}\n</tool_calls>Here are the results.",
+        [_mm_w("Seattle", "WA", "celsius"), _MM_AREA],
+        _MM_CHARS_HEAD + "Here are the results.",
+        ids=("test_streaming_character_by_character_output",),
+    ),
+    minimax(
+        "character_by_character_simple_tool_call",
+        'Let me check the weather. <tool_calls>\n{"name": "get_weather", "arguments": '
+        '{"city": "NYC"}}\n</tool_calls>',
+        [("get_weather", {"city": "NYC"})],
+        "Let me check the weather.",
+        ids=("test_streaming_character_by_character_simple_tool_call",),
+    ),
+    minimax(
+        "character_by_character_with_buffering",
+        'Hello world<tool_calls>\n{"name": "test"}\n</tool_calls>done',
+        content='Hello world<tool_calls>\n{"name": "test"}\n</tool_calls>done',
+        ids=("test_streaming_character_by_character_with_buffering",),
+    ),
+]
+KNOWN_DIFFERENCES += [
+    known(
+        minimax(
+            "thinking_tag_buffering",
+            _MM_TBUF + "<tool_calls>",
+            (),
+            _MM_TBUF,
+            ids=("test_streaming_thinking_tag_buffering",),
+        ),
+        {"content": _MM_TBUF.rstrip() + "<tool_calls>"},
+        "a block that holds no call comes back as content with its marker, as the pipeline "
+        "does for every format (vLLM's stream drops the marker; its whole parse gives the "
+        "output as written)",
+    ),
+    known(
+        minimax(
+            "multiline_json_not_supported",
+            '<tool_calls>\n{\n  "name": "get_current_weather",\n  "arguments": {\n'
+            '    "city": "New York",\n    "state": "NY",\n    "unit": "celsius"\n  }\n}\n'
+            "</tool_calls>",
+            (),
+            ids=("test_extract_tool_calls_multiline_json_not_supported",),
+        ),
+        {"calls": [_mm_w("New York", "NY", "celsius")]},
+        "a call object written over several lines is a call (vLLM reads one object a line "
+        "and its test marks this as not supported yet: neither call nor content)",
+    ),
+]
+IDS[MINIMAX] = [
+    "test_extract_tool_calls_no_tools",
+    *every(
+        "test_extract_tool_calls",
+        "single_tool_call",
+        "multiple_tool_calls",
+        "tool_call_with_content_before",
+        "tool_call_with_single_line_json",
+        "tool_call_incomplete_tag",
+    ),
+    "test_preprocess_model_output_with_thinking_tags",
+    "test_extract_tool_calls_with_thinking_tags",
+    "test_extract_tool_calls_invalid_json",
+    "test_extract_tool_calls_missing_name_or_arguments",
+    "test_streaming_basic_functionality",
+    "test_streaming_with_content_before_tool_calls",
+    "test_streaming_no_tool_calls",
+    "test_streaming_with_thinking_tags",
+    "test_extract_tool_calls_multiline_json_not_supported",
+    "test_streaming_arguments_incremental_output",
+    "test_streaming_arguments_delta_only",
+    "test_streaming_openai_compatibility",
+    "test_streaming_thinking_tag_buffering",
+    "test_streaming_complex_scenario_with_multiple_tools",
+    "test_streaming_character_by_character_output",
+    "test_streaming_character_by_character_simple_tool_call",
+    "test_streaming_character_by_character_with_buffering",
+]
+NOT_APPLICABLE[MINIMAX, "test_streaming_with_content_before_tool_calls"] = (
+    "one delta ending in an opened `<tool_calls>` with nothing after it, checked only for "
+    "some content (no whole output: an empty block at the end)"
+)
+NOT_APPLICABLE[MINIMAX, "test_streaming_openai_compatibility"] = (
+    "deltas of unrelated texts fed to one parser, each checked for the content it lets "
+    "through (its buffering of a partial marker; no whole output)"
+)
+
+
+# --- solar_open2: `<|tool_call:start|>NAME\n` + `<|tool_arg:start|>K<|tool_arg:value|>V
+# <|tool_arg:end|>`... + `<|tool_call:end|>`; content is the text before the first call,
+# values typed by the schema. vLLM's stream tests split each output in chunks of the sizes
+# in their ids; here each output streams byte by byte (its calls come whole at the end:
+# ToolFormat.whole) ---
+SOLAR2 = "tests/tool_parsers/test_solar_open2_tool_parser.py@0064cc9cb1"
+_S2C, _S2E = "<|tool_call:start|>", "<|tool_call:end|>"
+_S2_TYPED = (
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "max_results": {"type": "integer"},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "do_all_types",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "s": {"type": "string"},
+                    "i": {"type": "integer"},
+                    "n": {"type": "number"},
+                    "b": {"type": "boolean"},
+                    "arr": {"type": "array"},
+                    "obj": {"type": "object"},
+                    "maybe_int": {"type": ["integer", "null"]},
+                },
+            },
+        },
+    },
+)
+# vLLM's Responses-API request (a flat FunctionTool); the chat shape here
+_S2_OPTIONS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "set_options",
+            "parameters": {
+                "type": "object",
+                "properties": {"count": {"type": "integer"}, "enabled": {"type": "boolean"}},
+            },
+        },
+    },
+)
+
+
+def solar2(id, output, calls=(), content="", ids=(), tools=_S2_TYPED):
+    return Case(
+        id, SOLAR2, "solar_open2", "", output, tuple(calls), content, tools=tools, ids=tuple(ids)
+    )
+
+
+def _s2arg(key: str, value: str) -> str:
+    return f"<|tool_arg:start|>{key}<|tool_arg:value|>{value}<|tool_arg:end|>\n"
+
+
+def _s2(name: str, *args: tuple[str, str]) -> str:
+    return f"{_S2C}{name}\n" + "".join(_s2arg(k, v) for k, v in args) + _S2E
+
+
+_S2_TOOL = _s2("get_weather", ("city", "Seoul"))
+_S2_SEOUL = ("get_weather", {"city": "Seoul"})
+_S2_LITERAL = "what does <|tool_call: mean"
+_S2_PARITY = {  # vLLM's _PARITY_FIXTURES: (output, calls, content)
+    "plain_text": ("Hello! I cannot help with that.", [], "Hello! I cannot help with that."),
+    "text_then_call": (
+        "I'll check the weather. " + _S2_TOOL,
+        [_S2_SEOUL],
+        "I'll check the weather. ",
+    ),
+    "reasoning_then_call": (
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help." + _S2_TOOL,
+        [_S2_SEOUL],
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help.",
+    ),
+    "leading_newline": ("\n" + _S2_TOOL, [_S2_SEOUL], ""),
+    "trailing_newline_before_call": ("Let me check.\n" + _S2_TOOL, [_S2_SEOUL], "Let me check.\n"),
+    "text_after_last_call": (_S2_TOOL + "After the call.", [_S2_SEOUL], ""),
+    "text_between_calls": (
+        "pre" + _S2_TOOL + "mid" + _S2_TOOL + "post",
+        [_S2_SEOUL, _S2_SEOUL],
+        "pre",
+    ),
+    "whitespace_between_calls": (_S2_TOOL + "\n\n" + _S2_TOOL, [_S2_SEOUL, _S2_SEOUL], ""),
+    "back_to_back_calls": (_S2_TOOL + _S2_TOOL, [_S2_SEOUL, _S2_SEOUL], ""),
+    "no_args": (f"{_S2C}get_time\n{_S2E}", [("get_time", {})], ""),
+    "all_types": (
+        _s2(
+            "do_all_types",
+            ("i", "42"),
+            ("n", "7.0"),
+            ("b", "true"),
+            ("arr", "[1, 2]"),
+            ("obj", '{"k": "v"}'),
+            ("s", "hello"),
+        ),
+        [
+            (
+                "do_all_types",
+                {"i": 42, "n": 7, "b": True, "arr": [1, 2], "obj": {"k": "v"}, "s": "hello"},
+            )
+        ],
+        "",
+    ),
+    "duplicate_arg_name": (
+        _s2("search", ("query", "first"), ("query", "second")),
+        [("search", {"query": "first"})],
+        "",
+    ),
+    "dropped_arg_end": (
+        f"{_S2C}broken\n<|tool_arg:start|>a<|tool_arg:value|>oops{_S2E}" + _S2_TOOL,
+        [("broken", {"a": "oops"}), _S2_SEOUL],
+        "",
+    ),
+    "dropped_call_end": (
+        f"{_S2C}search\n" + _s2arg("query", "vLLM") + _S2_TOOL,
+        [("search", {"query": "vLLM"}), _S2_SEOUL],
+        "",
+    ),
+    "dropped_call_end_and_arg_end": (
+        f"{_S2C}search\n<|tool_arg:start|>query<|tool_arg:value|>vLLM" + _S2_TOOL,
+        [("search", {"query": "vLLM"}), _S2_SEOUL],
+        "",
+    ),
+    "restart_before_function_name": (f"{_S2C}get_weat" + _S2_TOOL, [_S2_SEOUL], ""),
+    "restart_before_function_name_with_prefix": (
+        f"Hmm. {_S2C}oops" + _S2_TOOL,
+        [_S2_SEOUL],
+        "Hmm. ",
+    ),
+    "call_end_before_function_name": (f"{_S2C}oops{_S2E}" + _S2_TOOL, [_S2_SEOUL], ""),
+    "empty_function_name": (
+        f"{_S2C}\n" + _s2arg("city", "Seoul") + _S2E,
+        [("", {"city": "Seoul"})],
+        "",
+    ),
+    "call_end_before_arg_name": (
+        f"{_S2C}get_time\n<|tool_arg:start|>ci{_S2E}" + _S2_TOOL,
+        [("get_time", {}), _S2_SEOUL],
+        "",
+    ),
+    "restart_before_arg_name": (
+        f"{_S2C}get_time\n<|tool_arg:start|>ci" + _S2_TOOL,
+        [("get_time", {}), _S2_SEOUL],
+        "",
+    ),
+    "arg_start_before_arg_name": (
+        f"{_S2C}get_weather\n<|tool_arg:start|>ci" + _s2arg("city", "Seoul") + _S2E,
+        [_S2_SEOUL],
+        "",
+    ),
+    "boundary_at_arg_name_start": (
+        f"{_S2C}get_time\n<|tool_arg:start|>{_S2E}" + _S2_TOOL,
+        [("get_time", {}), _S2_SEOUL],
+        "",
+    ),
+    "literal_call_sentinel_in_value": (
+        _s2("search", ("query", _S2_LITERAL)),
+        [("search", {"query": _S2_LITERAL})],
+        "",
+    ),
+}
+_S2_EXTRACT = {  # TestExtractToolCalls's tests on a parity fixture's output
+    "dropped_arg_end": ("TestExtractToolCalls.test_dropped_arg_end_does_not_swallow_later_calls",),
+    "dropped_call_end": (
+        "TestExtractToolCalls.test_dropped_call_end_recovers_both_calls[dropped_call_end]",
+    ),
+    "dropped_call_end_and_arg_end": (
+        "TestExtractToolCalls.test_dropped_call_end_recovers_both_calls[dropped_call_end_and_arg_end]",
+    ),
+    "empty_function_name": (
+        "TestExtractToolCalls.test_empty_function_name_is_parsed_as_empty",
+        "TestExtractToolCalls.test_function_name_stops_at_the_first_newline",
+    ),
+    "literal_call_sentinel_in_value": (
+        "TestExtractToolCalls.test_literal_call_sentinel_prefix_in_value",
+        *every("TestStreaming.test_literal_call_sentinel_prefix_streams_verbatim", 1, 3, 1000),
+    ),
+    "duplicate_arg_name": (
+        "TestStreaming.test_repeated_argument_name_is_emitted_once",
+        "TestExtractToolCalls.test_repeated_argument_name_keeps_first_value",
+    ),
+    "plain_text": ("TestStreaming.test_no_tool_calls_passthrough",),
+    "text_between_calls": (),
+    "leading_newline": every(
+        "TestStreamingWhitespaceNormalization.test_ws_only_before_tool_call_is_dropped",
+        1,
+        3,
+        7,
+        1000,
+    ),
+    "whitespace_between_calls": every(
+        "TestStreamingWhitespaceNormalization.test_ws_between_tool_calls_is_dropped", 1, 4, 1000
+    ),
+    "trailing_newline_before_call": every(
+        "TestStreamingWhitespaceNormalization.test_trailing_ws_after_text_before_first_call_is_kept",
+        1,
+        5,
+        1000,
+    ),
+}
+for _fixture in ("dropped_call_end", "dropped_call_end_and_arg_end"):
+    _S2_EXTRACT[_fixture] += tuple(
+        f"TestStreaming.test_dropped_call_end_resyncs_on_bare_start[{_fixture}-{n}]"
+        for n in (1, 3, 1000)
+    )
+_S2_EXTRACT["dropped_arg_end"] += ("TestStreaming.test_dropped_arg_end_recovers_the_next_call",)
+for _fixture in (
+    "restart_before_function_name",
+    "restart_before_function_name_with_prefix",
+    "call_end_before_function_name",
+):
+    _S2_EXTRACT[_fixture] = (
+        f"TestExtractToolCalls.test_boundary_before_function_name_skips_the_block[{_fixture}]",
+        *(
+            f"TestStreaming.test_boundary_before_function_name_resyncs[{_fixture}-{n}]"
+            for n in (1, 3, 1000)
+        ),
+    )
+for _fixture in (
+    "call_end_before_arg_name",
+    "restart_before_arg_name",
+    "arg_start_before_arg_name",
+):
+    _S2_EXTRACT[_fixture] = (
+        f"TestExtractToolCalls.test_boundary_before_arg_name_skips_the_argument[{_fixture}]",
+        *(
+            f"TestStreaming.test_boundary_before_arg_name_resyncs[{_fixture}-{n}]"
+            for n in (1, 3, 1000)
+        ),
+    )
+CASES += [
+    solar2(
+        f"parity_{_fixture}",
+        _output,
+        _calls,
+        _content,
+        ids=tuple(
+            f"TestStreaming.test_parity_with_non_stream[{_fixture}-{n}]" for n in (1, 4, 1000)
+        )
+        + _S2_EXTRACT.get(_fixture, ()),
+    )
+    for _fixture, (_output, _calls, _content) in _S2_PARITY.items()
+    if _fixture != "empty_function_name"
+]
+_S2_WEATHER = _s2("get_weather", ("city", "Seoul"))
+_S2_SEARCH = _s2("search", ("query", "vLLM tutorial"), ("max_results", "5"))
+
+
+def _s2typed(arg: str, raw: str) -> str:
+    return _s2("do_all_types", (arg, raw))
+
+
+_S2_AB = _s2("search", ("query", "A"), ("max_results", "1")) + _s2(
+    "search", ("query", "B"), ("max_results", "2")
+)
+CASES += [
+    solar2(
+        "no_tool_calls",
+        "This is a regular response.",
+        content="This is a regular response.",
+        ids=("TestExtractToolCalls.test_no_tool_calls",),
+        tools=(),
+    ),
+    solar2(
+        "single_tool_no_content",
+        _S2_WEATHER,
+        [_S2_SEOUL],
+        ids=("TestExtractToolCalls.test_single_tool_no_content",),
+        tools=(),
+    ),
+    solar2(
+        "single_tool_with_content_prefix",
+        "Let me check the weather." + _S2_WEATHER,
+        [_S2_SEOUL],
+        "Let me check the weather.",
+        ids=("TestExtractToolCalls.test_single_tool_with_content_prefix",),
+        tools=(),
+    ),
+    solar2(
+        "multiple_tool_calls",
+        "I'll check both." + _S2_WEATHER + "\n" + _s2("get_weather", ("city", "Tokyo")),
+        [_S2_SEOUL, ("get_weather", {"city": "Tokyo"})],
+        "I'll check both.",
+        ids=("TestExtractToolCalls.test_multiple_tool_calls",),
+        tools=(),
+    ),
+    solar2(
+        "multiple_arguments_without_schema",
+        _S2_SEARCH,
+        [("search", {"query": "vLLM tutorial", "max_results": "5"})],
+        ids=("TestExtractToolCalls.test_multiple_arguments_without_schema",),
+        tools=(),
+    ),
+    solar2(
+        "multiple_arguments_with_schema",
+        _S2_SEARCH,
+        [("search", {"query": "vLLM tutorial", "max_results": 5})],
+        ids=("TestExtractToolCalls.test_multiple_arguments_with_schema",),
+    ),
+    solar2(
+        "no_arguments",
+        f"{_S2C}get_time\n{_S2E}",
+        [("get_time", {})],
+        ids=("TestExtractToolCalls.test_no_arguments",),
+        tools=(),
+    ),
+    solar2(
+        "json_like_value_in_arg",
+        _s2("process_data", ("data", '{"key": "value"}')),
+        [("process_data", {"data": '{"key": "value"}'})],
+        ids=("TestExtractToolCalls.test_json_like_value_in_arg",),
+        tools=(),
+    ),
+    solar2(
+        "reasoning_tags_with_tool_calls",
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help." + _S2_WEATHER,
+        [_S2_SEOUL],
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help.",
+        ids=("TestExtractToolCalls.test_reasoning_tags_with_tool_calls",),
+        tools=(),
+    ),
+    solar2(
+        "whitespace_only_prefix_is_no_content",
+        "  \n\n" + _S2_WEATHER,
+        [_S2_SEOUL],
+        ids=("TestExtractToolCalls.test_whitespace_only_prefix_is_no_content",),
+        tools=(),
+    ),
+    solar2(
+        "text_after_last_tool_call_is_not_content",
+        "pre" + _S2_WEATHER + "post",
+        [_S2_SEOUL],
+        "pre",
+        ids=("TestExtractToolCalls.test_text_after_last_tool_call_is_not_content",),
+        tools=(),
+    ),
+    solar2(
+        "unterminated_block_returns_raw_output",
+        f"Let me check.{_S2C}search\n<|tool_arg:start|>query<|tool_arg:value|>Seo",
+        content=f"Let me check.{_S2C}search\n<|tool_arg:start|>query<|tool_arg:value|>Seo",
+        ids=("TestExtractToolCalls.test_unterminated_block_returns_raw_output",),
+    ),
+    solar2(
+        "truncated_multiline_value_returns_raw_output",
+        f"Writing the file.{_S2C}write_file\n"
+        + _s2arg("path", "/tmp/a.py")
+        + "<|tool_arg:start|>content<|tool_arg:value|>"
+        + "".join(f"line {i}\n" for i in range(200)),
+        content=f"Writing the file.{_S2C}write_file\n"
+        + _s2arg("path", "/tmp/a.py")
+        + "<|tool_arg:start|>content<|tool_arg:value|>"
+        + "".join(f"line {i}\n" for i in range(200)),
+        ids=("TestExtractToolCalls.test_truncated_multiline_value_returns_raw_output",),
+    ),
+    *(
+        solar2(
+            f"coercion_{arg}_{pid(raw)}",
+            _s2typed(arg, raw),
+            [("do_all_types", {arg: value})],
+            ids=ids,
+        )
+        for arg, raw, value, ids in (
+            (
+                "i",
+                "42",
+                42,
+                (
+                    "TestTypeCoercion.test_integer",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[i-42-42]",
+                ),
+            ),
+            (
+                "n",
+                "3.14",
+                3.14,
+                (
+                    "TestTypeCoercion.test_number_float",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[n-3.14-3.14]",
+                ),
+            ),
+            (
+                "n",
+                "7.0",
+                7,
+                (
+                    "TestTypeCoercion.test_number_downcasts_to_int_when_fractional_is_zero",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[n-7.0-7]",
+                ),
+            ),
+            *(
+                (
+                    "b",
+                    raw,
+                    value,
+                    (
+                        f"TestTypeCoercion.test_boolean[{raw}-{value}]",
+                        *(
+                            (
+                                "TestStreaming.test_parity_with_non_stream_across_all_coercions"
+                                "[b-true-True]",
+                            )
+                            if raw == "true"
+                            else ()
+                        ),
+                    ),
+                )
+                for raw, value in (
+                    ("true", True),
+                    ("True", True),
+                    ("1", True),
+                    ("false", False),
+                    ("False", False),
+                    ("0", False),
+                    ("yes", "yes"),
+                    ("no", "no"),
+                )
+            ),
+            (
+                "arr",
+                "[1, 2, 3]",
+                [1, 2, 3],
+                (
+                    "TestTypeCoercion.test_array",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions"
+                    "[arr-[1, 2, 3]-expected_py7]",
+                    "TestStreaming.test_non_string_args_remain_atomic[arr-[1, 2, 3]]",
+                ),
+            ),
+            (
+                "obj",
+                '{"k": "v"}',
+                {"k": "v"},
+                (
+                    "TestTypeCoercion.test_object",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions"
+                    '[obj-{"k": "v"}-expected_py8]',
+                ),
+            ),
+            (
+                "maybe_int",
+                "9",
+                9,
+                (
+                    "TestTypeCoercion.test_union_with_null_prefers_non_null_type",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[maybe_int-9-9]",
+                ),
+            ),
+            (
+                "i",
+                "null",
+                None,
+                (
+                    "TestTypeCoercion.test_literal_null_becomes_none_for_non_string_param",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[i-null-None]",
+                ),
+            ),
+            ("maybe_int", "null", None, ("TestStreaming.test_literal_null_becomes_none",)),
+            (
+                "s",
+                "42",
+                "42",
+                (
+                    "TestTypeCoercion.test_string_type_preserves_raw_value",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions[s-42-42]",
+                ),
+            ),
+            (
+                "i",
+                "not-a-number",
+                "not-a-number",
+                (
+                    "TestTypeCoercion.test_conversion_failure_falls_back_to_string",
+                    "TestStreaming.test_malformed_value_falls_back_to_string",
+                    "TestStreaming.test_parity_with_non_stream_across_all_coercions"
+                    "[i-not-a-number-not-a-number]",
+                ),
+            ),
+            (
+                "b",
+                "False",
+                False,
+                ("TestStreaming.test_parity_with_non_stream_across_all_coercions[b-False-False]",),
+            ),
+            ("i", "12345", 12345, ("TestStreaming.test_non_string_args_remain_atomic[i-12345]",)),
+            ("b", "false", False, ("TestStreaming.test_non_string_args_remain_atomic[b-false]",)),
+            (
+                "obj",
+                '{"nested": {"ok": true}}',
+                {"nested": {"ok": True}},
+                ('TestStreaming.test_non_string_args_remain_atomic[obj-{"nested": {"ok": true}}]',),
+            ),
+        )
+    ),
+    solar2(
+        "unknown_function_falls_back_to_string",
+        _s2("unknown_fn", ("x", "5")),
+        [("unknown_fn", {"x": "5"})],
+        ids=("TestTypeCoercion.test_unknown_function_falls_back_to_string",),
+    ),
+    solar2(
+        "unknown_param_falls_back_to_string",
+        _s2("search", ("undeclared", "5")),
+        [("search", {"undeclared": "5"})],
+        ids=("TestTypeCoercion.test_unknown_param_falls_back_to_string",),
+    ),
+    solar2(
+        "responses_function_tool_schema",
+        _s2("set_options", ("count", "7"), ("enabled", "true")),
+        [("set_options", {"count": 7, "enabled": True})],
+        ids=(
+            "TestTypeCoercion.test_responses_function_tool_schema",
+            *every("TestStreaming.test_responses_function_tool_schema", 1, 7, 1000),
+        ),
+        tools=_S2_OPTIONS,
+    ),
+    solar2(
+        "malformed_properties_fall_back_to_string",
+        _s2("malformed", ("count", "7")),
+        [("malformed", {"count": "7"})],
+        ids=("TestTypeCoercion.test_malformed_properties_fall_back_to_string",),
+        tools=(
+            {
+                "type": "function",
+                "function": {
+                    "name": "malformed",
+                    "parameters": {"type": "object", "properties": ["count"]},
+                },
+            },
+        ),
+    ),
+    solar2(
+        "various_chunk_sizes",
+        _s2("do_all_types", ("i", "7"), ("b", "false")),
+        [("do_all_types", {"i": 7, "b": False})],
+        ids=every("TestStreaming.test_various_chunk_sizes", 1, 2, 3, 5, 7, 13, 31),
+    ),
+    solar2(
+        "content_before_tool_call_is_emitted",
+        "I'll check the weather. " + _s2("search", ("query", "Seoul"), ("max_results", "3")),
+        [("search", {"query": "Seoul", "max_results": 3})],
+        "I'll check the weather. ",
+        ids=("TestStreaming.test_content_before_tool_call_is_emitted",),
+    ),
+    solar2(
+        "trailing_whitespace_is_streamed",
+        "Hello world.\n\n",
+        content="Hello world.\n\n",
+        ids=("TestStreaming.test_trailing_whitespace_is_streamed",),
+    ),
+    solar2(
+        "streaming_multiple_tool_calls",
+        _s2("search", ("query", "Seoul"), ("max_results", "2"))
+        + _s2("search", ("query", "Tokyo"), ("max_results", "3")),
+        [
+            ("search", {"query": "Seoul", "max_results": 2}),
+            ("search", {"query": "Tokyo", "max_results": 3}),
+        ],
+        ids=("TestStreaming.test_multiple_tool_calls",),
+    ),
+    solar2(
+        "empty_args_call",
+        f"{_S2C}get_time\n{_S2E}",
+        [("get_time", {})],
+        ids=("TestStreaming.test_empty_args_call",),
+    ),
+    solar2(
+        "streamed_state_reset_between_streams",
+        _s2("search", ("query", "B"), ("max_results", "2")),
+        [("search", {"query": "B", "max_results": 2})],
+        ids=("TestStreaming.test_streamed_state_reset_between_streams",),
+    ),
+    solar2(
+        "value_containing_left_angle_bracket",
+        _s2("search", ("query", "a<b"), ("max_results", "1")),
+        [("search", {"query": "a<b", "max_results": 1})],
+        ids=("TestStreaming.test_value_containing_left_angle_bracket",),
+    ),
+    solar2(
+        "reasoning_tags_before_tool_call",
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help."
+        + _s2("search", ("query", "Seoul"), ("max_results", "3")),
+        [("search", {"query": "Seoul", "max_results": 3})],
+        "<|think:start|>I should use a tool<|think:end|>Sure, let me help.",
+        ids=("TestStreaming.test_reasoning_tags_before_tool_call",),
+    ),
+    solar2(
+        "content_between_tool_calls_is_dropped",
+        _s2("search", ("query", "A"), ("max_results", "1"))
+        + "Also checking..."
+        + _s2("search", ("query", "B"), ("max_results", "2")),
+        [
+            ("search", {"query": "A", "max_results": 1}),
+            ("search", {"query": "B", "max_results": 2}),
+        ],
+        ids=("TestStreaming.test_content_between_tool_calls_is_dropped",),
+    ),
+    solar2(
+        "base_class_state_after_stream",
+        _S2_AB,
+        [
+            ("search", {"query": "A", "max_results": 1}),
+            ("search", {"query": "B", "max_results": 2}),
+        ],
+        ids=("TestStreaming.test_base_class_state_after_stream",),
+    ),
+    solar2(
+        "empty_string_value",
+        _s2("search", ("query", ""), ("max_results", "1")),
+        [("search", {"query": "", "max_results": 1})],
+        ids=("TestStreaming.test_empty_string_value",),
+    ),
+    solar2(
+        "false_positive_sentinel_prefix_in_content",
+        "<|thinking about it|> here is the plan. "
+        + _s2("search", ("query", "x"), ("max_results", "1")),
+        [("search", {"query": "x", "max_results": 1})],
+        "<|thinking about it|> here is the plan. ",
+        ids=("TestStreaming.test_false_positive_sentinel_prefix_in_content",),
+    ),
+    solar2(
+        "unicode_value",
+        _s2("search", ("query", "서울 날씨"), ("max_results", "3")),
+        [("search", {"query": "서울 날씨", "max_results": 3})],
+        ids=("TestStreaming.test_unicode_value",),
+    ),
+    solar2(
+        "streaming_without_tools_schema",
+        _s2("search", ("query", "vLLM"), ("max_results", "5")),
+        [("search", {"query": "vLLM", "max_results": "5"})],
+        ids=("TestStreaming.test_streaming_without_tools_schema",),
+        tools=(),
+    ),
+    solar2(
+        "back_to_back_tool_calls_no_separator",
+        _s2("search", ("query", "A")) + _s2("search", ("query", "B")),
+        [("search", {"query": "A"}), ("search", {"query": "B"})],
+        ids=("TestStreaming.test_back_to_back_tool_calls_no_separator",),
+    ),
+    solar2(
+        "zero_args_call_followed_by_args_call",
+        f"{_S2C}get_time\n{_S2E}" + _s2("search", ("query", "x")),
+        [("get_time", {}), ("search", {"query": "x"})],
+        ids=("TestStreaming.test_zero_args_call_followed_by_args_call",),
+    ),
+    solar2(
+        "unique_ids_across_tool_calls",
+        "".join(_s2("search", ("query", q)) for q in "ABC"),
+        [("search", {"query": q}) for q in "ABC"],
+        ids=("TestStreaming.test_unique_ids_across_tool_calls",),
+    ),
+    solar2(
+        "content_and_tool_name_in_same_delta",
+        "prefix " + _s2("search", ("query", "x")),
+        [("search", {"query": "x"})],
+        "prefix ",
+        ids=("TestStreaming.test_content_and_tool_name_in_same_delta",),
+    ),
+    *(
+        solar2(
+            f"null_prefix_{pid(raw).strip() or 'empty'}_{i}",
+            _s2("search", ("query", raw)),
+            [("search", {"query": raw})],
+            ids=(f"TestStreaming.test_null_and_null_prefix_strings_stay_atomic[{pid(raw)}]",),
+        )
+        for i, raw in enumerate(["null", " NULL ", "n", "nu", "nul", ""])
+    ),
+    *(
+        solar2(
+            f"partial_string_escaping_{i}",
+            _s2("search", ("query", raw)),
+            [("search", {"query": raw})],
+            ids=tuple(
+                f"TestStreaming.test_partial_string_json_escaping_matches_non_stream[{pid(raw)}-{n}]"
+                for n in (1, 2, 7)
+            ),
+        )
+        for i, raw in enumerate(
+            [
+                'line1\nline2 "quoted" and \\ trailing\\',
+                "서울 날씨 🙂\t\r\n다음 줄",
+                "prefix <|tool_arX suffix",
+                "nullish",
+                "  nullable",
+                "line separator \u2028 paragraph \u2029",
+            ]
+        )
+    ),
+    solar2(
+        "string_arg_streams_before_arg_end",
+        _s2("search", ("query", "abcdefghijklmnopqrstuvwxyz" * 4)),
+        [("search", {"query": "abcdefghijklmnopqrstuvwxyz" * 4})],
+        ids=("TestStreaming.test_string_arg_streams_before_arg_end",),
+    ),
+    solar2(
+        "multiple_string_args_without_schema",
+        _s2("custom", ("first", "A" * 80), ("second", "B" * 80)),
+        [("custom", {"first": "A" * 80, "second": "B" * 80})],
+        ids=("TestStreaming.test_multiple_string_args_stream_incrementally_without_schema",),
+        tools=(),
+    ),
+    solar2(
+        "streamed_string_does_not_retain_full_raw_buffer",
+        _s2("search", ("query", "0123456789abcdef" * 512)),
+        [("search", {"query": "0123456789abcdef" * 512})],
+        ids=("TestStreaming.test_streamed_string_does_not_retain_full_raw_buffer",),
+    ),
+]
+
+_S2_EMPTY = _S2_PARITY["empty_function_name"][0]
+KNOWN_DIFFERENCES += [
+    known(
+        solar2(
+            "parity_empty_function_name",
+            _S2_EMPTY,
+            [("", {"city": "Seoul"})],
+            ids=tuple(
+                f"TestStreaming.test_parity_with_non_stream[empty_function_name-{n}]"
+                for n in (1, 4, 1000)
+            )
+            + _S2_EXTRACT["empty_function_name"],
+        ),
+        {"calls": [], "content": _S2_EMPTY},
+        "a call with no name is no call here, in every format: the block comes back as "
+        'content as written (vLLM\'s solar_open2 reports a call named "")',
+    ),
+    known(
+        solar2(
+            "trailing_partial_tool_sentinel_is_held_back",
+            "see <|to",
+            content="see ",
+            ids=("TestStreaming.test_trailing_partial_tool_sentinel_is_held_back",),
+        ),
+        {"content": "see <|to"},
+        "text held back as a possible marker is released when the output ends (vLLM's "
+        "stream keeps it back for good; its non-streaming path, as the test notes, gives "
+        "the whole text, as here)",
+    ),
+    known(
+        solar2(
+            "truncated_stream_before_tool_call_end",
+            f"{_S2C}search\n" + _s2arg("query", "x") + _s2arg("max_results", "5"),
+            [("search", {"query": "x", "max_results": 5})],
+            ids=("TestStreaming.test_truncated_stream_before_tool_call_end",),
+        ),
+        {
+            "calls": [],
+            "content": f"{_S2C}search\n" + _s2arg("query", "x") + _s2arg("max_results", "5"),
+        },
+        "a call cut off before its end marker is no call, and the output comes back as "
+        "content (vLLM's non-streaming path; its stream has sent the partial arguments "
+        '`{"query": "x", "max_results": 5`, no JSON)',
+    ),
+    known(
+        solar2(
+            "truncated_mid_string_keeps_emitted_state_consistent",
+            f"{_S2C}search\n<|tool_arg:start|>query<|tool_arg:value|>" + "print('hello')\n" * 20,
+            [("search", {"query": "print('hello')\n" * 20})],
+            ids=("TestStreaming.test_truncated_mid_string_keeps_emitted_state_consistent",),
+        ),
+        {
+            "calls": [],
+            "content": f"{_S2C}search\n<|tool_arg:start|>query<|tool_arg:value|>"
+            + "print('hello')\n" * 20,
+        },
+        "as truncated_stream_before_tool_call_end (vLLM's stream has sent an unclosed string)",
+    ),
+]
+IDS[SOLAR2] = [
+    *(
+        f"TestExtractToolCalls.test_{t}"
+        for t in (
+            "no_tool_calls",
+            "single_tool_no_content",
+            "single_tool_with_content_prefix",
+            "multiple_tool_calls",
+            "multiple_arguments_without_schema",
+            "multiple_arguments_with_schema",
+            "no_arguments",
+            "json_like_value_in_arg",
+            "reasoning_tags_with_tool_calls",
+            "whitespace_only_prefix_is_no_content",
+            "text_after_last_tool_call_is_not_content",
+            "unterminated_block_returns_raw_output",
+            "dropped_arg_end_does_not_swallow_later_calls",
+            "dropped_call_end_recovers_both_calls[dropped_call_end]",
+            "dropped_call_end_recovers_both_calls[dropped_call_end_and_arg_end]",
+            "boundary_before_function_name_skips_the_block[restart_before_function_name]",
+            "boundary_before_function_name_skips_the_block"
+            "[restart_before_function_name_with_prefix]",
+            "boundary_before_function_name_skips_the_block[call_end_before_function_name]",
+            "function_name_stops_at_the_first_newline",
+            "empty_function_name_is_parsed_as_empty",
+            "truncated_multiline_value_returns_raw_output",
+            "boundary_before_arg_name_skips_the_argument[call_end_before_arg_name]",
+            "boundary_before_arg_name_skips_the_argument[restart_before_arg_name]",
+            "boundary_before_arg_name_skips_the_argument[arg_start_before_arg_name]",
+            "literal_call_sentinel_prefix_in_value",
+            "repeated_argument_name_keeps_first_value",
+        )
+    ),
+    *(
+        f"TestTypeCoercion.test_{t}"
+        for t in (
+            "integer",
+            "number_float",
+            "number_downcasts_to_int_when_fractional_is_zero",
+            *(
+                f"boolean[{r}]"
+                for r in (
+                    "true-True",
+                    "True-True",
+                    "1-True",
+                    "false-False",
+                    "False-False",
+                    "0-False",
+                    "yes-yes",
+                    "no-no",
+                )
+            ),
+            "array",
+            "object",
+            "union_with_null_prefers_non_null_type",
+            "literal_null_becomes_none_for_non_string_param",
+            "string_type_preserves_raw_value",
+            "conversion_failure_falls_back_to_string",
+            "unknown_function_falls_back_to_string",
+            "unknown_param_falls_back_to_string",
+            "responses_function_tool_schema",
+            "malformed_properties_fall_back_to_string",
+        )
+    ),
+    *(
+        f"TestStreaming.test_parity_with_non_stream[{f}-{n}]"
+        for f in sorted(_S2_PARITY)
+        for n in (1, 4, 1000)
+    ),
+    *every("TestStreaming.test_responses_function_tool_schema", 1, 7, 1000),
+    *every("TestStreaming.test_various_chunk_sizes", 1, 2, 3, 5, 7, 13, 31),
+    *(
+        f"TestStreaming.test_{t}"
+        for t in (
+            "content_before_tool_call_is_emitted",
+            "no_tool_calls_passthrough",
+            "trailing_partial_tool_sentinel_is_held_back",
+            "trailing_whitespace_is_streamed",
+            "multiple_tool_calls",
+            "empty_args_call",
+            "malformed_value_falls_back_to_string",
+            "literal_null_becomes_none",
+            "streamed_state_reset_between_streams",
+            "value_containing_left_angle_bracket",
+            "reasoning_tags_before_tool_call",
+            "content_between_tool_calls_is_dropped",
+            "empty_string_value",
+            "false_positive_sentinel_prefix_in_content",
+            "unicode_value",
+            "truncated_stream_before_tool_call_end",
+            "dropped_arg_end_recovers_the_next_call",
+            "repeated_argument_name_is_emitted_once",
+            "delta_protocol_shape",
+            "base_class_state_after_stream",
+            "streaming_without_tools_schema",
+            "back_to_back_tool_calls_no_separator",
+            "zero_args_call_followed_by_args_call",
+            "unique_ids_across_tool_calls",
+            "empty_delta_text_no_raise",
+            "content_and_tool_name_in_same_delta",
+            "string_arg_streams_before_arg_end",
+            "multiple_string_args_stream_incrementally_without_schema",
+            "truncated_mid_string_keeps_emitted_state_consistent",
+            "streamed_string_does_not_retain_full_raw_buffer",
+        )
+    ),
+    *(
+        f"TestStreaming.test_dropped_call_end_resyncs_on_bare_start[{f}-{n}]"
+        for f in ("dropped_call_end", "dropped_call_end_and_arg_end")
+        for n in (1, 3, 1000)
+    ),
+    *(
+        f"TestStreaming.test_boundary_before_function_name_resyncs[{f}-{n}]"
+        for f in (
+            "restart_before_function_name",
+            "restart_before_function_name_with_prefix",
+            "call_end_before_function_name",
+        )
+        for n in (1, 3, 1000)
+    ),
+    *(
+        f"TestStreaming.test_boundary_before_arg_name_resyncs[{f}-{n}]"
+        for f in (
+            "call_end_before_arg_name",
+            "restart_before_arg_name",
+            "arg_start_before_arg_name",
+        )
+        for n in (1, 3, 1000)
+    ),
+    *every("TestStreaming.test_literal_call_sentinel_prefix_streams_verbatim", 1, 3, 1000),
+    *(
+        f"TestStreaming.test_parity_with_non_stream_across_all_coercions[{p}]"
+        for p in (
+            "i-42-42",
+            "i-null-None",
+            "i-not-a-number-not-a-number",
+            "n-3.14-3.14",
+            "n-7.0-7",
+            "b-true-True",
+            "b-False-False",
+            "arr-[1, 2, 3]-expected_py7",
+            'obj-{"k": "v"}-expected_py8',
+            "maybe_int-9-9",
+            "s-42-42",
+        )
+    ),
+    *(
+        f"TestStreaming.test_null_and_null_prefix_strings_stay_atomic[{p}]"
+        for p in ("null", " NULL ", "n", "nu", "nul", "")
+    ),
+    *(
+        f"TestStreaming.test_partial_string_json_escaping_matches_non_stream[{pid(r)}-{n}]"
+        for r in (
+            'line1\nline2 "quoted" and \\ trailing\\',
+            "서울 날씨 🙂\t\r\n다음 줄",
+            "prefix <|tool_arX suffix",
+            "nullish",
+            "  nullable",
+            "line separator \u2028 paragraph \u2029",
+        )
+        for n in (1, 2, 7)
+    ),
+    *(
+        f"TestStreaming.test_non_string_args_remain_atomic[{p}]"
+        for p in ("i-12345", "b-false", "arr-[1, 2, 3]", 'obj-{"nested": {"ok": true}}')
+    ),
+    *(
+        f"TestStreamingWhitespaceNormalization.test_ws_only_before_tool_call_is_dropped[{n}]"
+        for n in (1, 3, 7, 1000)
+    ),
+    *(
+        f"TestStreamingWhitespaceNormalization.test_ws_between_tool_calls_is_dropped[{n}]"
+        for n in (1, 4, 1000)
+    ),
+    *(
+        "TestStreamingWhitespaceNormalization."
+        f"test_trailing_ws_after_text_before_first_call_is_kept[{n}]"
+        for n in (1, 5, 1000)
+    ),
+]
+NOT_APPLICABLE[SOLAR2, "TestStreaming.test_delta_protocol_shape"] = (
+    "which fields each stream delta of a call carries (id and name first, then argument "
+    "pieces): here a solar_open2 call comes whole, in one delta, at the end of the output "
+    "(ToolFormat.whole); its output is the case base_class_state_after_stream's shape"
+)
+NOT_APPLICABLE[SOLAR2, "TestStreaming.test_empty_delta_text_no_raise"] = (
+    "an empty delta handed to the streaming parser (no model output)"
+)

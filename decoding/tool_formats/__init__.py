@@ -72,7 +72,9 @@ class ToolFormat:
     block is left out (vLLM strips the content around the calls); blank_content: content
     that is only whitespace is left out where calls follow (vLLM's None); strip: markers left out
     of the content where they stray (a `</tool_call>` after a call without its opening
-    marker); grammar: the tool-call
+    marker); inert: (open, close) regions of the content where the format reads no calls
+    (minimax's `<think>` ... `</think>` where no reasoning parser takes it: markers and
+    text stay content as written); grammar: the tool-call
     grammar builder (`call_formats.GRAMMARS`: tokenizer markers (start, end) -> the call
     format `tool_grammar.build_grammar` takes), None where the format has none yet;
     stream: how its calls' arguments stream while generated (`tool_calls.JsonStream` /
@@ -90,6 +92,7 @@ class ToolFormat:
     trim_content: bool = False
     blank_content: bool = False
     strip: tuple[str, ...] = ()
+    inert: tuple[tuple[str, str], ...] = ()
     grammar: Callable[..., Any] | None = None
     stream: StreamSpec | None = None
     whole: str = ""

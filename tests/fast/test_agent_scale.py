@@ -211,3 +211,41 @@ def test_rows_beyond_the_prefill_group_wait_and_join_in_order(tok) -> None:
         stages = [(batch.held(u) or (0, -1))[1] for u in uids]
         assert stages.count(1) <= 1  # one row prefills at a time
     assert order == uids  # each prefilled in turn, in arrival order
+
+
+def test_rows_in_the_prefill_group_keep_within_the_step_budget(tok) -> None:
+    # Two turns whose first segment (a checkpoint 4 tokens in) is short both join a
+    # 16-token step (4 + 4); in the steps after, their rows together still feed at most
+    # the step's budget, not a full chunk each.
+    model = ScriptedModel(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=8, prefill_step_size=16)
+    batch.prefill_tokens = 16
+    for base in (100, 200):
+        head = list(range(base, base + 4))
+        batch.insert([head, list(range(base + 4, base + 60))], max_tokens=2, stops=False)
+    fed = []
+    for _ in range(12):
+        before = batch._fed
+        batch.next()
+        fed.append(batch._fed - before)
+    assert fed[0] == 8
+    assert max(fed) <= 16, fed
+    assert sum(fed) == 2 * 59
+
+
+def test_a_step_runs_at_most_its_budget_of_positions_through_the_model(tok) -> None:
+    # The budget bounds what the forward pass computes (time and working set), and the
+    # batch pads each prefilling row's chunk to the longest one of the step.
+    class Counting(ScriptedModel):
+        def __call__(self, inputs, cache=None, **kwargs):
+            self.positions.append(inputs.shape[0] * inputs.shape[1])
+            return super().__call__(inputs, cache=cache, **kwargs)
+
+    model = Counting(vocab_size(tok), tok.eos_token_id)
+    batch = DecodeBatch(model, eos=[tok.eos_token_id], max_rows=8, prefill_step_size=64)
+    batch.prefill_tokens = 64
+    for n in (41, 3, 3, 3, 3):
+        batch.insert([list(range(1, n + 1))], max_tokens=2, stops=False)
+    model.positions = []
+    batch.next()
+    assert model.positions[0] <= 64, model.positions

@@ -620,3 +620,48 @@ def test_a_stored_shared_prefix_serves_as_a_checkpoint_until_a_longer_entry_exte
     assert (s.entries, s.checkpoints, s.hits_checkpoint) == (1, 0, 1)
     assert pc.nbytes == 6 * token_bytes()
     assert pc.fetch("m", [*shared, 7]).kind == "trimmed"
+
+
+def _trie_bytes(pc) -> int:
+    """Bytes of every segment reachable from the tries' roots, each counted once."""
+    total = 0
+    for trie in pc._segments.tries.values():
+        todo = list(trie.root.children.values())
+        while todo:
+            node = todo.pop()
+            total += node.nbytes
+            todo.extend(node.children.values())
+    return total
+
+
+bounded_ops = st.lists(
+    st.tuples(st.booleans(), st.booleans(), token_lists),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bounded_ops, st.integers(1, 4), st.integers(0, 12))
+def test_bounded_segments_keep_their_bytes_and_fetched_kv_stays_private(
+    operations, max_entries, max_tokens
+):
+    # Under both bounds, after every insert: the counted bytes are what the tries hold,
+    # within the byte bound, entries within the entry bound; a fetched KV written over in
+    # place (a trim then an update into its buffer, as a row that diverges does) leaves
+    # every stored entry holding its own tokens.
+    pc = PromptCache(max_entries=max_entries, max_bytes=max_tokens * token_bytes())
+    junk = mx.full((1, HEADS, 8, HEAD_DIM), -10.0)
+    for is_insert, mutate, toks in operations:
+        if is_insert:
+            pc.insert("m", toks, token_kv(list(toks)))
+            assert pc.nbytes == _trie_bytes(pc) <= max_tokens * token_bytes()
+            assert len(pc) <= max_entries
+        else:
+            hit = pc.fetch("m", list(toks))
+            if hit.kv is not None and mutate:
+                for c in hit.kv:
+                    c.trim(min(c.offset, 2))
+                    c.update_and_fetch(junk[:, :, :1], junk[:, :, :1])
+                mx.eval([c.state for c in hit.kv])
+        for _, stored, kv in pc._snapshot():
+            assert held(kv) == list(stored) == held(kv, 1)

@@ -47,6 +47,7 @@ BLOCKS = {
     "ernie45": _OBJ,
     "internlm": _OBJ,
     "gigachat3": _OBJ,
+    "minimax": f"\n{_OBJ}\n",
     "jamba": f"[{_OBJ}]",
     "granite": f"[{_OBJ}]",
     "hunyuan_a13b": f"[{_OBJ}]",
@@ -123,6 +124,19 @@ def test_the_mlx_lm_parser_in_effect_brings_its_stream(name):
     assert fmt is not None and fmt.name == name
     assert tool_formats.stream_of(tok) is fmt.stream
     assert (fmt.stream is None) == (name == "pythonic")
+
+
+def test_minimax_streams_each_line_as_a_call():
+    # JSON_LINES: the second object of a block streams as the next call, the stream agreeing
+    # with the whole parse (no dropped index)
+    fmt = tool_formats.get("minimax")
+    streamer = BlockStreamer(fmt.parse, TOOLS, 0, fmt.stream)
+    pieces = [p for ch in f"\n{_OBJ}\n{_OBJ}\n" for p in streamer.push(ch)]
+    assert [(p.index, p.name) for p in pieces if p.name] == [(0, "get_weather"), (1, "get_weather")]
+    closing, calls, ok = streamer.close(True)
+    assert ok and not any(p.dropped for p in closing)
+    assert [json.loads(c.arguments) for c in calls] == [EXPECTED[1], EXPECTED[1]]
+    assert merge_tool_call_deltas(pieces + closing) == calls
 
 
 def test_unclosed_json_arguments_stop_streaming_where_they_stop_being_json():
