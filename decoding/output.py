@@ -140,7 +140,8 @@ def _edges(
                 edges.setdefault(INERT, []).append((closing, NORMAL))
     if fmt is not None:
         for state, extra in fmt.edges().items():
-            edges[state].extend(e for e in extra if e[:2] not in {x[:2] for x in edges[state]})
+            known = edges.setdefault(state, [])
+            known.extend(e for e in extra if e[:2] not in {x[:2] for x in known})
     for marker in getattr(tokenizer, "structural_markers", None) or ():
         edges[NORMAL].append((marker, NORMAL))
     for state, extra in responses.items():

@@ -50,10 +50,16 @@ logger = logging.getLogger("localai.mlx." + __name__)
 
 # vLLM tool_parser names whose formats no parser here reads yet (a warning; mlx-lm's detection
 # from the chat template stays). Every other name is a format of decoding/tool_formats/.
-TOOL_PARSERS: dict[str, None] = {
-    "cohere_command3": None,
-    "cohere_command4": None,
-    "inkling": None,
+TOOL_PARSERS: dict[str, None] = {}
+
+# Tool-parser names whose vLLM parser also splits the reasoning (and strips the answer's
+# markers): with no reasoning_parser the reasoning format of this name applies (vLLM's
+# cohere_command_tool_parser.py; tests/tool_parsers/test_cohere_command_tool_parser.py
+# expects the reasoning from the tool parser alone).
+TOOL_REASONING: dict[str, str] = {
+    "cohere_command3": "cohere_command3",
+    "cohere_command4": "cohere_command4",
+    "inkling": "inkling",  # vllm/parser/inkling.py reads both
 }
 
 # Names (tool or reasoning) whose format is a set of channels: installed as the tokenizer's
@@ -134,6 +140,8 @@ def apply_parser_overrides(
     tool = think = None
     tool_fmt = None
     formats = []
+    if tool_parser and not reasoning_parser:
+        reasoning_parser = TOOL_REASONING.get(_normal(tool_parser), "")
     if tool_parser:
         tool_fmt = resolve_tool_format(tool_parser)
         tool = None if tool_fmt is None else (tool_fmt.parse, tool_fmt.start, tool_fmt.end)

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 NORMAL, REASONING = "normal", "reasoning"
+CITATION = "citation_"  # + the state a citation's close tag returns to
 
 # gpt-oss's channels as an mlx-lm response format (the shape of mlx_lm/chat_templates/
 # muse_spark.py's RESPONSE_FORMAT, read by output._edges): analysis is reasoning, final and
@@ -86,6 +87,10 @@ class ReasoningFormat:
     reasoning, and one right after the end marker no content (vLLM's step3p5).
     split: False when reasoning is not split from content at all.
     channels: an mlx-lm response format (Harmony) instead of a marker pair.
+    citations: `(open, close_head, close_tail)`: inline citation tags dropped from reasoning
+    and content alike, the open tag as written, the close tag from its head to the next tail
+    (Cohere's `<co>` ... `</co: 0:[1,2]>`).
+    lstrip: a reasoning block's leading whitespace is dropped.
     shown: the (start, end) ModelMetadata shows; (start, end) when not given.
     source: vLLM's parser file this follows.
     """
@@ -105,6 +110,8 @@ class ReasoningFormat:
     trim_newline: bool = False
     split: bool = True
     channels: Mapping[str, Any] | None = None
+    citations: tuple[str, str, str] | None = None
+    lstrip: bool = False
     shown: tuple[str, str] | None = None
 
     @property
@@ -131,6 +138,14 @@ class ReasoningFormat:
             edges[NORMAL].extend((m, NORMAL, False) for m in ends)
             edges[REASONING].extend((m, NORMAL, True) for m in self.ends_reasoning)
         edges[NORMAL].extend((m, NORMAL, False) for m in self.content_markers)
+        if self.citations:
+            # A citation's close tag is a state of its own whose text is no one's (the
+            # stream keeps normal / reasoning text only), ended by the tag's tail.
+            open_, head, tail = self.citations
+            for state in (NORMAL, REASONING):
+                edges[state].append((open_, state, False))
+                edges[state].append((head, CITATION + state, False))
+                edges[CITATION + state] = [(tail, state, False)]
         return edges
 
     def initial_state(self, start_at: int, end_at: int) -> str:
@@ -178,13 +193,19 @@ class ReasoningStream:
         self._trim_newline = fmt.trim_newline
         self._held_newline = False  # the reasoning's last "\n", held (trim_newline)
         self._skip_newline = False  # drop one "\n" at the content's next text
+        self._lstrip = fmt.lstrip
+        self._at_start = False  # at a block's start, its leading whitespace dropped (lstrip)
 
     def open_block(self) -> None:
         if self._label:
             self._held = ""
+        self._at_start = self._lstrip
 
     def reasoning(self, text: str) -> str:
         text = self._labelled(text)
+        if self._at_start and text:
+            text = text.lstrip()
+            self._at_start = not text
         if not self._trim_newline or not text:
             return text
         if self._held_newline:
@@ -228,11 +249,11 @@ class ReasoningStream:
             return
         # Newlines right after such a marker are dropped, up to the next text or marker.
         self._eat_newlines = seg.marker in self._newlines_after and seg.next_state == NORMAL
-        if seg.state == REASONING and seg.next_state != REASONING:
+        if seg.state == REASONING and seg.next_state not in (REASONING, CITATION + REASONING):
             reasoning.append(self.close_block())
             self._skip_newline = self._trim_newline and seg.next_state == NORMAL
-        elif seg.state != REASONING and seg.next_state == REASONING:
-            self.open_block()
+        elif seg.state not in (REASONING, CITATION + REASONING) and seg.next_state == REASONING:
+            self.open_block()  # (back from a citation's close tag is the same block)
 
     def content(self, text: str, final: bool = False) -> str:
         if self._prefix and (text or final):
@@ -388,6 +409,49 @@ FORMATS.update(
             "</mm:think>",
             source=_R + "minimax_m3_reasoning_parser.py",
         ),
+        # Cohere Command A reasoning (vLLM's cohere_command_reasoning_parser.py hands the
+        # parsing to an external package, so this follows what
+        # tests/reasoning/test_cohere_command_reasoning_parser.py asserts): a THINKING block,
+        # the answer in a RESPONSE block whose markers are no content, `<co>` ... `</co: ...>`
+        # citation tags dropped from both, the reasoning's leading whitespace dropped.
+        **{
+            name: ReasoningFormat(
+                name,
+                "<|START_THINKING|>",
+                "<|END_THINKING|>",
+                source=_R + "cohere_command_reasoning_parser.py",
+                content_markers=(
+                    "<|START_RESPONSE|>",
+                    "<|END_RESPONSE|>",
+                    "<|START_TEXT|>",
+                    "<|END_TEXT|>",
+                ),
+                newlines_after=("<|END_THINKING|>",),
+                citations=("<co>", "</co:", ">"),
+                lstrip=True,
+            )
+            for name in ("cohere_command3", "cohere_command4")
+        },
+        # Inkling (inkling_reasoning_parser.py, on vllm/parser/inkling.py; cases in
+        # tests/parser/engine/test_inkling.py): typed blocks,
+        # each closed by <|end_message|> (or <|content_model_end_sampling|>), later ones after
+        # <|message_model|>; a thinking block is reasoning, text / tool-text / tool-error
+        # blocks are content without their markers.
+        "inkling": ReasoningFormat(
+            "inkling",
+            "<|content_thinking|>",
+            "<|end_message|>",
+            source=_R + "inkling_reasoning_parser.py",
+            other_ends=("<|content_model_end_sampling|>",),
+            content_markers=(
+                "<|message_model|>",
+                "<|content_text|>",
+                "<|content_invoke_tool_text|>",
+                "<|content_tool_error|>",
+                "<|end_message|>",
+                "<|content_model_end_sampling|>",
+            ),
+        ),
         "kimi_k3": ReasoningFormat(
             "kimi_k3",
             "<|open|>think<|sep|>",
@@ -406,9 +470,6 @@ FORMATS.update(
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
 NO_FORMAT = frozenset(
     {
-        "cohere_command3",
-        "cohere_command4",
-        "inkling",
         "solar_open2",
     }
 )

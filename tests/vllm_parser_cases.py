@@ -7355,6 +7355,588 @@ NOT_APPLICABLE.update(
 )
 
 
+# --- cohere_command3 / cohere_command4: a JSON list of {"tool_call_id", "tool_name",
+# "parameters"} in <|START_ACTION|> ... <|END_ACTION|>; vLLM's tool parser also splits the
+# THINKING / RESPONSE blocks and drops `<co>` citations, which here is the reasoning format
+# of the same name, applied with the tool parser's name alone. Each output runs through
+# vLLM's five TestExtractToolCalls tests (one byte per delta, as the stream here). vLLM
+# also checks the call id ("0", "1"); ids here are the backend's own (no part of a Case) ---
+COHERE = "tests/tool_parsers/test_cohere_command_tool_parser.py@6bcd488866"
+_CO_FOO = ("foo", {"query": "query1"})
+_CO_ONE = (
+    "<|START_THINKING|> i will call foo with query1<|END_THINKING|><|START_ACTION|>\n[\n"
+    '    {"tool_call_id": "0", "tool_name": "foo", "parameters": {"query": "query1"}}\n]\n'
+    "<|END_ACTION|>"
+)
+_CO_TWO = (
+    "<|START_THINKING|>first I think about foo<|END_THINKING|><|START_ACTION|>\n[\n"
+    '    {"tool_call_id": "0", "tool_name": "foo", "parameters": {"query": "query1"}},\n'
+    '    {"tool_call_id": "1", "tool_name": "bar", "parameters": {"x": 42}}\n]\n'
+    "<|END_ACTION|>"
+)
+_CO_CITE = (
+    "<|START_THINKING|>This is a rainbow <co>emoji: 🌈</co: 0:[1]><|END_THINKING|>\n"
+    "<|START_RESPONSE|>foo <co>bar</co: 0:[1,2],1:[3,4]><|END_RESPONSE|>"
+)
+_CO_TESTS = (
+    "test_streaming",
+    "test_streaming_reasoning",
+    "test_streaming_content",
+    "test_nonstreaming",
+    "test_streaming_nonstreaming_agree",
+)
+_CO_SPLIT = (
+    "TestSpeculativeDecodingMultiTokenDelta.test_no_special_token_leak_in_streaming_deltas",
+    "TestSpeculativeDecodingMultiTokenDelta.test_multi_token_chunks_still_produce_correct_tool_call",
+)
+for _v, _name in (("cmd3", "cohere_command3"), ("cmd4", "cohere_command4")):
+    for _kind, _output, _calls, _content, _reasoning in (
+        ("single_tool_call", _CO_ONE, [_CO_FOO], "", "i will call foo with query1"),
+        ("citations_no_tool_calls", _CO_CITE, [], "foo bar", "This is a rainbow emoji: 🌈"),
+        (
+            "multiple_tool_calls",
+            _CO_TWO,
+            [_CO_FOO, ("bar", {"x": 42})],
+            "",
+            "first I think about foo",
+        ),
+        (
+            "reasoning_only",
+            "<|START_THINKING|>just think, no response<|END_THINKING|>",
+            [],
+            "",
+            "just think, no response",
+        ),
+    ):
+        _ids = tuple(f"TestExtractToolCalls.{t}[{_v}-{_kind}]" for t in _CO_TESTS)
+        if _kind == "single_tool_call":  # the same output split 2, 3, 4 and 6 bytes a delta
+            _ids = (
+                *_ids,
+                *(f"{t}[{n}-{_v}]" for t in _CO_SPLIT for n in (2, 3, 4, 6)),
+                f"TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas[{_v}]",
+            )
+        CASES.append(
+            Case(
+                f"cohere_{_v}_{_kind}",
+                COHERE,
+                _name,
+                "",  # the tool parser's name brings its reasoning format (TOOL_REASONING)
+                _output,
+                tuple(_calls),
+                _content,
+                _reasoning,
+                ids=_ids,
+            )
+        )
+IDS[COHERE] = [
+    *(
+        f"TestExtractToolCalls.{t}[{v}-{kind}]"
+        for kind in (
+            "single_tool_call",
+            "citations_no_tool_calls",
+            "multiple_tool_calls",
+            "reasoning_only",
+        )
+        for v in ("cmd3", "cmd4")
+        for t in _CO_TESTS
+    ),
+    *(f"{t}[{n}-{v}]" for t in _CO_SPLIT for n in (2, 3, 4, 6) for v in ("cmd3", "cmd4")),
+    *every(
+        "TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas", "cmd3", "cmd4"
+    ),
+]
+
+
+# --- inkling: typed blocks closed by <|end_message|> (or <|content_model_end_sampling|>),
+# later ones after <|message_model|>; a call is <|content_invoke_tool_json|>{"name", "args"};
+# the tool parser's name brings the reasoning format of the same name (vLLM's Inkling parser
+# reads both). vLLM streams each output in several chunk sizes (by tokens and by
+# characters); one case here stands for them all, byte by byte ---
+INKLING = "tests/parser/engine/test_inkling.py@019dd4b7db"
+_IK_MSG, _IK_TEXT, _IK_THINK = "<|message_model|>", "<|content_text|>", "<|content_thinking|>"
+_IK_TOOL, _IK_TOOL_TEXT = "<|content_invoke_tool_json|>", "<|content_invoke_tool_text|>"
+_IK_ERROR, _IK_END = "<|content_tool_error|>", "<|end_message|>"
+_IK_SAMPLING = "<|content_model_end_sampling|>"
+
+
+def _ik(name: str, args: str) -> str:
+    return f'{_IK_TOOL}{{"name":"{name}","args":{args}}}{_IK_END}'
+
+
+def inkling(ids, output, calls=(), content="", reasoning=""):
+    ids = (ids,) if isinstance(ids, str) else tuple(ids)
+    case_id = "inkling_" + ids[0].split("[")[0].rsplit(".", 1)[-1] + str(len(CASES))
+    return Case(case_id, INKLING, "inkling", "", output, tuple(calls), content, reasoning, ids=ids)
+
+
+_IK_SF = ("get_weather", {"city": "SF"})
+_IK_SEATTLE = ("get_weather", {"city": "Seattle"})
+_IK_42 = f"{_IK_TEXT}The answer is 42.{_IK_END}"
+_IK_WRAP = "TestArgConverter."
+CASES += [
+    *(
+        inkling(
+            f"TestNonStreaming.test_bare_text_after_model_opener[{suffix}]",
+            f"hello world{suffix}",
+            content="hello world",
+        )
+        for suffix in ("", _IK_END, _IK_SAMPLING)
+    ),
+    inkling(
+        "TestNonStreaming.test_plain_text", f"{_IK_TEXT}hello world{_IK_END}", content="hello world"
+    ),
+    inkling(
+        "TestNonStreaming.test_reasoning_text_tool",
+        f"{_IK_THINK}I should check the weather.{_IK_END}{_IK_MSG}{_IK_TEXT}Let me check."
+        f"{_IK_END}{_IK_MSG}" + _ik("get_weather", '{"city":"SF"}'),
+        [_IK_SF],
+        "Let me check.",
+        "I should check the weather.",
+    ),
+    inkling(
+        "TestNonStreaming.test_parallel_tool_calls",
+        _ik("a", "{}") + _IK_MSG + _ik("b", '{"x":[1,2]}'),
+        [("a", {}), ("b", {"x": [1, 2]})],
+    ),
+    inkling(
+        "TestNonStreaming.test_nested_args",
+        _ik("f", '{"q":{"deep":{"list":[{"k":"v"}]}},"s":"a}b"}'),
+        [("f", {"q": {"deep": {"list": [{"k": "v"}]}}, "s": "a}b"})],
+    ),
+    inkling(
+        "TestNonStreaming.test_invoke_tool_text_is_visible_text",
+        f"{_IK_TOOL_TEXT}do something{_IK_END}",
+        content="do something",
+    ),
+    inkling(
+        "TestNonStreaming.test_tool_error_is_visible_text",
+        f"{_IK_ERROR}boom{_IK_END}",
+        content="boom",
+    ),
+    inkling(
+        "TestNonStreaming.test_end_sampling_closes_blocks",
+        f"{_IK_THINK}hm{_IK_END}{_IK_MSG}{_IK_TEXT}hi{_IK_SAMPLING}",
+        content="hi",
+        reasoning="hm",
+    ),
+    inkling(
+        "TestNonStreaming.test_multiple_reasoning_blocks_concatenate",
+        f"{_IK_THINK}one{_IK_END}{_IK_MSG}{_IK_TEXT}mid{_IK_END}{_IK_MSG}{_IK_THINK}two{_IK_END}",
+        content="mid",
+        reasoning="onetwo",
+    ),
+    inkling(
+        ("TestNonStreaming.test_text_after_tool_call", "TestDelegatingTwoPass.test_tool_then_text"),
+        _ik("f", "{}") + f"{_IK_MSG}{_IK_TEXT}done{_IK_END}",
+        [("f", {})],
+        "done",
+    ),
+    inkling(
+        "TestNonStreaming.test_prose_marker_without_token_ids_is_structural",
+        f"{_IK_TEXT}see {_IK_TEXT} token{_IK_END}",
+        content="see  token",
+    ),
+    inkling(
+        (
+            *every("TestStreaming.test_chunk_invariance_tool_call", 1, 3, 7, 64, 4096),
+            *every("TestStreaming.test_chunk_invariance_tool_call_text_only", 1, 3, 7, 64),
+        ),
+        f"{_IK_TEXT}Check this.{_IK_END}{_IK_MSG}" + _ik("get_weather", '{"city":"San Francisco"}'),
+        [("get_weather", {"city": "San Francisco"})],
+        "Check this.",
+    ),
+    inkling(
+        every("TestStreaming.test_chunk_invariance_reasoning", 1, 5, 11),
+        f"{_IK_THINK}thinking...{_IK_END}{_IK_MSG}{_IK_TEXT}answer{_IK_END}",
+        content="answer",
+        reasoning="thinking...",
+    ),
+    inkling(
+        "TestStreaming.test_split_marker_held_across_chunks",
+        f"{_IK_TEXT}hello{_IK_END}",
+        content="hello",
+    ),
+    inkling(
+        (
+            "TestStreaming.test_streamed_args_are_object_only",
+            "TestRegisteredAdapters.test_adapter_round_trip",
+        ),
+        _ik("f", '{"a":1}'),
+        [("f", {"a": 1})],
+    ),
+    inkling(
+        every("TestStreaming.test_parallel_calls_streaming", 1, 9),
+        _ik("a", '{"i":1}') + _IK_MSG + _ik("b", '{"i":2}'),
+        [("a", {"i": 1}), ("b", {"i": 2})],
+    ),
+    inkling(
+        "TestPromptSeededState.test_generation_prompt_header_flushes_bare_text_at_finish",
+        "plain answer",
+        content="plain answer",
+    ),
+    inkling(
+        "TestToolCallFiltering.test_skip_tool_parsing_round_trip",
+        f"{_IK_THINK}plan{_IK_END}{_IK_MSG}"
+        + _ik("f", '{"a":1}')
+        + _IK_MSG
+        + _ik("g", '{"b":[2]}'),
+        [("f", {"a": 1}), ("g", {"b": [2]})],
+        reasoning="plan",
+    ),
+    inkling(
+        (
+            "TestDelegatingTwoPass.test_plain_text_non_streaming",
+            *every("TestDelegatingTwoPass.test_plain_text_streaming", 1, 3, 7, 64),
+            "TestToolParserWithoutReasoningParser.test_plain_text_non_streaming",
+            *every("TestToolParserWithoutReasoningParser.test_plain_text_streaming", 1, 3, 64),
+        ),
+        _IK_42,
+        content="The answer is 42.",
+    ),
+    inkling(
+        (
+            "TestDelegatingTwoPass.test_reasoning_then_text",
+            "TestToolParserWithoutReasoningParser.test_thinking_then_text_keeps_structure",
+        ),
+        f"{_IK_THINK}plan{_IK_END}{_IK_MSG}{_IK_TEXT}Let me look.{_IK_END}",
+        content="Let me look.",
+        reasoning="plan",
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_multi_tool_round_trip",
+        _ik("f", '{"a":1}') + _IK_MSG + _ik("g", '{"b":2}'),
+        [("f", {"a": 1}), ("g", {"b": 2})],
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_text_then_tool",
+        f"{_IK_TEXT}intro{_IK_END}{_IK_MSG}" + _ik("f", "{}"),
+        [("f", {})],
+        "intro",
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_two_tools_then_text",
+        _ik("f", "{}") + _IK_MSG + _ik("g", "{}") + f"{_IK_MSG}{_IK_TEXT}after{_IK_END}",
+        [("f", {}), ("g", {})],
+        "after",
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_reasoning_then_tool_non_streaming",
+        f"{_IK_THINK}think{_IK_END}{_IK_MSG}" + _ik("f", '{"x":1}'),
+        [("f", {"x": 1})],
+        reasoning="think",
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_end_sampling_text_closer_consumed",
+        f"{_IK_TEXT}hi{_IK_SAMPLING}",
+        content="hi",
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_end_sampling_tool_closer_round_trips",
+        f'{_IK_TOOL}{{"name":"f","args":{{}}}}{_IK_SAMPLING}',
+        [("f", {})],
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_reset_reuse_after_incomplete_span",
+        f"{_IK_TEXT}fresh{_IK_END}",
+        content="fresh",
+    ),
+    inkling(
+        every("TestDelegatingTwoPass.test_reasoning_then_tool_streaming", 1, 3, 64),
+        f"{_IK_THINK}plan{_IK_END}{_IK_MSG}" + _ik("get_weather", '{"city":"SF"}'),
+        [_IK_SF],
+        reasoning="plan",
+    ),
+    *(
+        inkling(
+            every(
+                "TestDelegatingTwoPass.test_visible_text_then_tool_streaming",
+                *(f"{n}-{opener}" for n in (1, 3, 64)),
+            ),
+            f"{opener}let me check{_IK_END}{_IK_MSG}" + _ik("get_weather", '{"city":"SF"}'),
+            [_IK_SF],
+            "let me check",
+        )
+        for opener in (_IK_TEXT, _IK_TOOL_TEXT, _IK_ERROR)
+    ),
+    inkling(
+        every("TestDelegatingTwoPass.test_tool_start_from_message_header_streaming", 1, 3, 7, 64),
+        _ik("get_weather", '{"city":"Seattle"}'),
+        [_IK_SEATTLE],
+    ),
+    inkling(
+        "TestDelegatingTwoPass.test_content_state_tool_start_streaming",
+        f"{_IK_TEXT}intro{_IK_END}" + _ik("get_weather", '{"city":"Seattle"}'),
+        [_IK_SEATTLE],
+        "intro",
+    ),
+    inkling(
+        "test_skip_reasoning_parsing_inert_for_shared_markers",
+        _ik("f", "{}") + "after",
+        [("f", {})],
+        "after",
+    ),
+    inkling(
+        (
+            "TestToolParserWithoutReasoningParser.test_tool_block_non_streaming",
+            *every("TestToolParserWithoutReasoningParser.test_tool_block_streaming", 1, 3, 64),
+        ),
+        _ik("get_weather", '{"city":"SF"}'),
+        [_IK_SF],
+    ),
+    inkling(
+        "TestToolParserWithoutReasoningParser.test_thinking_then_tool_still_promotes",
+        f"{_IK_THINK}think{_IK_END}{_IK_MSG}" + _ik("get_weather", '{"x":1}'),
+        [("get_weather", {"x": 1})],
+        reasoning="think",
+    ),
+    # vLLM's arg converter, each raw call in its block
+    inkling(
+        _IK_WRAP + "test_complete_wrapper",
+        f'{_IK_TOOL}{{"name":"get_weather","args":{{"city":"SF"}}}}{_IK_END}',
+        [_IK_SF],
+    ),
+    inkling(
+        _IK_WRAP + "test_args_value_appearing_in_name",
+        f'{_IK_TOOL}{{"name":"args","args":{{"k":1}}}}{_IK_END}',
+        [("args", {"k": 1})],
+    ),
+    inkling(
+        _IK_WRAP + "test_whitespace_tolerated",
+        f'{_IK_TOOL}{{ "name" : "x" , "args" : {{"a": 1}} }}{_IK_END}',
+        [("x", {"a": 1})],
+    ),
+    inkling(
+        _IK_WRAP + "test_missing_args_defaults_empty",
+        f'{_IK_TOOL}{{"name":"x"}}{_IK_END}',
+        [("x", {})],
+    ),
+]
+_IK_HEADER = (
+    "the function name the model may write between <|message_model|> and the call's "
+    "marker stays content here (vLLM's Inkling parser holds a block's header text and "
+    "drops it before a call); this backend routes text by markers only, holding no text "
+    "for what follows it"
+)
+_IK_CUT = (
+    "a call cut off before its JSON closes comes back as content as the model wrote it, "
+    "markers included (this backend's rule for every format, docs/LOCALAI.md); vLLM's "
+    "engine emits the name it read (its test checks the name only)"
+)
+_IK_SEARCH = "search_documents_by_keyword"
+KNOWN_DIFFERENCES += [
+    known(
+        inkling(
+            (
+                "TestNonStreaming.test_tool_header_name_is_not_visible_content",
+                "TestPromptSeededState.test_generation_prompt_header_hides_tool_name",
+            ),
+            "get_weather" + _ik("get_weather", '{"city":"SF"}'),
+            [_IK_SF],
+        ),
+        {"content": "get_weather"},
+        _IK_HEADER,
+    ),
+    known(
+        inkling(
+            "TestDelegatingTwoPass.test_function_name_header_before_tool_start_streaming",
+            "someFn" + _ik("get_weather", '{"city":"Seattle"}'),
+            [_IK_SEATTLE],
+        ),
+        {"content": "someFn"},
+        _IK_HEADER,
+    ),
+    known(
+        inkling(
+            "TestDelegatingTwoPass.test_function_name_not_in_content_after_reasoning",
+            f"{_IK_THINK} context.{_IK_END}{_IK_MSG}{_IK_SEARCH}" + _ik(_IK_SEARCH, "{}"),
+            [(_IK_SEARCH, {})],
+            reasoning=" context.",
+        ),
+        {"content": _IK_SEARCH},
+        _IK_HEADER,
+    ),
+    known(
+        inkling(
+            (
+                "TestNonStreaming.test_incomplete_tool_call_at_eos",
+                "TestDelegatingTwoPass.test_incomplete_tool_at_eos",
+            ),
+            f'{_IK_TOOL}{{"name":"d","args":{{"k":"v"',
+            [("d", {"k": "v"})],
+        ),
+        {"calls": [], "content": f'{_IK_TOOL}{{"name":"d","args":{{"k":"v"'},
+        _IK_CUT,
+    ),
+    known(
+        inkling(
+            "TestStreaming.test_name_streams_before_args_complete",
+            f'{_IK_TOOL}{{"name":"get_weather",',
+            [("get_weather", {})],
+        ),
+        {"calls": [], "content": f'{_IK_TOOL}{{"name":"get_weather",'},
+        _IK_CUT,
+    ),
+]
+# the file's ids: its cases' and known differences', and the not-applicable ones below,
+# 102 in all (counted from the file: a typo in an id above would change the count)
+IDS[INKLING] = sorted(
+    {i for c in CASES if c.source == INKLING for i in c.vllm_ids}
+    | {i for c, _ in KNOWN_DIFFERENCES if c.source == INKLING for i in c.vllm_ids}
+    | {
+        *(
+            _IK_WRAP + t
+            for t in (
+                "test_partial_before_args",
+                "test_partial_inside_args",
+                "test_prefix_stability",
+                "test_non_object_args_rejected",
+            )
+        ),
+        "TestStreaming.test_combined_parser_reasoning_to_tool_handoff_uses_text_markers",
+        "TestPromptSeededState.test_prompt_ending_in_thinking_starts_reasoning",
+        "TestPromptSeededState.test_prompt_ending_in_text_starts_content",
+        "TestPromptSeededState.test_generation_prompt_tail_starts_message_header",
+        "TestToolCallFiltering.test_tool_choice_none_non_streaming",
+        "TestToolCallFiltering.test_tool_choice_none_streaming",
+        "TestRegisteredAdapters.test_adapters_resolve",
+        "test_content_tool_start_emits_reasoning_end_in_reasoning_pass",
+        *(
+            "TestCountReasoningTokens." + t
+            for t in (
+                "test_generated_thinking_marker",
+                "test_prompt_opened_thinking_block",
+                "test_prompt_opened_text_block",
+                "test_reasoning_then_text",
+                "test_non_streaming_count_after_replay",
+            )
+        ),
+    }
+)
+assert len(IDS[INKLING]) == 102, len(IDS[INKLING])
+NOT_APPLICABLE.update(
+    {
+        (INKLING, _IK_WRAP + "test_partial_before_args"): "vLLM's streaming argument "
+        "converter over a partial call; here a call's arguments are read whole when its "
+        "block closes (the format's `whole`)",
+        (INKLING, _IK_WRAP + "test_partial_inside_args"): "as test_partial_before_args",
+        (INKLING, _IK_WRAP + "test_prefix_stability"): "as test_partial_before_args",
+        (INKLING, _IK_WRAP + "test_non_object_args_rejected"): "asserts the converter's "
+        "ValueError; here a call whose args is no JSON object is no call (its block comes "
+        "back as content, as for every format)",
+        (
+            INKLING,
+            "TestStreaming.test_combined_parser_reasoning_to_tool_handoff_uses_text_markers",
+        ): "feeds vLLM's DelegatingParser a reconstructed text whose token ids disagree "
+        "with it (no model output)",
+        (INKLING, "TestPromptSeededState.test_prompt_ending_in_thinking_starts_reasoning"): (
+            "asserts vLLM's engine state from prompt token ids; here the prompt's last "
+            "think marker decides (reasoning_formats.prompt_state)"
+        ),
+        (INKLING, "TestPromptSeededState.test_prompt_ending_in_text_starts_content"): (
+            "as test_prompt_ending_in_thinking_starts_reasoning"
+        ),
+        (INKLING, "TestPromptSeededState.test_generation_prompt_tail_starts_message_header"): (
+            "as test_prompt_ending_in_thinking_starts_reasoning"
+        ),
+        (INKLING, "TestToolCallFiltering.test_tool_choice_none_non_streaming"): "a request "
+        "with tool_choice none; the cases here run the parser with the request's tools "
+        "only (what the backend does with calls under tool_choice none is not this file's)",
+        (INKLING, "TestToolCallFiltering.test_tool_choice_none_streaming"): "as "
+        "test_tool_choice_none_non_streaming",
+        (INKLING, "TestRegisteredAdapters.test_adapters_resolve"): "vLLM's parser manager "
+        "class lookup (no model output)",
+        (INKLING, "test_content_tool_start_emits_reasoning_end_in_reasoning_pass"): "vLLM's "
+        "engine event sequence (no model output)",
+        **{
+            (INKLING, "TestCountReasoningTokens." + t): "vLLM's count_reasoning_tokens "
+            "(usage.reasoning_tokens) over token ids; the reasoning text of the same "
+            "outputs is in the cases"
+            for t in (
+                "test_generated_thinking_marker",
+                "test_prompt_opened_thinking_block",
+                "test_prompt_opened_text_block",
+                "test_reasoning_then_text",
+                "test_non_streaming_count_after_replay",
+            )
+        },
+    }
+)
+
+
+# --- cohere_command3 / cohere_command4 through vLLM's unified Cohere parser: the same
+# outputs as test_cohere_command_tool_parser.py's, Command 4's answer framed in
+# <|START_TEXT|> ... <|END_TEXT|> (Command 3's in RESPONSE) ---
+COHERE_UNIFIED = "tests/parser/cohere/test_tool_calls.py@57eabfad17"
+for _name, _tag in (("cohere_command3", "RESPONSE"), ("cohere_command4", "TEXT")):
+    for _kind, _output, _calls, _content, _reasoning in (
+        ("single_tool_call", _CO_ONE, [_CO_FOO], "", "i will call foo with query1"),
+        (
+            "citations_no_tool_calls",
+            _CO_CITE.replace("RESPONSE|>", _tag + "|>"),
+            [],
+            "foo bar",
+            "This is a rainbow emoji: 🌈",
+        ),
+        (
+            "multiple_tool_calls",
+            _CO_TWO,
+            [_CO_FOO, ("bar", {"x": 42})],
+            "",
+            "first I think about foo",
+        ),
+        (
+            "reasoning_only",
+            "<|START_THINKING|>just think, no response<|END_THINKING|>",
+            [],
+            "",
+            "just think, no response",
+        ),
+    ):
+        _ids = tuple(f"TestExtractToolCalls.{t}[{_name}-{_kind}]" for t in _CO_TESTS)
+        if _kind == "single_tool_call":
+            _ids = (
+                *_ids,
+                *(f"{t}[{n}-{_name}]" for t in _CO_SPLIT for n in (2, 3, 4, 6)),
+                f"TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas"
+                f"[{_name}]",
+            )
+        CASES.append(
+            Case(
+                f"cohere_unified_{_name}_{_kind}",
+                COHERE_UNIFIED,
+                _name,
+                "",
+                _output,
+                tuple(_calls),
+                _content,
+                _reasoning,
+                ids=_ids,
+            )
+        )
+IDS[COHERE_UNIFIED] = [
+    *(
+        f"TestExtractToolCalls.{t}[{name}-{kind}]"
+        for name in ("cohere_command3", "cohere_command4")
+        for kind in (
+            "single_tool_call",
+            "citations_no_tool_calls",
+            "multiple_tool_calls",
+            "reasoning_only",
+        )
+        for t in _CO_TESTS
+    ),
+    *(
+        f"{t}[{n}-{name}]"
+        for t in _CO_SPLIT
+        for n in (2, 3, 4, 6)
+        for name in ("cohere_command3", "cohere_command4")
+    ),
+    *every(
+        "TestStreamingDeltaShape.test_reasoning_and_tool_calls_are_separate_deltas",
+        "cohere_command3",
+        "cohere_command4",
+    ),
+]
 # --- minimax (MiniMax-M1): JSON objects one a line in `<tool_calls>` ... `</tool_calls>`; a
 # block inside `<think>` ... `</think>` stays content. vLLM's streaming tests feed deltas
 # to the parser and check a few of its results; here each is the whole output, streamed

@@ -1877,3 +1877,256 @@ NOT_APPLICABLE.update(
         ),
     }
 )
+
+# --- cohere_command3 / cohere_command4: <|START_THINKING|> blocks (leading whitespace
+# dropped), the answer in <|START_RESPONSE|> blocks whose markers are no content, `<co>` ...
+# `</co: ...>` citation tags dropped. vLLM's reasoning parser alone hands an action block on
+# as content (test_nonstreaming); its streaming one also emits the block's calls, the tool
+# parser's job here (the case with tool=) ---
+COHERE = T + "test_cohere_command_reasoning_parser.py@15c2a7b7e2"
+_CO_ACTION = (
+    "<|START_ACTION|>\n[\n"
+    '    {"tool_call_id": "0", "tool_name": "foo", "parameters": {"query": "query1"}}\n]\n'
+    "<|END_ACTION|>"
+)
+_CO_CITE = (
+    "<|START_THINKING|>This is a rainbow <co>emoji: 🌈</co: 0:[1]><|END_THINKING|>\n"
+    "<|START_RESPONSE|>foo <co>bar</co: 0:[1,2],1:[3,4]><|END_RESPONSE|>"
+)
+for _v in ("cmd3", "cmd4"):
+    _name = {"cmd3": "cohere_command3", "cmd4": "cohere_command4"}[_v]
+    _one = "<|START_THINKING|> i will call foo with query1<|END_THINKING|>" + _CO_ACTION
+    CASES += [
+        case(
+            f"TestExtractReasoning.test_nonstreaming[{_v}-single_tool_call]",
+            COHERE,
+            _name,
+            _one,
+            "i will call foo with query1",
+            _CO_ACTION,
+        ),
+        case(
+            f"TestExtractReasoning.test_streaming[{_v}-single_tool_call]",
+            COHERE,
+            _name,
+            _one,
+            "i will call foo with query1",
+            tool=_name,
+            calls=(("foo", {"query": "query1"}),),
+        ),
+        case(
+            (
+                f"TestExtractReasoning.test_nonstreaming[{_v}-citations_with_emoji]",
+                f"TestExtractReasoning.test_streaming[{_v}-citations_with_emoji]",
+            ),
+            COHERE,
+            _name,
+            _CO_CITE,
+            "This is a rainbow emoji: 🌈",
+            "foo bar",
+        ),
+    ]
+_CO_ADJUST = (
+    "vLLM's adjust_request folding response_format / structured_outputs / tools into a "
+    "Cohere structural tag for its guided decoding (no model output); here the request's "
+    "grammar fields are LocalAI's"
+)
+IDS[COHERE] = [
+    *(
+        f"TestExtractReasoning.{t}[{v}-{kind}]"
+        for kind in ("single_tool_call", "citations_with_emoji")
+        for v in ("cmd3", "cmd4")
+        for t in ("test_nonstreaming", "test_streaming")
+    ),
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd3]",
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd4]",
+    "TestAdjustRequestPassthrough.test_structured_outputs_structural_tag_not_modified",
+    "TestAdjustRequestPassthrough.test_response_format_structural_tag_short_circuit",
+    "TestAdjustRequestNoOp.test_no_schema_no_tools",
+    "TestAdjustRequestNoOp.test_no_model_config",
+    "TestAdjustRequestUnsupportedArchitecture.test_json_schema_raises",
+    *(
+        f"TestAdjustRequestFoldFromResponseFormat.test_response_format_cleared[{p}]"
+        for p in ("json_schema_pydantic", "json_schema_dict", "json_object")
+    ),
+    *(
+        f"TestHasEffectiveTools.test_has_effective_tools[{p}]"
+        for p in ("none", "empty_list", "blank_str", "non_empty_list", "non_empty_str")
+    ),
+    "TestHasEffectiveTools.test_convert_schema_json_only_with_empty_tools_list",
+    *(
+        f"TestAdjustRequestFoldFromStructuredOutputs.test_structured_outputs_folded[{p}]"
+        for p in (
+            "json_dict",
+            "json_string",
+            "json_object_flag",
+            "structured_outputs_dataclass",
+            "openai_wrapper_dict_unwrapped",
+        )
+    ),
+    "TestAdjustRequestFoldFromStructuredOutputs.test_responses_request_default_empty_tools",
+    "TestAdjustRequestFoldFromStructuredOutputs.test_json_userdict_mapping_unwrapped",
+    *(
+        f"TestAdjustRequestFoldFromStructuredOutputs.test_structured_outputs_json_string_raises[{p}]"
+        for p in ("invalid_json_string", "non_object_json_string", "empty_json_string")
+    ),
+    *(
+        f"TestAdjustRequestFoldFromStructuredOutputs.test_json_wrong_type_raises[{p}]"
+        for p in ("chat_completion_request", "structured_outputs_params")
+    ),
+    "TestAdjustRequestPrecedence.test_response_format_over_structured_outputs_json",
+    "TestAdjustRequestTextPlusStructuredOutputs.test_text_response_format_preserved",
+    "TestAdjustRequestTools.test_tools_only_command_a_grammar",
+    "TestAdjustRequestTools.test_tools_plus_json_schema_both_kinds",
+    "TestMelodySourceResolution.test_multi_index_source_fans_out",
+    "TestMelodySourceResolution.test_unresolvable_position_skipped",
+    "TestMelodySourceResolution.test_missing_position_map_drops_all_sources",
+    "TestMelodySourceResolution.test_citations_pass_through_is_thinking_tag",
+]
+NOT_APPLICABLE.update(
+    {
+        (COHERE, i): (
+            _IS_END
+            if i.startswith("TestIsReasoningEnd")
+            else "vLLM's Cohere serving layer's citation sources (numeric positions resolved "
+            "to documents); here citation tags are dropped and no sources are returned"
+            if i.startswith("TestMelody")
+            else _CO_ADJUST
+        )
+        for i in IDS[COHERE]
+        if not i.startswith("TestExtractReasoning")
+    }
+)
+
+# --- cohere_command3 / cohere_command4 through vLLM's unified Cohere parser
+# (tests/parser/cohere/): the same outputs; Command 4 frames its answer in <|START_TEXT|> ---
+COHERE_UNIFIED = T.replace("reasoning", "parser/cohere") + "test_reasoning.py@a3e23fa059"
+COHERE_CITATIONS = T.replace("reasoning", "parser/cohere") + "test_citations.py@756794a9a7"
+for _v in ("cmd3", "cmd4"):
+    _name = {"cmd3": "cohere_command3", "cmd4": "cohere_command4"}[_v]
+    CASES.append(
+        case(
+            (
+                f"TestExtractReasoning.test_nonstreaming[{_v}-citations_with_emoji]",
+                f"TestExtractReasoning.test_streaming[{_v}-citations_with_emoji]",
+            ),
+            COHERE_UNIFIED,
+            _name,
+            _CO_CITE,
+            "This is a rainbow emoji: 🌈",
+            "foo bar",
+        )
+    )
+    KNOWN.append(
+        known(
+            case(
+                (
+                    f"TestExtractReasoning.test_nonstreaming[{_v}-single_tool_call]",
+                    f"TestExtractReasoning.test_streaming[{_v}-single_tool_call]",
+                ),
+                COHERE_UNIFIED,
+                _name,
+                "<|START_THINKING|> i will call foo with query1<|END_THINKING|>" + _CO_ACTION,
+                "i will call foo with query1",
+            ),
+            {"content": _CO_ACTION},
+            "with the reasoning parser alone the action block is content as written, as "
+            "vLLM's own tests/reasoning/test_cohere_command_reasoning_parser.py expects; "
+            "vLLM's unified parser drops it when the request declares no tools (with "
+            "tool_parser set, or this tool-parser name alone, it is the calls here)",
+        )
+    )
+for _v, _name, _tags in (
+    ("cmd4", "cohere_command4", ("<|START_TEXT|>", "<|END_TEXT|>")),
+    ("cmd3", "cohere_command3", ("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
+):
+    CASES.append(
+        case(
+            tuple(
+                f"TestFramingTokensStripped.test_content_framing_tokens_stripped[{w}-{c}-{_v}]"
+                for w in ("no_tools", "tools")
+                for c in ("per_token", "batched")
+            ),
+            COHERE_UNIFIED,
+            _name,
+            "<|START_THINKING|>Think deeply. The user greets us.<|END_THINKING|>"
+            f"{_tags[0]}I'm doing well, thank you{_tags[1]}",
+            "Think deeply. The user greets us.",
+            "I'm doing well, thank you",
+        )
+    )
+IDS[COHERE_UNIFIED] = [
+    *(
+        f"TestExtractReasoning.{t}[{v}-{kind}]"
+        for kind in ("single_tool_call", "citations_with_emoji")
+        for v in ("cmd3", "cmd4")
+        for t in ("test_nonstreaming", "test_streaming")
+    ),
+    *(
+        f"TestFramingTokensStripped.test_content_framing_tokens_stripped[{w}-{c}-{v}]"
+        for w in ("no_tools", "tools")
+        for c in ("per_token", "batched")
+        for v in ("cmd4", "cmd3")
+    ),
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd3]",
+    "TestIsReasoningEnd.test_is_reasoning_end[cmd4]",
+    "test_count_reasoning_tokens[cohere_command3]",
+    "test_count_reasoning_tokens[cohere_command4]",
+    "TestParserSelection.test_adjust_request_keeps_framing_tokens[True]",
+    "TestParserSelection.test_adjust_request_keeps_framing_tokens[False]",
+    "TestParserSelection.test_non_cohere_selection_does_not_import_melody_parser",
+]
+NOT_APPLICABLE.update(
+    {
+        (COHERE_UNIFIED, "TestIsReasoningEnd.test_is_reasoning_end[cmd3]"): _IS_END,
+        (COHERE_UNIFIED, "TestIsReasoningEnd.test_is_reasoning_end[cmd4]"): _IS_END,
+        **{
+            (COHERE_UNIFIED, f"test_count_reasoning_tokens[{n}]"): "vLLM's "
+            "count_reasoning_tokens over token ids (usage.reasoning_tokens); the reasoning "
+            "text is in the cases"
+            for n in ("cohere_command3", "cohere_command4")
+        },
+        **{
+            (
+                COHERE_UNIFIED,
+                f"TestParserSelection.test_adjust_request_keeps_framing_tokens[{b}]",
+            ): (
+                "vLLM's skip_special_tokens request flag: here markers are matched on the "
+                "decoded text, special tokens included"
+            )
+            for b in ("True", "False")
+        },
+        (
+            COHERE_UNIFIED,
+            "TestParserSelection.test_non_cohere_selection_does_not_import_melody_parser",
+        ): "vLLM's optional import of its Cohere package (no model output)",
+    }
+)
+# vLLM's Cohere serving layer also streams the citation (offsets 15-20, its source resolved
+# from the request's documents): LocalAI's proto has no citations, so the tags are dropped
+# and the reasoning and content are what this case checks (docs/LOCALAI.md)
+CASES.append(
+    case(
+        "TestParserStreamingEndToEnd.test_full_wire_stream_shape",
+        COHERE_CITATIONS,
+        "cohere_command3",
+        "<|START_THINKING|>Let me check.<|END_THINKING|>"
+        "<|START_RESPONSE|>The capital is <co>Paris</co: 0:[1]>.<|END_RESPONSE|>",
+        "Let me check.",
+        "The capital is Paris.",
+    )
+)
+IDS[COHERE_CITATIONS] = [
+    "TestMelodySourceResolution.test_multi_index_source_fans_out",
+    "TestMelodySourceResolution.test_unresolvable_position_skipped",
+    "TestMelodySourceResolution.test_missing_position_map_drops_all_sources",
+    "TestMelodySourceResolution.test_citations_pass_through_is_thinking_tag",
+    "TestParserStreamingEndToEnd.test_full_wire_stream_shape",
+]
+NOT_APPLICABLE.update(
+    {
+        (COHERE_CITATIONS, i): "vLLM's Cohere serving layer's citation sources (numeric "
+        "positions resolved to documents; no model output)"
+        for i in IDS[COHERE_CITATIONS][:4]
+    }
+)

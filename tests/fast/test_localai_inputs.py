@@ -29,10 +29,12 @@ import params
 from decoding.output import OutputPipeline
 from decoding.parsers import (
     HARMONY_FORMAT,
+    TOOL_PARSERS,
     apply_parser_overrides,
     resolve_reasoning_markers,
     resolve_tool_parser,
 )
+from decoding.reasoning_formats import NO_FORMAT
 from decoding.tool_calls import merge_tool_call_deltas
 from loading import hub, model_loader
 from loading.hub import HubId
@@ -295,13 +297,16 @@ def test_every_localai_reasoning_parser_name_applies(name: str, tok, caplog) -> 
     ("tool", "reasoning", "why"),
     [
         ("no_such_parser", "", "unknown tool_parser 'no_such_parser'"),
-        (
-            "cohere_command3",
-            "",
-            "tool_parser 'cohere_command3' (a vLLM name) has no MLX equivalent",
-        ),
         ("", "no_such_parser", "unknown reasoning_parser 'no_such_parser'"),
-        ("", "solar_open2", "reasoning_parser 'solar_open2' (a vLLM name) has no MLX equivalent"),
+        # a vLLM name with no format here yet, while there is one
+        *(
+            (n, "", f"tool_parser '{n}' (a vLLM name) has no MLX equivalent")
+            for n in sorted(TOOL_PARSERS)[:1]
+        ),
+        *(
+            ("", n, f"reasoning_parser '{n}' (a vLLM name) has no MLX equivalent")
+            for n in sorted(NO_FORMAT)[:1]
+        ),
     ],
 )
 def test_other_names_warn_and_keep_mlx_lms_detection(tok, caplog, tool, reasoning, why) -> None:
