@@ -452,6 +452,18 @@ FORMATS.update(
                 "<|content_model_end_sampling|>",
             ),
         ),
+        # Solar Open2: the template opens <|think:start|> in the prompt (closed at once for
+        # low / none effort), so the prompt decides where the output starts. A tool call
+        # inside the block ends the reasoning and stays for the tool parser, as vLLM's
+        # stream does (solar_open2_reasoning_parser.py's extract_reasoning_streaming).
+        "solar_open2": ReasoningFormat(
+            "solar_open2",
+            "<|think:start|>",
+            "<|think:end|>",
+            source=_R + "solar_open2_reasoning_parser.py",
+            implicit_start=True,
+            ends_reasoning=("<|tool_call:start|>",),
+        ),
         "kimi_k3": ReasoningFormat(
             "kimi_k3",
             "<|open|>think<|sep|>",
@@ -468,11 +480,7 @@ FORMATS.update(
 )
 
 # vLLM reasoning-parser names with no format here yet (a warning; mlx-lm's detection stays).
-NO_FORMAT = frozenset(
-    {
-        "solar_open2",
-    }
-)
+NO_FORMAT: frozenset[str] = frozenset()
 
 
 def normal_name(name: str) -> str:
