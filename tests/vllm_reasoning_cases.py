@@ -2582,9 +2582,10 @@ NOT_APPLICABLE.update(
                 "test_is_reasoning_end_streaming_only_inspects_delta",
             )
         },
-        (SOLAR, "TestExtractReasoningStreaming.test_is_reasoning_end_defers_during_active_stream"): (
-            _IS_END
-        ),
+        (
+            SOLAR,
+            "TestExtractReasoningStreaming.test_is_reasoning_end_defers_during_active_stream",
+        ): (_IS_END),
         **{
             (SOLAR, f"{_SO_PATTERN}{t}"): "the agreement of vLLM's two internal regexes "
             "(which blocks its non-streaming path may promote; no extraction asserted): here "
@@ -2603,4 +2604,158 @@ NOT_APPLICABLE.update(
             )
         },
     }
+)
+
+# vLLM's promoted content read by its solar_open2 tool parser (it asserts the calls' names,
+# in order, and no content where nothing was promoted): here with tool_parser solar_open2
+_SO_PROMOTED = (
+    "TestEmbeddedToolCallPatternAgreement.test_promoted_content_parses_as_the_promoted_blocks"
+)
+_SO_GW = ("get_weather", {"city": "Seoul"})
+_SO_TEXTS = {
+    "no_sentinel": "just thinking about the weather\n",
+    "mention_only": "Should I emit <|tool_call:start|> here? No.\n",
+    "stray_end_sentinel": "<|tool_call:end|>\nand then some thinking\n",
+    "single_call": f"I should check.\n<|tool_call:start|>get_weather\n{SO_ARG}<|tool_call:end|>",
+    "two_calls": f"first\n<|tool_call:start|>get_weather\n{SO_ARG}<|tool_call:end|>\n"
+    f"then\n{SO_TB2}",
+    "no_args": "<|tool_call:start|>refresh\n<|tool_call:end|>",
+    "empty_function_name": f"<|tool_call:start|>\n{SO_ARG}<|tool_call:end|>",
+    "unstructured_body": "<|tool_call:start|>refresh\nnote to self\n<|tool_call:end|>",
+    "body_without_trailing_newline": "<|tool_call:start|>refresh\nnote<|tool_call:end|>",
+    "literal_prefix_in_value": "<|tool_call:start|>search\n<|tool_arg:start|>q"
+    "<|tool_arg:value|>what does <|tool_call: mean<|tool_arg:end|>\n<|tool_call:end|>",
+    "dropped_arg_end": "<|tool_call:start|>get_weather\n"
+    "<|tool_arg:start|>city<|tool_arg:value|>Seoul\n<|tool_call:end|>",
+    "unterminated": f"planning\n<|tool_call:start|>write_file\n{SO_ARG * 8}",
+    "dropped_call_end": f"<|tool_call:start|>first\n{SO_ARG}"
+    f"<|tool_call:start|>second\n{SO_ARG}<|tool_call:end|>",
+    "boundary_before_name": "<|tool_call:start|>oops<|tool_call:end|>\n"
+    f"<|tool_call:start|>get_weather\n{SO_ARG}<|tool_call:end|>",
+    "end_sentinel_on_the_name_line": "<|tool_call:start|>oops<|tool_call:end|>\nbody\n"
+    "<|tool_call:end|>",
+}
+assert sorted(_SO_TEXTS) == _SO_FIXTURES
+# vLLM's whole result: (reasoning, content, calls); the value of dropped_arg_end runs to the
+# call's end (decoding/tool_formats/solar_open2.py reads vLLM's tool parser so)
+_SO_VLLM = {
+    "no_sentinel": (_SO_TEXTS["no_sentinel"], "", ()),
+    "stray_end_sentinel": (_SO_TEXTS["stray_end_sentinel"], "", ()),
+    "single_call": ("I should check.\n", "", (_SO_GW,)),
+    "no_args": ("", "", (("refresh", {}),)),
+    "unstructured_body": ("", "", (("refresh", {}),)),
+    "body_without_trailing_newline": ("", "", (("refresh", {}),)),
+    "literal_prefix_in_value": ("", "", (("search", {"q": "what does <|tool_call: mean"}),)),
+    "dropped_arg_end": ("", "", (("get_weather", {"city": "Seoul\n"}),)),
+}
+CASES += [
+    case(
+        f"{_SO_PROMOTED}[{f}]",
+        SOLAR,
+        SO,
+        _SO_TEXTS[f] + SO_END,
+        r,
+        c,
+        tool=SO,
+        calls=calls,
+    )
+    for f, (r, c, calls) in _SO_VLLM.items()
+]
+SO_AS_WRITTEN = (
+    " (a block the tool parser cannot read is handed back as written, to the output's end, "
+    "<|think:end|> included)"
+)
+SO_NO_NAME = "; a call with no name is no call here: the tool parser hands the block back as text"
+KNOWN += [
+    known(
+        case(f"{_SO_PROMOTED}[{f}]", SOLAR, SO, _SO_TEXTS[f] + SO_END, r, c, tool=SO, calls=calls),
+        ours,
+        SO_PROMOTE + extra,
+    )
+    for f, r, c, calls, ours, extra in (
+        (
+            "mention_only",
+            _SO_TEXTS["mention_only"],
+            "",
+            (),
+            {
+                "reasoning": "Should I emit ",
+                "content": "<|tool_call:start|> here? No.\n" + SO_END,
+            },
+            SO_AS_WRITTEN,
+        ),
+        (
+            "two_calls",
+            "first\n\nthen\n",
+            "",
+            (_SO_GW, ("get_time", {"tz": "KST"})),
+            {"reasoning": "first\n"},
+            " (the text between the calls is the tool parser's, which keeps only the text "
+            "before the first call)",
+        ),
+        (
+            "empty_function_name",
+            "",
+            "",
+            (("", {"city": "Seoul"}),),
+            {"calls": [], "content": _SO_TEXTS["empty_function_name"] + SO_END},
+            SO_NO_NAME,
+        ),
+        (
+            "unterminated",
+            _SO_TEXTS["unterminated"],
+            "",
+            (),
+            {
+                "reasoning": "planning\n",
+                "content": _SO_TEXTS["unterminated"][len("planning\n") :] + SO_END,
+            },
+            " (a call never closed is handed back as text by the tool parser)",
+        ),
+        (
+            "dropped_call_end",
+            f"<|tool_call:start|>first\n{SO_ARG}",
+            "",
+            (("second", {"city": "Seoul"}),),
+            {
+                "reasoning": "",
+                "calls": [("first", {"city": "Seoul"}), ("second", {"city": "Seoul"})],
+            },
+            " (the tool parser reads a call ended by the next call's start, as vLLM's does "
+            "after the reasoning)",
+        ),
+        (
+            "boundary_before_name",
+            "<|tool_call:start|>oops<|tool_call:end|>\n",
+            "",
+            (_SO_GW,),
+            {"reasoning": ""},
+            " (the tool parser skips the nameless block)",
+        ),
+        (
+            "end_sentinel_on_the_name_line",
+            _SO_TEXTS["end_sentinel_on_the_name_line"],
+            "",
+            (),
+            {"reasoning": "", "content": _SO_TEXTS["end_sentinel_on_the_name_line"] + SO_END},
+            " (the tool parser hands a block it cannot read back as text)",
+        ),
+    )
+]
+KNOWN.append(
+    known(
+        case(
+            "TestEmbeddedToolCallPromotion.test_promoted_blocks_parse_via_tool_parser",
+            SOLAR,
+            SO,
+            f"Need the weather.\n{SO_TB}\n{SO_END}Checking now.",
+            "Need the weather.\n\n",
+            "Checking now.\n",
+            tool=SO,
+            calls=(_SO_GW,),
+        ),
+        {"reasoning": "Need the weather.\n", "content": ""},
+        SO_PROMOTE + " (the text after the call is the tool parser's, which keeps only the "
+        "text before the first call)",
+    )
 )
