@@ -215,6 +215,7 @@ class LoadParams:
     max_pending_events: int | None = None
     prompt_checkpoint_interval: int = 0  # option prompt_checkpoint_interval: tokens, 0 = off
     cpu_fuse: bool = True  # option cpu_fuse: false skips cpu_fuse.transform (dense CPU path)
+    cpu_attention: bool = True  # option cpu_attention: false skips cpu_attention.install
     # option volatile_spans: compiled patterns removed from every prompt before tokenizing
     # (parsing/volatile_spans.py); default Claude Code's billing header.
     volatile_spans: VolatileSpans = field(default_factory=lambda: read_volatile_spans(None))

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from decoding import grammar, parsers
 from errors import ModelLoadError
-from loading import cpu_fast_path, cpu_fuse, model_loader, vision
+from loading import cpu_attention, cpu_fast_path, cpu_fuse, model_loader, vision
 from params import LoadParams
 from seam.arrays import flat_arrays
 
@@ -186,6 +186,10 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
     if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
         cpu_fuse.transform(model)
     draft = _load_draft(params, tokenizer) if params.draft_model else None
+    if cpu_attention.applies(params.cpu_attention):  # MLX's CPU exp is scalar on x86
+        for m in (model, draft):
+            if m is not None:
+                cpu_attention.install(m)
     for m in (model, draft):
         if m is not None:
             _check_kv_quantization(params, m)
