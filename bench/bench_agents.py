@@ -277,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=38)
     ap.add_argument("--vllm-mlx-python", help="a python with vllm-mlx installed")
     ap.add_argument(
+        "--options", default="", help="ours: load options, comma-separated (cpu_attention:false)"
+    )
+    ap.add_argument(
         "--samples", help="write every request's timings here (JSON lines: system, level, ...)"
     )
     args = ap.parse_args(argv)
@@ -307,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = bl.Backend(
                     "ours", env=bl.fast_env({"LOCALAI_MLX_METRICS_ADDR": "127.0.0.1:0"})
                 )
-                server.load(model)
+                server.load(model, [o for o in args.options.split(",") if o])
                 stub = server.stub
                 before = _prompt_counter(stub)
 

@@ -41,15 +41,17 @@ sys.path.insert(0, str(bl.ROOT / "tests"))
 import tiny_models
 
 
-def _load(root: Path):
+def _load(root: Path, attention: bool = True):
     from mlx_lm import load
 
-    from loading import cpu_fast_path, cpu_fuse
+    from loading import cpu_attention, cpu_fast_path, cpu_fuse
 
     model, tokenizer = load(str(tiny_models.build("llama", root)))
     mode = cpu_fast_path.prepare_for_cpu(model, True, None)
     if cpu_fuse.applies(mode, True):
         cpu_fuse.transform(model)
+    if cpu_attention.applies(attention):
+        cpu_attention.install(model)
     return model, tokenizer
 
 
@@ -166,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", default="4096", help='tokens per row: "N", or "A-B" spread')
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--cpu-attention", choices=("on", "off"), default="on", help="loading.cpu_attention"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        model, _ = _load(Path(tmp))
+        model, _ = _load(Path(tmp), args.cpu_attention == "on")
         longest = max(_lengths(args.context, 2))
         cache, tokens = _prefilled(model, longest)
         ways = {
