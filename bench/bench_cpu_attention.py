@@ -20,11 +20,13 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loading import cpu_fast_path
 
 if __name__ == "__main__":
-    cpu_fast_path.ensure_preloaded()
+    cpu_fast_path.ensure_preloaded()  # MLX's matmuls on the fast BLAS, as the server runs
 
 import benchlib as bl
 
