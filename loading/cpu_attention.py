@@ -51,8 +51,9 @@ import numpy as np
 #: L2 cache (the block's six passes over its scores stay there).
 BLOCK = 1 << 20
 #: Fewest scores (B x H x L x S) a call takes this path with: below, evaluating the
-#: layer's inputs mid-graph costs more than MLX's exp (a one-row decode step over a few
-#: thousand tokens is ~20% slower through here; 4 rows or a prefill chunk are faster).
+#: layer's inputs mid-graph costs about what MLX's exp does (a decode step of one or two
+#: rows of the tiny llama over ~5,000 tokens: within noise either way); a prefill chunk or
+#: a decode step of 16 such rows is 2-10x faster here (BENCHMARKS U5).
 MIN_SCORES = 1 << 16
 #: Most scores a call computes on one thread: above, its blocks are split over the cores.
 PARALLEL_SCORES = 1 << 17
@@ -109,8 +110,9 @@ def attention(
             every row's softmax without a value, as MLX's fallback concatenates it.
 
     Returns:
-        (B, H, L, Dv) float32, evaluated. The blocks (one row, one key head, up to `BLOCK`
-        scores of queries) run on `_pool`'s threads (numpy releases the GIL).
+        (B, H, L, Dv) float32, evaluated. The blocks (rows and queries of at most `BLOCK`
+        scores, every head) of a call with `PARALLEL_SCORES` or more run on `_pool`'s
+        threads (numpy releases the GIL).
     """
     B, H, L, D = queries.shape
     Hk, S, Dv = keys.shape[1], keys.shape[2], values.shape[3]
