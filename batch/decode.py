@@ -11,10 +11,11 @@ and leave between steps.
 The steps are mlx-lm's `BatchGenerator`'s (0.32) in the same order, so greedy tokens are
 the same: decoding first, then waiting rows enter the prefill group; a row whose prompt
 is down to its last token leaves the prefill group with one forward pass of that token
-(its first token is queued), then joins the decoding rows; then one chunk for each row
-still prefilling (a ragged chunk right-padded, ``prepare``/``finalize``). Decoding is
-pipelined as mlx-lm's: the next step is queued before this one's tokens are read, so a
-sequence's KV always holds the token it just returned.
+(its first token is queued, and returned by this step: `_first_tokens`), then joins the
+decoding rows; then one chunk for each row still prefilling (a ragged chunk right-padded,
+``prepare``/``finalize``). Decoding is pipelined as mlx-lm's: the next step is queued
+before this one's tokens are read, so a sequence's KV always holds the token it just
+returned (a first token returned as its prompt ended: from the next step).
 
 Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are private in
 all but name (subclassing them meant re-implementing their private ``_step`` and reading
