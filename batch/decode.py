@@ -11,10 +11,11 @@ and leave between steps.
 The steps are mlx-lm's `BatchGenerator`'s (0.32) in the same order, so greedy tokens are
 the same: decoding first, then waiting rows enter the prefill group; a row whose prompt
 is down to its last token leaves the prefill group with one forward pass of that token
-(its first token is queued), then joins the decoding rows; then one chunk for each row
-still prefilling (a ragged chunk right-padded, ``prepare``/``finalize``). Decoding is
-pipelined as mlx-lm's: the next step is queued before this one's tokens are read, so a
-sequence's KV always holds the token it just returned.
+(its first token is queued, and returned by this step: `_first_tokens`), then joins the
+decoding rows; then one chunk for each row still prefilling (a ragged chunk right-padded,
+``prepare``/``finalize``). Decoding is pipelined as mlx-lm's: the next step is queued
+before this one's tokens are read, so a sequence's KV always holds the token it just
+returned (a first token returned as its prompt ended: from the next step).
 
 Own code instead of mlx-lm's `BatchGenerator` + `GenerationBatch`: these are private in
 all but name (subclassing them meant re-implementing their private ``_step`` and reading
@@ -98,6 +99,7 @@ class Row:
     context: Any = None  # TokenBuffer of its history, for its per-row logits processors
     held: int = 0  # tokens in ``context``
     gate: Any = None  # its `DraftGate` while it drafts
+    sent: bool = False  # its queued token was returned as it left prefill (`_first_tokens`)
     since: int = 0  # the batch's prompt tokens fed when it was inserted (`_pick`)
     # The caller wants its KV where only the last prompt token is left (a segment of its
     # own: a checkpoint or `cut` there): it then decodes from the next step, not this one.
@@ -327,6 +329,7 @@ class DecodeBatch:
         self._cache: list = []
         self._next_tokens: Any = None  # (B,) mx.array queued, not yet read; None: no row
         self._next_logprobs: list = []
+        self._early: list[Generated] = []  # first tokens returned by this step (`_start`)
         self._steps = 0
         self._release_due = False
         self._logits: BatchLogits | None = None  # of the last processed step's rows
@@ -545,6 +548,8 @@ class DecodeBatch:
         # in the next step, not the one after (unless the caller wants their KV first).
         if len(self._rows) < self.max_rows:
             prefilled += self._start_ready(lambda r: not r.boundary)
+        generated += self._early
+        self._early = []
         return prefilled, generated
 
     def _start_ready(self, may: Callable[[Row], bool]) -> list[Prefilled]:
@@ -585,14 +590,9 @@ class DecodeBatch:
         else:
             self._next_tokens = mx.concatenate([self._next_tokens, sampled])
             self._next_logprobs += logprobs
+        if not self.settle:  # a distributed group's ranks keep the pipelined order
+            self._early += _first_tokens(rows, sampled, logprobs, self.eos)
         self._joined(rows)
-
-    @staticmethod
-    def _lean(rows: Sequence[Row]) -> bool:
-        """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
-        without processors, its logprobs unread (then the token is the logits' argmax:
-        the log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
-        return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
 
     def _forward(self, rows: list[Row], cache: list, inputs: mx.array) -> tuple[mx.array, list]:
         """Queue one decode pass of ``inputs`` (B,): (sampled (B,), logprobs (V,) of each
@@ -602,7 +602,7 @@ class DecodeBatch:
         one argmax; a seeded sampler draws from its own row (reproducible alone or in any
         batch)."""
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
-        if self._lean(rows):
+        if lean(rows):
             sampled = mx.argmax(logits, axis=-1)
             mx.async_eval(sampled)
             return sampled, [None] * len(rows)
@@ -646,9 +646,11 @@ class DecodeBatch:
         return tokens, current_lp
 
     def _decode(self) -> list[Generated]:
-        """One token for every decoding row (`batch.speculation` may return several)."""
+        """One token for every decoding row (`batch.speculation` may return several); none
+        for a row whose token was returned as it left prefill (`Row.sent`)."""
         tokens, logprobs = self._plain_step()
-        return self._respond([[(t, lp, False)] for t, lp in zip(tokens, logprobs, strict=True)])
+        emitted = [[(t, lp, False)] for t, lp in zip(tokens, logprobs, strict=True)]
+        return self._respond(unsent(self._rows, emitted))
 
     def _respond(self, emitted: list[list[tuple[int, Any, bool]]]) -> list[Generated]:
         """Responses for each decoding row's ``emitted`` (token, logprobs, drafted), in
@@ -680,9 +682,45 @@ class DecodeBatch:
         return out
 
 
-def pending(batch: DecodeBatch, uid: int) -> tuple[int, mx.array | None] | None:
-    """(token, logprobs (V,) or None) that ``batch``'s decoding row ``uid`` has queued,
-    sampled but not yet returned (the pipelined step); None when the row does not decode.
+def lean(rows: Sequence[Row]) -> bool:
+    """Whether a step may skip the log-softmax over the vocabulary: every row greedy,
+    without processors, its logprobs unread (then the token is the logits' argmax: the
+    log-softmax only subtracts a per-row constant; ~1-2% of a step)."""
+    return all(r.sampler is GREEDY and not r.processors and not r.logprobs for r in rows)
+
+
+def _first_tokens(rows: list[Row], sampled: mx.array, logprobs: list, eos: frozenset[int]) -> list:
+    """Generated for each of ``rows`` (just out of prefill) whose first token, ``sampled``
+    by its last prompt token's forward pass, does not end it: returned by the step that
+    ended its prompt instead of the next one (which, on the CPU, computes the following
+    forward pass before it reads this one: MLX's ``async_eval`` waits once more than 10
+    tasks are queued, mlx/transforms.cpp ``MAX_ACTIVE_TASKS``). The token stays queued as
+    the row's next input, marked ``sent`` (`unsent`); a first token that ends its row is
+    returned the usual way, with its finish, by the next step."""
+    mx.eval(sampled, [x for x in logprobs if x is not None])
+    out = []
+    for r, t, lp in zip(rows, ints(sampled), logprobs, strict=True):
+        if finish_of(t, r.emitted + 1, r.max_tokens, stops=r.stops, eos=eos) is None:
+            r.emitted += 1
+            r.sent = True
+            out.append(Generated(r.uid, t, lp))
+    return out
+
+
+def unsent(rows: list[Row], emitted: list[list[tuple[int, Any, bool]]]) -> list[list]:
+    """Each row's ``emitted`` tokens without the first one where `_first_tokens` returned
+    it already (the row's ``sent`` mark is cleared: that token is read now)."""
+    out = []
+    for r, toks in zip(rows, emitted, strict=True):
+        out.append(toks[1:] if r.sent else toks)
+        r.sent = False
+    return out
+
+
+def pending(batch: DecodeBatch, uid: int) -> tuple[int, mx.array | None, bool] | None:
+    """(token, logprobs (V,) or None, returned) that ``batch``'s decoding row ``uid`` has
+    queued, sampled but not yet read (the pipelined step); ``returned``: it was returned
+    as the row left prefill (`_first_tokens`). None when the row does not decode.
     Reading it waits for the queued step. The row's KV does not hold it yet; its sampler
     and processors have seen it: a row taken out now (`engine.preemption`) resumes by
     feeding it. A plain decode's queue (a `SpeculativeBatch` is never asked)."""
@@ -690,5 +728,5 @@ def pending(batch: DecodeBatch, uid: int) -> tuple[int, mx.array | None] | None:
         if row.uid == uid and batch._next_tokens is not None:
             logprobs = batch._next_logprobs[i]
             mx.eval(batch._next_tokens, *([logprobs] if logprobs is not None else []))
-            return int(batch._next_tokens[i].item()), logprobs
+            return int(batch._next_tokens[i].item()), logprobs, row.sent
     return None

@@ -33,7 +33,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from batch.decode import DecodeBatch, Generated, Row
+from batch.decode import DecodeBatch, Generated, Row, unsent
 from decoding.ngram_spec import DraftGate
 from decoding.sampling import GREEDY
 from seam.arrays import ints, nested, scalar
@@ -312,6 +312,7 @@ class SpeculativeBatch(DecodeBatch):
             c.reject(rejects)
         for r, toks in zip(self._rows, emitted, strict=True):
             r.tokens.extend(t for t, _, _ in toks)
+        emitted = unsent(self._rows, emitted)
         self._next_tokens = mx.array(bonus, dtype=pending.dtype)
         self._next_logprobs = bonus_lp
         responses = self._respond(emitted)

@@ -39,7 +39,8 @@ class Token(Protocol):
     ``token`` None: the sequence ended without one. ``finish``: the runner ended it
     (STOP, LENGTH); ``kv``: (cache, tokens) when it handed the KV over as it ended;
     ``drafted``: the token came from an accepted draft; ``error``: the runner failed this
-    sequence alone (a `BackendError` its request ends with)."""
+    sequence alone (a `BackendError` its request ends with); ``delivered``: a queued
+    token (``pending``) already returned as its row left prefill."""
 
     @property
     def uid(self) -> int: ...
@@ -55,6 +56,8 @@ class Token(Protocol):
     def drafted(self) -> bool: ...
     @property
     def error(self) -> Any: ...
+    @property
+    def delivered(self) -> bool: ...
 
 
 class Runner(SequenceRunner, Protocol):

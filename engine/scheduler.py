@@ -358,11 +358,12 @@ class Scheduler:
     def _make_room(self) -> None:
         """Preempt the newest sequences whose KV the budget cannot hold after this step
         (`Preemption.make_room`): each one's queued token is delivered first (it may end
-        it), then it waits at the head of the queue to resume."""
+        it; not again when it was returned as its prefill ended), then it waits at the
+        head of the queue to resume."""
         victims = self.preemption.make_room(self._admitted())
         for job in victims:
             token = self._batch.pending(job)
-            if token is not None:
+            if token is not None and not token.delivered:
                 self._on_token(token)
             uid = job.uid
             if job.done or uid is None or self.active.get(uid) is not job:

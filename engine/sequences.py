@@ -50,7 +50,8 @@ class Token:
     one). ``finish``: the runner ended the sequence (STOP, LENGTH); ``kv``:
     (cache, tokens) when it handed the sequence's KV over as it ended; ``drafted``: the
     token came from an accepted draft; ``error``: the runner failed this sequence alone
-    (a `BackendError` its request ends with; ``token`` is None)."""
+    (a `BackendError` its request ends with; ``token`` is None); ``delivered``: a queued
+    token (`pending`) already returned as its row left prefill."""
 
     uid: int
     token: int | None
@@ -59,6 +60,7 @@ class Token:
     kv: tuple | None = None
     drafted: bool = False
     error: Any = None
+    delivered: bool = False
 
 
 def stops_at_eos(params: GenerationParams) -> bool:
@@ -428,8 +430,9 @@ class BatchRunner:
         got = pending(self._batch, uid) if uid is not None and uid in self._rows else None
         if uid is None or got is None:
             return None
-        token, logprobs = got
-        return Token(uid, token, logprobs, next_finish(token, job, self._eos_ids))
+        token, logprobs, delivered = got
+        finish = None if delivered else next_finish(token, job, self._eos_ids)
+        return Token(uid, token, logprobs, finish, delivered=delivered)
 
     def drop(self, job: Sequence) -> None:
         """Take ``job``'s row out, discarding its KV."""

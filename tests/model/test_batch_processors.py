@@ -22,7 +22,7 @@ import pytest
 import tiny_models
 from mlx_lm.models.cache import TokenBuffer
 
-from batch.decode import DecodeBatch, Row
+from batch.decode import DecodeBatch, Row, lean
 from batch.logits import BatchLogits, split
 from batch.speculation import SpeculativeBatch
 from decoding import grammar, sampling
@@ -52,7 +52,7 @@ class PerRow(DecodeBatch):
 
     def _forward(self, rows, cache, inputs):
         logits = self.model(inputs[:, None], cache=cache)[:, -1, :]
-        if self._lean(rows):
+        if lean(rows):
             sampled = mx.argmax(logits, axis=-1)
             mx.async_eval(sampled)
             return sampled, [None] * len(rows)

@@ -160,3 +160,39 @@ def test_a_finished_rows_kv_continues_as_mlx_lm_solo_decoding(tiny):
         c.trim(1)
     more = generate_step(mx.array(solo[5:6]), tiny, max_tokens=4, prompt_cache=done.prompt_cache)
     assert [int(t) for t, _ in more] == solo[6:10]
+
+
+def test_a_rows_first_token_comes_with_the_step_that_ends_its_prompt(tiny):
+    """`_first_tokens`: the step whose chunk ends a row's prompt returns its first token
+    (the same greedy token, never twice); a queued first token that ends its row (one
+    token asked for) comes the usual way, with its finish, one step later; `pending`
+    says a returned token was returned."""
+    from batch.decode import pending
+
+    batch = DecodeBatch(tiny, max_rows=4, prefill_step_size=16)
+    running = batch.insert([_ids(12, 20)], max_tokens=30)  # decodes beside the others
+    while not batch.next()[1]:
+        pass
+    prompt = _ids(40, 21)
+    uid = batch.insert([prompt], max_tokens=5)
+    one = batch.insert([_ids(10, 22)], max_tokens=1)
+    got: dict[int, list] = {uid: [], one: []}
+    ended_at, first_at, step = {}, {}, 0
+    while len(got[uid]) < 5 or not got[one]:
+        prompts, responses = batch.next()
+        step += 1
+        for p in prompts:
+            if p.end_of_prompt:
+                ended_at[p.uid] = step
+        for r in responses:
+            if r.uid in got:
+                first_at.setdefault(r.uid, step)
+                got[r.uid].append((r.token, r.finish_reason))
+        if uid in first_at and step == first_at[uid]:
+            token, _, returned = pending(batch, uid)
+            assert (token, returned) == (got[uid][0][0], True)
+    assert first_at[uid] == ended_at[uid]
+    assert first_at[one] == ended_at[one] + 1 and got[one] == [(got[one][0][0], "length")]
+    solo = [int(t) for t, _ in generate_step(mx.array(prompt), tiny, max_tokens=5)]
+    assert [t for t, _ in got[uid]] == solo
+    assert got[uid][-1][1] == "length" and running not in got
