@@ -81,14 +81,15 @@ class Batch:
         return uid
 
     def step(self) -> bool:
-        """One generator step; False when nothing is left to do."""
+        """One generator step; False when nothing is left to do (a step may return
+        nothing while rows run: the one that reads first tokens already returned)."""
         prompts, responses = self.gen.next()
         for r in responses:
             self.out[r.uid].append(r.token)
         layers = self.gen._cache  # the decoding rows' batch layers
         if layers and isinstance(layers[0], BatchKeepRotatingKVCache):
             self.kv_widths.append(layers[0].keys.shape[2])
-        return bool(prompts or responses)
+        return bool(prompts or responses or len(self.gen))
 
     def run(self) -> dict[int, list[int]]:
         while self.step():
