@@ -544,8 +544,8 @@ class DecodeBatch:
             for r, (_, e) in zip(self._prefilling, chunks, strict=True)
         ]
         self._prefill([c for c, _ in chunks])
-        # Rows whose prompt this chunk ended decode from now: their first token is read
-        # in the next step, not the one after (unless the caller wants their KV first).
+        # Rows whose prompt this chunk ended decode from now: their first token comes with
+        # this step (`_first_tokens`), not later (unless the caller wants their KV first).
         if len(self._rows) < self.max_rows:
             prefilled += self._start_ready(lambda r: not r.boundary)
         generated += self._early
