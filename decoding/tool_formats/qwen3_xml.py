@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from typing import Any
 
 import regex
@@ -217,14 +218,4 @@ QWEN3_XML = register(
         stream=STREAM,
     )
 )
-QWEN3_CODER = register(
-    ToolFormat(
-        "qwen3_coder",
-        parse,
-        *_MARKERS,
-        more=_BLOCKS,
-        strip=_MARKERS[1:],
-        grammar=_GRAMMAR,
-        stream=STREAM,
-    )
-)
+QWEN3_CODER = register(replace(QWEN3_XML, name="qwen3_coder"))  # one format, two names
