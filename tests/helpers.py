@@ -14,7 +14,8 @@
 - Shared by a fast test module and its counterpart in another tier (a test module never
   imports another): ``AUTH_TOKEN``, ``DISK_FP`` / ``file_names`` (disk tier),
   ``write_hostfile`` (distributed), ``param_bytes`` / ``batch_tokens`` (CPU fusing), and the
-  grammar cases ``GRAMMAR_FIELD``, ``PERSON``, ``YES_NO``, ``parse_constraint``,
+  grammar cases ``GRAMMAR_FIELD``, ``PERSON``, ``YES_NO``, ``PICK`` / ``PICK_TOOLS``,
+  ``grammar_matcher`` / ``grammar_accepts`` (a Lark grammar over a tokenizer), ``parse_constraint``,
   ``gbnf_alternatives``, ``assert_one_clean_line``.
 """
 
@@ -291,6 +292,41 @@ PERSON = {
     "additionalProperties": False,
 }
 YES_NO = 'root ::= "yes" | "no"'
+# A tool whose one argument is an enum: where a tool grammar masks a scripted token, the
+# lowest allowed id wins (all other logits equal), and a raw text value would run to
+# max_tokens (the scripted tool-call tests: tests/fast/test_call_formats.py and
+# test_tool_calls_harmony.py).
+PICK = {
+    "type": "object",
+    "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+PICK_TOOLS = json.dumps([{"type": "function", "function": {"name": "pick", "parameters": PICK}}])
+
+
+def grammar_matcher(tok, source: str):
+    """llguidance's matcher of the Lark grammar ``source`` over ``tok``'s vocabulary (a
+    TokenizerWrapper), as the engine builds it (``decoding.grammar.llg_tokenizer``)."""
+    import llguidance
+
+    from decoding import grammar
+
+    m = llguidance.LLMatcher(
+        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
+    )
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def grammar_accepts(tok, source: str, text: str, *, ends: bool = True) -> bool:
+    """Whether the grammar takes `text` token by token (and, with `ends`, EOS after it)."""
+    m = grammar_matcher(tok, source)
+    ids = tok.encode(text, add_special_tokens=False)
+    if m.validate_tokens(ids) != len(ids):
+        return False
+    m.consume_tokens(ids)
+    return not ends or m.is_accepting()
 
 
 def parse_constraint(text: str, metadata: dict[str, str]):

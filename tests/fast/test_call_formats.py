@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 
-import llguidance
 import pytest
-from helpers import chat_request
+from helpers import PICK_TOOLS, chat_request, grammar_accepts, grammar_matcher
 from inprocess import InProcessServer
 from scripted import ScriptedModel
 from toy_tokenizer import ids
 
 import params
-from decoding import call_formats, grammar, parsers, tool_grammar
+from decoding import call_formats, parsers, tool_grammar
 from decoding.tool_calls import merge_tool_call_deltas, parse_tool_block
 from prompting import render as prompt_mod
 from seam.tokenizer import vocab_size
@@ -137,19 +136,6 @@ def fmt_of(name: str):
     return tool_grammar.GRAMMARS[name](start, end), start, end
 
 
-def accepts(tok, source: str, text: str, *, ends: bool = True) -> bool:
-    """Whether the grammar takes `text` token by token (and, with `ends`, EOS after it)."""
-    m = llguidance.LLMatcher(
-        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
-    )
-    assert not m.is_error(), m.get_error()
-    ids_ = tok.encode(text, add_special_tokens=False)
-    if m.validate_tokens(ids_) != len(ids_):
-        return False
-    m.consume_tokens(ids_)
-    return not ends or m.is_accepting()
-
-
 def blocks(text: str, start: str, end: str) -> list[str]:
     """The text between each pair of markers (what the output pipeline hands the parser);
     a list at the content's start (pythonic's `[`, part of the calls' text) is one block."""
@@ -169,7 +155,7 @@ def test_the_formats_own_text_passes_and_parses_to_the_calls(tok, name):
         tool_grammar.declared_tools(TOOLS), fmt, special=tool_grammar._special_finder(tok)
     )
     lead = "" if fmt.leading else "Let me check.\n"  # a bare list counts only at the start
-    assert accepts(tok, source, f"{lead}{text}")
+    assert grammar_accepts(tok, source, f"{lead}{text}")
     parser = parsers.resolve_tool_parser(name)[0]
     calls = [c for b in blocks(text, start, end) for c in parse_tool_block(parser, b, TOOLS)]
     want = EXPECTED[:1] if name == "openai" else EXPECTED
@@ -187,8 +173,11 @@ def test_undeclared_names_parameters_and_wrong_values_do_not_pass(tok, name, wro
             tool_grammar.declared_tools(TOOLS), fmt, opening=opening, special=finder
         )
         good, wrong_part = bad[wrong].split("§")
-        assert accepts(tok, source, good, ends=False), (opening, good)
-        assert not accepts(tok, source, good + wrong_part, ends=False), (opening, wrong_part)
+        assert grammar_accepts(tok, source, good, ends=False), (opening, good)
+        assert not grammar_accepts(tok, source, good + wrong_part, ends=False), (
+            opening,
+            wrong_part,
+        )
 
 
 def test_bare_pythonic_list_counts_only_at_the_start():
@@ -200,19 +189,19 @@ def test_bare_pythonic_list_counts_only_at_the_start():
 
     tok = toy_tokenizer()
     lazy = tool_grammar.build_grammar(declared, fmt, opening="lazy")
-    assert accepts(tok, lazy, f"[{PY_CALLS}]")
+    assert grammar_accepts(tok, lazy, f"[{PY_CALLS}]")
     # The list is the whole output (vLLM reads text after it as no call): nothing follows.
-    assert not accepts(tok, lazy, f" [{PY_CALLS}] and some text after", ends=False)
-    assert not accepts(tok, lazy, f"[{PY_CALLS}]\n", ends=False)
+    assert not grammar_accepts(tok, lazy, f" [{PY_CALLS}] and some text after", ends=False)
+    assert not grammar_accepts(tok, lazy, f"[{PY_CALLS}]\n", ends=False)
     parser = parsers.resolve_tool_parser("pythonic")[0]
     with pytest.raises(ValueError):
         parse_tool_block(parser, f"[{PY_CALLS}] and some text after", TOOLS)
-    assert accepts(tok, lazy, "Just talking, see [1] and [rm_rf()].")  # not at the start
-    assert accepts(tok, lazy, "")
-    assert not accepts(tok, lazy, "[rm_rf(", ends=False)
+    assert grammar_accepts(tok, lazy, "Just talking, see [1] and [rm_rf()].")  # not at the start
+    assert grammar_accepts(tok, lazy, "")
+    assert not grammar_accepts(tok, lazy, "[rm_rf(", ends=False)
     required = tool_grammar.build_grammar(declared, fmt, opening="required")
-    assert not accepts(tok, required, "Just talking", ends=False)
-    assert accepts(tok, required, "[get_time()]")
+    assert not grammar_accepts(tok, required, "Just talking", ends=False)
+    assert grammar_accepts(tok, required, "[get_time()]")
 
 
 def test_mlx_lm_pythonic_block_is_constrained_as_its_parser_reads_it(tok):
@@ -227,8 +216,8 @@ def test_mlx_lm_pythonic_block_is_constrained_as_its_parser_reads_it(tok):
     fmt = tool_grammar.tool_format(wrapper)
     assert fmt is not None and not fmt.leading and fmt.start == "<|tool_call_start|>"
     source = tool_grammar.build_grammar(tool_grammar.declared_tools(TOOLS), fmt)
-    assert accepts(tok, source, f"Let me check.\n{MLX_PYTHONIC}")
-    assert not accepts(tok, source, "Let me check.\n<|tool_call_start|>[rm_rf(", ends=False)
+    assert grammar_accepts(tok, source, f"Let me check.\n{MLX_PYTHONIC}")
+    assert not grammar_accepts(tok, source, "Let me check.\n<|tool_call_start|>[rm_rf(", ends=False)
     (block,) = blocks(MLX_PYTHONIC, fmt.start, "<|tool_call_end|>")
     calls = parse_tool_block(wrapper.tool_parser, block, TOOLS)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == EXPECTED
@@ -241,10 +230,12 @@ def test_glm_string_values_are_read_as_written(tok):
     finder = tool_grammar._special_finder(tok)
     source = tool_grammar.build_grammar(tool_grammar.declared_tools(TOOLS), fmt, special=finder)
     head = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-    assert accepts(tok, source, head + "<arg_key>unit</arg_key><arg_value>c", ends=False)
-    assert not accepts(tok, source, head + "<arg_key>unit</arg_key><arg_value>c\n", ends=False)
+    assert grammar_accepts(tok, source, head + "<arg_key>unit</arg_key><arg_value>c", ends=False)
+    assert not grammar_accepts(
+        tok, source, head + "<arg_key>unit</arg_key><arg_value>c\n", ends=False
+    )
     alarm = "<tool_call>set_alarm<arg_key>hour</arg_key><arg_value>7\n</arg_value></tool_call>"
-    assert accepts(tok, source, alarm)
+    assert grammar_accepts(tok, source, alarm)
     parser = parsers.resolve_tool_parser("glm47")[0]
     text = "get_weather<arg_key>city</arg_key><arg_value> Paris\n</arg_value>"
     (call,) = parse_tool_block(parser, text, TOOLS)
@@ -274,16 +265,8 @@ def test_each_format_is_found_from_the_tokenizers_parser(tok):
 
 # --- over gRPC: a scripted model that would call an undeclared tool ------------------------
 
-# An enum value only: where the grammar masks the scripted token, the lowest allowed id
-# wins (all other logits are equal), and a raw text value would run to max_tokens. The
-# undeclared name has the declared one's length, so the script lines up again after it.
-PICK = {
-    "type": "object",
-    "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
-    "required": ["unit"],
-    "additionalProperties": False,
-}
-PICK_TOOLS = json.dumps([{"type": "function", "function": {"name": "pick", "parameters": PICK}}])
+# The undeclared name has the declared one's length, so the script lines up again after
+# it (`PICK`: an enum value only).
 GRPC_FORMATS = {
     "qwen3_coder": ["<tool_call>", "b:\n<function=kill>\n</function>\n", "</tool_call>"],
     "glm47": ["<tool_call>", "b:kill", "</tool_call>"],
@@ -348,17 +331,17 @@ def test_raw_string_values_keep_their_max_length(tok, name):
                        "</parameter>"),
     }  # fmt: skip
     head, close = heads[name]
-    assert accepts(tok, source, head + "abc" + close, ends=False)
-    assert not accepts(tok, source, head + "abcd", ends=False)
+    assert grammar_accepts(tok, source, head + "abc" + close, ends=False)
+    assert not grammar_accepts(tok, source, head + "abcd", ends=False)
 
 
 def test_pythonic_string_values_keep_their_max_length(tok):
     short = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 3}}}
     fmt, _, _ = fmt_of("olmo3")
     source = tool_grammar.build_grammar({"f": short}, fmt, opening="required")
-    assert accepts(tok, source, "<function_calls>\nf(code='abc')\n</function_calls>")
-    assert accepts(tok, source, '<function_calls>\nf(code="a\\"c")', ends=False)
-    assert not accepts(tok, source, "<function_calls>\nf(code='abcd", ends=False)
+    assert grammar_accepts(tok, source, "<function_calls>\nf(code='abc')\n</function_calls>")
+    assert grammar_accepts(tok, source, '<function_calls>\nf(code="a\\"c")', ends=False)
+    assert not grammar_accepts(tok, source, "<function_calls>\nf(code='abcd", ends=False)
 
 
 def test_harmony_with_its_markers_as_special_tokens(tok):
@@ -382,9 +365,7 @@ def test_harmony_with_its_markers_as_special_tokens(tok):
     args = '{"city": "Paris", "unit": "c"}'
     good = [think, *enc("commentary to=functions.get_weather "), call, *enc("json"), unthink,
             *enc(args), uncall]  # fmt: skip
-    m = llguidance.LLMatcher(
-        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
-    )
+    m = grammar_matcher(tok, source)
     assert m.validate_tokens(good) == len(good)
     bad = [think, *enc("commentary to=functions.rm_rf")]
     assert m.validate_tokens(bad) < len(bad)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 
-import llguidance
 import pytest
 import tiny_models
-from helpers import chat_request
+from helpers import PICK_TOOLS, chat_request, grammar_matcher
 from inprocess import InProcessServer
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from scripted import ScriptedModel
@@ -26,7 +25,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 import params
-from decoding import grammar, tool_grammar
+from decoding import tool_grammar
 from decoding.output import OutputPipeline
 from decoding.parsers import apply_parser_overrides
 from decoding.tool_calls import merge_tool_call_deltas
@@ -107,16 +106,8 @@ def _constraint(tok, choice: str, mode: str) -> params.GenerationRequest:
     return tool_grammar.with_tool_grammar(request, tok)
 
 
-def _matcher(tok, source: str) -> llguidance.LLMatcher:
-    m = llguidance.LLMatcher(
-        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
-    )
-    assert not m.is_error(), m.get_error()
-    return m
-
-
 def _takes(tok, source: str, ids: list[int]) -> bool:
-    m = _matcher(tok, source)
+    m = grammar_matcher(tok, source)
     if m.validate_tokens(ids) != len(ids):
         return False
     m.consume_tokens(ids)
@@ -159,15 +150,7 @@ def test_required_grammar_takes_gpt_oss_completion(harmony):
 
 
 # Over gRPC around the real engine, a scripted gpt-oss certain of an undeclared tool (as
-# tests/fast/test_call_formats.py's scripted formats): an enum value only, so that where the
-# grammar masks the scripted token the lowest allowed id still ends in the declared call.
-PICK = {
-    "type": "object",
-    "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
-    "required": ["unit"],
-    "additionalProperties": False,
-}
-PICK_TOOLS = json.dumps([{"type": "function", "function": {"name": "pick", "parameters": PICK}}])
+# tests/fast/test_call_formats.py's scripted formats), the declared one `PICK_TOOLS`.
 KILL = '<|channel|>commentary to=functions.kill <|constrain|>json<|message|>{"unit": "c"}<|call|>'
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 
-import llguidance
 import pytest
-from helpers import feed_output
+from helpers import feed_output, grammar_accepts
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from toy_tokenizer import build_hf
 
-from decoding import grammar, tool_grammar
+from decoding import tool_grammar
 from decoding.output import OutputPipeline
 from decoding.parsers import apply_parser_overrides
 
@@ -126,22 +125,8 @@ WEATHER = {
 TOOLS = {"get_weather": WEATHER}
 
 
-def _matcher(hf, source: str) -> llguidance.LLMatcher:
-    tok = TokenizerWrapper(hf, BPEStreamingDetokenizer)
-    m = llguidance.LLMatcher(
-        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
-    )
-    assert not m.is_error(), m.get_error()
-    return m
-
-
 def _takes(hf, source: str, text: str, ends: bool = True) -> bool:
-    m = _matcher(hf, source)
-    ids = hf.encode(text, add_special_tokens=False)
-    if m.validate_tokens(ids) != len(ids):
-        return False
-    m.consume_tokens(ids)
-    return not ends or m.is_accepting()
+    return grammar_accepts(TokenizerWrapper(hf, BPEStreamingDetokenizer), source, text, ends=ends)
 
 
 @pytest.mark.parametrize("name", ["lfm2", "pythonic"])

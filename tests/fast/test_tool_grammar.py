@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import llguidance
 import pytest
-from helpers import chat_request, served
+from helpers import chat_request, grammar_accepts, grammar_matcher, served
 from inprocess import InProcessServer
 from scripted import ScriptedModel
 from toy_tokenizer import EOS_TEXT, ids
@@ -96,40 +95,22 @@ def test_declared_tools_skip_nameless_and_repeated():
 # --- what the grammar lets through ---------------------------------------------------------
 
 
-def matcher(tok, source: str) -> llguidance.LLMatcher:
-    m = llguidance.LLMatcher(
-        grammar.llg_tokenizer(tok), llguidance.grammar_from("lark", source), log_level=0
-    )
-    assert not m.is_error(), m.get_error()
-    return m
-
-
-def accepts(tok, source: str, text: str, *, ends: bool = True) -> bool:
-    """Whether the grammar takes `text` token by token (and, with `ends`, EOS after it)."""
-    m = matcher(tok, source)
-    ids = tok.encode(text, add_special_tokens=False)
-    if m.validate_tokens(ids) != len(ids):
-        return False
-    m.consume_tokens(ids)
-    return not ends or m.is_accepting()
-
-
 def test_hermes_calls_between_free_text(tok):
     fmt = tool_grammar.tool_format(tok)
     assert fmt == HERMES  # the toy template makes mlx-lm infer json_tools
     source = tool_grammar.build_grammar(DECLARED, fmt, special=tool_grammar._special_finder(tok))
     two = f'Sure.\n<tool_call>\n{CALL}\n</tool_call>\nand <tool_call>{{"name": "get_time", "arguments": {{}}}}</tool_call> done'  # noqa: E501
-    assert accepts(tok, source, two)
-    assert accepts(tok, source, "Hello world, no call at all")
-    assert accepts(tok, source, "")  # EOS at once: free text may be empty
-    assert not accepts(tok, source, 'Hi <tool_call>\n{"name": "delete_all"', ends=False)
+    assert grammar_accepts(tok, source, two)
+    assert grammar_accepts(tok, source, "Hello world, no call at all")
+    assert grammar_accepts(tok, source, "")  # EOS at once: free text may be empty
+    assert not grammar_accepts(tok, source, 'Hi <tool_call>\n{"name": "delete_all"', ends=False)
     bad_args = '<tool_call>{"name": "get_weather", "arguments": {"city": 3'
-    assert not accepts(tok, source, bad_args, ends=False)
+    assert not grammar_accepts(tok, source, bad_args, ends=False)
     unit = '<tool_call>{"name": "get_weather", "arguments": {"city": "a", "unit": "k"'
-    assert not accepts(tok, source, unit, ends=False)
+    assert not grammar_accepts(tok, source, unit, ends=False)
     # An open call cannot end the output; its closing marker must follow the arguments.
-    assert not accepts(tok, source, f"<tool_call>{CALL}")
-    assert not accepts(tok, source, f"<tool_call>{CALL} text", ends=False)
+    assert not grammar_accepts(tok, source, f"<tool_call>{CALL}")
+    assert not grammar_accepts(tok, source, f"<tool_call>{CALL} text", ends=False)
 
 
 def special(tok):
@@ -138,10 +119,10 @@ def special(tok):
 
 def test_required_opens_with_a_call(tok):
     source = tool_grammar.build_grammar(DECLARED, HERMES, opening="required", special=special(tok))
-    assert not accepts(tok, source, "Hello", ends=False)
-    assert not accepts(tok, source, "")  # no EOS before the call
-    assert accepts(tok, source, f"\n<tool_call>\n{CALL}\n</tool_call>")
-    assert accepts(tok, source, f"<tool_call>{CALL}</tool_call> and then text")
+    assert not grammar_accepts(tok, source, "Hello", ends=False)
+    assert not grammar_accepts(tok, source, "")  # no EOS before the call
+    assert grammar_accepts(tok, source, f"\n<tool_call>\n{CALL}\n</tool_call>")
+    assert grammar_accepts(tok, source, f"<tool_call>{CALL}</tool_call> and then text")
 
 
 def test_triggered_grammar_starts_at_the_marker_as_text_or_token(tok):
@@ -150,27 +131,33 @@ def test_triggered_grammar_starts_at_the_marker_as_text_or_token(tok):
     text_marker = list(b"<tool_call>")  # how a TriggerGate's tokenize_bytes gives it back
     body = tok.encode(f"{CALL}</tool_call> then text", add_special_tokens=False)
     for opening in ([marker], text_marker):
-        m = matcher(tok, source)
+        m = grammar_matcher(tok, source)
         assert m.consume_tokens([*opening, *body]) and m.is_accepting()
-    assert not accepts(tok, source, "Hello", ends=False)
+    assert not grammar_accepts(tok, source, "Hello", ends=False)
 
 
 def test_named_function_only(tok):
     source = tool_grammar.build_grammar(
         {"get_time": {"type": "object"}}, HERMES, opening="required", special=special(tok)
     )
-    assert accepts(tok, source, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
-    assert not accepts(tok, source, f"<tool_call>{CALL}", ends=False)
+    assert grammar_accepts(
+        tok, source, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    assert not grammar_accepts(tok, source, f"<tool_call>{CALL}", ends=False)
 
 
 def test_llama_json_calls(tok):
     source = tool_grammar.build_grammar(DECLARED, LLAMA_JSON)
     first = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "f"}}'
-    assert accepts(tok, source, f'Text first {first}; {{"name": "get_time", "parameters": {{}}}}')
-    assert not accepts(tok, source, '{"name": "get_wrong"', ends=False)
-    assert not accepts(tok, source, '{"name": "get_weather", "arguments"', ends=False)
+    assert grammar_accepts(
+        tok, source, f'Text first {first}; {{"name": "get_time", "parameters": {{}}}}'
+    )
+    assert not grammar_accepts(tok, source, '{"name": "get_wrong"', ends=False)
+    assert not grammar_accepts(tok, source, '{"name": "get_weather", "arguments"', ends=False)
     required = tool_grammar.build_grammar(DECLARED, LLAMA_JSON, opening="required")
-    assert accepts(tok, required, first) and not accepts(tok, required, "Hi", ends=False)
+    assert grammar_accepts(tok, required, first) and not grammar_accepts(
+        tok, required, "Hi", ends=False
+    )
 
 
 def test_special_token_marker_is_matched_as_the_token(tok):
@@ -183,7 +170,7 @@ def test_special_token_marker_is_matched_as_the_token(tok):
     assert finder("{not json") is None  # text of several tokens
     source = tool_grammar.build_grammar(DECLARED, fmt, special=finder)
     assert f"<[{special}]>" in source
-    m = matcher(tok, source)
+    m = grammar_matcher(tok, source)
     body = tok.encode('{"name": "get_time", "arguments": {}} after', add_special_tokens=False)
     assert m.consume_tokens([*tok.encode("Hi ", add_special_tokens=False), special, *body])
 
@@ -495,5 +482,5 @@ def test_named_function_is_one_call(tok):
         named, HERMES, opening="required", special=special(tok), single=True
     )
     one = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
-    assert accepts(tok, source, one + " done")
-    assert not accepts(tok, source, one + one)  # no second call
+    assert grammar_accepts(tok, source, one + " done")
+    assert not grammar_accepts(tok, source, one + one)  # no second call
