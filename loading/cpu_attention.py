@@ -46,6 +46,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models import base
 
 #: Most scores (float32) one block of queries computes at once: 4 MB, within a core's
 #: L2 cache (the block's six passes over its scores stay there).
@@ -220,8 +221,6 @@ def _dispatch(
         )
     ):
         return attention(queries, keys, values, scale, mask, sinks)
-    from mlx_lm.models import base
-
     return base.scaled_dot_product_attention(
         queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks
     )
@@ -235,8 +234,6 @@ def install(model: Any) -> int:
     MLX's kernel, `_dispatch` telling them apart), and gives ``model`` a subclass of its
     class whose ``__call__`` marks the call. Returns the number of modules patched now
     (0: already patched, or no layer of ``model`` looks the function up)."""
-    from mlx_lm.models import base
-
     patched = 0
     for name in sorted({type(m).__module__ for _, m in model.named_modules()}):
         module = sys.modules.get(name)

@@ -186,13 +186,12 @@ def load(params: LoadParams, split: Callable[[Any], str] | None = None) -> Loade
     if cpu_fuse.applies(cpu_mode, params.cpu_fuse):  # fewer ops per decode step
         cpu_fuse.transform(model)
     draft = _load_draft(params, tokenizer) if params.draft_model else None
-    if cpu_attention.applies(params.cpu_attention):  # MLX's CPU exp is scalar on x86
-        for m in (model, draft):
-            if m is not None:
-                cpu_attention.install(m)
+    attention = cpu_attention.applies(params.cpu_attention)  # MLX's CPU exp: scalar on x86
     for m in (model, draft):
         if m is not None:
             _check_kv_quantization(params, m)
+            if attention:
+                cpu_attention.install(m)
     loaded = LoadedModel.build(model, tokenizer, params, draft=draft, cpu_mode=cpu_mode)
     # llguidance's view of the vocabulary takes ~2 s to build and needs no MLX: build
     # it off this thread, so the first constrained request does not stall the batch.

@@ -5,6 +5,7 @@ a few layers of width 64, random weights from a fixed seed, saved as an ordinary
 directory (config.json, model.safetensors, the embedded SmolLM2 tokenizer files) so the
 real loader (``model_loader.load_model`` / LoadModel) serves it. Used by
 tests/model/test_checkpoints.py and bench/bench_checkpoints.py; nothing is downloaded.
+``make``: the same model in memory (tests/fast/test_cpu_attention.py).
 ``split_model`` / ``reference_text``: the distributed tests' models and their expected text.
 """
 
@@ -15,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import _get_classes, save_model
 
@@ -120,14 +122,9 @@ def tokenizer_dir() -> Path:
     return gguf_convert.cached_conversion(model_loader.embedded_model_path())
 
 
-def build(family: str, root: Path, seed: int = 0) -> Path:
-    """Write the tiny ``family`` model under ``root / family`` (once) and return its dir.
-
-    Weights: normal(0, 0.3) from ``seed`` (norm weights included), float32.
-    """
-    out = root / family
-    if (out / "config.json").is_file():
-        return out
+def make(family: str, seed: int = 0) -> nn.Module:
+    """The tiny ``family`` model in memory (what `build` saves): normal(0, 0.3) weights
+    from ``seed`` (norm weights included), float32."""
     config = CONFIGS[family]
     model_cls, args_cls = _get_classes(config)
     model = model_cls(args_cls.from_dict(config))
@@ -142,8 +139,19 @@ def build(family: str, root: Path, seed: int = 0) -> Path:
     )
     model.update(params)
     mx.eval(dict(tree_flatten(model.parameters())))
-    save_model(out, model)
-    (out / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def build(family: str, root: Path, seed: int = 0) -> Path:
+    """Write the tiny ``family`` model under ``root / family`` (once) and return its dir.
+
+    Weights: `make`'s.
+    """
+    out = root / family
+    if (out / "config.json").is_file():
+        return out
+    save_model(out, make(family, seed))
+    (out / "config.json").write_text(json.dumps(CONFIGS[family]))
     src = tokenizer_dir()
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

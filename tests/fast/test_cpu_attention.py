@@ -16,10 +16,8 @@ import tiny_models
 from helpers import batch_tokens
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mlx.utils import tree_map
 from mlx_lm.generate import generate_step
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.utils import _get_classes
 
 import backend_pb2 as pb
 from loading import cpu_attention
@@ -117,20 +115,6 @@ def test_causal_skips_later_keys_in_blocks(monkeypatch):
 # --- dispatch and install ---------------------------------------------------------------
 
 
-def _tiny(family: str):
-    config = dict(tiny_models.CONFIGS[family])
-    model_class, args_class = _get_classes(config)
-    mx.random.seed(0)  # some layers start from random 1-D parameters (qwen3_5's A_log)
-    model = model_class(args_class.from_dict(config))
-    model.update(
-        tree_map(
-            lambda p: mx.random.normal(p.shape, scale=0.5) if p.ndim > 1 else p, model.parameters()
-        )
-    )
-    mx.eval(model.parameters())
-    return model
-
-
 @pytest.fixture
 def counted(monkeypatch):
     """The number of calls that took `attention` (list of one int)."""
@@ -169,7 +153,7 @@ def test_installed_model_gives_the_same_tokens(family, counted):
     """Greedy tokens of a 300-token prompt, one sequence and a batch of 3 (left padding),
     with and without `install`; the plain twin keeps MLX's kernel (no call counted).
     gpt_oss: attention sinks and sliding-window layers."""
-    plain, fast = _tiny(family), _tiny(family)
+    plain, fast = tiny_models.make(family), tiny_models.make(family)
     cpu_attention.install(fast)
     assert cpu_attention.installed(fast) and not cpu_attention.installed(plain)
     assert isinstance(fast, type(plain)) and type(fast).__name__ == type(plain).__name__
